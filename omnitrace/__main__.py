@@ -1,0 +1,5 @@
+import sys
+
+from omnitrace.cli import main
+
+sys.exit(main())

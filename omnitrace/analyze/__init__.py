@@ -1,0 +1,1 @@
+"""Analysis of run directories: TTFP attribution, FIFO residence, head-of-line, compare."""

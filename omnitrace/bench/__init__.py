@@ -1,0 +1,1 @@
+"""Load generator for /v1/chat/completions streams."""

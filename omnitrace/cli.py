@@ -1,0 +1,42 @@
+"""`omnitrace` command line: each subcommand lives in the module that owns the feature."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module with `main(argv) -> int`, one-line help)
+COMMANDS = {
+    "run": ("omnitrace.inject.run_command", "run a command (or `serve`) with every Python process instrumented"),
+    "serve": ("omnitrace.runtime.serve", "start the reference pipeline server without instrumentation"),
+    "agent": ("omnitrace.agent.main", "the agent process (started by `omnitrace run`)"),
+    "bench": ("omnitrace.bench.cli", "load-test a /v1/chat/completions stream"),
+    "report": ("omnitrace.analyze.report_cli", "per-stage TTFP attribution of a run directory"),
+    "compare": ("omnitrace.analyze.compare_cli", "A/B comparison of runs with confidence intervals"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: omnitrace COMMAND [ARGS]", "", "commands:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from omnitrace import __version__
+        print(f"omnitrace {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"omnitrace: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The one vocabulary of omnitrace: event kinds, span, attribute and metric names.
+
+Hook sites (runtime, patches), the agent, dashboards and reports all import their names
+from here; change a name here and only here.
+"""
+from __future__ import annotations
+
+import hashlib
+from enum import IntEnum
+
+# --------------------------------------------------------------------------- events
+# Hot-path records (see omnitrace.record). Every record carries:
+#   kind, request (string id, interned), stage (the recording process's stage id),
+#   chunk (chunk index, -1 when not a chunk event), a, b (kind-specific ints), t (perf_counter_ns).
+
+
+class Ev(IntEnum):
+    """Event kinds written to the rings. `a`/`b` meaning is given per kind."""
+
+    STRING = 1  # string-table entry (internal to omnitrace.record)
+
+    # API server (stage = -1)
+    REQUEST_ARRIVE = 10  # a = prompt tokens, b = max_tokens
+    REQUEST_DISPATCH = 11  # handed to the first stage's input queue
+    REQUEST_FIRST_TEXT = 12
+    REQUEST_FIRST_AUDIO = 13  # first audio packet written to the client
+    REQUEST_END = 14  # a = status (Status), b = bytes sent to the client
+
+    # stage scheduler thread (per request)
+    STAGE_ADD = 20  # request reached the stage's waiting queue; a = waiting depth
+    STAGE_SCHEDULE = 21  # admitted into the running batch; a = batch size after admission
+    STAGE_FINISH = 22  # a = status
+    STAGE_EMIT = 23  # output handed to the API server; a = packet index, b = Modality
+
+    # stage scheduler thread (per step, request = "")
+    STEP_BEGIN = 30  # a = batch size, b = prefill tokens in this step
+    STEP_END = 31  # a = batch size
+
+    # producer side of a chunk (b = consumer stage id)
+    SNAPSHOT_BEGIN = 40  # scheduler thread
+    SNAPSHOT_END = 41  # a = snapshot strategy (Snapshot)
+    FIFO_ENQUEUE = 42  # scheduler thread; a = FIFO depth before this task (tasks ahead)
+    FIFO_DEQUEUE = 43  # sender thread; a = FIFO depth left after the pop
+    PROCESS_BEGIN = 44  # sender thread, payload building
+    PROCESS_END = 45  # a = payload bytes (0 = processor produced no chunk)
+    PUT_BEGIN = 46
+    PUT_END = 47  # a = bytes written, b = consumer stage
+
+    # consumer side of a chunk (b = producer stage id)
+    GET_BEGIN = 50  # receiver thread, the poll that hit
+    GET_END = 51  # a = bytes read
+    CHUNK_READY = 52  # receiver committed the chunk
+    CHUNK_SCHEDULED = 53  # consumer scheduler took the chunk into a step
+
+    # errors
+    STAGE_DIED = 60  # API server noticed a stage process died; stage = the dead stage
+
+
+class Status(IntEnum):
+    OK = 0
+    ERROR = 1
+    CANCELLED = 2
+
+
+class Modality(IntEnum):
+    TEXT = 0
+    AUDIO = 1
+
+
+class Snapshot(IntEnum):
+    COPY = 0
+    RECURSIVE = 1
+
+
+NO_CHUNK = -1
+API_STAGE = -1
+
+# --------------------------------------------------------------------------- spans
+SPAN_REQUEST = "omni.request"  # API server: arrival -> last byte; events TTFT, TTFP
+SPAN_STAGE = "omni.stage"  # per stage per request: add -> finish
+SPAN_STAGE_QUEUE = "omni.stage.queue"  # add -> scheduled (scheduler queueing)
+SPAN_SNAPSHOT = "omni.chunk.snapshot"
+SPAN_FIFO = "omni.chunk.fifo"  # enqueue -> dequeue = FIFO residence
+SPAN_PROCESS = "omni.chunk.process"
+SPAN_PUT = "omni.chunk.put"
+SPAN_GET = "omni.chunk.get"
+SPAN_POLL = "omni.chunk.poll_lag"  # producer put end -> consumer get begin
+SPAN_WAIT_SCHEDULE = "omni.chunk.wait_schedule"  # ready -> scheduled on the consumer
+
+EVENT_TTFT = "omni.ttft"
+EVENT_TTFP = "omni.ttfp"
+EVENT_EMIT = "omni.emit"
+
+# --------------------------------------------------------------------------- attributes
+ATTR_REQUEST_ID = "omni.request.id"
+ATTR_STAGE_ID = "omni.stage.id"
+ATTR_STAGE_NAME = "omni.stage.name"
+ATTR_PEER_STAGE_ID = "omni.peer_stage.id"
+ATTR_STAGE_PAIR = "omni.stage_pair"  # "0->1"
+ATTR_REPLICA = "omni.replica"
+ATTR_CHUNK_INDEX = "omni.chunk.index"
+ATTR_SEGMENT = "omni.segment"
+ATTR_TRANSFER_BYTES = "omni.transfer.bytes"
+ATTR_FIFO_DEPTH = "omni.fifo.depth"
+ATTR_FIFO_AHEAD = "omni.fifo.ahead"
+ATTR_FIFO_BLOCKED_NS = "omni.fifo.blocked_ns"
+ATTR_FIFO_BLOCKED_BY = "omni.fifo.blocked_by"
+ATTR_SNAPSHOT_STRATEGY = "omni.snapshot.strategy"
+ATTR_PROMPT_TOKENS = "omni.request.prompt_tokens"
+ATTR_MAX_TOKENS = "omni.request.max_tokens"
+ATTR_STATUS = "omni.status"
+ATTR_PID = "process.pid"
+ATTR_THREAD = "thread.name"
+
+SERVICE_NAME = "omnitrace"
+
+# --------------------------------------------------------------------------- metrics
+# Seconds; buckets cover 10 us .. 30 s (SDK defaults are tuned for ms).
+METRIC_FIFO_RESIDENCE = "omnitrace.fifo.residence"
+METRIC_FIFO_BLOCKED = "omnitrace.fifo.blocked"
+METRIC_FIFO_DEPTH = "omnitrace.fifo.depth"
+METRIC_SNAPSHOT = "omnitrace.snapshot.duration"
+METRIC_PUT = "omnitrace.transfer.put.duration"
+METRIC_GET = "omnitrace.transfer.get.duration"
+METRIC_SIZE = "omnitrace.transfer.size"
+METRIC_TTFT = "omnitrace.request.ttft"
+METRIC_TTFP = "omnitrace.request.ttfp"
+METRIC_EVENTS = "omnitrace.events"
+METRIC_DROPPED = "omnitrace.events.dropped"
+
+LATENCY_BUCKETS_S = (
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+SIZE_BUCKETS_BYTES = tuple(float(4 ** i) for i in range(5, 15))  # 1 KiB .. 256 MiB
+DEPTH_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+LABEL_STAGE = "stage"
+LABEL_REPLICA = "replica"
+LABEL_STAGE_PAIR = "stage_pair"
+
+# --------------------------------------------------------------------------- environment
+ENV_RUN_ID = "OMNITRACE_RUN_ID"  # set by `omnitrace run`; recording is off without it
+ENV_RUN_DIR = "OMNITRACE_RUN_DIR"
+ENV_ROLE = "OMNITRACE_ROLE"  # api | stage | bench | other
+ENV_STAGE = "OMNITRACE_STAGE"
+ENV_REPLICA = "OMNITRACE_REPLICA"
+ENV_RING_RECORDS = "OMNITRACE_RING_RECORDS"  # records per thread ring (power of two)
+
+SHM_PREFIX = "omnitrace"  # ring segments are /dev/shm/omnitrace.<run-id>.<pid>.<tid>
+
+
+def trace_id_for(request_id: str) -> int:
+    """128-bit trace id derived from the external request id, identical in every process."""
+    return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:16], "big") or 1
+
+
+def span_id_for(*parts: object) -> int:
+    """Deterministic 64-bit span id, so parents can be named before they are seen."""
+    key = "\x1f".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") or 1
+
+
+def stage_pair(producer: int, consumer: int) -> str:
+    return f"{producer}->{consumer}"

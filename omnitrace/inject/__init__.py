@@ -1,0 +1,1 @@
+"""Injection: `omnitrace run`, the PYTHONPATH bootstrap and the vLLM plugin entry point."""

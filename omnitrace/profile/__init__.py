@@ -1,0 +1,1 @@
+"""Flame graphs of stage processes (py-spy, pyinstrument)."""

@@ -1,0 +1,1 @@
+"""Presentation: console tables and self-contained HTML reports."""
