@@ -111,6 +111,9 @@ ATTR_MAX_TOKENS = "omni.request.max_tokens"
 ATTR_STATUS = "omni.status"
 ATTR_PID = "process.pid"
 ATTR_THREAD = "thread.name"
+ATTR_ROLE = "omni.role"  # resource attribute: api | stage | bench | other
+ATTR_INCOMPLETE = "omni.incomplete"  # span closed by the agent without its end event
+ATTR_INCOMPLETE_REASON = "omni.incomplete.reason"  # writer-died | run-ended | timeout
 
 SERVICE_NAME = "omnitrace"
 
@@ -146,6 +149,12 @@ ENV_ROLE = "OMNITRACE_ROLE"  # api | stage | bench | other
 ENV_STAGE = "OMNITRACE_STAGE"
 ENV_REPLICA = "OMNITRACE_REPLICA"
 ENV_RING_RECORDS = "OMNITRACE_RING_RECORDS"  # records per thread ring (power of two)
+# `omnitrace run` options (flags win over these)
+ENV_EXPORTERS = "OMNITRACE_EXPORTERS"  # comma list: otlp-grpc, otlp-http, prometheus, file
+ENV_OTLP_ENDPOINT = "OMNITRACE_OTLP_ENDPOINT"  # else OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT
+ENV_PROMETHEUS_PORT = "OMNITRACE_PROMETHEUS_PORT"
+ENV_PROMETHEUS_ADDR = "OMNITRACE_PROMETHEUS_ADDR"  # default 127.0.0.1
+ENV_RUNS_DIR = "OMNITRACE_RUNS_DIR"  # parent of run directories, default ./omnitrace-runs
 
 SHM_PREFIX = "omnitrace"  # ring segments are /dev/shm/omnitrace.<run-id>.<pid>.<tid>
 
