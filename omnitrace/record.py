@@ -29,7 +29,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
+import mmap
 from typing import Iterator
 
 from omnitrace import conventions as cv
@@ -65,20 +65,55 @@ def segment_name(run_id: str, pid: int, tid: int) -> str:
     return f"{cv.SHM_PREFIX}.{run_id}.{pid}.{tid}"
 
 
-def _untrack(shm: shared_memory.SharedMemory) -> None:
-    # The agent, not Python's resource tracker, decides when a ring goes away (after its
-    # last drain); otherwise a killed writer's events would be unlinked unread.
-    try:
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    except Exception:
-        pass
+SHM_DIR = "/dev/shm"
+
+
+class _Segment:
+    """A POSIX shared-memory segment (Linux: a file in /dev/shm), mode 0600.
+
+    Not ``multiprocessing.shared_memory``: on Python < 3.13 it registers every segment
+    with the resource tracker, which spawns a helper process on first use (on the hot
+    path) and unlinks the ring when the writer exits, before the agent has read it.
+    """
+
+    __slots__ = ("name", "_mm", "buf")
+
+    def __init__(self, name: str, create: bool = False, size: int = 0) -> None:
+        self.name = name
+        path = os.path.join(SHM_DIR, name)
+        if create:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        else:
+            fd = os.open(path, os.O_RDWR)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            else:
+                size = os.fstat(fd).st_size
+            self._mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.buf = memoryview(self._mm)
+
+    def close(self) -> None:
+        try:
+            self.buf.release()
+            self._mm.close()
+        except (BufferError, ValueError):
+            pass  # an exported view is still alive; the mapping goes with the process
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(os.path.join(SHM_DIR, self.name))
+        except FileNotFoundError:
+            pass
 
 
 class Ring:
     """The writer side of one thread's ring. Only its owning thread calls :meth:`record`."""
 
     __slots__ = ("pid", "tid", "name", "shm", "buf", "capacity", "_mask", "_w", "_free",
-                 "_dropped", "_ids")
+                 "_dropped", "_ids", "_cur")
 
     def __init__(self, run_id: str, info: ProcessInfo, capacity: int = DEFAULT_RECORDS,
                  thread_name: str | None = None) -> None:
@@ -86,10 +121,11 @@ class Ring:
             raise ValueError(f"ring capacity must be a power of two, got {capacity}")
         self.pid, self.tid = os.getpid(), threading.get_native_id()
         self.name = segment_name(run_id, self.pid, self.tid)
-        self.shm = shared_memory.SharedMemory(self.name, create=True,
-                                              size=HEADER_SIZE + capacity * RECORD_SIZE)
-        _untrack(self.shm)
+        self.shm = _Segment(self.name, create=True, size=HEADER_SIZE + capacity * RECORD_SIZE)
         self.buf = self.shm.buf
+        # the write cursor as a native u64 view: an item store is ~30 ns cheaper than
+        # struct.pack_into, and an aligned 8-byte store is what the reader loads
+        self._cur = self.buf[OFF_WRITE:OFF_WRITE + 8].cast("Q")
         self.capacity, self._mask = capacity, capacity - 1
         self._w = 0
         self._free = capacity
@@ -137,8 +173,7 @@ class Ring:
         return rid
 
     def record(self, kind: int, req: str, stage: int, chunk: int = -1, a: int = 0,
-               b: int = 0, t: int = 0, _now=time.perf_counter_ns, _pack=RECORD.pack_into,
-               _publish=_U64.pack_into) -> None:
+               b: int = 0, t: int = 0, _now=time.perf_counter_ns, _pack=RECORD.pack_into) -> None:
         """Append one event stamped now (or at ``t``, a perf_counter_ns taken earlier)."""
         rid = self._ids.get(req) or self._intern(req)
         if rid is None or (not self._free and not self._reserve(1)):
@@ -149,13 +184,14 @@ class Ring:
               kind, stage, b)
         self._w = w = w + 1
         self._free -= 1
-        _publish(buf, OFF_WRITE, w)
+        self._cur[0] = w
 
     def close(self) -> None:
         try:
+            self._cur.release()
             self.buf = None  # type: ignore[assignment]
             self.shm.close()
-        except BufferError:
+        except (BufferError, ValueError):
             pass
 
 
@@ -272,8 +308,7 @@ class RingReader:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.shm = shared_memory.SharedMemory(name)
-        _untrack(self.shm)
+        self.shm = _Segment(name)
         self.buf = self.shm.buf
         if bytes(self.buf[:8]) != MAGIC:
             raise ValueError(f"{name}: not an omnitrace ring")
@@ -289,43 +324,64 @@ class RingReader:
 
     def drain(self, max_records: int = 1 << 20) -> Iterator[tuple[int, str, int, int, int, int, int]]:
         """Yield (kind, request, stage, chunk, a, b, t_ns) for every new record."""
-        buf, mask = self.buf, self._mask
+        yield from self.read_batch(max_records)
+
+    def read_batch(self, max_records: int = 1 << 20) -> list[tuple[int, str, int, int, int, int, int]]:
+        """All new records as a list, and free their slots (the agent's fast path).
+
+        Copies each contiguous run of slots once and decodes it with ``iter_unpack``:
+        several times faster than one ``unpack_from`` per record.
+        """
+        buf, mask, cap = self.buf, self._mask, self.capacity
         read = _U64.unpack_from(buf, OFF_READ)[0]
-        end = min(_U64.unpack_from(buf, OFF_WRITE)[0], read + max_records)
-        unpack, strings = RECORD.unpack_from, self.strings
-        try:
-            while read < end:
-                t, a, rid, chunk, kind, stage, b = unpack(buf, HEADER_SIZE + (read & mask) * RECORD_SIZE)
-                read += 1
-                if kind == cv.Ev.STRING:
-                    slots = (a + RECORD_SIZE - 1) // RECORD_SIZE
+        write = _U64.unpack_from(buf, OFF_WRITE)[0]
+        end = min(write, read + max_records)
+        out: list[tuple[int, str, int, int, int, int, int]] = []
+        append, strings, string_kind = out.append, self.strings, int(cv.Ev.STRING)
+        skip = 0
+        while read < end:
+            start = read & mask
+            n = min(end - read, cap - start)
+            base = HEADER_SIZE + start * RECORD_SIZE
+            pos = read
+            for t, a, rid, chunk, kind, stage, b in RECORD.iter_unpack(buf[base:base + n * RECORD_SIZE]):
+                pos += 1
+                if skip:
+                    skip -= 1
+                    continue
+                if kind == string_kind:
+                    # the string bytes follow in the next slots (published together, so
+                    # they are below the write cursor even if past `end`)
+                    skip = (a + RECORD_SIZE - 1) // RECORD_SIZE
                     raw = bytearray()
-                    for i in range(slots):
-                        off = HEADER_SIZE + ((read + i) & mask) * RECORD_SIZE
+                    for i in range(skip):
+                        off = HEADER_SIZE + ((pos + i) & mask) * RECORD_SIZE
                         raw += buf[off:off + RECORD_SIZE]
-                    read += slots
                     if rid == 1:
                         strings.clear()  # the writer reset its table
                     strings[rid] = bytes(raw[:a]).decode("utf-8", "replace")
                     continue
-                yield kind, strings.get(rid, ""), stage, chunk, a, b, t
-        finally:
-            _U64.pack_into(buf, OFF_READ, read)
+                append((kind, strings.get(rid, ""), stage, chunk, a, b, t))
+            read += n
+        read += skip  # string bytes beyond `end`
+        _U64.pack_into(buf, OFF_READ, read)
+        return out
+
+    def dropped(self) -> int:
+        return _U64.unpack_from(self.buf, OFF_DROPPED)[0]
+
+    def written(self) -> int:
+        """Slots published so far (records plus string-table slots)."""
+        return _U64.unpack_from(self.buf, OFF_WRITE)[0]
 
     def close(self, unlink: bool = False) -> None:
         self.buf = None  # type: ignore[assignment]
-        try:
-            self.shm.close()
-        except BufferError:
-            pass
+        self.shm.close()
         if unlink:
-            try:
-                self.shm.unlink()
-            except FileNotFoundError:
-                pass
+            self.shm.unlink()
 
 
-def discover(run_id: str, shm_dir: str = "/dev/shm") -> list[str]:
+def discover(run_id: str, shm_dir: str = SHM_DIR) -> list[str]:
     """Names of the ring segments of one run."""
     prefix = f"{cv.SHM_PREFIX}.{run_id}."
     try:
