@@ -1,0 +1,264 @@
+"""Critical-path attribution of each request's time to first audio packet (TTFP).
+
+Rule (the analytical core; see DESIGN.md "Attribution"). For one request, from its
+`omni.request` start (arrival, A) to its `omni.ttfp` event (T), walk BACKWARD:
+
+1. T <- the first audio `omni.emit` of the last stage (E): [E, T] is `remainder`
+   (stage -> API delivery), charged to the API.
+2. In the emitting stage S, the step that produced the output at time t started computing
+   when S had the input it needed. The gating input is **the latest input chunk whose
+   `omni.chunk.wait_schedule` ended (chunk taken into a step) at or before t** for this
+   request in S. (The reference Talker's frame i needs Thinker chunk i and sends codec
+   chunk 0 after 4 frames, so "latest scheduled before the snapshot" is the chunk the
+   step that snapshotted needed.) [scheduled, t] is S `compute`.
+3. That chunk c from producer P is walked back through its spans, each charged to the
+   stage that spends the time: S `wait_schedule` (ready -> scheduled), S `get`,
+   S `poll_lag` (P's put end -> S's get begin), P `put`, P `process`, P FIFO residence
+   split into `fifo_blocked` (= omni.fifo.blocked_ns, capped at the residence) and
+   `fifo_own` (the rest), P `snapshot`. Then t = P's snapshot begin and S = P; go to 2.
+4. A stage with no input chunk before t (stage 0): [scheduled, t] is `compute`, its
+   `omni.stage.queue` (add -> scheduled) is `queue`, and [A, add] is `remainder`
+   (API -> stage dispatch), charged to the API.
+
+The intervals tile [A, T]: a span that overlaps the part already walked is clamped to it,
+and any gap between consecutive spans becomes an explicit `remainder` of the stage whose
+span follows the gap. So the categories sum EXACTLY (integer ns) to the server-side TTFP.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from omnitrace import conventions as cv
+from omnitrace.analyze.rundir import Span
+
+QUEUE = "queue"
+COMPUTE = "compute"
+SNAPSHOT = "snapshot"
+FIFO_OWN = "fifo_own"
+FIFO_BLOCKED = "fifo_blocked"
+PROCESS = "process"
+PUT = "put"
+POLL_LAG = "poll_lag"
+GET = "get"
+WAIT_SCHEDULE = "wait_schedule"
+REMAINDER = "remainder"
+# Path order (arrival -> first packet within one stage hop), used for stable display.
+CATEGORIES = (QUEUE, WAIT_SCHEDULE, COMPUTE, SNAPSHOT, FIFO_BLOCKED, FIFO_OWN, PROCESS, PUT,
+              POLL_LAG, GET, REMAINDER)
+
+_PRODUCER = (cv.SPAN_SNAPSHOT, cv.SPAN_FIFO, cv.SPAN_PROCESS, cv.SPAN_PUT)
+_CONSUMER = (cv.SPAN_POLL, cv.SPAN_GET, cv.SPAN_WAIT_SCHEDULE)
+_MAX_HOPS = 32
+
+
+@dataclass
+class Segment:
+    start: int
+    end: int
+    stage: int  # -1 = API server
+    category: str
+    detail: str = ""
+
+    @property
+    def dur(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class RequestSpans:
+    """All spans of one request, indexed for the walk."""
+
+    rid: str
+    request: Span | None = None
+    stages: dict[int, Span] = field(default_factory=dict)
+    queues: dict[int, Span] = field(default_factory=dict)
+    # (producer stage, consumer stage, chunk) -> span name -> span
+    producer: dict[tuple[int, int, int], dict[str, Span]] = field(default_factory=dict)
+    consumer: dict[tuple[int, int, int], dict[str, Span]] = field(default_factory=dict)
+    # consumer stage -> wait_schedule spans
+    scheduled: dict[int, list[Span]] = field(default_factory=dict)
+    incomplete: int = 0
+
+
+@dataclass
+class Attribution:
+    rid: str
+    arrival: int
+    ttfp: int  # absolute unix ns of the omni.ttfp event
+    segments: list[Segment]  # in time order, tiling [arrival, ttfp]
+    hops: list[tuple[int, int, int]]  # (producer, consumer, chunk) on the path
+    missing: list[str]  # spans the walk expected but did not find
+
+    @property
+    def ttfp_ns(self) -> int:
+        return self.ttfp - self.arrival
+
+    def totals(self) -> dict[tuple[int, str], int]:
+        out: dict[tuple[int, str], int] = {}
+        for s in self.segments:
+            out[(s.stage, s.category)] = out.get((s.stage, s.category), 0) + s.dur
+        return out
+
+
+def index_requests(spans: Iterable[Span]) -> dict[str, RequestSpans]:
+    reqs: dict[str, RequestSpans] = {}
+    for s in spans:
+        if not s.rid:
+            continue
+        r = reqs.get(s.rid)
+        if r is None:
+            r = reqs[s.rid] = RequestSpans(s.rid)
+        if s.incomplete:
+            r.incomplete += 1
+        n = s.name
+        if n in _PRODUCER:
+            r.producer.setdefault((s.stage, s.peer, s.chunk), {})[n] = s
+        elif n in _CONSUMER:
+            r.consumer.setdefault((s.peer, s.stage, s.chunk), {})[n] = s
+            if n == cv.SPAN_WAIT_SCHEDULE:
+                r.scheduled.setdefault(s.stage, []).append(s)
+        elif n == cv.SPAN_REQUEST:
+            r.request = s
+        elif n == cv.SPAN_STAGE:
+            r.stages[s.stage] = s
+        elif n == cv.SPAN_STAGE_QUEUE:
+            r.queues[s.stage] = s
+    return reqs
+
+
+def event_time(span: Span | None, name: str) -> int | None:
+    if span is None:
+        return None
+    ts = [t for n, t, _ in span.events if n == name]
+    return min(ts) if ts else None
+
+
+def _is_audio(attrs: dict) -> bool:
+    for k, v in attrs.items():
+        if "modality" in k:
+            return v in ("audio", cv.Modality.AUDIO, int(cv.Modality.AUDIO))
+    return False
+
+
+def first_audio_emit(r: RequestSpans) -> tuple[int, int] | None:
+    """(stage, time) of the first audio packet emitted by a stage."""
+    best: tuple[int, int] | None = None
+    for st, sp in r.stages.items():
+        for n, t, a in sp.events:
+            if n == cv.EVENT_EMIT and _is_audio(a) and (best is None or t < best[1]):
+                best = (st, t)
+    if best is None and r.stages:  # no modality attribute: first emit of the last stage
+        last = max(r.stages)
+        ts = [t for n, t, _ in r.stages[last].events if n == cv.EVENT_EMIT]
+        if ts:
+            best = (last, min(ts))
+    return best
+
+
+class _Walker:
+    """Builds segments backward from T, clamping so they tile [A, T] exactly."""
+
+    def __init__(self, arrival: int, ttfp: int) -> None:
+        self.arrival = arrival
+        self.cursor = ttfp
+        self.segs: list[Segment] = []
+        self.last_stage = cv.API_STAGE
+
+    def push(self, start: int, end: int, stage: int, cat: str, detail: str = "") -> None:
+        end = min(end, self.cursor)
+        if end < self.cursor:
+            gap_start = max(end, self.arrival)
+            if gap_start < self.cursor:
+                self.segs.append(Segment(gap_start, self.cursor, self.last_stage, REMAINDER, "gap"))
+                self.cursor = gap_start
+        start = max(min(start, self.cursor), self.arrival)
+        if start < self.cursor:
+            self.segs.append(Segment(start, self.cursor, stage, cat, detail))
+            self.cursor = start
+        self.last_stage = stage
+
+    def finish(self) -> list[Segment]:
+        if self.cursor > self.arrival:
+            self.segs.append(Segment(self.arrival, self.cursor, cv.API_STAGE, REMAINDER, "dispatch"))
+            self.cursor = self.arrival
+        return list(reversed(self.segs))
+
+
+def attribute(r: RequestSpans) -> Attribution | None:
+    """The critical path of one request; None when it has no arrival or no first packet."""
+    if r.request is None:
+        return None
+    arrival = r.request.start
+    ttfp = event_time(r.request, cv.EVENT_TTFP)
+    if ttfp is None or ttfp < arrival:
+        return None
+    w = _Walker(arrival, ttfp)
+    missing: list[str] = []
+    hops: list[tuple[int, int, int]] = []
+    emit = first_audio_emit(r)
+    if emit is None:
+        missing.append("omni.emit")
+        stage = max(r.stages) if r.stages else None
+        t = ttfp
+    else:
+        stage, t = emit
+        w.push(t, ttfp, cv.API_STAGE, REMAINDER, "delivery")
+    seen: set[tuple[int, int, int]] = set()
+    for _ in range(_MAX_HOPS):
+        if stage is None:
+            break
+        ws = _gating_chunk(r.scheduled.get(stage, ()), min(t, w.cursor))
+        key = (ws.peer, ws.stage, ws.chunk) if ws is not None else None
+        if ws is None or key in seen:
+            q = r.queues.get(stage)
+            if q is not None:
+                w.push(q.end, t, stage, COMPUTE)
+                w.push(q.start, q.end, stage, QUEUE)
+            elif stage in r.stages:
+                missing.append(f"{cv.SPAN_STAGE_QUEUE}[{stage}]")
+                w.push(r.stages[stage].start, t, stage, COMPUTE)
+            break
+        seen.add(key)
+        hops.append(key)
+        prod, cons, c = key
+        w.push(ws.end, t, cons, COMPUTE)
+        w.push(ws.start, ws.end, cons, WAIT_SCHEDULE)
+        csp = r.consumer.get(key, {})
+        psp = r.producer.get(key, {})
+        for name, st, cat in ((cv.SPAN_GET, cons, GET), (cv.SPAN_POLL, cons, POLL_LAG)):
+            s = csp.get(name)
+            if s is None:
+                missing.append(f"{name}[{prod}->{cons}#{c}]")
+            else:
+                w.push(s.start, s.end, st, cat)
+        for name, cat in ((cv.SPAN_PUT, PUT), (cv.SPAN_PROCESS, PROCESS)):
+            s = psp.get(name)
+            if s is None:
+                missing.append(f"{name}[{prod}->{cons}#{c}]")
+            else:
+                w.push(s.start, s.end, prod, cat)
+        f = psp.get(cv.SPAN_FIFO)
+        if f is None:
+            missing.append(f"{cv.SPAN_FIFO}[{prod}->{cons}#{c}]")
+        else:
+            blocked = max(0, min(f.blocked_ns, f.dur))
+            # Order inside the residence does not change sums; own work is drawn last.
+            w.push(f.end - (f.dur - blocked), f.end, prod, FIFO_OWN)
+            w.push(f.start, f.start + blocked, prod, FIFO_BLOCKED)
+        snap = psp.get(cv.SPAN_SNAPSHOT)
+        if snap is None:
+            missing.append(f"{cv.SPAN_SNAPSHOT}[{prod}->{cons}#{c}]")
+        else:
+            w.push(snap.start, snap.end, prod, SNAPSHOT)
+        t = w.cursor
+        stage = prod
+    return Attribution(r.rid, arrival, ttfp, w.finish(), list(reversed(hops)), missing)
+
+
+def _gating_chunk(scheduled: Iterable[Span], t: int) -> Span | None:
+    best: Span | None = None
+    for s in scheduled:
+        if s.end <= t and (best is None or s.end > best.end):
+            best = s
+    return best

@@ -1,0 +1,221 @@
+"""Load one or several run directories (docs/run-directory.md) into plain Python data.
+
+Collect -> data: this module only parses. It never raises on a damaged directory: a
+missing file, a truncated last line (agent killed mid-write) or a malformed span becomes a
+labelled warning in :attr:`Run.warnings`, and whatever could be read is kept.
+
+spans.jsonl is the hot part (a million spans must load in seconds): each line is parsed
+with orjson and each span is reduced to a slotted :class:`Span` holding only the fields
+attribution needs, so the full OTLP dicts are dropped immediately.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import orjson
+
+from omnitrace import conventions as cv
+
+
+class RunDirError(Exception):
+    """A run directory that cannot be analysed at all (one clear line for the user)."""
+
+
+class Span:
+    """One span, flattened. Times are unix ns (ints)."""
+
+    __slots__ = ("name", "rid", "stage", "peer", "chunk", "start", "end", "replica",
+                 "blocked_ns", "blocked_by", "depth", "ahead", "nbytes", "incomplete",
+                 "events", "attrs")
+
+    def __init__(self, name: str, rid: str, stage: int, peer: int, chunk: int, start: int,
+                 end: int, replica: int = 0, blocked_ns: int = 0,
+                 blocked_by: tuple[str, ...] = (), depth: int = -1, ahead: int = -1,
+                 nbytes: int = 0, incomplete: bool = False,
+                 events: list[tuple[str, int, dict[str, Any]]] | None = None,
+                 attrs: dict[str, Any] | None = None) -> None:
+        self.name, self.rid, self.stage, self.peer, self.chunk = name, rid, stage, peer, chunk
+        self.start, self.end, self.replica = start, end, replica
+        self.blocked_ns, self.blocked_by, self.depth, self.ahead = blocked_ns, blocked_by, depth, ahead
+        self.nbytes, self.incomplete = nbytes, incomplete
+        self.events = events or []
+        self.attrs = attrs or {}
+
+    @property
+    def dur(self) -> int:
+        return self.end - self.start
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return (f"Span({self.name} rid={self.rid} s={self.stage} p={self.peer} c={self.chunk} "
+                f"[{self.start},{self.end}])")
+
+
+@dataclass
+class Run:
+    """Everything read from the run directories, merged."""
+
+    paths: list[str]
+    run_json: list[dict[str, Any]] = field(default_factory=list)
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    agent: list[dict[str, Any]] = field(default_factory=list)
+    bench: dict[str, Any] | None = None
+    spans: list[Span] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    span_lines: int = 0
+
+
+def _value(v: dict[str, Any]) -> Any:
+    """OTLP JSON AnyValue -> Python (intValue is a string in OTLP JSON)."""
+    if "stringValue" in v:
+        return v["stringValue"]
+    if "intValue" in v:
+        return int(v["intValue"])
+    if "doubleValue" in v:
+        return float(v["doubleValue"])
+    if "boolValue" in v:
+        return bool(v["boolValue"])
+    if "arrayValue" in v:
+        return [_value(x) for x in v["arrayValue"].get("values", [])]
+    return None
+
+
+def _attrs(items: Iterable[dict[str, Any]] | None) -> dict[str, Any]:
+    return {a["key"]: _value(a.get("value") or {}) for a in items or ()}
+
+
+def _culprits(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if isinstance(v, list):
+        return tuple(str(x) for x in v if str(x))
+    return tuple(x.strip() for x in str(v).split(",") if x.strip())
+
+
+_KEEP_EVENTS = (cv.SPAN_REQUEST, cv.SPAN_STAGE)
+
+
+def _span(d: dict[str, Any]) -> Span:
+    a = _attrs(d.get("attributes"))
+    name = d["name"]
+    ev: list[tuple[str, int, dict[str, Any]]] = []
+    if name in _KEEP_EVENTS:
+        ev = [(e.get("name", ""), int(e.get("timeUnixNano", 0)), _attrs(e.get("attributes")))
+              for e in d.get("events") or ()]
+    stage = a.get(cv.ATTR_STAGE_ID)
+    if stage is None:
+        stage = cv.API_STAGE if name == cv.SPAN_REQUEST else -2
+    return Span(
+        name=name,
+        rid=str(a.get(cv.ATTR_REQUEST_ID, "")),
+        stage=int(stage),
+        peer=int(a.get(cv.ATTR_PEER_STAGE_ID, -2)),
+        chunk=int(a.get(cv.ATTR_CHUNK_INDEX, -1)),
+        start=int(d.get("startTimeUnixNano", 0)),
+        end=int(d.get("endTimeUnixNano", 0)),
+        replica=int(a.get(cv.ATTR_REPLICA, 0) or 0),
+        blocked_ns=int(a.get(cv.ATTR_FIFO_BLOCKED_NS, 0) or 0),
+        blocked_by=_culprits(a.get(cv.ATTR_FIFO_BLOCKED_BY)),
+        depth=int(a.get(cv.ATTR_FIFO_DEPTH, -1)),
+        ahead=int(a.get(cv.ATTR_FIFO_AHEAD, -1)),
+        nbytes=int(a.get(cv.ATTR_TRANSFER_BYTES, 0) or 0),
+        incomplete=bool(a.get(cv.ATTR_INCOMPLETE, False)),
+        events=ev,
+        attrs=a if name in _KEEP_EVENTS else None,
+    )
+
+
+def _read_lines(path: str, label: str, warnings: list[str]) -> Iterable[tuple[int, bytes]]:
+    """Yield (line number, raw line); a final line without newline is a torn write."""
+    with open(path, "rb") as f:
+        data = f.read()
+    lines = data.split(b"\n")
+    torn = bool(lines) and lines[-1] != b""
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if torn and i == len(lines):
+            # Possibly half-written: try it, but say so if it does not parse.
+            try:
+                orjson.loads(line)
+            except orjson.JSONDecodeError:
+                warnings.append(f"{label}: last line {i} is truncated (writer killed mid-write?); ignored")
+                return
+        yield i, line
+
+
+def _load_json(path: str, label: str, warnings: list[str]) -> dict[str, Any] | None:
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            v = orjson.loads(f.read())
+        return v if isinstance(v, dict) else None
+    except (orjson.JSONDecodeError, OSError) as e:
+        warnings.append(f"{label}: unreadable ({e.__class__.__name__}: {str(e)[:80]}); ignored")
+        return None
+
+
+def load_spans(path: str, run: Run, label: str) -> None:
+    bad = 0
+    for lineno, line in _read_lines(path, label, run.warnings):
+        run.span_lines += 1
+        try:
+            msg = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            bad += 1
+            continue
+        for rs in msg.get("resourceSpans") or ():
+            for ss in rs.get("scopeSpans") or ():
+                for d in ss.get("spans") or ():
+                    try:
+                        run.spans.append(_span(d))
+                    except (KeyError, TypeError, ValueError):
+                        bad += 1
+    if bad:
+        run.warnings.append(f"{label}: {bad} malformed line(s)/span(s) skipped")
+
+
+def load_run(paths: list[str]) -> Run:
+    """Load and merge run directories (e.g. one per host of one deployment)."""
+    run = Run(paths=list(paths))
+    if not paths:
+        raise RunDirError("no run directory given")
+    for p in paths:
+        if not os.path.isdir(p):
+            raise RunDirError(f"{p}: not a run directory (does not exist or is not a directory)")
+        label = os.path.basename(os.path.normpath(p)) if len(paths) > 1 else ""
+        pre = f"{label}/" if label else ""
+        rj = _load_json(os.path.join(p, "run.json"), pre + "run.json", run.warnings)
+        if rj is None:
+            run.warnings.append(f"{pre}run.json missing: run metadata unknown (agent killed before writing it?)")
+        else:
+            run.run_json.append(rj)
+            if rj.get("status") not in (None, "complete"):
+                run.warnings.append(f"{pre}run status is {rj.get('status')!r}: the run did not finish "
+                                    "cleanly; results are partial")
+        aj = _load_json(os.path.join(p, "agent.json"), pre + "agent.json", run.warnings)
+        if aj is None:
+            run.warnings.append(f"{pre}agent.json missing: recorder counters (events, drops) unknown")
+        else:
+            run.agent.append(aj)
+        bj = _load_json(os.path.join(p, "bench.json"), pre + "bench.json", run.warnings)
+        if bj is not None and run.bench is None:
+            run.bench = bj
+        pj = os.path.join(p, "processes.jsonl")
+        if os.path.exists(pj):
+            for _, line in _read_lines(pj, pre + "processes.jsonl", run.warnings):
+                try:
+                    run.processes.append(orjson.loads(line))
+                except orjson.JSONDecodeError:
+                    pass
+        sp = os.path.join(p, "spans.jsonl")
+        if not os.path.exists(sp):
+            run.warnings.append(f"{pre}spans.jsonl missing: no spans recorded")
+        else:
+            load_spans(sp, run, pre + "spans.jsonl")
+    if not run.spans and not run.bench and not run.run_json and not run.agent:
+        raise RunDirError(f"{', '.join(paths)}: no omnitrace run files found (run.json, spans.jsonl, "
+                          "bench.json, agent.json all missing or unreadable)")
+    return run

@@ -1,0 +1,25 @@
+"""Percentiles and summaries (numpy, linear interpolation like numpy's default)."""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+def summary(values: Sequence[float] | Iterable[float], scale: float = 1.0) -> dict[str, float]:
+    """count, mean, p50, p90, p99, max (values multiplied by ``scale``); zeros when empty."""
+    a = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=np.float64)
+    if a.size == 0:
+        return {"count": 0, "mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
+    a = a * scale
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {"count": int(a.size), "mean": float(a.mean()), "p50": float(p50), "p90": float(p90),
+            "p99": float(p99), "max": float(a.max())}
+
+
+def median(values: Sequence[float]) -> float | None:
+    return float(np.median(np.asarray(values, dtype=np.float64))) if len(values) else None
+
+
+NS_TO_MS = 1e-6
+NS_TO_US = 1e-3

@@ -1,0 +1,91 @@
+"""Plain-text rendering of a report dict (no colours, fixed-width tables)."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def fmt(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 1000 else f"{v:.1f}"
+        return str(v)
+
+    cells = [[fmt(v) for v in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    for r in cells:
+        out.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    return "\n".join(out)
+
+
+def render(rep: dict[str, Any], limit: int = 20) -> str:
+    out: list[str] = []
+    rec = rep["recorder"]
+    if rec["dropped"]:
+        out.append(f"!! WARNING: the recorder DROPPED {rec['dropped']} events in this run; "
+                   "affected requests are attributed from incomplete spans.")
+    for r in rep["run"]:
+        out.append(f"run {r.get('run_id')}  status={r.get('status')}  exit={r.get('exit_code')}")
+    w = rep["window"]
+    out.append(f"measured window: {w['measured']} requests ({w['selection']}); attributed "
+               f"{w['attributed']}; no first packet {w['no_first_packet']}; traced {w['traced_requests']}; "
+               f"spans {w['spans']}")
+    out.append("recorder: " + (f"events={rec['events']} dropped={rec['dropped']} spans_built="
+                               f"{rec['spans_built']}" if rec["known"] else "counters unknown (no agent.json)"))
+    for msg in rep["warnings"]:
+        out.append(f"warning: {msg}")
+    t = rep["ttfp"]
+    if t["server_ms"]["count"]:
+        s, c = t["server_ms"], t["client_ms"]
+        out.append("")
+        out.append(table(["TTFP (ms)", "n", "mean", "p50", "p90", "p99", "max"],
+                         [["server", s["count"], s["mean"], s["p50"], s["p90"], s["p99"], s["max"]]]
+                         + ([["client (bench)", c["count"], c["mean"], c["p50"], c["p90"], c["p99"],
+                              c["max"]]] if c["count"] else [])))
+        out.append(f"categories sum to TTFP: max |error| = {t['sum_error_max_ns']} ns")
+        if t["client_minus_server_median_ms"] is not None:
+            d = t["client_minus_server_ms"]
+            out.append(f"client - server TTFP (HTTP overhead): median {t['client_minus_server_median_ms']:.3f} ms, "
+                       f"p99 {d['p99']:.3f} ms")
+    if rep["attribution"]:
+        out.append("\nAttribution of TTFP (critical path, per stage and category)")
+        out.append(table(["stage", "category", "mean ms", "p50 ms", "p99 ms", "share"],
+                         [[a["stage"], a["category"], a["mean_ms"], a["p50_ms"], a["p99_ms"],
+                           f"{a['share'] * 100:.1f}%"] for a in rep["attribution"]]))
+    if rep["fifo"]:
+        out.append("\nFIFO residence (producer stage)")
+        out.append(table(["stage", "chunks", "p50 ms", "p99 ms", "max ms", "blocked p50", "blocked p99",
+                          "depth mean", "depth max"],
+                         [[f["stage"], f["count"], f["residence_p50_ms"], f["residence_p99_ms"],
+                           f["residence_max_ms"], f["blocked_p50_ms"], f["blocked_p99_ms"],
+                           f["depth_mean"], f["depth_max"]] for f in rep["fifo"]]))
+    if rep["snapshot"]:
+        out.append("\nSnapshot cost per chunk")
+        out.append(table(["stage", "chunks", "mean us", "p50 us", "p99 us", "max us"],
+                         [[s["stage"], s["count"], s["mean_us"], s["p50_us"], s["p99_us"], s["max_us"]]
+                          for s in rep["snapshot"]]))
+    if rep["transfer"]:
+        out.append("\nTransfers per stage pair")
+        out.append(table(["pair", "puts", "put p50 us", "put p99 us", "put MB/s", "gets", "get p50 us",
+                          "get p99 us", "get MB/s", "bytes/chunk"],
+                         [[x["pair"], x["put"]["count"], x["put"]["p50_us"], x["put"]["p99_us"],
+                           x["put"]["bandwidth_mb_s"], x["get"]["count"], x["get"]["p50_us"],
+                           x["get"]["p99_us"], x["get"]["bandwidth_mb_s"], x["put"]["mean_bytes"]]
+                          for x in rep["transfer"]]))
+    if rep["head_of_line"]:
+        out.append("\nHead-of-line blocking (victim waited behind culprit in a FIFO), top pairs")
+        out.append(table(["victim", "culprit", "blocked ms", "times"],
+                         [[h["victim"], h["culprit"], h["blocked_ms"], h["times"]]
+                          for h in rep["head_of_line"][:limit]]))
+    if rep["requests"]:
+        shown = rep["requests"][:limit]
+        out.append(f"\nPer request critical path (slowest {len(shown)} of {len(rep['requests'])}; "
+                   "--limit N / --json for all), ms")
+        for r in shown:
+            parts = "  ".join(f"{k}={v:.2f}" for k, v in r["categories_ms"].items() if v >= 0.005)
+            cl = f" client={r['client_ttfp_ms']:.2f}" if r["client_ttfp_ms"] is not None else ""
+            out.append(f"{r['id']}  TTFP={r['ttfp_ms']:.2f}{cl}  {parts}")
+    return "\n".join(out)

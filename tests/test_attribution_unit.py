@@ -1,0 +1,75 @@
+"""Attribution arithmetic on a hand-written three-stage trace (exact expected tiling)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from omnitrace.analyze import attribution as at
+from omnitrace.analyze.report import build_report
+from omnitrace.analyze.rundir import load_run
+from otlp_fixture import US, line, three_stage_request, write_run
+
+EXPECTED_US = {
+    (-1, "remainder"): 110,  # 10 dispatch + 100 delivery
+    (0, "queue"): 10, (0, "compute"): 80, (0, "snapshot"): 10, (0, "fifo_blocked"): 30,
+    (0, "fifo_own"): 10, (0, "process"): 10, (0, "put"): 10,
+    (1, "poll_lag"): 5, (1, "get"): 5, (1, "wait_schedule"): 20, (1, "compute"): 100,
+    (1, "snapshot"): 5, (1, "fifo_own"): 5, (1, "process"): 10, (1, "put"): 10,
+    (2, "poll_lag"): 10, (2, "get"): 5, (2, "wait_schedule"): 5, (2, "compute"): 450,
+}
+
+
+def test_worked_example_tiles_exactly(tmp_path):
+    run = load_run([write_run(str(tmp_path / "r"), [line(three_stage_request("a"))])])
+    reqs = at.index_requests(run.spans)
+    a = at.attribute(reqs["a"])
+    assert a is not None and a.missing == []
+    assert a.ttfp_ns == 900 * US
+    assert {k: v // US for k, v in a.totals().items()} == EXPECTED_US
+    # segments tile [arrival, ttfp] with no gaps or overlaps
+    segs = a.segments
+    assert segs[0].start == a.arrival and segs[-1].end == a.ttfp
+    assert all(x.end == y.start for x, y in zip(segs, segs[1:]))
+    assert a.hops == [(0, 1, 0), (1, 2, 0)]
+
+
+def test_overlap_is_clamped_and_gaps_become_remainder(tmp_path):
+    spans = three_stage_request("b")
+    for s in spans:  # put overlaps the poll window; shift the talker snapshot to leave a gap
+        if s["name"] == "omni.chunk.put" and s["attributes"][1]["value"]["intValue"] == "1":
+            s["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + 3 * US)
+    run = load_run([write_run(str(tmp_path / "r"), [line(spans)])])
+    a = at.attribute(at.index_requests(run.spans)["b"])
+    assert sum(a.totals().values()) == a.ttfp_ns
+    assert all(x.end == y.start for x, y in zip(a.segments, a.segments[1:]))
+
+
+def test_report_aggregates_and_sum_error_zero(tmp_path):
+    lines = [line(three_stage_request(f"r{i}", off=i * 2000, blocked_by=[f"r{i - 1}"])) for i in range(1, 6)]
+    bench = {"requests": [{"id": f"r{i}", "warmup": i == 1, "ttfp_s": 0.0009 + 0.0001} for i in range(1, 6)]}
+    rep = build_report(load_run([write_run(str(tmp_path / "r"), lines, bench=bench)]))
+    assert rep["window"]["measured"] == 4 and rep["window"]["attributed"] == 4  # warm-up r1 excluded
+    assert rep["ttfp"]["sum_error_max_ns"] == 0
+    assert abs(rep["ttfp"]["client_minus_server_median_ms"] - 0.1) < 1e-6
+    assert abs(sum(a["share"] for a in rep["attribution"]) - 1.0) < 1e-9
+    blocked = [a for a in rep["attribution"] if a["category"] == "fifo_blocked"][0]
+    assert abs(blocked["mean_ms"] - 0.030) < 1e-9
+    assert rep["head_of_line"][0]["blocked_ms"] > 0
+    assert {f["stage_id"] for f in rep["fifo"]} == {0, 1}
+
+
+def test_json_and_html_cli(tmp_path):
+    d = write_run(str(tmp_path / "r"), [line(three_stage_request("a"))])
+    out = subprocess.run([sys.executable, "-m", "omnitrace", "report", d, "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["requests"][0]["id"] == "a"
+    html = tmp_path / "r.html"
+    out = subprocess.run([sys.executable, "-m", "omnitrace", "report", d, "--html", str(html)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = html.read_text()
+    assert "<script src=" not in text and "Plotly" in text and os.path.getsize(html) > 1_000_000
