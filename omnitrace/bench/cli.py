@@ -1,0 +1,181 @@
+"""`omnitrace bench`: load-test a /v1/chat/completions omni stream, sweep concurrency.
+
+Writes ``bench.json`` into ``$OMNITRACE_RUN_DIR`` (set by ``omnitrace run``) or ``--out``:
+per-request rows (id = the x-request-id sent, so rows join to traces) and, per concurrency
+level, ``measured_window`` {start_unix_ns, end_unix_ns} and the warm-up ids that analysis
+excludes. The file is rewritten after every level, so an interrupted sweep keeps what it
+measured, labelled ``status: "interrupted"``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sys
+import time
+from typing import Any
+
+import orjson
+from tqdm import tqdm
+
+from omnitrace import __version__
+from omnitrace import conventions as cv
+from omnitrace.analyze.stats import summary
+from omnitrace.bench.client import RequestResult
+from omnitrace.bench.load import LevelResult, LoadSpec, run_level
+from omnitrace.render.console import table
+
+
+def _concurrency(values: list[str]) -> list[int]:
+    out: list[int] = []
+    for v in values:
+        for part in str(v).split(","):
+            if part.strip():
+                n = int(part)
+                if n <= 0:
+                    raise ValueError
+                out.append(n)
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="omnitrace bench", description=__doc__.split("\n")[0])
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--endpoint", default="/v1/chat/completions")
+    p.add_argument("--model", default="reference")
+    p.add_argument("--concurrency", nargs="+", default=["8"], help="one level or a list to sweep (8 16 32 or 8,16)")
+    p.add_argument("--num-prompts", type=int, default=100, help="measured requests per level")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up requests per level (default: = concurrency)")
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens")
+    p.add_argument("--output-len", type=int, default=128, help="max_tokens (ignore_eos)")
+    p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1 +- ratio)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--extra-body", default=None, help="JSON merged into every request body")
+    p.add_argument("--out", default=None, help="bench.json path (default: $OMNITRACE_RUN_DIR/bench.json)")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _level_summary(lv: LevelResult) -> dict[str, Any]:
+    m = [r for r in lv.results if not r.warmup]
+    ok = [r for r in m if r.error is None]
+    span_s = ((lv.measured_window["end_unix_ns"] - lv.measured_window["start_unix_ns"]) / 1e9
+              if lv.measured_window else 0.0)
+    return {
+        "requests": len(m), "ok": len(ok), "failed": len(m) - len(ok),
+        "duration_s": span_s, "request_rate": len(ok) / span_s if span_s > 0 else 0.0,
+        "ttft_ms": summary([r.ttft_s for r in ok if r.ttft_s is not None], 1e3),
+        "ttfp_ms": summary([r.ttfp_s for r in ok if r.ttfp_s is not None], 1e3),
+        "e2e_ms": summary([r.latency_s for r in ok if r.latency_s is not None], 1e3),
+        "errors": sorted({r.error for r in m if r.error})[:5],
+    }
+
+
+def _doc(args: argparse.Namespace, levels: list[LevelResult], partial: list[RequestResult],
+         status: str) -> dict[str, Any]:
+    rows = [r.row() for lv in levels for r in lv.results] + [r.row() for r in partial]
+    return {
+        "omnitrace_version": __version__, "status": status, "base_url": args.base_url,
+        "args": {k: v for k, v in vars(args).items() if k not in ("no_progress",)},
+        "levels": [{"concurrency": lv.concurrency, "measured_window": lv.measured_window,
+                    "warmup_ids": lv.warmup_ids, "aborted": lv.aborted, "summary": _level_summary(lv)}
+                   for lv in levels],
+        "requests": rows,
+    }
+
+
+def _write(path: str | None, doc: dict[str, Any]) -> None:
+    if not path:
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    os.replace(tmp, path)  # a reader never sees a half-written bench.json
+
+
+def _print_summary(levels: list[LevelResult]) -> None:
+    rows = []
+    for lv in levels:
+        if lv.measured_window is None:
+            continue
+        s = _level_summary(lv)
+        for metric in ("ttft_ms", "ttfp_ms", "e2e_ms"):
+            x = s[metric]
+            rows.append([lv.concurrency, metric[:-3].upper(), x["count"], x["mean"], x["p50"], x["p90"], x["p99"]])
+    if rows:
+        print(table(["concurrency", "metric (ms)", "n", "mean", "median", "p90", "p99"], rows))
+    for lv in levels:
+        s = _level_summary(lv)
+        print(f"c={lv.concurrency}: {s['ok']}/{s['requests']} ok, {s['request_rate']:.2f} req/s"
+              + (f", {s['failed']} failed: {'; '.join(s['errors'])}" if s["failed"] else "")
+              + (f" [ABORTED: {lv.aborted}]" if lv.aborted else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    try:
+        conc = _concurrency(args.concurrency)
+    except ValueError:
+        p.error(f"--concurrency: positive integers expected, got {' '.join(args.concurrency)}")
+    if args.num_prompts <= 0 or args.input_len <= 0 or args.output_len <= 0 or not 0 <= args.range_ratio < 1:
+        p.error("--num-prompts, --input-len, --output-len must be positive and 0 <= --range-ratio < 1")
+    extra: dict[str, Any] = {}
+    if args.extra_body:
+        try:
+            extra = orjson.loads(args.extra_body)
+            assert isinstance(extra, dict)
+        except (orjson.JSONDecodeError, AssertionError):
+            p.error("--extra-body: a JSON object expected")
+    run_dir = os.environ.get(cv.ENV_RUN_DIR)
+    out = args.out or (os.path.join(run_dir, "bench.json") if run_dir else None)
+    spec = LoadSpec(base_url=args.base_url, model=args.model, endpoint=args.endpoint,
+                    num_prompts=args.num_prompts, warmup=args.warmup, input_len=args.input_len,
+                    output_len=args.output_len, range_ratio=args.range_ratio, seed=args.seed,
+                    request_timeout_s=args.request_timeout, extra_body=extra,
+                    tag=f"b{os.getpid():x}{time.time_ns() & 0xffff:04x}-")
+    rng = random.Random(args.seed)
+    levels: list[LevelResult] = []
+    partial: list[RequestResult] = []
+    status = "complete"
+    try:
+        for c in conc:
+            total = (c if args.warmup is None else args.warmup) + args.num_prompts
+            bar = tqdm(total=total, desc=f"c={c}", file=sys.stderr, disable=args.no_progress, unit="req")
+            partial = []
+
+            def done(r: RequestResult, bar: tqdm = bar) -> None:
+                partial.append(r)
+                bar.update(1)
+                if r.error:
+                    bar.set_postfix_str(f"errors={sum(1 for x in partial if x.error)}")
+
+            lv = asyncio.run(run_level(spec, c, rng, done))
+            bar.close()
+            partial = []
+            levels.append(lv)
+            _write(out, _doc(args, levels, [], "running"))
+            if lv.aborted:
+                status = "failed"
+                break
+    except KeyboardInterrupt:
+        status = "interrupted"
+        print("\nomnitrace bench: interrupted; partial results kept", file=sys.stderr)
+    _write(out, _doc(args, levels, partial, status))
+    if levels:
+        _print_summary(levels)
+    if out:
+        print(f"bench results: {out} ({status})")
+    measured = [r for lv in levels for r in lv.results if not r.warmup]
+    failed = [r for r in measured if r.error]
+    if status != "complete" or not measured:
+        if levels and levels[-1].aborted:
+            print(f"omnitrace bench: {args.base_url}: {levels[-1].aborted}", file=sys.stderr)
+        return 1
+    if failed:
+        print(f"omnitrace bench: {len(failed)}/{len(measured)} measured requests failed "
+              f"(first: {failed[0].error})", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,143 @@
+"""One streaming /v1/chat/completions request, parsed like vLLM-Omni's benchmark client.
+
+Mirrors ``vllm_omni/benchmarks/patch/patch.py: async_request_openai_chat_omni_completions``
+(see shared/reference/openai_chat_omni_stream.md): messages are split on blank lines,
+``:`` comment lines are skipped, ``data: [DONE]`` ends the stream, a chunk with an ``error``
+key fails the request, and the TOP-LEVEL ``modality`` decides text vs audio. TTFT is the
+first text chunk, TTFP the first audio chunk (even with empty content), both relative to
+``perf_counter()`` taken just before the POST.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+# The reference runtime accepts an explicit prompt length for load tests, so a synthetic
+# prompt of N words is N tokens there regardless of its tokenizer (omnitrace/runtime/api.py).
+PROMPT_TOKENS_FIELD = "prompt_token_count"
+
+
+@dataclass
+class RequestResult:
+    id: str
+    concurrency: int
+    warmup: bool
+    input_len: int
+    output_len: int
+    start_unix_ns: int = 0
+    ttft_s: float | None = None
+    ttfp_s: float | None = None
+    latency_s: float | None = None
+    bytes: int = 0
+    text_chunks: int = 0
+    audio_chunks: int = 0
+    completion_tokens: int | None = None
+    status: int | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        d = asdict(self)
+        if not d["extra"]:
+            del d["extra"]
+        return d
+
+
+def request_body(model: str, prompt: str, input_len: int, output_len: int,
+                 extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": prompt}]}],
+        "temperature": 0.0, "max_tokens": output_len, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "ignore_eos": True, "modalities": ["text", "audio"],
+        PROMPT_TOKENS_FIELD: input_len,
+    }
+    if extra_body:
+        body.update(extra_body)
+    return body
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return f"connection failed: {e.os_error.strerror if e.os_error else e}"
+    if isinstance(e, asyncio.TimeoutError):
+        return "timed out"
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return "server disconnected"
+    return f"{e.__class__.__name__}: {str(e)[:200]}"
+
+
+async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+               res: RequestResult, headers: dict[str, str] | None = None) -> RequestResult:
+    """POST one streaming request and fill ``res`` in; never raises for HTTP/stream errors."""
+    hdrs = {"x-request-id": res.id, "Content-Type": "application/json"}
+    hdrs.update(headers or {})
+    res.start_unix_ns = time.time_ns()
+    st = time.perf_counter()
+    try:
+        async with session.post(url, data=orjson.dumps(body), headers=hdrs) as resp:
+            res.status = resp.status
+            if resp.status != 200:
+                text = (await resp.text())[:200].strip()
+                res.error = f"HTTP {resp.status} {resp.reason}: {text}"
+                return res
+            buf = ""
+            done = False
+            async for raw in resp.content.iter_any():
+                res.bytes += len(raw)
+                buf += raw.decode("utf-8", errors="replace")
+                while "\n\n" in buf and not done:
+                    msg, buf = buf.split("\n\n", 1)
+                    done = _handle(msg.strip(), res, st)
+                if done:
+                    break
+            if not done and res.error is None:
+                if buf.strip():
+                    _handle(buf.strip(), res, st)
+                if res.error is None and res.ttfp_s is None:
+                    res.error = "stream ended without [DONE] and without audio"
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        res.error = _describe(e)
+    finally:
+        res.latency_s = time.perf_counter() - st
+    return res
+
+
+def _handle(msg: str, res: RequestResult, st: float) -> bool:
+    """Handle one SSE message; True when the stream is over ([DONE] or error)."""
+    if not msg or msg.startswith(":"):
+        return False
+    chunk = msg.removeprefix("data: ").removeprefix("data:").strip()
+    if chunk == "[DONE]":
+        return True
+    t = time.perf_counter()
+    try:
+        data = orjson.loads(chunk)
+    except orjson.JSONDecodeError:
+        res.error = f"malformed stream chunk: {chunk[:80]!r}"
+        return True
+    if not isinstance(data, dict):
+        return False
+    if (err := data.get("error")) is not None:
+        res.error = f"stream error: {str(err.get('message', err) if isinstance(err, dict) else err)[:200]}"
+        return True
+    usage = data.get("usage")
+    if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+        res.completion_tokens = usage["completion_tokens"]
+    if data.get("choices"):
+        modality = data.get("modality")
+        if modality == "text":
+            res.text_chunks += 1
+            if res.ttft_s is None:
+                res.ttft_s = t - st
+        elif modality == "audio":
+            res.audio_chunks += 1
+            if res.ttfp_s is None:
+                res.ttfp_s = t - st
+    return False

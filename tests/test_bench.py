@@ -1,0 +1,117 @@
+"""omnitrace bench against real aiohttp servers: a compatible stream, HTTP errors, stream
+errors, and a port that refuses connections (clear message, partial results kept)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import threading
+
+from aiohttp import web
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(mode: str) -> tuple[int, list[dict], threading.Event]:
+    port, seen, stop = _free_port(), [], threading.Event()
+
+    async def chat(req: web.Request) -> web.StreamResponse:
+        body = await req.json()
+        seen.append({"id": req.headers.get("x-request-id"), "body": body})
+        if mode == "http500":
+            return web.Response(status=500, text="boom")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(req)
+        if mode == "stream_error":
+            await resp.write(b'data: {"error": {"message": "stage 1 died"}}\n\n')
+            return resp
+        await resp.write(b": ping\n\n")
+        await asyncio.sleep(0.01)
+        await resp.write(b'data: {"modality":"text","choices":[{"delta":{"content":"hi"}}],'
+                         b'"usage":{"completion_tokens":1}}\n\n')
+        await asyncio.sleep(0.02)
+        await resp.write(b'data: {"modality":"audio","choices":[{"delta":{"content":""}}]}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        while not stop.is_set():
+            loop.run_until_complete(asyncio.sleep(0.05))
+        loop.run_until_complete(runner.cleanup())
+
+    threading.Thread(target=run, daemon=True).start()
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            break
+        except OSError:
+            import time
+            time.sleep(0.05)
+    return port, seen, stop
+
+
+def _bench(port: int, out, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "omnitrace", "bench", "--base-url", f"http://127.0.0.1:{port}",
+                           "--out", str(out), "--no-progress", *extra],
+                          capture_output=True, text=True, timeout=90)
+
+
+def test_compatible_stream_sweep(tmp_path):
+    port, seen, stop = _serve("ok")
+    try:
+        out = tmp_path / "bench.json"
+        r = _bench(port, out, "--concurrency", "2", "4", "--num-prompts", "6", "--input-len", "50",
+                   "--output-len", "20", "--range-ratio", "0.5", "--seed", "7")
+        assert r.returncode == 0, r.stderr
+        assert "TTFP" in r.stdout and "Traceback" not in r.stderr
+        d = json.loads(out.read_text())
+        assert d["status"] == "complete" and [lv["concurrency"] for lv in d["levels"]] == [2, 4]
+        rows = d["requests"]
+        assert len(rows) == 2 + 6 + 4 + 6 and sum(r["warmup"] for r in rows) == 6
+        assert all(r["error"] is None and 0 < r["ttft_s"] < r["ttfp_s"] <= r["latency_s"] for r in rows)
+        lv = d["levels"][0]
+        assert lv["measured_window"]["start_unix_ns"] < lv["measured_window"]["end_unix_ns"]
+        assert set(lv["warmup_ids"]) == {r["id"] for r in rows if r["warmup"] and r["concurrency"] == 2}
+        # the server saw our ids and bodies (ids unique, prompt of input_len words + explicit count)
+        assert len({s["id"] for s in seen}) == len(seen) == len(rows)
+        b = seen[-1]["body"]
+        assert b["stream"] and b["ignore_eos"] and b["stream_options"]["include_usage"]
+        n_words = len(b["messages"][0]["content"][0]["text"].split())
+        assert 25 <= n_words <= 75 and b["prompt_token_count"] == n_words
+    finally:
+        stop.set()
+
+
+def test_http_and_stream_errors_are_labelled(tmp_path):
+    for mode, needle in (("http500", "HTTP 500"), ("stream_error", "stage 1 died")):
+        port, _, stop = _serve(mode)
+        try:
+            out = tmp_path / f"{mode}.json"
+            r = _bench(port, out, "--concurrency", "2", "--num-prompts", "3")
+            assert r.returncode == 1 and "Traceback" not in r.stderr
+            assert "failed" in r.stderr and needle in r.stderr
+            d = json.loads(out.read_text())
+            assert len(d["requests"]) == 5 and all(needle in x["error"] for x in d["requests"])
+        finally:
+            stop.set()
+
+
+def test_refused_connection(tmp_path):
+    out = tmp_path / "b.json"
+    r = _bench(_free_port(), out, "--concurrency", "2", "--num-prompts", "3")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "connection failed" in r.stderr
+    d = json.loads(out.read_text())
+    assert d["status"] == "failed" and d["levels"][0]["aborted"]
