@@ -73,3 +73,17 @@ def test_json_and_html_cli(tmp_path):
     assert out.returncode == 0, out.stderr
     text = html.read_text()
     assert "<script src=" not in text and "Plotly" in text and os.path.getsize(html) > 1_000_000
+
+
+def test_several_tasks_under_one_chunk_index_take_the_last(tmp_path):
+    """The talker labels its no-chunk tasks with the next chunk's index: the walk must use
+    the task that produced the chunk (latest before the put), not the first one."""
+    from otlp_fixture import span
+    spans = three_stage_request("t")
+    # an earlier no-chunk talker task under codec chunk 0 (frame 1 of 4)
+    spans += [span("omni.chunk.snapshot", "t", 210, 211, stage=1, peer=2, chunk=0),
+              span("omni.chunk.fifo", "t", 211, 212, stage=1, peer=2, chunk=0),
+              span("omni.chunk.process", "t", 212, 213, stage=1, peer=2, chunk=0)]
+    run = load_run([write_run(str(tmp_path / "r"), [line(spans)])])
+    a = at.attribute(at.index_requests(run.spans)["t"])
+    assert {k: v // US for k, v in a.totals().items()} == EXPECTED_US

@@ -73,9 +73,11 @@ class RequestSpans:
     request: Span | None = None
     stages: dict[int, Span] = field(default_factory=dict)
     queues: dict[int, Span] = field(default_factory=dict)
-    # (producer stage, consumer stage, chunk) -> span name -> span
-    producer: dict[tuple[int, int, int], dict[str, Span]] = field(default_factory=dict)
-    consumer: dict[tuple[int, int, int], dict[str, Span]] = field(default_factory=dict)
+    # (producer stage, consumer stage, chunk) -> span name -> spans. A producer may run
+    # several tasks under one chunk index (the talker labels its no-chunk tasks with the
+    # index of the next chunk), so several spans of one name can share a key.
+    producer: dict[tuple[int, int, int], dict[str, list[Span]]] = field(default_factory=dict)
+    consumer: dict[tuple[int, int, int], dict[str, list[Span]]] = field(default_factory=dict)
     # consumer stage -> wait_schedule spans
     scheduled: dict[int, list[Span]] = field(default_factory=dict)
     incomplete: int = 0
@@ -113,9 +115,9 @@ def index_requests(spans: Iterable[Span]) -> dict[str, RequestSpans]:
             r.incomplete += 1
         n = s.name
         if n in _PRODUCER:
-            r.producer.setdefault((s.stage, s.peer, s.chunk), {})[n] = s
+            r.producer.setdefault((s.stage, s.peer, s.chunk), {}).setdefault(n, []).append(s)
         elif n in _CONSUMER:
-            r.consumer.setdefault((s.peer, s.stage, s.chunk), {})[n] = s
+            r.consumer.setdefault((s.peer, s.stage, s.chunk), {}).setdefault(n, []).append(s)
             if n == cv.SPAN_WAIT_SCHEDULE:
                 r.scheduled.setdefault(s.stage, []).append(s)
         elif n == cv.SPAN_REQUEST:
@@ -227,18 +229,18 @@ def attribute(r: RequestSpans) -> Attribution | None:
         csp = r.consumer.get(key, {})
         psp = r.producer.get(key, {})
         for name, st, cat in ((cv.SPAN_GET, cons, GET), (cv.SPAN_POLL, cons, POLL_LAG)):
-            s = csp.get(name)
+            s = _latest(csp.get(name), w.cursor)
             if s is None:
                 missing.append(f"{name}[{prod}->{cons}#{c}]")
             else:
                 w.push(s.start, s.end, st, cat)
         for name, cat in ((cv.SPAN_PUT, PUT), (cv.SPAN_PROCESS, PROCESS)):
-            s = psp.get(name)
+            s = _latest(psp.get(name), w.cursor)
             if s is None:
                 missing.append(f"{name}[{prod}->{cons}#{c}]")
             else:
                 w.push(s.start, s.end, prod, cat)
-        f = psp.get(cv.SPAN_FIFO)
+        f = _latest(psp.get(cv.SPAN_FIFO), w.cursor)
         if f is None:
             missing.append(f"{cv.SPAN_FIFO}[{prod}->{cons}#{c}]")
         else:
@@ -246,7 +248,7 @@ def attribute(r: RequestSpans) -> Attribution | None:
             # Order inside the residence does not change sums; own work is drawn last.
             w.push(f.end - (f.dur - blocked), f.end, prod, FIFO_OWN)
             w.push(f.start, f.start + blocked, prod, FIFO_BLOCKED)
-        snap = psp.get(cv.SPAN_SNAPSHOT)
+        snap = _latest(psp.get(cv.SPAN_SNAPSHOT), w.cursor)
         if snap is None:
             missing.append(f"{cv.SPAN_SNAPSHOT}[{prod}->{cons}#{c}]")
         else:
@@ -254,6 +256,16 @@ def attribute(r: RequestSpans) -> Attribution | None:
         t = w.cursor
         stage = prod
     return Attribution(r.rid, arrival, ttfp, w.finish(), list(reversed(hops)), missing)
+
+
+def _latest(spans: list[Span] | None, t: int) -> Span | None:
+    """Of several spans under one key, the one on the path: the latest ending by ``t``."""
+    if not spans:
+        return None
+    if len(spans) == 1:
+        return spans[0]
+    before = [s for s in spans if s.end <= t]
+    return max(before or spans, key=lambda s: s.end)
 
 
 def _gating_chunk(scheduled: Iterable[Span], t: int) -> Span | None:

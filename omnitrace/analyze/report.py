@@ -140,7 +140,7 @@ def build_report(run: Run, per_request_segments: bool = True) -> dict[str, Any]:
     # ---- FIFO, snapshot, transfer over all chunks of measured requests
     chunk_spans = [s for rid in measured if rid in reqs
                    for d in (*reqs[rid].producer.values(), *reqs[rid].consumer.values())
-                   for s in d.values()]
+                   for ss in d.values() for s in ss]
     by = _by_stage(chunk_spans, lambda s: s.name)
     fifo = []
     for st, ss in sorted(_by_stage(by.get(cv.SPAN_FIFO, []), lambda s: s.stage).items()):
