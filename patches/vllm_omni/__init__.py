@@ -1,0 +1,1 @@
+"""vLLM-Omni async-chunk hooks (see ``wrappers.py`` for what each event means)."""

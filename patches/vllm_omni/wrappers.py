@@ -1,0 +1,413 @@
+"""Wrappers for vLLM-Omni's async-chunk path, shared by the per-version hook tables.
+
+Where each event comes from (stage = the recording process's stage, chunk = connector chunk id):
+
+* SNAPSHOT_BEGIN/END  ``OmniChunkTransferAdapter._snapshot_processor_request`` (scheduler thread)
+* FIFO_ENQUEUE        a ``deque`` subclass swapped in for ``adapter._pending_save_reqs``:
+                      exact stamp taken in ``append``; a = tasks ahead (len before append)
+* FIFO_DEQUEUE        ``_send_single_request`` entry (save thread); a = tasks left after the pop
+* PROCESS_BEGIN/END   the adapter's ``custom_process_next_stage_input_func`` (save thread);
+                      a = bytes of the chunk it led to (0 = no chunk)
+* PUT_BEGIN/END       ``SharedMemoryConnector.put``; a = bytes, b = consumer stage
+* GET_BEGIN/END       ``SharedMemoryConnector.get``, hits only (a miss returns None and is
+                      not recorded); GET_BEGIN is the start of the call that hit
+* CHUNK_READY         ``_commit_received_chunk`` returned True (receiver thread)
+* CHUNK_SCHEDULED     ``process_pending_chunks`` moved the request into
+                      ``requests_with_ready_chunks`` (consumer scheduler thread)
+* REQUEST_ARRIVE / FIRST_TEXT / FIRST_AUDIO / END   ``OmniOpenAIServingChat`` streaming path
+
+The chunk id of a producer task is only known once its put happens on the save thread, so
+the producer events of one task (snapshot, enqueue, dequeue, process, put) are written
+together by the save thread when the task is done, each with its own exact timestamp
+(``record.emit(..., t=...)``), in time order. A task that produced no chunk (the processor
+returned None mid-stream) carries the index the *next* chunk will have (PROCESS_END a = 0),
+as ``omnitrace.runtime`` does. ``cleanup_shm``/``release_shm`` tasks share the FIFO and are
+written as FIFO_ENQUEUE/DEQUEUE with chunk -1.
+
+Cost: each wrapped call adds two ``perf_counter_ns`` calls and a tuple or a thread-local
+store; events are the recorder's ~0.2-0.5 us each. A connector ``get`` miss (the receiver
+polls every waiting request each pass) costs one ``perf_counter_ns`` and a None check.
+"""
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+from omnitrace import conventions as cv
+from omnitrace import record
+from omnitrace.inject.patching import Hook, hook_failed
+
+E = cv.Ev
+_now = time.perf_counter_ns
+_emit = record.emit
+_tls = threading.local()
+NO_CHUNK = cv.NO_CHUNK
+API = cv.API_STAGE
+
+ADAPTER_MODULE = "vllm_omni.distributed.omni_connectors.transfer_adapter.chunk_transfer_adapter"
+SHM_MODULE = "vllm_omni.distributed.omni_connectors.connectors.shm_connector"
+CHAT_MODULE = "vllm_omni.entrypoints.openai.serving_chat"
+ADAPTER = "OmniChunkTransferAdapter"
+SHM = "SharedMemoryConnector"
+CHAT = "OmniOpenAIServingChat"
+
+
+# --------------------------------------------------------------------------- producer
+class StampedDeque(deque):
+    """``adapter._pending_save_reqs`` with the exact enqueue stamp and depth kept per task.
+
+    Stamps live beside the task (keyed by ``id(task)``), so the task dict the adapter
+    reads is untouched. The save loop looks the attribute up on every iteration, so the
+    swap takes effect right after the adapter is built.
+    """
+
+    def __init__(self, items: Any = ()) -> None:
+        super().__init__(items)
+        self.stamps: dict[int, tuple[int, int, tuple | None]] = {}
+
+    def append(self, task: Any) -> None:
+        try:
+            t = _now()
+            snap = getattr(_tls, "snap", None)
+            if snap is not None:
+                _tls.snap = None
+                if task.get("request") is not snap[0]:
+                    snap = None  # a stale snapshot of a rejected save; not this task's
+            stamp = (t, len(self), snap)
+            self.stamps[id(task)] = stamp
+            batch = task.get("batch")
+            if batch:  # 0.32 save_async_batch: one FIFO task for a step's requests
+                for inner in batch:
+                    self.stamps[id(inner)] = stamp
+        except Exception as exc:
+            hook_failed("fifo enqueue", exc)
+        deque.append(self, task)
+
+
+def _wrap_processor(func: Callable[..., Any]) -> Callable[..., Any]:
+    # functools.wraps keeps inspect.signature (the adapter checks for new_token_ids).
+    @functools.wraps(func)
+    def processor(*args: Any, **kwargs: Any) -> Any:
+        cur = getattr(_tls, "task", None)
+        if cur is None:
+            return func(*args, **kwargs)
+        cur[0] = _now()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            cur[1] = _now()
+
+    processor.__omnitrace_hook__ = True  # type: ignore[attr-defined]
+    return processor
+
+
+def _instrument_adapter(adapter: Any) -> None:
+    stage = int(adapter.connector.stage_id)
+    adapter._ot_stage = stage
+    adapter._ot_ready = {}
+    replica = int(os.environ.get("VLLM_OMNI_REPLICA_ID", "0") or 0)
+    record.set_process_info(role="stage", stage=stage, replica=replica,
+                            name=multiprocessing.current_process().name)
+    if not isinstance(adapter._pending_save_reqs, StampedDeque):
+        adapter._pending_save_reqs = StampedDeque(adapter._pending_save_reqs)
+    func = getattr(adapter, "custom_process_next_stage_input_func", None)
+    if func is not None and not getattr(func, "__omnitrace_hook__", False):
+        adapter.custom_process_next_stage_input_func = _wrap_processor(func)
+
+
+def wrap_init(orig: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(orig)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        try:
+            _instrument_adapter(self)
+        except Exception as exc:
+            hook_failed("adapter init", exc)
+
+    return __init__
+
+
+def make_snapshot_wrapper(strategy: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``_snapshot_processor_request`` is a staticmethod: no adapter, no stage; its stamps
+    go to a thread-local that the FIFO append (same thread, same save) picks up."""
+
+    def wrap(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def _snapshot_processor_request(request: Any) -> Any:
+            t0 = _now()
+            snap = orig(request)
+            _tls.snap = (snap, t0, _now(), strategy)
+            return snap
+
+        return _snapshot_processor_request
+
+    return wrap
+
+
+def _flush_task(adapter: Any, task: dict, stamp: tuple, t_deq: int, left: int, cur: list) -> None:
+    stage = adapter._ot_stage
+    peer = stage + 1
+    t_enq, ahead, snap = stamp
+    req = task.get("request")
+    if req is None:  # cleanup_shm / release_shm (batch tasks are written per inner task)
+        spec = task.get("cleanup_shm") or task.get("release_shm")
+        if spec is None:
+            return
+        prefix = (spec[0] if isinstance(spec, tuple) else spec).rstrip("_")
+        ext = prefix.rsplit("_", 1)[0]
+        _emit(E.FIFO_ENQUEUE, ext, stage, NO_CHUNK, ahead, peer, t_enq)
+        _emit(E.FIFO_DEQUEUE, ext, stage, NO_CHUNK, left, peer, t_deq)
+        return
+    ext = req.external_req_id
+    put = cur[2]
+    # no put: the index the next chunk will have (as omnitrace.runtime records it)
+    chunk = put[3] if put is not None else adapter.put_req_chunk.get(ext, 0)
+    if snap is not None:
+        _emit(E.SNAPSHOT_BEGIN, ext, stage, chunk, 0, peer, snap[1])
+        _emit(E.SNAPSHOT_END, ext, stage, chunk, snap[3], peer, snap[2])
+    _emit(E.FIFO_ENQUEUE, ext, stage, chunk, ahead, peer, t_enq)
+    _emit(E.FIFO_DEQUEUE, ext, stage, chunk, left, peer, t_deq)
+    if cur[0]:
+        _emit(E.PROCESS_BEGIN, ext, stage, chunk, 0, peer, cur[0])
+        _emit(E.PROCESS_END, ext, stage, chunk, put[2] if put is not None else 0, peer, cur[1])
+    if put is not None:
+        _emit(E.PUT_BEGIN, ext, stage, chunk, 0, put[4], put[0])
+        _emit(E.PUT_END, ext, stage, chunk, put[2], put[4], put[1])
+
+
+def wrap_send(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def _send_single_request(self: Any, task: dict) -> Any:
+        t_deq = _now()
+        queue = self._pending_save_reqs
+        stamps = getattr(queue, "stamps", None)
+        stamp = stamps.pop(id(task), None) if stamps is not None else None
+        if stamp is None:
+            return orig(self, task)
+        left = len(queue)
+        prev = getattr(_tls, "task", None)
+        cur: list = [0, 0, None]  # process begin, process end, put (t0, t1, bytes, chunk, to)
+        _tls.task = cur
+        try:
+            return orig(self, task)
+        finally:
+            _tls.task = prev
+            try:
+                _flush_task(self, task, stamp, t_deq, left, cur)
+            except Exception as exc:
+                hook_failed("fifo dequeue", exc)
+
+    return _send_single_request
+
+
+# --------------------------------------------------------------------------- connector
+def wrap_put(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def put(self: Any, from_stage: Any, to_stage: Any, put_key: str, data: Any,
+            *args: Any, **kwargs: Any) -> Any:
+        t0 = _now()
+        res = orig(self, from_stage, to_stage, put_key, data, *args, **kwargs)
+        t1 = _now()
+        try:
+            ext, _, chunk = put_key.rsplit("_", 2)
+            size = int(res[1]) if res and res[0] else 0
+            cur = getattr(_tls, "task", None)
+            if cur is not None:  # inside an adapter task: written with the task, in order
+                cur[2] = (t0, t1, size, int(chunk), int(to_stage))
+            else:
+                stage, peer, c = int(from_stage), int(to_stage), int(chunk)
+                _emit(E.PUT_BEGIN, ext, stage, c, 0, peer, t0)
+                _emit(E.PUT_END, ext, stage, c, size, peer, t1)
+        except Exception as exc:
+            hook_failed("connector put", exc)
+        return res
+
+    return put
+
+
+def wrap_get(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def get(self: Any, from_stage: Any, to_stage: Any, get_key: str, *args: Any, **kwargs: Any) -> Any:
+        t0 = _now()
+        res = orig(self, from_stage, to_stage, get_key, *args, **kwargs)
+        if res is None:  # a miss: the receiver polls every waiting request; not an event
+            return res
+        t1 = _now()
+        try:
+            ext, src, chunk = get_key.rsplit("_", 2)
+            stage, c, peer = int(to_stage), int(chunk), int(src)
+            size = int(res[1]) if isinstance(res, tuple) and len(res) > 1 else 0
+            _emit(E.GET_BEGIN, ext, stage, c, 0, peer, t0)
+            _emit(E.GET_END, ext, stage, c, size, peer, t1)
+        except Exception as exc:
+            hook_failed("connector get", exc)
+        return res
+
+    return get
+
+
+# --------------------------------------------------------------------------- consumer
+def wrap_commit(orig: Callable[..., bool]) -> Callable[..., bool]:
+    @functools.wraps(orig)
+    def _commit_received_chunk(self: Any, request: Any, result: Any, *args: Any, **kwargs: Any) -> bool:
+        ok = orig(self, request, result, *args, **kwargs)
+        if ok:
+            try:
+                stage = int(kwargs["stage_id"])
+                chunk = int(kwargs["chunk_id"])
+                ext = kwargs["connector_get_key"].rsplit("_", 2)[0]
+                _emit(E.CHUNK_READY, ext, stage, chunk, 0, stage - 1)
+                ready = getattr(self, "_ot_ready", None)
+                if ready is not None:
+                    ready[kwargs["req_id"]] = (ext, chunk)
+            except Exception as exc:
+                hook_failed("chunk commit", exc)
+        return ok
+
+    return _commit_received_chunk
+
+
+def wrap_pending(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def process_pending_chunks(self: Any, *args: Any, **kwargs: Any) -> Any:
+        pending = getattr(self, "_ot_ready", None)
+        if not pending:  # no committed chunk waits for pickup: nothing to diff
+            return orig(self, *args, **kwargs)
+        ready = self.requests_with_ready_chunks
+        before = set(ready)
+        res = orig(self, *args, **kwargs)
+        try:
+            new = self.requests_with_ready_chunks.difference(before)
+            if new:
+                t = _now()
+                stage = self._ot_stage
+                for rid in new:
+                    hit = pending.pop(rid, None)
+                    if hit is not None:
+                        _emit(E.CHUNK_SCHEDULED, hit[0], stage, hit[1], 0, stage - 1, t)
+        except Exception as exc:
+            hook_failed("chunk scheduled", exc)
+        return res
+
+    return process_pending_chunks
+
+
+# --------------------------------------------------------------------------- API server
+_api_named = False
+
+
+def _api_process() -> None:
+    global _api_named
+    if not _api_named:
+        _api_named = True
+        record.set_process_info(role="api", stage=API)
+
+
+def wrap_create_chat(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Arrival is stamped when the handler is entered. The request id is only known once
+    the handler builds the stream, so the stamp waits in a dict keyed by the request
+    object (handlers of concurrent requests interleave at awaits on the one loop thread)."""
+
+    @functools.wraps(orig)
+    async def create_chat_completion(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = _now()
+        arrivals = _arrivals()
+        arrivals[id(request)] = t0
+        try:
+            return await orig(self, request, *args, **kwargs)
+        finally:
+            arrivals.pop(id(request), None)
+
+    return create_chat_completion
+
+
+def _arrivals() -> dict[int, int]:
+    d = getattr(_tls, "arrivals", None)
+    if d is None:
+        d = _tls.arrivals = {}
+    return d
+
+
+def wrap_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def chat_completion_stream_generator(self: Any, request: Any, result_generator: Any,
+                                         request_id: str, *args: Any, **kwargs: Any) -> Any:
+        gen = orig(self, request, result_generator, request_id, *args, **kwargs)
+        try:
+            _api_process()
+            t0 = _arrivals().get(id(request)) or _now()
+            max_tokens = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", None) or 0
+            _emit(E.REQUEST_ARRIVE, request_id, API, NO_CHUNK, 0, int(max_tokens), t0)
+        except Exception as exc:
+            hook_failed("request arrival", exc)
+            return gen
+        return _watch_stream(gen, str(request_id))
+
+    return chat_completion_stream_generator
+
+
+def _has_text(item: str) -> bool:
+    i = item.find('"content":"')
+    return i >= 0 and item[i + 11:i + 12] not in ('"', "")
+
+
+async def _watch_stream(gen: Any, rid: str) -> Any:
+    """Re-yield the SSE lines; stamp the first text and the first audio packet."""
+    text = audio = False
+    sent = 0
+    status = cv.Status.OK
+    try:
+        async for item in gen:
+            if not (text and audio) and isinstance(item, str):
+                try:
+                    if not audio and '"modality":"audio"' in item:
+                        audio = True
+                        _emit(E.REQUEST_FIRST_AUDIO, rid, API, NO_CHUNK, 0, 0)
+                    elif not text and '"modality":"text"' in item and _has_text(item):
+                        text = True
+                        _emit(E.REQUEST_FIRST_TEXT, rid, API, NO_CHUNK, 0, 0)
+                except Exception as exc:
+                    hook_failed("first packet", exc)
+            sent += len(item)
+            yield item
+    except GeneratorExit:
+        status = cv.Status.CANCELLED
+        raise
+    except BaseException:
+        status = cv.Status.ERROR
+        raise
+    finally:
+        _emit(E.REQUEST_END, rid, API, NO_CHUNK, int(status), sent)
+        aclose = getattr(gen, "aclose", None)
+        if aclose is not None and status != cv.Status.OK:
+            try:
+                await aclose()
+            except Exception:
+                pass
+
+
+# --------------------------------------------------------------------------- tables
+def chunk_hooks(snapshot_strategy: int) -> list[Hook]:
+    """The async-chunk hooks whose shape is the same in every supported version."""
+    return [
+        Hook("adapter init", ADAPTER_MODULE, f"{ADAPTER}.__init__", wrap_init),
+        Hook("snapshot", ADAPTER_MODULE, f"{ADAPTER}._snapshot_processor_request",
+             make_snapshot_wrapper(snapshot_strategy), static=True),
+        Hook("fifo dequeue", ADAPTER_MODULE, f"{ADAPTER}._send_single_request", wrap_send),
+        Hook("chunk commit", ADAPTER_MODULE, f"{ADAPTER}._commit_received_chunk", wrap_commit),
+        Hook("chunk scheduled", ADAPTER_MODULE, f"{ADAPTER}.process_pending_chunks", wrap_pending),
+        Hook("connector put", SHM_MODULE, f"{SHM}.put", wrap_put),
+        Hook("connector get", SHM_MODULE, f"{SHM}.get", wrap_get),
+    ]
+
+
+def api_hooks() -> list[Hook]:
+    return [
+        Hook("api arrival", CHAT_MODULE, f"{CHAT}.create_chat_completion", wrap_create_chat),
+        Hook("api stream", CHAT_MODULE, f"{CHAT}.chat_completion_stream_generator", wrap_stream),
+    ]
