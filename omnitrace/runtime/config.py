@@ -65,6 +65,7 @@ class StageConfig:
     frames_per_token: float = 1.0  # AR consumer: output frames per upstream token
     compute: str = "emulated"
     torch_hidden: int = 256  # compute: torch -> MLP width
+    inject_put_delay_ms: float = 0.0  # fault injection: extra sleep inside each chunk put (tests)
     cost: CostModel = field(default_factory=CostModel)
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
     stage_id: int = 0
@@ -147,7 +148,7 @@ def _unknown(d: dict, allowed: set[str], where: str) -> None:
 
 
 _STAGE_KEYS = {"name", "kind", "inputs", "produces", "emits", "max_batch_size", "max_waiting",
-               "frames_per_token", "compute", "torch_hidden", "cost", "chunk"}
+               "frames_per_token", "compute", "torch_hidden", "cost", "chunk", "inject_put_delay_ms"}
 
 
 def _stage(raw: Any, i: int) -> StageConfig:
@@ -183,6 +184,7 @@ def _stage(raw: Any, i: int) -> StageConfig:
         frames_per_token=_nonneg_num(d, "frames_per_token", where, 1.0, positive=True),
         compute=_choice(d, "compute", where, COMPUTE, "emulated"),
         torch_hidden=_pos_int(d, "torch_hidden", where, 256),
+        inject_put_delay_ms=_nonneg_num(d, "inject_put_delay_ms", where, 0.0),
         cost=cost, chunk=chunk, stage_id=i,
     )
 

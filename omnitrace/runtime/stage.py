@@ -83,7 +83,8 @@ class Stage:
         self.receiver: Receiver | None = None
         if self.consumer is not None:
             self.fifo = Fifo()
-            self.sender = Sender(self.fifo, self.conn, make_processor(self.cfg), stage_id, self.consumer)
+            self.sender = Sender(self.fifo, self.conn, make_processor(self.cfg), stage_id, self.consumer,
+                                 self.cfg.inject_put_delay_ms / 1e3)
         if self.producer is not None:
             self.receiver = Receiver(self.conn, stage_id, self.producer, self._on_ready)
         self.audio = pipe.audio

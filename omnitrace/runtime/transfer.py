@@ -158,8 +158,9 @@ class Fifo:
 
 class Sender(threading.Thread):
     def __init__(self, fifo: Fifo, conn: ShmConnector, processor: HiddenProcessor | CodecProcessor,
-                 stage: int, consumer: int) -> None:
+                 stage: int, consumer: int, put_delay_s: float = 0.0) -> None:
         super().__init__(name="sender", daemon=True)
+        self.put_delay_s = put_delay_s  # fault injection (StageConfig.inject_put_delay_ms)
         self.fifo, self.conn, self.processor = fifo, conn, processor
         self.stage, self.consumer = stage, consumer
         self.put_chunk: dict[str, int] = {}
@@ -208,6 +209,8 @@ class Sender(threading.Thread):
             idx = self.put_chunk.get(req, 0)
             meta.chunk = idx
             ring.record(_EV_PUT_B, req, stage, idx, nbytes, consumer)
+            if self.put_delay_s:
+                time.sleep(self.put_delay_s)
             conn.put(req, chunk_key(req, stage, idx), meta, data)
             ring.record(_EV_PUT_E, req, stage, idx, nbytes, consumer)
             if meta.finished:
