@@ -1,0 +1,498 @@
+"""Events -> spans and metric observations (the agent's analytical core).
+
+Input: per ring, batches of records ``(kind, request, stage, chunk, a, b, t)`` with the
+ring's writer identity (pid, replica, role, thread) and clock offset. Output: finished
+:class:`Span` objects (explicit start/end in unix ns, deterministic ids) and histogram
+observations, handed to the sinks as soon as both stamps of a pair are known.
+
+Pairing (one trace per request, ``conventions.trace_id_for(request)``):
+
+* ``omni.request``  REQUEST_ARRIVE -> REQUEST_END (API server), events TTFT/TTFP.
+* ``omni.stage``    STAGE_ADD -> STAGE_FINISH per (request, stage, replica);
+  ``omni.stage.queue`` STAGE_ADD -> STAGE_SCHEDULE.
+* producer chunk spans keyed (request, producer stage, chunk): snapshot, fifo
+  (enqueue -> dequeue), process, put; consumer chunk spans keyed (request, consumer
+  stage, chunk): get, wait_schedule (ready -> scheduled), and poll_lag (producer put
+  end -> consumer get begin, joined on (request, producer stage, chunk)).
+
+Span ids come from ``conventions.span_id_for`` over the span's identity, so a child
+names its parent before (or without) the parent being seen, whichever process or drain
+round delivers it.
+
+FIFO blocking: each sender thread (pid, stage) is busy with one task at a time, from
+its FIFO_DEQUEUE to its PUT_END (or PROCESS_END with no payload, or the next dequeue).
+For a task enqueued at E and dequeued at D, ``omni.fifo.blocked_ns`` is the total
+overlap of [E, D] with that sender's busy intervals of tasks of *other* requests, and
+``omni.fifo.blocked_by`` the (up to) three requests with the largest overlap.
+``omni.fifo.ahead`` is the FIFO depth before the enqueue (tasks ahead),
+``omni.fifo.depth`` the depth after it (ahead + 1).
+
+Memory stays bounded: a request's state is freed a grace period after it completed
+(REQUEST_END seen and all its stages finished, or, without an API server, all stages
+finished) or after an idle timeout; spans still open then are emitted with
+``omni.incomplete = true`` and a reason. Sender busy intervals are kept for a bounded
+horizon.
+"""
+from __future__ import annotations
+
+import bisect
+import time
+from collections import defaultdict
+from typing import Callable, Iterable, Protocol
+
+from omnitrace import conventions as cv
+
+E = cv.Ev
+
+
+class Span:
+    """A finished span with explicit times (unix ns) and deterministic ids."""
+
+    __slots__ = ("name", "trace_id", "span_id", "parent_id", "start", "end", "attrs",
+                 "events", "proc", "error")
+
+    def __init__(self, name: str, trace_id: int, span_id: int, parent_id: int | None,
+                 start: int, end: int, attrs: dict, proc: tuple,
+                 events: list | None = None, error: bool = False) -> None:
+        self.name, self.trace_id, self.span_id, self.parent_id = name, trace_id, span_id, parent_id
+        self.start, self.end = start, max(end, start)
+        self.attrs, self.proc, self.events, self.error = attrs, proc, events or [], error
+
+    def __repr__(self) -> str:  # for test failure messages
+        return f"Span({self.name} {self.attrs.get(cv.ATTR_REQUEST_ID)} {self.start}->{self.end})"
+
+
+class MetricSink(Protocol):
+    def observe(self, metric: str, value: float, labels: tuple[str, str, str],
+                trace_hex: str | None) -> None: ...
+
+
+class Proc:
+    """What a span's resource says about the process that recorded it."""
+
+    @staticmethod
+    def key(pid: int, role: str, stage: int, replica: int, name: str) -> tuple:
+        return (pid, role, stage, replica, name)
+
+
+# producer pairs: begin kind -> (end kind, span name)
+_PROD_PAIRS = {E.SNAPSHOT_BEGIN: (E.SNAPSHOT_END, cv.SPAN_SNAPSHOT),
+               E.FIFO_ENQUEUE: (E.FIFO_DEQUEUE, cv.SPAN_FIFO),
+               E.PROCESS_BEGIN: (E.PROCESS_END, cv.SPAN_PROCESS),
+               E.PUT_BEGIN: (E.PUT_END, cv.SPAN_PUT)}
+_CONS_PAIRS = {E.GET_BEGIN: (E.GET_END, cv.SPAN_GET),
+               E.CHUNK_READY: (E.CHUNK_SCHEDULED, cv.SPAN_WAIT_SCHEDULE)}
+_END_TO_BEGIN = {end: begin for pairs in (_PROD_PAIRS, _CONS_PAIRS)
+                 for begin, (end, _) in pairs.items()}
+_PRODUCER_KINDS = frozenset(k for b, (e, _) in _PROD_PAIRS.items() for k in (b, e))
+_CONSUMER_KINDS = frozenset(k for b, (e, _) in _CONS_PAIRS.items() for k in (b, e))
+
+
+class _Chunk:
+    """Stamps of one chunk on one side: kind -> (wall_ns, a, b)."""
+
+    __slots__ = ("stamps", "done", "proc", "replica")
+
+    def __init__(self, proc: tuple, replica: int) -> None:
+        self.stamps: dict[int, tuple[int, int, int]] = {}
+        self.done: set[str] = set()
+        self.proc, self.replica = proc, replica
+
+
+class _Stage:
+    __slots__ = ("add", "sched", "finish", "status", "emits", "proc", "replica", "name",
+                 "done", "queue_done", "last")
+
+    def __init__(self, proc: tuple, replica: int, name: str) -> None:
+        self.add = self.sched = self.finish = None
+        self.status = 0
+        self.emits: list = []
+        self.proc, self.replica, self.name = proc, replica, name
+        self.done = self.queue_done = False
+        self.last = 0
+
+
+class _Req:
+    __slots__ = ("id", "trace_id", "root_id", "arrive", "end", "first_text", "first_audio",
+                 "prompt_tokens", "max_tokens", "status", "api_proc", "api_replica",
+                 "stages", "prod", "cons", "last_wall", "last_mono", "complete_at", "done")
+
+    def __init__(self, rid: str) -> None:
+        self.id = rid
+        self.trace_id = cv.trace_id_for(rid)
+        self.root_id = cv.span_id_for(rid, cv.SPAN_REQUEST)
+        self.arrive = self.end = self.first_text = self.first_audio = None
+        self.prompt_tokens = self.max_tokens = None
+        self.status = 0
+        self.api_proc: tuple | None = None
+        self.api_replica = 0
+        self.stages: dict[tuple[int, int], _Stage] = {}
+        self.prod: dict[tuple[int, int], _Chunk] = {}
+        self.cons: dict[tuple[int, int], _Chunk] = {}
+        self.last_wall = 0
+        self.last_mono = 0.0
+        self.complete_at: float | None = None
+        self.done = False
+
+
+class _Sender:
+    """Busy intervals of one sender thread (sorted, non-overlapping)."""
+
+    __slots__ = ("starts", "ends", "reqs", "open")
+    MAX = 1 << 16
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.reqs: list[str] = []
+        self.open: tuple[int, str, int] | None = None  # (start, request, chunk)
+
+    def close(self, t: int) -> None:
+        if self.open is not None:
+            start, req, _ = self.open
+            self.starts.append(start)
+            self.ends.append(max(t, start))
+            self.reqs.append(req)
+            self.open = None
+            if len(self.starts) > 2 * self.MAX:
+                del self.starts[:self.MAX], self.ends[:self.MAX], self.reqs[:self.MAX]
+
+    def blocked(self, req: str, enq: int, deq: int) -> tuple[int, list[str]]:
+        total = 0
+        by: dict[str, int] = defaultdict(int)
+        i = bisect.bisect_right(self.ends, enq)
+        starts, ends, reqs = self.starts, self.ends, self.reqs
+        n = len(starts)
+        while i < n and starts[i] < deq:
+            if reqs[i] != req:
+                ov = min(ends[i], deq) - max(starts[i], enq)
+                if ov > 0:
+                    total += ov
+                    by[reqs[i]] += ov
+            i += 1
+        top = sorted(by.items(), key=lambda kv: -kv[1])[:3]
+        return total, [r for r, _ in top]
+
+
+class Assembler:
+    """Turns ring events into spans (``on_span``) and observations (``metrics``)."""
+
+    def __init__(self, on_span: Callable[[Span], None], metrics: MetricSink | None = None,
+                 grace_s: float = 2.0, idle_timeout_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.on_span = on_span
+        self.metrics = metrics
+        self.grace_s, self.idle_timeout_s, self.clock = grace_s, idle_timeout_s, clock
+        self.reqs: dict[str, _Req] = {}
+        self.senders: dict[tuple[int, int], _Sender] = {}
+        self.dead_pids: set[int] = set()
+        self.spans_built = 0
+        self.incomplete_spans = 0
+        self.requests_freed = 0
+        self.events = 0
+        self.unknown_events = 0
+        self.step_events = 0
+
+    # ------------------------------------------------------------------ input
+    def feed(self, events: Iterable[tuple], offset_ns: int, pid: int, replica: int,
+             role: str, proc_stage: int, proc_name: str) -> None:
+        """One ring's batch, in that ring's order. ``offset_ns`` converts t to unix ns."""
+        proc = (pid, role, proc_stage, replica, proc_name)
+        now = self.clock()
+        reqs = self.reqs
+        for kind, req, stage, chunk, a, b, t in events:
+            self.events += 1
+            wall = t + offset_ns
+            if not req:
+                self.step_events += 1  # per-step events carry no request
+                continue
+            st = reqs.get(req)
+            if st is None:
+                st = reqs[req] = _Req(req)
+            st.last_mono = now
+            if wall > st.last_wall:
+                st.last_wall = wall
+            st.complete_at = None
+            if kind in _PRODUCER_KINDS:
+                self._producer(st, kind, stage, chunk, a, b, wall, proc, replica, pid)
+            elif kind in _CONSUMER_KINDS:
+                self._consumer(st, kind, stage, chunk, a, b, wall, proc, replica)
+            elif E.STAGE_ADD <= kind <= E.STAGE_EMIT:
+                self._stage(st, kind, stage, a, b, wall, proc, replica, proc_name)
+            elif E.REQUEST_ARRIVE <= kind <= E.REQUEST_END:
+                self._request(st, kind, a, b, wall, proc, replica)
+            else:
+                self.unknown_events += 1
+            if self._complete(st):
+                st.complete_at = now
+
+    # ------------------------------------------------------------------ request / stage
+    def _request(self, st: _Req, kind: int, a: int, b: int, wall: int, proc: tuple,
+                 replica: int) -> None:
+        st.api_proc, st.api_replica = proc, replica
+        if kind == E.REQUEST_ARRIVE:
+            st.arrive, st.prompt_tokens, st.max_tokens = wall, a, b
+        elif kind == E.REQUEST_FIRST_TEXT:
+            if st.first_text is None:
+                st.first_text = wall
+                if st.arrive is not None:
+                    self._observe(cv.METRIC_TTFT, (wall - st.arrive) / 1e9,
+                                  (str(cv.API_STAGE), str(replica), ""), st.trace_id)
+        elif kind == E.REQUEST_FIRST_AUDIO:
+            if st.first_audio is None:
+                st.first_audio = wall
+                if st.arrive is not None:
+                    self._observe(cv.METRIC_TTFP, (wall - st.arrive) / 1e9,
+                                  (str(cv.API_STAGE), str(replica), ""), st.trace_id)
+        elif kind == E.REQUEST_END:
+            st.end, st.status = wall, a
+            self._emit_request(st, None)
+        # REQUEST_DISPATCH: kept in the events only; the stage span shows the hand-off
+
+    def _emit_request(self, st: _Req, reason: str | None) -> None:
+        if st.done or (st.arrive is None and reason is None):
+            return
+        st.done = True
+        start = st.arrive if st.arrive is not None else (st.end or st.last_wall)
+        end = st.end if st.end is not None else st.last_wall
+        attrs: dict = {cv.ATTR_REQUEST_ID: st.id, cv.ATTR_STATUS: int(st.status),
+                       cv.ATTR_REPLICA: st.api_replica}
+        if st.prompt_tokens is not None:
+            attrs[cv.ATTR_PROMPT_TOKENS] = st.prompt_tokens
+            attrs[cv.ATTR_MAX_TOKENS] = st.max_tokens
+        events = []
+        if st.first_text is not None:
+            events.append((cv.EVENT_TTFT, st.first_text, {}))
+        if st.first_audio is not None:
+            events.append((cv.EVENT_TTFP, st.first_audio, {}))
+        self._span(cv.SPAN_REQUEST, st, st.root_id, None, start, end, attrs,
+                   st.api_proc or (0, "api", cv.API_STAGE, 0, ""), events,
+                   error=st.status != cv.Status.OK, reason=reason)
+
+    def _stage(self, st: _Req, kind: int, stage: int, a: int, b: int, wall: int,
+               proc: tuple, replica: int, proc_name: str) -> None:
+        sg = st.stages.get((stage, replica))
+        if sg is None:
+            sg = st.stages[(stage, replica)] = _Stage(proc, replica, proc_name)
+        sg.last = max(sg.last, wall)
+        if kind == E.STAGE_ADD:
+            if sg.add is None:
+                sg.add = wall
+        elif kind == E.STAGE_SCHEDULE:
+            if sg.sched is None:
+                sg.sched = wall
+                self._emit_queue(st, stage, sg, None)
+        elif kind == E.STAGE_FINISH:
+            sg.finish, sg.status = wall, a
+            self._emit_stage(st, stage, sg, None)
+        elif kind == E.STAGE_EMIT:
+            sg.emits.append((cv.EVENT_EMIT, wall, {cv.ATTR_PACKET_INDEX: a,
+                                                   cv.ATTR_MODALITY: cv.Modality(b).name.lower()
+                                                   if b in (0, 1) else str(b)}))
+
+    def _stage_attrs(self, st: _Req, stage: int, sg: _Stage) -> dict:
+        return {cv.ATTR_REQUEST_ID: st.id, cv.ATTR_STAGE_ID: stage,
+                cv.ATTR_STAGE_NAME: sg.name or f"stage{stage}", cv.ATTR_REPLICA: sg.replica}
+
+    def _emit_queue(self, st: _Req, stage: int, sg: _Stage, reason: str | None) -> None:
+        if sg.queue_done or (sg.add is None and (reason is None or sg.sched is None)):
+            return
+        sg.queue_done = True
+        start = sg.add if sg.add is not None else sg.sched
+        end = sg.sched if sg.sched is not None else sg.last
+        parent = cv.span_id_for(st.id, cv.SPAN_STAGE, stage, sg.replica)
+        self._span(cv.SPAN_STAGE_QUEUE, st, cv.span_id_for(st.id, cv.SPAN_STAGE_QUEUE, stage, sg.replica),
+                   parent, start, end, self._stage_attrs(st, stage, sg), sg.proc, reason=reason)
+
+    def _emit_stage(self, st: _Req, stage: int, sg: _Stage, reason: str | None) -> None:
+        if sg.done:
+            return
+        sg.done = True
+        start = sg.add if sg.add is not None else (sg.sched or sg.last)
+        end = sg.finish if sg.finish is not None else sg.last
+        self._span(cv.SPAN_STAGE, st, cv.span_id_for(st.id, cv.SPAN_STAGE, stage, sg.replica),
+                   st.root_id, start, end, self._stage_attrs(st, stage, sg), sg.proc,
+                   sg.emits, error=sg.status not in (0,), reason=reason)
+        sg.emits = []
+
+    # ------------------------------------------------------------------ chunks
+    def _producer(self, st: _Req, kind: int, stage: int, chunk: int, a: int, b: int,
+                  wall: int, proc: tuple, replica: int, pid: int) -> None:
+        # sender busy intervals first, so a dequeue closes the previous task
+        if kind == E.FIFO_DEQUEUE or kind == E.PUT_END or kind == E.PROCESS_END:
+            snd = self.senders.get((pid, stage))
+            if snd is None:
+                snd = self.senders[(pid, stage)] = _Sender()
+            if kind == E.FIFO_DEQUEUE:
+                snd.close(wall)
+                snd.open = (wall, st.id, chunk)
+            elif snd.open is not None and snd.open[1] == st.id and snd.open[2] == chunk and (
+                    kind == E.PUT_END or a == 0):
+                snd.close(wall)
+        ch = st.prod.get((stage, chunk))
+        if ch is None:
+            ch = st.prod[(stage, chunk)] = _Chunk(proc, replica)
+        ch.stamps.setdefault(kind, (wall, a, b))
+        begin = _END_TO_BEGIN.get(kind, kind)
+        end_kind, name = _PROD_PAIRS[begin]
+        if begin in ch.stamps and end_kind in ch.stamps and name not in ch.done:
+            self._emit_chunk(st, ch, name, begin, end_kind, stage, chunk, True, pid, None)
+        if kind == E.PUT_END:  # poll lag needs the consumer's get begin
+            cons = st.cons.get((b, chunk))
+            if cons is not None and E.GET_BEGIN in cons.stamps:
+                self._emit_poll(st, ch, cons, stage, b, chunk)
+
+    def _consumer(self, st: _Req, kind: int, stage: int, chunk: int, a: int, b: int,
+                  wall: int, proc: tuple, replica: int) -> None:
+        ch = st.cons.get((stage, chunk))
+        if ch is None:
+            ch = st.cons[(stage, chunk)] = _Chunk(proc, replica)
+        ch.stamps.setdefault(kind, (wall, a, b))
+        begin = _END_TO_BEGIN.get(kind, kind)
+        end_kind, name = _CONS_PAIRS[begin]
+        if begin in ch.stamps and end_kind in ch.stamps and name not in ch.done:
+            self._emit_chunk(st, ch, name, begin, end_kind, stage, chunk, False, 0, None)
+        if kind == E.GET_BEGIN:
+            prod = st.prod.get((b, chunk))
+            if prod is not None and E.PUT_END in prod.stamps:
+                self._emit_poll(st, prod, ch, b, stage, chunk)
+
+    def _chunk_attrs(self, st: _Req, stage: int, peer: int, chunk: int, replica: int) -> dict:
+        return {cv.ATTR_REQUEST_ID: st.id, cv.ATTR_STAGE_ID: stage, cv.ATTR_PEER_STAGE_ID: peer,
+                cv.ATTR_CHUNK_INDEX: chunk, cv.ATTR_REPLICA: replica}
+
+    def _emit_chunk(self, st: _Req, ch: _Chunk, name: str, begin: int, end_kind: int,
+                    stage: int, chunk: int, producer: bool, pid: int,
+                    reason: str | None) -> None:
+        ch.done.add(name)
+        b0 = ch.stamps.get(begin)
+        e0 = ch.stamps.get(end_kind)
+        start = b0[0] if b0 else e0[0]  # type: ignore[index]
+        end = e0[0] if e0 else max(start, st.last_wall)
+        peer = (b0 or e0)[2]  # type: ignore[index]
+        if end_kind == E.PUT_END and e0 is not None:
+            peer = e0[2]
+        pair = cv.stage_pair(stage, peer) if producer else cv.stage_pair(peer, stage)
+        attrs = self._chunk_attrs(st, stage, peer, chunk, ch.replica)
+        attrs[cv.ATTR_STAGE_PAIR] = pair
+        labels = (str(stage), str(ch.replica), pair)
+        complete = reason is None
+        if name == cv.SPAN_FIFO:
+            if b0 is not None:
+                attrs[cv.ATTR_FIFO_AHEAD] = b0[1]
+                attrs[cv.ATTR_FIFO_DEPTH] = b0[1] + 1
+            if complete:
+                snd = self.senders.get((pid, stage))
+                blocked, by = snd.blocked(st.id, start, end) if snd else (0, [])
+                attrs[cv.ATTR_FIFO_BLOCKED_NS] = blocked
+                attrs[cv.ATTR_FIFO_BLOCKED_BY] = by
+                self._observe(cv.METRIC_FIFO_RESIDENCE, (end - start) / 1e9, labels, st.trace_id)
+                self._observe(cv.METRIC_FIFO_BLOCKED, blocked / 1e9, labels, st.trace_id)
+                self._observe(cv.METRIC_FIFO_DEPTH, float(b0[1] + 1), labels, None)  # type: ignore[index]
+        elif name == cv.SPAN_SNAPSHOT:
+            if e0 is not None:
+                attrs[cv.ATTR_SNAPSHOT_STRATEGY] = (cv.Snapshot(e0[1]).name.lower()
+                                                    if e0[1] in (0, 1) else str(e0[1]))
+            if complete:
+                self._observe(cv.METRIC_SNAPSHOT, (end - start) / 1e9, labels, st.trace_id)
+        elif name == cv.SPAN_PROCESS:
+            if e0 is not None:
+                attrs[cv.ATTR_TRANSFER_BYTES] = e0[1]
+        elif name == cv.SPAN_PUT:
+            if e0 is not None:
+                attrs[cv.ATTR_TRANSFER_BYTES] = e0[1]
+            if complete:
+                self._observe(cv.METRIC_PUT, (end - start) / 1e9, labels, st.trace_id)
+                self._observe(cv.METRIC_SIZE, float(e0[1]), labels, st.trace_id)  # type: ignore[index]
+        elif name == cv.SPAN_GET:
+            if e0 is not None:
+                attrs[cv.ATTR_TRANSFER_BYTES] = e0[1]
+            if complete:
+                self._observe(cv.METRIC_GET, (end - start) / 1e9, labels, st.trace_id)
+        parent = cv.span_id_for(st.id, cv.SPAN_STAGE, stage, ch.replica)
+        sid = cv.span_id_for(st.id, name, stage, chunk, peer)
+        self._span(name, st, sid, parent, start, end, attrs, ch.proc, reason=reason)
+
+    def _emit_poll(self, st: _Req, prod: _Chunk, cons: _Chunk, pstage: int, cstage: int,
+                   chunk: int) -> None:
+        if cv.SPAN_POLL in cons.done:
+            return
+        cons.done.add(cv.SPAN_POLL)
+        start = prod.stamps[E.PUT_END][0]
+        end = cons.stamps[E.GET_BEGIN][0]
+        attrs = self._chunk_attrs(st, cstage, pstage, chunk, cons.replica)
+        attrs[cv.ATTR_STAGE_PAIR] = cv.stage_pair(pstage, cstage)
+        self._span(cv.SPAN_POLL, st, cv.span_id_for(st.id, cv.SPAN_POLL, cstage, chunk, pstage),
+                   cv.span_id_for(st.id, cv.SPAN_STAGE, cstage, cons.replica), start, end,
+                   attrs, cons.proc)
+
+    # ------------------------------------------------------------------ output
+    def _span(self, name: str, st: _Req, sid: int, parent: int | None, start: int, end: int,
+              attrs: dict, proc: tuple, events: list | None = None, error: bool = False,
+              reason: str | None = None) -> None:
+        if reason is not None:
+            attrs[cv.ATTR_INCOMPLETE] = True
+            attrs[cv.ATTR_INCOMPLETE_REASON] = "writer-died" if proc[0] in self.dead_pids else reason
+            self.incomplete_spans += 1
+        self.spans_built += 1
+        self.on_span(Span(name, st.trace_id, sid, parent, start, end, attrs, proc, events, error))
+
+    def _observe(self, metric: str, value: float, labels: tuple[str, str, str],
+                 trace_id: int | None) -> None:
+        if self.metrics is not None:
+            self.metrics.observe(metric, value, labels,
+                                 None if trace_id is None else f"{trace_id:032x}")
+
+    # ------------------------------------------------------------------ lifetime
+    @staticmethod
+    def _complete(st: _Req) -> bool:
+        if st.arrive is not None or st.end is not None:
+            if st.end is None:
+                return False
+        elif not st.stages:
+            return False
+        return all(sg.finish is not None for sg in st.stages.values())
+
+    def process_died(self, pid: int) -> None:
+        self.dead_pids.add(pid)
+
+    def tick(self) -> int:
+        """Free requests that completed a grace period ago or went idle; returns how many."""
+        now = self.clock()
+        gone = []
+        for rid, st in self.reqs.items():
+            if st.complete_at is not None and now - st.complete_at >= self.grace_s:
+                gone.append((rid, "unfinished"))
+            elif now - st.last_mono >= self.idle_timeout_s:
+                gone.append((rid, "timeout"))
+        for rid, reason in gone:
+            self._finish(self.reqs.pop(rid), reason)
+        return len(gone)
+
+    def flush(self, reason: str = "run-ended") -> None:
+        """Emit everything still open (end of run)."""
+        for st in list(self.reqs.values()):
+            self._finish(st, reason)
+        self.reqs.clear()
+
+    def _finish(self, st: _Req, reason: str) -> None:
+        self.requests_freed += 1
+        for (pstage, chunk), ch in st.prod.items():
+            for begin, (end_kind, name) in _PROD_PAIRS.items():
+                if name not in ch.done and (begin in ch.stamps or end_kind in ch.stamps):
+                    pid = ch.proc[0]
+                    self._emit_chunk(st, ch, name, begin, end_kind, pstage, chunk, True, pid, reason)
+        for (cstage, chunk), ch in st.cons.items():
+            for begin, (end_kind, name) in _CONS_PAIRS.items():
+                if name not in ch.done and (begin in ch.stamps or end_kind in ch.stamps):
+                    self._emit_chunk(st, ch, name, begin, end_kind, cstage, chunk, False, 0, reason)
+        for (stage, _), sg in st.stages.items():
+            if not sg.queue_done:
+                self._emit_queue(st, stage, sg, reason)
+            self._emit_stage(st, stage, sg, None if sg.finish is not None else reason)
+        if not st.done and (st.arrive is not None or st.end is not None):
+            self._emit_request(st, None if st.end is not None else reason)
+
+    def state_size(self) -> dict:
+        return {"requests": len(self.reqs),
+                "sender_intervals": sum(len(s.starts) for s in self.senders.values())}

@@ -1,0 +1,199 @@
+"""Spans -> OpenTelemetry SDK ReadableSpans -> the official OTLP exporters (gRPC / HTTP).
+
+The agent builds ``ReadableSpan`` objects with explicit start/end times (the SDK's
+tracer cannot backdate spans from another process) and hands batches to
+``OTLPSpanExporter`` on a worker thread per exporter, through a bounded queue: when a
+backend is down or hangs, the queue fills and further spans are dropped *and counted*
+(the SDK's own warnings are rate-limited, so the agent keeps its own numbers). Nothing
+here is on the pipeline's hot path; the pipeline never waits on an exporter.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from typing import Iterable
+from urllib.parse import urlsplit
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.status import Status, StatusCode
+
+from omnitrace import __version__
+from omnitrace import conventions as cv
+from omnitrace.agent.assemble import Span
+
+OTLP_EXPORTERS = ("otlp-grpc", "otlp-http")
+SCOPE = InstrumentationScope("omnitrace.agent", __version__)
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_OK = Status(StatusCode.UNSET)
+_ERR = Status(StatusCode.ERROR)
+
+
+class ConfigError(ValueError):
+    """Bad exporter configuration (reported as a one-line error before anything starts)."""
+
+
+def normalize_endpoint(kind: str, endpoint: str) -> str:
+    """Validate ``endpoint`` for exporter ``kind``; returns the form the exporter takes.
+
+    gRPC: ``host:port`` or ``http(s)://host:port``; HTTP: a base URL (``/v1/traces`` is
+    appended when no path is given, as the OTEL_EXPORTER_OTLP_ENDPOINT convention does).
+    """
+    raw = endpoint.strip()
+    url = raw if "://" in raw else f"http://{raw}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"malformed OTLP endpoint {endpoint!r}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise ConfigError(f"malformed OTLP endpoint {endpoint!r}: want [http[s]://]HOST:PORT")
+    if kind == "otlp-http":
+        path = parts.path if parts.path not in ("", "/") else "/v1/traces"
+        return f"{parts.scheme}://{parts.netloc}{path}"
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def endpoint_from_env(kind: str) -> str | None:
+    """The standard OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, if set (validated by the caller)."""
+    return os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT") or None
+
+
+def make_exporter(kind: str, endpoint: str | None, timeout_s: float | None):
+    """The official exporter for ``kind``; endpoint None -> the SDK's env/default."""
+    kwargs: dict = {}
+    if timeout_s is not None:
+        kwargs["timeout"] = timeout_s
+    if kind == "otlp-grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        if endpoint is not None:
+            kwargs["endpoint"] = endpoint
+            kwargs["insecure"] = endpoint.startswith("http://")
+        return OTLPSpanExporter(**kwargs)
+    if kind == "otlp-http":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as H
+        if endpoint is not None:
+            kwargs["endpoint"] = endpoint
+        return H(**kwargs)
+    raise ConfigError(f"unknown OTLP exporter {kind!r}")
+
+
+class ResourceCache:
+    """One SDK Resource per recording process."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._cache: dict[tuple, Resource] = {}
+
+    def get(self, proc: tuple) -> Resource:
+        res = self._cache.get(proc)
+        if res is None:
+            pid, role, stage, replica, name = proc
+            res = self._cache[proc] = Resource({
+                "service.name": cv.SERVICE_NAME,
+                "service.instance.id": f"{self.run_id}/{pid}",
+                cv.ATTR_PID: pid, cv.ATTR_ROLE: role, cv.ATTR_STAGE_ID: stage,
+                cv.ATTR_REPLICA: replica, "process.executable.name": name or role,
+                "omnitrace.run.id": self.run_id})
+        return res
+
+
+def to_readable(span: Span, resources: ResourceCache) -> ReadableSpan:
+    ctx = SpanContext(span.trace_id, span.span_id, False, _SAMPLED)
+    parent = (SpanContext(span.trace_id, span.parent_id, False, _SAMPLED)
+              if span.parent_id else None)
+    events = [Event(name, attrs, ts) for name, ts, attrs in span.events]
+    return ReadableSpan(name=span.name, context=ctx, parent=parent,
+                        resource=resources.get(span.proc), attributes=span.attrs,
+                        events=events, kind=SpanKind.INTERNAL, instrumentation_scope=SCOPE,
+                        status=_ERR if span.error else _OK, start_time=span.start,
+                        end_time=span.end)
+
+
+class QueuedExporter:
+    """A worker thread draining a bounded queue of span batches into one exporter."""
+
+    def __init__(self, kind: str, exporter, max_queue_spans: int = 65536,
+                 max_batch: int = 512) -> None:
+        self.kind, self.exporter = kind, exporter
+        self.max_queue_spans, self.max_batch = max_queue_spans, max_batch
+        self.queue: deque[list[ReadableSpan]] = deque()
+        self.queued = 0
+        self.exported = self.failed = self.dropped = 0
+        self.in_flight = 0
+        self.last_error = ""
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=f"omnitrace-{kind}", daemon=True)
+        self._thread.start()
+
+    def submit(self, spans: list[ReadableSpan]) -> None:
+        with self._cond:
+            for i in range(0, len(spans), self.max_batch):
+                batch = spans[i:i + self.max_batch]
+                if self.queued + len(batch) > self.max_queue_spans:
+                    self.dropped += len(batch)  # backend too slow or down: count, never block
+                    continue
+                self.queue.append(batch)
+                self.queued += len(batch)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self.queue and not self._stop:
+                    self._cond.wait()
+                if not self.queue:
+                    return
+                batch = self.queue.popleft()
+                self.queued -= len(batch)
+                self.in_flight = len(batch)
+            try:
+                ok = self.exporter.export(batch) == SpanExportResult.SUCCESS
+                if not ok:
+                    self.last_error = "export returned FAILURE"
+            except Exception as exc:  # an exporter bug must not kill the agent
+                ok = False
+                self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+            with self._cond:
+                self.in_flight = 0
+                if ok:
+                    self.exported += len(batch)
+                else:
+                    self.failed += len(batch)
+                self._cond.notify_all()
+
+    def close(self, deadline_s: float) -> None:
+        """Export what is queued until the deadline; whatever is left counts as dropped."""
+        end = time.monotonic() + deadline_s
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+            while (self.queue or self.in_flight) and time.monotonic() < end:
+                self._cond.wait(max(0.0, min(0.2, end - time.monotonic())))
+            self.dropped += self.queued + self.in_flight
+            self.queue.clear()
+            self.queued = 0
+            stuck = self.in_flight > 0
+            self.in_flight = 0
+        if not stuck:
+            try:
+                self.exporter.shutdown()
+            except Exception:
+                pass
+
+    def counters(self) -> dict:
+        return {"exported": self.exported, "failed": self.failed, "dropped": self.dropped,
+                "queued": self.queued, "last_error": self.last_error}
+
+
+def build(kinds: Iterable[str], endpoints: dict[str, str | None], timeout_s: float | None,
+          max_queue_spans: int = 65536) -> list[QueuedExporter]:
+    return [QueuedExporter(k, make_exporter(k, endpoints.get(k), timeout_s), max_queue_spans)
+            for k in kinds]

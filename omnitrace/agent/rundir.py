@@ -1,0 +1,112 @@
+"""The run directory (docs/run-directory.md): run.json, processes.jsonl, spans.jsonl,
+metrics.jsonl (OTLP JSON lines, the OpenTelemetry file-exporter format) and agent.json.
+
+Spans are encoded with the official OTLP protobuf encoder and printed with
+``google.protobuf.json_format``; ids are then rewritten from protobuf-JSON base64 to the
+hex that OTLP/JSON requires (json_format alone gets that wrong), and enums are written
+as integers, so a Collector's otlpjsonfile receiver can replay the files.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+from typing import Any
+
+import orjson
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+_ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+def _hex_ids(obj: Any) -> None:
+    """In place: base64 ids (protobuf JSON) -> lowercase hex (OTLP JSON)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k in _ID_KEYS and isinstance(v, str):
+                obj[k] = base64.b64decode(v).hex()
+            else:
+                _hex_ids(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            _hex_ids(v)
+
+
+def otlp_json(message: Any) -> bytes:
+    d = MessageToDict(message, use_integers_for_enums=True)
+    _hex_ids(d)
+    return orjson.dumps(d)
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    os.replace(tmp, path)
+
+
+def check_writable(path: str) -> str | None:
+    """None if ``path`` can be created/written as a run directory, else why not."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, ".omnitrace-write-test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.unlink(probe)
+    except OSError as exc:
+        return f"{exc.strerror or exc}"
+    return None
+
+
+class RunDir:
+    """Appends spans/metrics lines and rewrites the small JSON files."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        os.makedirs(path, exist_ok=True)
+        self._spans = open(os.path.join(path, "spans.jsonl"), "ab")
+        self._metrics = open(os.path.join(path, "metrics.jsonl"), "ab")
+        self.span_lines = 0
+        self.spans_written = 0
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def write_spans(self, spans: list, max_per_line: int = 512) -> None:
+        """``spans``: SDK ReadableSpans; one ExportTraceServiceRequest line per batch."""
+        for i in range(0, len(spans), max_per_line):
+            batch = spans[i:i + max_per_line]
+            self._spans.write(otlp_json(encode_spans(batch)) + b"\n")
+            self.span_lines += 1
+            self.spans_written += len(batch)
+        self._spans.flush()
+
+    def write_metrics(self, request: Any) -> None:
+        self._metrics.write(otlp_json(request) + b"\n")
+        self._metrics.flush()
+
+    def write_run(self, meta: dict) -> None:
+        write_json_atomic(self.file("run.json"), meta)
+
+    def write_processes(self, procs: list[dict]) -> None:
+        tmp = self.file("processes.jsonl.tmp")
+        with open(tmp, "wb") as f:
+            for p in procs:
+                f.write(orjson.dumps(p) + b"\n")
+        os.replace(tmp, self.file("processes.jsonl"))
+
+    def write_agent(self, counters: dict) -> None:
+        write_json_atomic(self.file("agent.json"), counters)
+
+    def close(self) -> None:
+        for f in (self._spans, self._metrics):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+def read_json(path: str) -> Any:
+    with open(path) as f:
+        return json.load(f)

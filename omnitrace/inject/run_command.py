@@ -1,0 +1,262 @@
+"""`omnitrace run [options] [--] COMMAND ...`: run a command with every Python process
+it spawns instrumented, the agent alongside, and the run directory written.
+
+How: the bootstrap directory (``omnitrace/inject/bootstrap``, holding a
+``sitecustomize``) goes first on PYTHONPATH, which children inherit; OMNITRACE_RUN_ID
+turns recording on. The agent is a separate process (``omnitrace agent``), started and
+ready *before* the command, told the exit status and asked for its final drain and
+flush after it. All options are validated before anything starts; a bad one is a
+one-line error and exit status 2; a command that is not found gives 127 (126 if it is
+not executable), as a shell would.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+
+from omnitrace import conventions as cv
+
+EXPORTERS = ("otlp-grpc", "otlp-http", "prometheus", "file")
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+AGENT_READY_TIMEOUT_S = 60.0
+
+
+class UsageError(Exception):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        prog="omnitrace run",
+        usage="omnitrace run [options] [--] COMMAND [ARGS...]  |  omnitrace run [options] serve [MODEL] [ARGS...]",
+        description="Run COMMAND with every Python process it spawns instrumented; the agent "
+                    "assembles spans and exports them (file always; OTLP, Prometheus on request).")
+    p.add_argument("--run-dir", help="run directory (default: $OMNITRACE_RUNS_DIR or "
+                                     "./omnitrace-runs, then /<run-id>)")
+    p.add_argument("--run-id", help="run id (default: YYYYmmdd-HHMMSS-<4 hex>)")
+    p.add_argument("--exporter", "--exporters", dest="exporter", default=env(cv.ENV_EXPORTERS, "file"),
+                   help="comma list of otlp-grpc, otlp-http, prometheus, file (file is always on)")
+    p.add_argument("--otlp-endpoint", default=env(cv.ENV_OTLP_ENDPOINT),
+                   help="OTLP endpoint for the otlp exporters (else OTEL_EXPORTER_OTLP_* / SDK default)")
+    p.add_argument("--otlp-grpc-endpoint", help="endpoint for otlp-grpc only (host:port or http[s]://host:port)")
+    p.add_argument("--otlp-http-endpoint", help="endpoint for otlp-http only (base URL or .../v1/traces)")
+    p.add_argument("--otlp-timeout", type=float, default=None,
+                   help="seconds per OTLP export (default: OTEL_EXPORTER_OTLP_TIMEOUT or 10)")
+    p.add_argument("--prometheus-port", default=env(cv.ENV_PROMETHEUS_PORT, "9464"),
+                   help="port of the /metrics endpoint (0 = any free port)")
+    p.add_argument("--prometheus-addr", default=env(cv.ENV_PROMETHEUS_ADDR, "127.0.0.1"))
+    p.add_argument("--ring-records", default=env(cv.ENV_RING_RECORDS),
+                   help="records per thread ring, a power of two (default 65536)")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    return p
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def serve_command(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command line (and extra environment) for `omnitrace run serve ARGS`.
+
+    No model (no args, or options only) -> the built-in reference pipeline. A model ->
+    vLLM-Omni's ``vllm serve MODEL --omni``; the hook definitions are applied in every
+    process by the bootstrap through ``omnitrace.inject.patching`` (and the
+    ``vllm.general_plugins`` entry point).
+    """
+    if not args or args[0].startswith("-"):
+        return [sys.executable, "-m", "omnitrace.runtime.serve", *args], {}
+    model, rest = args[0], args[1:]
+    extra = [] if "--omni" in rest else ["--omni"]
+    return ["vllm", "serve", model, *extra, *rest], {"OMNITRACE_TARGET": "vllm-omni"}
+
+
+def _validate(ns: argparse.Namespace) -> dict:
+    """Every check that can fail, before anything starts. Returns the resolved config."""
+    from omnitrace.agent import export_otlp
+    from omnitrace.agent.rundir import check_writable
+
+    kinds = []
+    for k in (x.strip() for x in ns.exporter.split(",")):
+        if not k:
+            continue
+        if k not in EXPORTERS:
+            raise UsageError(f"unknown exporter {k!r} (choose from {', '.join(EXPORTERS)})")
+        if k not in kinds:
+            kinds.append(k)
+    if "file" not in kinds:
+        kinds.append("file")
+    endpoints: dict[str, str | None] = {}
+    for kind in ("otlp-grpc", "otlp-http"):
+        if kind not in kinds:
+            continue
+        raw = getattr(ns, kind.replace("-", "_") + "_endpoint") or ns.otlp_endpoint
+        try:
+            if raw is not None:
+                endpoints[kind] = export_otlp.normalize_endpoint(kind, raw)
+            else:
+                env_ep = export_otlp.endpoint_from_env(kind)
+                if env_ep is not None:  # the SDK will use it: check it now, not at export time
+                    export_otlp.normalize_endpoint(kind, env_ep)
+                endpoints[kind] = None
+        except export_otlp.ConfigError as exc:
+            raise UsageError(str(exc)) from None
+    if ns.otlp_timeout is not None and not ns.otlp_timeout > 0:
+        raise UsageError(f"--otlp-timeout must be > 0 seconds, got {ns.otlp_timeout}")
+    try:
+        port = int(ns.prometheus_port)
+        if not 0 <= port <= 65535:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise UsageError(f"bad Prometheus port {ns.prometheus_port!r} (want 0..65535)") from None
+    if ns.ring_records is not None:
+        try:
+            n = int(ns.ring_records)
+            if n < 16 or n & (n - 1):
+                raise ValueError
+        except ValueError:
+            raise UsageError(f"bad ring size {ns.ring_records!r} (want a power of two >= 16)") from None
+    run_id = ns.run_id or new_run_id()
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", run_id):
+        raise UsageError(f"bad run id {run_id!r} (letters, digits, '-' and '_', at most 64)")
+    run_dir = ns.run_dir or os.path.join(os.environ.get(cv.ENV_RUNS_DIR, "omnitrace-runs"), run_id)
+    run_dir = os.path.abspath(run_dir)
+    why = check_writable(run_dir)
+    if why is not None:
+        raise UsageError(f"cannot write run directory {run_dir}: {why}")
+    return {"kinds": kinds, "endpoints": endpoints, "port": port, "run_id": run_id,
+            "run_dir": run_dir}
+
+
+def _resolve_command(cmd: list[str]) -> tuple[list[str], dict[str, str], int | None]:
+    """(argv, extra env, shell-like error status or None)."""
+    extra: dict[str, str] = {}
+    if cmd and cmd[0] == "serve":
+        cmd, extra = serve_command(cmd[1:])
+    exe = cmd[0]
+    if os.sep in exe:
+        if not os.path.exists(exe):
+            print(f"omnitrace run: {exe}: No such file or directory", file=sys.stderr)
+            return cmd, extra, 127
+        if os.path.isdir(exe) or not os.access(exe, os.X_OK):
+            print(f"omnitrace run: {exe}: Permission denied", file=sys.stderr)
+            return cmd, extra, 126
+    elif shutil.which(exe) is None:
+        print(f"omnitrace run: {exe}: command not found", file=sys.stderr)
+        return cmd, extra, 127
+    return cmd, extra, None
+
+
+def _start_agent(cfg: dict, argv: list[str], ns: argparse.Namespace) -> subprocess.Popen | None:
+    args = [sys.executable, "-m", "omnitrace.agent.main", "--run-id", cfg["run_id"],
+            "--run-dir", cfg["run_dir"], "--exporter", ",".join(cfg["kinds"]),
+            "--prometheus-port", str(cfg["port"]), "--prometheus-addr", ns.prometheus_addr,
+            "--command-json", orjson.dumps(argv).decode()]
+    for kind, ep in cfg["endpoints"].items():
+        if ep is not None:
+            args += [f"--{kind}-endpoint", ep]
+    if ns.otlp_timeout is not None:
+        args += ["--otlp-timeout", str(ns.otlp_timeout)]
+    env = dict(os.environ)
+    env.pop(cv.ENV_RUN_ID, None)  # the agent itself is not instrumented
+    # own session: a Ctrl-C on the terminal reaches the command, not the agent, which
+    # must stay to do the final drain
+    agent = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                             start_new_session=True)
+    assert agent.stdout is not None
+    ready, _, _ = select.select([agent.stdout], [], [], AGENT_READY_TIMEOUT_S)
+    line = agent.stdout.readline() if ready else b""
+    if not line.startswith(b"READY"):
+        if agent.poll() is None:
+            agent.kill()
+            print("omnitrace run: the agent did not start in time", file=sys.stderr)
+        agent.wait()
+        return None
+    return agent
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    cmd = list(ns.command)
+    if cmd[:1] == ["--"]:
+        cmd = cmd[1:]
+    if not cmd:
+        print("omnitrace run: no command given (omnitrace run [options] -- COMMAND ...)",
+              file=sys.stderr)
+        return 2
+    try:
+        cfg = _validate(ns)
+    except UsageError as exc:
+        print(f"omnitrace run: {exc}", file=sys.stderr)
+        return 2
+    full_cmd, extra_env, status = _resolve_command(cmd)
+    if status is not None:
+        return status
+
+    agent = _start_agent(cfg, full_cmd, ns)
+    if agent is None:
+        return 2
+    env = dict(os.environ)
+    env.update(extra_env)
+    env[cv.ENV_RUN_ID] = cfg["run_id"]
+    env[cv.ENV_RUN_DIR] = cfg["run_dir"]
+    if ns.ring_records is not None:
+        env[cv.ENV_RING_RECORDS] = str(int(ns.ring_records))
+    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+    try:
+        child = subprocess.Popen(full_cmd, env=env)
+    except OSError as exc:
+        print(f"omnitrace run: {full_cmd[0]}: {exc.strerror}", file=sys.stderr)
+        rc = 127 if isinstance(exc, FileNotFoundError) else 126
+        _stop_agent(agent, rc)
+        return rc
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        rc = child.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if rc < 0:
+        rc = 128 - rc  # killed by a signal: report it the way a shell does
+    _stop_agent(agent, rc)
+    return rc
+
+
+def _stop_agent(agent: subprocess.Popen, rc: int, timeout_s: float = 90.0) -> None:
+    try:
+        assert agent.stdin is not None
+        agent.stdin.write(f"exit {rc}\n".encode())
+        agent.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+    try:
+        agent.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        agent.wait()
+        print("omnitrace run: the agent did not finish its flush in time and was killed",
+              file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
