@@ -1,0 +1,53 @@
+"""Helpers shared by the agent tests: run `omnitrace run`, read the run directory."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_writer.py")
+
+
+def clean_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OTEL_", "OMNITRACE_"))}
+    env.update(extra)
+    return env
+
+
+def omnitrace_run(args: list[str], env: dict | None = None, timeout: float = 90,
+                  **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "omnitrace", "run", *args],
+                          env=env or clean_env(), capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def attrs_of(span: dict) -> dict:
+    out = {}
+    for a in span.get("attributes", []):
+        v = a["value"]
+        if "intValue" in v:
+            out[a["key"]] = int(v["intValue"])
+        elif "arrayValue" in v:
+            out[a["key"]] = [list(x.values())[0] for x in v["arrayValue"].get("values", [])]
+        else:
+            out[a["key"]] = list(v.values())[0] if v else None
+    return out
+
+
+def read_spans(run_dir: str) -> list[dict]:
+    spans = []
+    with open(os.path.join(run_dir, "spans.jsonl")) as f:
+        for line in f:
+            for rs in json.loads(line)["resourceSpans"]:
+                for ss in rs["scopeSpans"]:
+                    for s in ss["spans"]:
+                        s["attrs"] = attrs_of(s)
+                        spans.append(s)
+    return spans
+
+
+def read_json(run_dir: str, name: str):
+    with open(os.path.join(run_dir, name)) as f:
+        return json.load(f)
