@@ -89,7 +89,7 @@ def test_compatible_stream_sweep(tmp_path):
         b = seen[-1]["body"]
         assert b["stream"] and b["ignore_eos"] and b["stream_options"]["include_usage"]
         n_words = len(b["messages"][0]["content"][0]["text"].split())
-        assert 25 <= n_words <= 75 and b["prompt_token_count"] == n_words
+        assert 25 <= n_words <= 75 and b["omnitrace_prompt_tokens"] == n_words
     finally:
         stop.set()
 

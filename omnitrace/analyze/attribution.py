@@ -91,6 +91,7 @@ class Attribution:
     segments: list[Segment]  # in time order, tiling [arrival, ttfp]
     hops: list[tuple[int, int, int]]  # (producer, consumer, chunk) on the path
     missing: list[str]  # spans the walk expected but did not find
+    unrecorded_tasks: list[tuple[int, int, int]] = field(default_factory=list)  # hops whose producing task had no own spans
 
     @property
     def ttfp_ns(self) -> int:
@@ -198,6 +199,7 @@ def attribute(r: RequestSpans) -> Attribution | None:
     w = _Walker(arrival, ttfp)
     missing: list[str] = []
     hops: list[tuple[int, int, int]] = []
+    stale: list[tuple[int, int, int]] = []
     emit = first_audio_emit(r)
     if emit is None:
         missing.append("omni.emit")
@@ -234,28 +236,41 @@ def attribute(r: RequestSpans) -> Attribution | None:
                 missing.append(f"{name}[{prod}->{cons}#{c}]")
             else:
                 w.push(s.start, s.end, st, cat)
-        for name, cat in ((cv.SPAN_PUT, PUT), (cv.SPAN_PROCESS, PROCESS)):
-            s = _latest(psp.get(name), w.cursor)
-            if s is None:
-                missing.append(f"{name}[{prod}->{cons}#{c}]")
-            else:
-                w.push(s.start, s.end, prod, cat)
-        f = _latest(psp.get(cv.SPAN_FIFO), w.cursor)
-        if f is None:
-            missing.append(f"{cv.SPAN_FIFO}[{prod}->{cons}#{c}]")
+        put = _latest(psp.get(cv.SPAN_PUT), w.cursor)
+        if put is None:
+            missing.append(f"{cv.SPAN_PUT}[{prod}->{cons}#{c}]")
         else:
+            w.push(put.start, put.end, prod, PUT)
+        # The task spans (process, fifo, snapshot) must belong to the task that made this
+        # chunk. If the only ones recorded under this index end before the producer took a
+        # later input chunk, they are an earlier no-chunk task's (one task per step shares
+        # the index): the producing task was not recorded on its own, so its time stays in
+        # the producer's compute (walked next) and the hop is listed as missing.
+        gate = _gating_chunk(r.scheduled.get(prod, ()), w.cursor)
+        task = [_latest(psp.get(n), w.cursor) for n in (cv.SPAN_PROCESS, cv.SPAN_FIFO, cv.SPAN_SNAPSHOT)]
+        if gate is not None and any(x is not None and x.end < gate.end for x in task):
+            missing.append(f"task[{prod}->{cons}#{c}]")
+            task = [None, None, None]
+            stale.append((prod, cons, c))
+        proc, f, snap = task
+        if proc is not None:
+            w.push(proc.start, proc.end, prod, PROCESS)
+        elif not stale or stale[-1] != (prod, cons, c):
+            missing.append(f"{cv.SPAN_PROCESS}[{prod}->{cons}#{c}]")
+        if f is not None:
             blocked = max(0, min(f.blocked_ns, f.dur))
             # Order inside the residence does not change sums; own work is drawn last.
             w.push(f.end - (f.dur - blocked), f.end, prod, FIFO_OWN)
             w.push(f.start, f.start + blocked, prod, FIFO_BLOCKED)
-        snap = _latest(psp.get(cv.SPAN_SNAPSHOT), w.cursor)
-        if snap is None:
-            missing.append(f"{cv.SPAN_SNAPSHOT}[{prod}->{cons}#{c}]")
-        else:
+        elif not stale or stale[-1] != (prod, cons, c):
+            missing.append(f"{cv.SPAN_FIFO}[{prod}->{cons}#{c}]")
+        if snap is not None:
             w.push(snap.start, snap.end, prod, SNAPSHOT)
+        elif not stale or stale[-1] != (prod, cons, c):
+            missing.append(f"{cv.SPAN_SNAPSHOT}[{prod}->{cons}#{c}]")
         t = w.cursor
         stage = prod
-    return Attribution(r.rid, arrival, ttfp, w.finish(), list(reversed(hops)), missing)
+    return Attribution(r.rid, arrival, ttfp, w.finish(), list(reversed(hops)), missing, stale)
 
 
 def _latest(spans: list[Span] | None, t: int) -> Span | None:

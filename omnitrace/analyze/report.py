@@ -118,6 +118,7 @@ def build_report(run: Run, per_request_segments: bool = True) -> dict[str, Any]:
                               for (s, c), v in sorted(tot.items())},
             "hops": [f"{p}->{c}#{k}" for p, c, k in a.hops],
             "missing_spans": a.missing,
+            "unrecorded_tasks": [f"{p}->{c}#{k}" for p, c, k in a.unrecorded_tasks],
         }
         if per_request_segments:
             row["segments"] = [[(g.start - a.arrival) * NS_TO_MS, g.dur * NS_TO_MS,
@@ -201,6 +202,11 @@ def build_report(run: Run, per_request_segments: bool = True) -> dict[str, Any]:
         warnings.append(f"{len(untraced)} measured bench request(s) have no trace at all")
     if not atts:
         warnings.append("no measured request could be attributed")
+    unrec = sum(len(a.unrecorded_tasks) for a in atts)
+    if unrec:
+        warnings.append(f"{unrec} critical-path hop(s) lack the producing task's own snapshot/FIFO/process "
+                        "spans (the trace holds only an earlier task under the same chunk index): that "
+                        "time is counted as the producer's compute")
     incomplete = sum(reqs[r].incomplete for r in measured if r in reqs)
     if incomplete:
         warnings.append(f"{incomplete} span(s) of measured requests were closed by the agent without "

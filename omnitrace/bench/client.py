@@ -19,7 +19,7 @@ import orjson
 
 # The reference runtime accepts an explicit prompt length for load tests, so a synthetic
 # prompt of N words is N tokens there regardless of its tokenizer (omnitrace/runtime/api.py).
-PROMPT_TOKENS_FIELD = "prompt_token_count"
+PROMPT_TOKENS_FIELD = "omnitrace_prompt_tokens"
 
 
 @dataclass
