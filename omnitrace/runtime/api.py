@@ -127,6 +127,11 @@ class Pipeline:
         for q in self.in_qs:
             q.cancel_join_thread()
 
+    def stage_info(self) -> list[dict]:
+        """Name, pid and liveness per stage (pids for py-spy and for tests)."""
+        return [{"id": s.stage_id, "name": s.name, "pid": p.pid, "alive": p.is_alive()}
+                for s, p in zip(self.cfg.stages, self.procs)]
+
     def sweep(self, rids: list[str]) -> list[str]:
         """Unlink leftover chunk segments of these requests and this server's pool."""
         return shm.sweep([f"{r}_" for r in rids] + [f"{self.pool_prefix}_"])
@@ -303,10 +308,10 @@ class Api:
 
     async def health(self, request: web.Request) -> web.Response:
         if self.p.dead:
-            return web.json_response({"status": "error", "error": self.p.dead}, status=503)
+            return web.json_response({"status": "error", "error": self.p.dead,
+                                      "stages": self.p.stage_info()}, status=503)
         return web.json_response({"status": "ok", "pipeline": self.p.cfg.name,
-                                  "stages": [s.name for s in self.p.cfg.stages],
-                                  "in_flight": len(self.p.flights)})
+                                  "stages": self.p.stage_info(), "in_flight": len(self.p.flights)})
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [

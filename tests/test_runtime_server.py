@@ -1,0 +1,407 @@
+"""The reference pipeline over real HTTP with real stage processes and real shared memory."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import http.client
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import wave
+
+import aiohttp
+import pytest
+import yaml
+
+from omnitrace import record
+from omnitrace.conventions import Ev, Modality, Status
+from omnitrace.runtime import config
+
+SHM = "/dev/shm"
+TAG = f"rtt{os.getpid()}"  # every request id of this module starts with it
+
+
+# --------------------------------------------------------------------------- helpers
+def fast_pipeline(tmp_path, **overrides) -> str:
+    """The packaged Qwen3-Omni shape with a fast cost model, for a small shared machine."""
+    d = config.to_dict(config.load())
+    for s in d["stages"]:
+        s["cost"] = {"base_ms": 1.0, "per_prefill_token_us": 0.2, "per_seq_us": 10.0}
+    d["limits"] = {"max_prompt_tokens": 4096, "max_tokens": 512}
+    for k, v in overrides.items():
+        d[k] = v
+    path = tmp_path / "fast.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shm_entries(prefix: str) -> list[str]:
+    return sorted(n for n in os.listdir(SHM) if n.startswith(prefix))
+
+
+class Server:
+    def __init__(self, pipeline: str, *args: str, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "omnitrace.runtime.serve", "--port", str(self.port),
+             "--pipeline", pipeline, *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=dict(os.environ, **(env or {})))
+        line = self.proc.stdout.readline()  # "listening on ..." once every stage is ready
+        assert "listening on" in line, line + self.proc.stdout.read()
+        self.stage_pids = [s["pid"] for s in self.health()[1]["stages"]]
+
+    def health(self) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def stop(self, sig: int = signal.SIGTERM) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            out, _ = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            raise AssertionError("server did not stop within 30 s")
+        return out
+
+
+def assert_stopped_clean(srv: Server) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in srv.stage_pids):
+        time.sleep(0.05)
+    alive = [p for p in srv.stage_pids if os.path.exists(f"/proc/{p}")
+             and "Z" not in open(f"/proc/{p}/stat").read().split()[2]]
+    assert not alive, f"stage processes still alive: {alive}"
+    assert shm_entries(TAG) == [], "chunk segments left behind"
+    assert shm_entries(f"ortpool{srv.proc.pid}_") == [], "pool segments left behind"
+
+
+def chat_body(max_tokens: int, text: str = "hello omni world", **extra) -> bytes:
+    body = {"model": "qwen3-omni", "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}],
+            "temperature": 0.0, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "ignore_eos": True, "modalities": ["text", "audio"], **extra}
+    return json.dumps(body).encode()
+
+
+def post(srv: Server, body: bytes, rid: str | None = None, timeout: float = 60) -> tuple[int, bytes, dict]:
+    headers = {"Content-Type": "application/json"}
+    if rid:
+        headers["x-request-id"] = rid
+    req = urllib.request.Request(srv.url + "/v1/chat/completions", body, headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+
+
+def parse_sse(raw: bytes) -> list[dict | str]:
+    """Split like vLLM's StreamedResponseHandler: blank-line messages, `data: ` prefix."""
+    out: list[dict | str] = []
+    for msg in raw.decode().split("\n\n"):
+        msg = msg.strip()
+        if not msg or msg.startswith(":"):
+            continue
+        assert msg.startswith("data: "), msg[:80]
+        payload = msg[len("data: "):]
+        out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def check_stream(events: list, rid: str, prompt_tokens: int, max_tokens: int) -> tuple[str, int, float]:
+    """Validate what vLLM-Omni's bench client reads; returns (text, audio packets, seconds)."""
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all("error" not in c for c in chunks), [c for c in chunks if "error" in c]
+    text, completion, params, audio, seconds = "", 0, None, 0, 0.0
+    for c in chunks:
+        assert c["id"] == rid and c["object"] == "chat.completion.chunk"
+        assert c["modality"] in ("text", "audio")  # top level, on every chunk
+        u = c["usage"]  # on every chunk
+        assert u["prompt_tokens"] == prompt_tokens and u["completion_tokens"] >= completion
+        completion = u["completion_tokens"]
+        content = c["choices"][0]["delta"]["content"]
+        if c["modality"] == "text":
+            text += content
+        else:
+            with wave.open(io.BytesIO(base64.b64decode(content)), "rb") as w:  # a complete WAV
+                p = (w.getnchannels(), w.getsampwidth(), w.getframerate())
+                assert params in (None, p)
+                params = p
+                assert w.getnframes() > 0
+                seconds += w.getnframes() / w.getframerate()
+            audio += 1
+    assert completion == max_tokens  # exact output length (ignore_eos semantics)
+    assert len(text.split()) == max_tokens
+    assert audio >= 1 and params == (1, 2, 24000)
+    return text, audio, seconds
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(fast_pipeline(tmp_path_factory.mktemp("rt")))
+    yield srv
+    srv.stop()
+    assert_stopped_clean(srv)
+
+
+# --------------------------------------------------------------------------- tests
+@pytest.mark.timeout(60)
+def test_text_and_audio_stream(server):
+    rid = f"{TAG}-one"
+    status, raw, headers = post(server, chat_body(40), rid)
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    assert headers["x-request-id"] == rid
+    events = parse_sse(raw)
+    _, packets, seconds = check_stream(events, rid, 3, 40)
+    # talker: 80 frames -> chunks after 4, 29, 54, 79 frames and a terminal one -> 5 packets
+    assert packets == 5
+    assert seconds == pytest.approx(80 * 480 / 24000)
+    # text streams before the stream ends, and the first audio packet comes before the last text
+    kinds = [e["modality"] for e in events[:-1]]
+    assert kinds.index("audio") < len(kinds) - 1 - kinds[::-1].index("text")
+    assert shm_entries(rid) == []
+
+
+@pytest.mark.timeout(60)
+def test_prompt_tokens_field_and_generated_id(server):
+    status, raw, headers = post(server, chat_body(3, omnitrace_prompt_tokens=2500))
+    assert status == 200
+    rid = headers["x-request-id"]
+    assert rid.startswith("chatcmpl-")
+    check_stream(parse_sse(raw), rid, 2500, 3)
+    status, raw, _ = post(server, chat_body(3, prompt_tokens=7), f"{TAG}-pt")
+    check_stream(parse_sse(raw), f"{TAG}-pt", 7, 3)
+
+
+@pytest.mark.timeout(90)
+def test_concurrency_32(server):
+    async def one(session, i):
+        rid = f"{TAG}-c{i}"
+        async with session.post(server.url + "/v1/chat/completions", data=chat_body(12 + i % 5),
+                                headers={"x-request-id": rid}) as r:
+            assert r.status == 200, await r.text()
+            raw = await r.read()
+        check_stream(parse_sse(raw), rid, 3, 12 + i % 5)
+
+    async def main():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=80)) as s:
+            await asyncio.gather(*(one(s, i) for i in range(32)))
+
+    asyncio.run(main())
+    assert server.health()[1]["in_flight"] == 0
+    time.sleep(0.2)
+    assert shm_entries(f"{TAG}-c") == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("body,needle", [
+    (b"{not json", "invalid JSON"),
+    (b"[1, 2]", "body: must be a JSON object"),
+    (chat_body(0), "max_tokens: must be at least 1"),
+    (chat_body(-5), "max_tokens: must be at least 1"),
+    (chat_body(10**9), "max_tokens: must be at most 512"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "10", "stream": True}).encode(),
+     "max_tokens: must be an integer"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4.5, "stream": True}).encode(),
+     "max_tokens: must be an integer"),
+    (json.dumps({"messages": "hi", "max_tokens": 4, "stream": True}).encode(), "messages: must be a non-empty list"),
+    (json.dumps({"messages": [{"role": "user", "content": 5}], "max_tokens": 4, "stream": True}).encode(),
+     "messages[0].content"),
+    (chat_body(4, text="w " * 5000), "over the limit of 4096"),
+    (chat_body(4, prompt_tokens=5000), "prompt_tokens: must be at most 4096"),
+    (chat_body(4, omnitrace_prompt_tokens=True), "omnitrace_prompt_tokens: must be an integer"),
+    (chat_body(4, stream=False), "stream: only stream=true"),
+])
+def test_bad_input_is_400(server, body, needle):
+    status, raw, _ = post(server, body, f"{TAG}-bad")
+    assert status == 400, raw
+    msg = json.loads(raw)["error"]["message"]
+    assert needle in msg and "\n" not in msg
+
+
+@pytest.mark.timeout(60)
+def test_bad_request_id_and_duplicates(server):
+    status, raw, _ = post(server, chat_body(2), "bad/id")
+    assert status == 400 and "x-request-id" in json.loads(raw)["error"]["message"]
+    # the server still serves afterwards
+    status, raw, _ = post(server, chat_body(2), f"{TAG}-after-bad")
+    check_stream(parse_sse(raw), f"{TAG}-after-bad", 3, 2)
+
+
+@pytest.mark.timeout(60)
+def test_cancel_mid_stream_leaves_no_segments(server):
+    rid = f"{TAG}-cancel"
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    # long prompt -> a 16 MB chunk 0; long output -> many chunks in flight when we hang up
+    conn.request("POST", "/v1/chat/completions", chat_body(400, prompt_tokens=2000),
+                 {"x-request-id": rid, "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    seen = b""
+    while seen.count(b'"modality":"audio"') < 1:  # text and audio both under way
+        seen += resp.read1(65536)
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (shm_entries(rid) or server.health()[1]["in_flight"]):
+        time.sleep(0.05)
+    assert shm_entries(rid) == []
+    assert server.health()[1]["in_flight"] == 0
+    status, raw, _ = post(server, chat_body(5), f"{TAG}-after-cancel")
+    check_stream(parse_sse(raw), f"{TAG}-after-cancel", 3, 5)
+
+
+@pytest.mark.timeout(90)
+def test_sigint_with_requests_in_flight_stops_everything(tmp_path):
+    srv = Server(fast_pipeline(tmp_path), "--shm", "pool", "--snapshot", "recursive")
+    rid = f"{TAG}-pool"
+    status, raw, _ = post(srv, chat_body(30, prompt_tokens=1000), rid)
+    check_stream(parse_sse(raw), rid, 1000, 30)
+    assert shm_entries(f"ortpool{srv.proc.pid}_"), "pool mode keeps reusable segments"
+
+    conns = []
+    for i in range(4):  # leave requests mid-stream when the signal comes
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        c.request("POST", "/v1/chat/completions", chat_body(500, prompt_tokens=800),
+                  {"x-request-id": f"{TAG}-sig{i}", "Content-Type": "application/json"})
+        r = c.getresponse()
+        r.read1(100)
+        conns.append((c, r))
+    out = srv.stop(signal.SIGINT)
+    assert "stopping" in out
+    for c, r in conns:
+        rest = r.read()
+        assert b"server shutting down" in rest or rest == b""
+        c.close()
+    assert srv.proc.returncode == 0
+    assert_stopped_clean(srv)
+
+
+@pytest.mark.timeout(90)
+def test_stage_death_ends_requests_with_error(tmp_path):
+    srv = Server(fast_pipeline(tmp_path))
+    try:
+        rid = f"{TAG}-death"
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        conn.request("POST", "/v1/chat/completions", chat_body(500),
+                     {"x-request-id": rid, "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read1(100)
+        talker = srv.stage_pids[1]
+        os.kill(talker, signal.SIGKILL)
+        rest = resp.read()  # must end, not hang
+        conn.close()
+        events = parse_sse(rest.split(b"\n\n", 1)[1] if not rest.startswith(b"data") else rest)
+        errors = [e for e in events if isinstance(e, dict) and "error" in e]
+        assert errors and "stage 1 (talker) died" in errors[0]["error"]["message"]
+        status, health = srv.health()
+        assert status == 503 and "stage 1 (talker) died" in health["error"]
+        status, raw, _ = post(srv, chat_body(3), f"{TAG}-after-death")
+        assert status == 503 and "talker" in json.loads(raw)["error"]["message"]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and shm_entries(rid):
+            time.sleep(0.05)
+        assert shm_entries(rid) == []
+    finally:
+        out = srv.stop()
+    assert "stage 1 (talker) died" in out
+    assert_stopped_clean(srv)
+
+
+@pytest.mark.timeout(90)
+def test_hook_sites_recorded(tmp_path):
+    run = f"rtt{os.getpid()}hooks"
+    srv = Server(fast_pipeline(tmp_path), env={"OMNITRACE_RUN_ID": run})
+    rid = f"{TAG}-hooks"
+    try:
+        status, raw, _ = post(srv, chat_body(30, prompt_tokens=100), rid)
+        check_stream(parse_sse(raw), rid, 100, 30)
+    finally:
+        srv.stop()
+    # records: (role, stage, thread, kind, request, stage, chunk, a, b, t)
+    events, procs = [], {}
+    for name in record.discover(run):
+        r = record.RingReader(name)
+        h = r.header()
+        procs[(h.role, h.stage)] = h.process
+        events += [(h.role, h.stage, h.thread) + e for e in r.drain()]
+        r.close(unlink=True)
+    assert procs[("api", -1)] == "api"
+    assert [procs[("stage", i)] for i in range(3)] == ["thinker", "talker", "code2wav"]
+    mine = [e for e in events if e[4] in (rid, "")]
+    kinds = collections.Counter((e[1], e[2], Ev(e[3]).name) for e in mine)
+    for k in ("REQUEST_ARRIVE", "REQUEST_DISPATCH", "REQUEST_FIRST_TEXT", "REQUEST_FIRST_AUDIO", "REQUEST_END"):
+        assert kinds[(-1, "MainThread", k)] == 1, k
+    arrive = next(e for e in mine if e[3] == Ev.REQUEST_ARRIVE)
+    assert (arrive[7], arrive[8]) == (100, 30)
+    end = next(e for e in mine if e[3] == Ev.REQUEST_END)
+    assert end[7] == Status.OK and end[8] > 0
+    for sid in range(3):
+        for k in ("STAGE_ADD", "STAGE_SCHEDULE", "STAGE_FINISH", "STEP_BEGIN", "STEP_END"):
+            assert kinds[(sid, "MainThread", k)] >= 1, (sid, k)
+    assert kinds[(0, "MainThread", "STAGE_EMIT")] == 30  # one text token per step
+    # producer side: every step of stage 0 and 1 snapshots and enqueues; the sender dequeues
+    # every task; the talker puts only at codec boundaries (PROCESS_END a=0 otherwise).
+    assert kinds[(0, "MainThread", "FIFO_ENQUEUE")] == 30 == kinds[(0, "sender", "PUT_END")]
+    assert kinds[(1, "MainThread", "FIFO_ENQUEUE")] == 60 == kinds[(1, "sender", "FIFO_DEQUEUE")]
+    assert kinds[(1, "sender", "PUT_END")] == 4  # after 4, 29, 54 frames + terminal at 60
+
+    def keyed(kind, stage, thread):
+        return collections.Counter(e[6] for e in mine if e[3] == kind and e[1] == stage and e[2] == thread)
+
+    for sid in (0, 1):
+        assert keyed(Ev.FIFO_ENQUEUE, sid, "MainThread") == keyed(Ev.FIFO_DEQUEUE, sid, "sender")
+        assert keyed(Ev.SNAPSHOT_END, sid, "MainThread") == keyed(Ev.FIFO_ENQUEUE, sid, "MainThread")
+    # the same chunk index at producer (PUT) and consumer (GET, READY, SCHEDULED)
+    for prod, cons in ((0, 1), (1, 2)):
+        puts = {e[6]: e for e in mine if e[3] == Ev.PUT_END and e[1] == prod}
+        gets = {e[6]: e for e in mine if e[3] == Ev.GET_END and e[1] == cons}
+        sched = {e[6] for e in mine if e[3] == Ev.CHUNK_SCHEDULED and e[1] == cons}
+        assert set(puts) == set(gets) == sched == set(range(len(puts)))
+        assert all(puts[c][7] == gets[c][7] for c in puts)  # bytes
+        assert all(puts[c][8] == cons and gets[c][8] == prod for c in puts)
+    assert next(e for e in mine if e[3] == Ev.PUT_END and e[1] == 0 and e[6] == 0)[7] == 100 * 8192
+    emits = [e for e in mine if e[3] == Ev.STAGE_EMIT and e[1] == 2]
+    assert [e[7] for e in emits] == list(range(4)) and all(e[8] == Modality.AUDIO for e in emits)
+    assert not [n for n in os.listdir(SHM) if n.startswith(f"omnitrace.{run}.")]
+    assert_stopped_clean(srv)
+
+
+@pytest.mark.timeout(30)
+def test_invalid_pipeline_is_one_line_before_any_process(tmp_path):
+    d = yaml.safe_load(open(config.DEFAULT_PIPELINE))
+    d["stages"][1]["max_batch_size"] = 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(d))
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "omnitrace.runtime.serve", "--pipeline", str(bad),
+                        "--port", str(free_port())], capture_output=True, text=True, timeout=20)
+    assert p.returncode == 2 and p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert lines == ["omnitrace serve: error: stages[1].max_batch_size: must be a positive integer, got 0"]
+    assert time.monotonic() - t0 < 10
+    p = subprocess.run([sys.executable, "-m", "omnitrace", "serve", "--pipeline", str(tmp_path / "nope.yaml")],
+                       capture_output=True, text=True, timeout=20)
+    assert p.returncode == 2 and "cannot read pipeline config" in p.stderr and len(p.stderr.strip().splitlines()) == 1
