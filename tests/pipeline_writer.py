@@ -63,6 +63,10 @@ def stage0(args: argparse.Namespace, reqs: list[str]) -> dict:
             fifo.put((r, chunk))
     fifo.put(None)
     th.join()
+    if args.self_kill:
+        for r in reqs:
+            ring.record(Ev.STAGE_EMIT, r, 0, -1, 0, 0)
+        os.kill(os.getpid(), 9)  # no FINISH, no clean exit: the ring must survive us
     if args.hold_stage0:
         # leave spans open, tell the test we are ready to be killed, and wait for it
         for r in reqs:
@@ -103,6 +107,8 @@ def main() -> int:
     p.add_argument("--hold-stage0", type=float, default=0.0)
     p.add_argument("--kill-marker", default="")
     p.add_argument("--prefix", default="req")
+    p.add_argument("--self-kill", action="store_true",
+                   help="stage 0 SIGKILLs itself right after its last records")
     args = p.parse_args()
     reqs = [f"{args.prefix}-{i}" for i in range(args.requests)]
     if args.role in ("stage0", "stage1"):
@@ -110,6 +116,7 @@ def main() -> int:
         with open(f"{args.out}.{args.role}", "w") as f:
             json.dump(stamps, f)
         return 0
+    t_start = now()
     record.set_process_info(role="api", stage=-1, replica=0, name="api")
     ring = record.thread_ring()
     for r in reqs:
@@ -119,6 +126,8 @@ def main() -> int:
             "--chunks", str(args.chunks), "--put-sleep-ms", str(args.put_sleep_ms),
             "--prefix", args.prefix]
     extra = ["--hold-stage0", str(args.hold_stage0), "--kill-marker", args.kill_marker]
+    if args.self_kill:
+        extra.append("--self-kill")
     rc0 = subprocess.call(base + ["--role", "stage0"] + extra)
     rc1 = subprocess.call(base + ["--role", "stage1"])
     for r in reqs:
@@ -126,7 +135,7 @@ def main() -> int:
         ring.record(Ev.REQUEST_FIRST_AUDIO, r, -1)
         ring.record(Ev.REQUEST_END, r, -1, -1, 0, 1234)
     with open(args.out, "w") as f:
-        json.dump({"requests": reqs, "rc": [rc0, rc1]}, f)
+        json.dump({"requests": reqs, "rc": [rc0, rc1], "elapsed_ns": now() - t_start}, f)
     return 0
 
 
