@@ -1,0 +1,117 @@
+"""`omnitrace run`: bad input fails before anything starts; exit status like a shell."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.agent_util import clean_env, omnitrace_run, read_json
+
+
+def _one_line_error(res: subprocess.CompletedProcess, needle: str) -> None:
+    assert res.returncode == 2, res
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and needle in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--exporter", "zipkin"], "unknown exporter 'zipkin'"),
+    (["--exporter", "otlp-grpc", "--otlp-endpoint", "localhost:notaport"], "malformed OTLP endpoint"),
+    (["--exporter", "otlp-http", "--otlp-endpoint", "ftp://x:1"], "malformed OTLP endpoint"),
+    (["--exporter", "otlp-grpc", "--otlp-endpoint", "http://:4317"], "malformed OTLP endpoint"),
+    (["--prometheus-port", "99999", "--exporter", "prometheus"], "bad Prometheus port"),
+    (["--ring-records", "1000"], "bad ring size"),
+    (["--run-id", "../x"], "bad run id"),
+])
+def test_bad_options_one_line_error_before_start(tmp_path, args, needle):
+    marker = tmp_path / "started"
+    res = omnitrace_run(["--run-dir", str(tmp_path / "run"), *args, "--", "python", "-c",
+                         f"open({str(marker)!r}, 'w')"])
+    _one_line_error(res, needle)
+    assert not marker.exists()  # the command never started
+
+
+def test_malformed_endpoint_from_otel_env(tmp_path):
+    env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT="not a url")
+    res = omnitrace_run(["--run-dir", str(tmp_path / "run"), "--exporter", "otlp-http", "--",
+                         "true"], env=env)
+    _one_line_error(res, "malformed OTLP endpoint")
+
+
+def test_unwritable_run_dir(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "file").write_text("x")
+    # a path under a regular file cannot be created, even by root
+    res = omnitrace_run(["--run-dir", str(ro / "file" / "run"), "--", "true"])
+    _one_line_error(res, "cannot write run directory")
+
+
+def test_busy_prometheus_port_is_an_error_before_start(tmp_path):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    marker = tmp_path / "started"
+    try:
+        res = omnitrace_run(["--run-dir", str(tmp_path / "run"), "--exporter", "prometheus",
+                             "--prometheus-port", str(s.getsockname()[1]), "--", "python", "-c",
+                             f"open({str(marker)!r}, 'w')"])
+    finally:
+        s.close()
+    _one_line_error(res, "cannot start")
+    assert not marker.exists()
+
+
+def test_command_not_found_is_127(tmp_path):
+    res = omnitrace_run(["--run-dir", str(tmp_path / "run"), "--", "no-such-command-xyz"])
+    assert res.returncode == 127
+    assert "no-such-command-xyz: command not found" in res.stderr
+    res = omnitrace_run(["--run-dir", str(tmp_path / "run"), "--", "./no/such/file"])
+    assert res.returncode == 127
+
+
+def test_exit_status_and_signal_status_pass_through(tmp_path):
+    res = omnitrace_run(["--run-dir", str(tmp_path / "a"), "--", "python", "-c",
+                         "import sys; sys.exit(7)"])
+    assert res.returncode == 7
+    run = read_json(str(tmp_path / "a"), "run.json")
+    assert run["exit_code"] == 7 and run["status"] == "complete"
+    res = omnitrace_run(["--run-dir", str(tmp_path / "b"), "--", "python", "-c",
+                         "import os; os.kill(os.getpid(), 9)"])
+    assert res.returncode == 128 + 9
+
+
+def test_children_are_instrumented_and_sitecustomize_chains(tmp_path):
+    # a pre-existing sitecustomize on PYTHONPATH must still run under the bootstrap
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITE_RAN'] = '1'\n")
+    script = ("import os, subprocess, sys\n"
+              "from omnitrace import record\n"
+              "assert os.environ.get('OTHER_SITE_RAN') == '1'\n"
+              "record.emit(20, 'child-req', 3)\n"
+              "if len(sys.argv) == 1:\n"
+              "    subprocess.check_call([sys.executable, __file__, 'child'])\n")
+    (tmp_path / "s.py").write_text(script)
+    env = clean_env(PYTHONPATH=str(other))
+    res = omnitrace_run(["--run-dir", str(tmp_path / "run"), "--", "python",
+                         str(tmp_path / "s.py")], env=env)
+    assert res.returncode == 0, res.stderr
+    agent = read_json(str(tmp_path / "run"), "agent.json")
+    assert len({r["pid"] for r in agent["rings"]}) == 2  # parent and spawned child
+    assert agent["events_read"] == 2
+    run = read_json(str(tmp_path / "run"), "run.json")
+    assert run["command"][-1].endswith("s.py")
+
+
+def test_default_run_dir_layout(tmp_path):
+    res = omnitrace_run(["--run-id", "myrun-1", "--", "true"], cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    d = tmp_path / "omnitrace-runs" / "myrun-1"
+    for name in ("run.json", "processes.jsonl", "spans.jsonl", "metrics.jsonl", "agent.json"):
+        assert (d / name).exists(), name
+    assert read_json(str(d), "run.json")["run_id"] == "myrun-1"
