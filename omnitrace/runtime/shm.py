@@ -6,7 +6,8 @@ copies the payload out, closes and unlinks it. A miss (segment not there yet) is
 
 ``pool``: the payload goes into a reused segment (a slot) and the key names a small
 descriptor segment pointing at it, so polling, cleanup and the key stay the same while the
-page-fault and mmap cost of a fresh multi-MB segment disappears.
+page-fault and mmap cost of a fresh multi-MB segment disappears. The consumer reads the
+slot in place (a read-only view, no copy) and calls ``release(key)`` when done with it.
 
 Segments are opened through ``_posixshmem`` + ``mmap`` (what ``SharedMemory`` does
 underneath, mode 0600) rather than ``SharedMemory`` itself: that skips Python's resource
@@ -89,6 +90,13 @@ class Segment:
         self.mm.close()
 
 
+def _close_quietly(seg: Segment) -> None:
+    try:
+        seg.close()
+    except BufferError:
+        pass  # a leased view still uses it; unmapped when the last view is gone
+
+
 def unlink(name: str) -> bool:
     try:
         _posixshmem.shm_unlink("/" + name)
@@ -138,7 +146,8 @@ class ShmConnector:
         self._live: dict[str, tuple[str, int]] = {}  # key -> (request, pool slot or -1), unread
         self._slots: list[Segment] = []  # producer's pool slots
         self._gen = 0
-        self._peer_slots: dict[str, Segment] = {}  # consumer's cache, slot id -> mapping
+        self._peer_slots: dict[str, Segment] = {}  # consumer's cache, slot name -> mapping
+        self._leases: dict[str, Segment] = {}  # consumer: key -> slot still being read
 
     # ------------------------------------------------------------------ producer
     def put(self, request_id: str, key: str, meta: ChunkMeta, data: np.ndarray | None) -> int:
@@ -222,12 +231,15 @@ class ShmConnector:
             flags, meta, shape, dtype, nbytes = head
             data = None
             if flags & F_POOL:
+                # Zero-copy: a read-only view on the producer's slot, leased until
+                # release(key) (the consumer scheduler calls it once it used the chunk).
                 slot_name = _SLOT_NAME.unpack_from(seg.mm, HDR_SIZE)[0].rstrip(b"\0").decode()
                 slot = self._peer_slot(slot_name)
-                raw = slot.mm[SLOT_HDR:SLOT_HDR + nbytes]
-                data = np.frombuffer(raw, dtype=dtype).reshape(shape)
+                count = nbytes // np.dtype(dtype).itemsize
+                data = np.frombuffer(slot.mm, dtype=dtype, count=count, offset=SLOT_HDR).reshape(shape)
+                data.flags.writeable = False
                 unlink(key)
-                _U32.pack_into(slot.mm, 0, SLOT_FREE)  # the producer may reuse it now
+                self._leases[key] = slot
                 return meta, data, nbytes
             if flags & F_DATA:
                 raw = seg.mm[HDR_SIZE:HDR_SIZE + nbytes]
@@ -237,12 +249,18 @@ class ShmConnector:
         finally:
             seg.close()
 
+    def release(self, key: str) -> None:
+        """Consumer: done with a pool chunk's data; the producer may reuse its slot."""
+        slot = self._leases.pop(key, None)
+        if slot is not None:
+            _U32.pack_into(slot.mm, 0, SLOT_FREE)
+
     def _peer_slot(self, name: str) -> Segment:
         seg = self._peer_slots.get(name)
         if seg is None:
             prefix = name.rsplit("_", 1)[0]
             for old in [n for n in self._peer_slots if n.rsplit("_", 1)[0] == prefix]:
-                self._peer_slots.pop(old).close()  # the producer regrew this slot
+                _close_quietly(self._peer_slots.pop(old))  # the producer regrew this slot
             seg = Segment.open(name)
             if seg is None:
                 raise FileNotFoundError(name)
@@ -258,8 +276,10 @@ class ShmConnector:
             seg.close()
             unlink(seg.name)
         self._slots.clear()
+        for key in list(self._leases):
+            self.release(key)
         for seg in self._peer_slots.values():
-            seg.close()
+            _close_quietly(seg)
         self._peer_slots.clear()
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from omnitrace import record
 from omnitrace.conventions import Ev, Modality, Status
 from omnitrace.runtime import compute, config, snapshot
-from omnitrace.runtime.shm import ChunkMeta, ShmConnector
+from omnitrace.runtime.shm import ChunkMeta, ShmConnector, chunk_key
 from omnitrace.runtime.transfer import CHUNK, Fifo, Receiver, Sender, Task, codec_boundary, make_processor
 
 _EV_ADD, _EV_SCHED = int(Ev.STAGE_ADD), int(Ev.STAGE_SCHEDULE)
@@ -178,6 +178,9 @@ class Stage:
     def _abort(self, rid: str, ring: Any) -> None:
         st = self.states.pop(rid, None)
         if st is not None:
+            for meta, _ in st.pending:
+                self._release(rid, meta.chunk)
+            st.pending.clear()
             self.running.pop(rid, None)
             try:
                 self.waiting.remove(st)
@@ -197,6 +200,7 @@ class Stage:
                 rid, meta, data, chunk = self.ready.popleft()
             st = self.states.get(rid)
             if st is None:
+                self._release(rid, chunk)
                 continue  # aborted
             ring.record(_EV_CHUNK_SCHED, rid, sid, chunk, 0, producer)
             st.received += 1
@@ -204,10 +208,15 @@ class Stage:
                 st.upstream_done = True
             if self.cfg.kind == "generation":
                 st.pending.append((meta, data))
-            else:
+            else:  # the talker keeps only what it needs from the hidden states
                 st.req.additional_information["upstream_chunks"].append(meta.n_new)
+                self._release(rid, chunk)
             if not meta.finished and self.receiver is not None:
                 self.receiver.load(rid, chunk + 1)  # at most one chunk per request per step
+
+    def _release(self, rid: str, chunk: int) -> None:
+        if self.producer is not None:  # pool mode: hand the slot back to the producer
+            self.conn.release(chunk_key(rid, self.producer, chunk))
 
     def _has_work(self, st: ReqState) -> bool:
         if self.producer is None:
@@ -250,6 +259,8 @@ class Stage:
             meta, data = st.pending.popleft()
             if meta.n_new > 0:
                 self._emit(st, ("audio", rid, st.packets, self._wav(meta, data)), _AUDIO, ring)
+            del data
+            self._release(rid, meta.chunk)
             finished = meta.finished
         if self.fifo is not None:
             self._save(st, finished, ring)

@@ -275,8 +275,9 @@ class Receiver(threading.Thread):
                 if res is None:
                     continue
                 with cond:
-                    if loading.get(req) != chunk:
-                        continue  # aborted while we read it; the segment is already unlinked
+                    if loading.get(req) != chunk:  # aborted while we read it
+                        conn.release(chunk_key(req, producer, chunk))
+                        continue
                     del loading[req]
                 meta, data, nbytes = res
                 ring.record(_EV_GET_B, req, stage, chunk, 0, producer, t0)
