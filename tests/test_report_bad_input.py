@@ -1,0 +1,81 @@
+"""`omnitrace report` on bad input: a clear message (and partial results, labelled), never a traceback."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from otlp_fixture import line, three_stage_request, write_run
+
+
+def _report(*args: str) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "omnitrace", "report", *args], capture_output=True,
+                       text=True, timeout=60)
+    assert "Traceback" not in r.stderr + r.stdout
+    return r
+
+
+def test_missing_directory(tmp_path):
+    r = _report(str(tmp_path / "nope"))
+    assert r.returncode == 2 and "not a run directory" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_empty_directory(tmp_path):
+    r = _report(str(tmp_path))
+    assert r.returncode == 2 and "no omnitrace run files found" in r.stderr
+
+
+def test_no_measured_requests(tmp_path):
+    bench = {"requests": [{"id": "a", "warmup": True, "ttfp_s": 0.001}], "levels": []}
+    d = write_run(str(tmp_path / "r"), [line(three_stage_request("a"))], bench=bench)
+    r = _report(d)
+    assert r.returncode == 3 and "no measured request could be attributed" in r.stdout
+    r = _report(d, "--json")
+    assert r.returncode == 3 and json.loads(r.stdout)["window"]["measured"] == 0
+    r = _report(d, "--html", str(tmp_path / "x.html"))
+    assert r.returncode == 3 and "nothing to plot" in (tmp_path / "x.html").read_text()
+
+
+def test_bench_only_run_dir_all_failed(tmp_path):
+    """Bench against a dead target: bench.json with errors and no spans."""
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "bench.json").write_text(json.dumps({"status": "failed", "requests": [
+        {"id": "x", "warmup": False, "error": "connection failed: Connection refused"}]}))
+    r = _report(str(d))
+    assert r.returncode == 3
+    assert "spans.jsonl missing" in r.stdout and "no trace at all" in r.stdout
+
+
+def test_drops_are_announced_first(tmp_path):
+    d = write_run(str(tmp_path / "r"), [line(three_stage_request("a"))],
+                  agent={"events_read": 10, "events_dropped": 7})
+    r = _report(d)
+    assert r.returncode == 0
+    assert r.stdout.splitlines()[0].startswith("!! WARNING: the recorder DROPPED 7 events")
+
+
+def test_garbage_and_torn_lines(tmp_path):
+    good = line(three_stage_request("a"))
+    d = write_run(str(tmp_path / "r"), ["{not json", good])
+    with open(f"{d}/spans.jsonl", "a") as f:
+        f.write(good[:100])  # torn last line, no newline
+    (tmp_path / "r" / "bench.json").write_text("{broken")
+    r = _report(d)
+    assert r.returncode == 0
+    assert "malformed" in r.stdout and "truncated" in r.stdout and "bench.json: unreadable" in r.stdout
+
+
+def test_merge_two_run_dirs(tmp_path):
+    """One deployment over two hosts: the API+stage 0 on one, stages 1-2 on the other."""
+    spans = three_stage_request("a")
+    host_a = [s for s in spans if any(x["key"] == "omni.stage.id" and x["value"]["intValue"] in ("-1", "0")
+                                      for x in s["attributes"]) and s["name"] != "omni.chunk.poll_lag"
+              and not (s["name"] in ("omni.chunk.get", "omni.chunk.wait_schedule"))]
+    host_b = [s for s in spans if s not in host_a]
+    a = write_run(str(tmp_path / "a"), [line(host_a)])
+    b = write_run(str(tmp_path / "b"), [line(host_b)])
+    r = _report(a, b, "--json")
+    rep = json.loads(r.stdout)
+    assert rep["window"]["attributed"] == 1 and rep["requests"][0]["missing_spans"] == []
+    assert abs(rep["requests"][0]["ttfp_ms"] - 0.9) < 1e-9
