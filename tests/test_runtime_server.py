@@ -301,7 +301,8 @@ def test_sigint_with_requests_in_flight_stops_everything(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_stage_death_ends_requests_with_error(tmp_path):
-    srv = Server(fast_pipeline(tmp_path))
+    run = f"rtt{os.getpid()}death"
+    srv = Server(fast_pipeline(tmp_path), env={"OMNITRACE_RUN_ID": run})
     try:
         rid = f"{TAG}-death"
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
@@ -327,7 +328,39 @@ def test_stage_death_ends_requests_with_error(tmp_path):
     finally:
         out = srv.stop()
     assert "stage 1 (talker) died" in out
+    died = []
+    for name in record.discover(run):
+        r = record.RingReader(name)
+        died += [e for e in r.drain() if e[0] == Ev.STAGE_DIED]
+        r.close(unlink=True)
+    assert [(e[2]) for e in died] == [1]  # STAGE_DIED, stage = the dead stage
     assert_stopped_clean(srv)
+
+
+@pytest.mark.timeout(120)
+def test_torch_compute_stage(tmp_path):
+    pytest.importorskip("torch")
+    d = yaml.safe_load(open(fast_pipeline(tmp_path)))
+    d["stages"][0].update(compute="torch", torch_hidden=64)
+    path = tmp_path / "torch.yaml"
+    path.write_text(yaml.safe_dump(d))
+    srv = Server(str(path))
+    try:
+        rid = f"{TAG}-torch"
+        status, raw, _ = post(srv, chat_body(8), rid)
+        check_stream(parse_sse(raw), rid, 3, 8)
+    finally:
+        srv.stop()
+    assert_stopped_clean(srv)
+
+
+@pytest.mark.timeout(30)
+def test_omnitrace_serve_command_help():
+    p = subprocess.run([sys.executable, "-m", "omnitrace", "serve", "--help"], capture_output=True,
+                       text=True, timeout=20)
+    assert p.returncode == 0
+    for flag in ("--host", "--port", "--pipeline", "--snapshot", "--shm"):
+        assert flag in p.stdout
 
 
 @pytest.mark.timeout(90)
