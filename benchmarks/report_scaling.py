@@ -56,16 +56,37 @@ def request_spans(rid: str, o: float) -> list[dict]:
     return out
 
 
+def realistic(spans: list[dict]) -> list[dict]:
+    """Add what the agent writes besides our fields, so lines are as long as real ones (~1 KB/span)."""
+    for d in spans:
+        a = {x["key"]: x["value"] for x in d["attributes"]}
+        d["parentSpanId"] = d["spanId"][::-1]
+        d["kind"], d["status"], d["flags"] = 1, {}, 256
+        extra = [{"key": cv.ATTR_REPLICA, "value": {"intValue": "0"}}]
+        if cv.ATTR_PEER_STAGE_ID in a:
+            st, peer = int(a[cv.ATTR_STAGE_ID]["intValue"]), int(a[cv.ATTR_PEER_STAGE_ID]["intValue"])
+            pair = cv.stage_pair(*sorted((st, peer)))
+            extra.append({"key": cv.ATTR_STAGE_PAIR, "value": {"stringValue": pair}})
+        d["attributes"] += extra
+    return spans
+
+
+RESOURCE = {"attributes": [{"key": k, "value": {"stringValue": v}} for k, v in (
+    ("service.name", "omnitrace"), ("service.instance.id", "20261130-000000-0000/12345"),
+    ("omni.role", "stage"), ("process.executable.name", "thinker"),
+    ("omnitrace.run.id", "20261130-000000-0000"))]}
+
+
 def make_run(path: str, n_spans: int) -> int:
     os.makedirs(path, exist_ok=True)
     written, i, buf = 0, 0, []
     with open(os.path.join(path, "spans.jsonl"), "wb") as f:
         while written < n_spans:
-            buf += request_spans(f"req{i}", i * 1000.0)
+            buf += realistic(request_spans(f"req{i}", i * 1000.0))
             i += 1
             while len(buf) >= 512 or (buf and written + len(buf) >= n_spans):
                 part, buf = buf[:512], buf[512:]
-                f.write(orjson.dumps({"resourceSpans": [{"resource": {"attributes": []},
+                f.write(orjson.dumps({"resourceSpans": [{"resource": RESOURCE,
                                       "scopeSpans": [{"scope": {"name": "omnitrace"}, "spans": part}]}]}) + b"\n")
                 written += len(part)
                 if written >= n_spans:

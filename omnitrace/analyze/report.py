@@ -41,7 +41,8 @@ def _agent_counters(run: Run) -> dict[str, Any]:
             "rings_with_drops": rings}
 
 
-def _measured(run: Run, reqs: dict[str, at.RequestSpans]) -> tuple[set[str], str, dict[str, dict]]:
+def _measured(run: Run, reqs: dict[str, at.RequestSpans],
+              level: int | None = None) -> tuple[set[str], str, dict[str, dict]]:
     """Ids of measured (non-warm-up) requests, how they were chosen, and bench rows by id."""
     b = run.bench
     rows: dict[str, dict] = {}
@@ -52,6 +53,15 @@ def _measured(run: Run, reqs: dict[str, at.RequestSpans]) -> tuple[set[str], str
         if isinstance(r, dict) and r.get("id"):
             rows[str(r["id"])] = r
     measured = {i for i, r in rows.items() if not r.get("warmup")}
+    levels = sorted({r.get("concurrency") for r in rows.values() if r.get("concurrency") is not None})
+    if level is not None:
+        measured = {i for i in measured if rows[i].get("concurrency") == level}
+        if not measured:
+            run.warnings.append(f"no measured request at concurrency {level} (levels: {levels})")
+            return set(), f"concurrency {level} (no such level)", rows
+    elif len(levels) > 1:
+        run.warnings.append(f"bench swept concurrency {levels}: all levels are aggregated together; "
+                            "use --concurrency C for one level")
     hit = measured & set(reqs)
     if hit:
         return hit, "bench.json request ids (warm-up excluded)", rows
@@ -75,7 +85,7 @@ def _by_stage(spans: list[Span], key) -> dict[Any, list[Span]]:
     return out
 
 
-def build_report(run: Run, per_request_segments: bool = True) -> dict[str, Any]:
+def build_report(run: Run, per_request_segments: bool = True, level: int | None = None) -> dict[str, Any]:
     reqs = at.index_requests(run.spans)
     names: dict[int, str] = {}
     for r in reqs.values():
@@ -83,7 +93,7 @@ def build_report(run: Run, per_request_segments: bool = True) -> dict[str, Any]:
             n = sp.attrs.get(cv.ATTR_STAGE_NAME) if sp.attrs else None
             if n:
                 names.setdefault(st, str(n))
-    measured, how, bench_rows = _measured(run, reqs)
+    measured, how, bench_rows = _measured(run, reqs, level)
     recorder = _agent_counters(run)
 
     atts: list[at.Attribution] = []
@@ -94,7 +104,8 @@ def build_report(run: Run, per_request_segments: bool = True) -> dict[str, Any]:
             no_ttfp.append(rid)
         else:
             atts.append(a)
-    bench_measured = {i for i, r in bench_rows.items() if not r.get("warmup")}
+    bench_measured = {i for i, r in bench_rows.items() if not r.get("warmup")
+                      and (level is None or r.get("concurrency") == level)}
     untraced = sorted(bench_measured - set(reqs)) if bench_rows else []
 
     # ---- per request

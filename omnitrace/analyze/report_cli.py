@@ -19,6 +19,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="write the report as JSON to FILE (or stdout when no FILE)")
     p.add_argument("--html", metavar="FILE", help="write a self-contained interactive HTML report")
+    p.add_argument("--concurrency", type=int, default=None, metavar="C",
+                   help="only the bench level at concurrency C (a sweep is otherwise aggregated)")
     p.add_argument("--limit", type=int, default=20, help="rows of per-request and head-of-line tables")
     return p
 
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         run = load_run(args.runs)
-        rep = build_report(run)
+        rep = build_report(run, level=args.concurrency)
     except RunDirError as e:
         print(f"omnitrace report: {e}", file=sys.stderr)
         return 2

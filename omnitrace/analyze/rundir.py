@@ -96,33 +96,49 @@ def _culprits(v: Any) -> tuple[str, ...]:
 _KEEP_EVENTS = (cv.SPAN_REQUEST, cv.SPAN_STAGE)
 
 
+def _int(raw: dict[str, Any], key: str, default: int) -> int:
+    v = raw.get(key)
+    if v is None:
+        return default
+    if "intValue" in v:
+        return int(v["intValue"])
+    x = _value(v)
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return default
+
+
 def _span(d: dict[str, Any]) -> Span:
-    a = _attrs(d.get("attributes"))
+    # Hot loop (a million spans): keep raw AnyValues and decode only the keys we use.
+    raw = {a["key"]: a.get("value") or {} for a in d.get("attributes") or ()}
     name = d["name"]
     ev: list[tuple[str, int, dict[str, Any]]] = []
+    full = None
     if name in _KEEP_EVENTS:
         ev = [(e.get("name", ""), int(e.get("timeUnixNano", 0)), _attrs(e.get("attributes")))
               for e in d.get("events") or ()]
-    stage = a.get(cv.ATTR_STAGE_ID)
-    if stage is None:
-        stage = cv.API_STAGE if name == cv.SPAN_REQUEST else -2
+        full = {k: _value(v) for k, v in raw.items()}
+    rv = raw.get(cv.ATTR_REQUEST_ID)
+    rid = "" if rv is None else str(rv.get("stringValue", _value(rv)))
+    by = raw.get(cv.ATTR_FIFO_BLOCKED_BY)
     return Span(
         name=name,
-        rid=str(a.get(cv.ATTR_REQUEST_ID, "")),
-        stage=int(stage),
-        peer=int(a.get(cv.ATTR_PEER_STAGE_ID, -2)),
-        chunk=int(a.get(cv.ATTR_CHUNK_INDEX, -1)),
+        rid=rid,
+        stage=_int(raw, cv.ATTR_STAGE_ID, cv.API_STAGE if name == cv.SPAN_REQUEST else -2),
+        peer=_int(raw, cv.ATTR_PEER_STAGE_ID, -2),
+        chunk=_int(raw, cv.ATTR_CHUNK_INDEX, -1),
         start=int(d.get("startTimeUnixNano", 0)),
         end=int(d.get("endTimeUnixNano", 0)),
-        replica=int(a.get(cv.ATTR_REPLICA, 0) or 0),
-        blocked_ns=int(a.get(cv.ATTR_FIFO_BLOCKED_NS, 0) or 0),
-        blocked_by=_culprits(a.get(cv.ATTR_FIFO_BLOCKED_BY)),
-        depth=int(a.get(cv.ATTR_FIFO_DEPTH, -1)),
-        ahead=int(a.get(cv.ATTR_FIFO_AHEAD, -1)),
-        nbytes=int(a.get(cv.ATTR_TRANSFER_BYTES, 0) or 0),
-        incomplete=bool(a.get(cv.ATTR_INCOMPLETE, False)),
+        replica=_int(raw, cv.ATTR_REPLICA, 0),
+        blocked_ns=_int(raw, cv.ATTR_FIFO_BLOCKED_NS, 0),
+        blocked_by=_culprits(_value(by)) if by is not None else (),
+        depth=_int(raw, cv.ATTR_FIFO_DEPTH, -1),
+        ahead=_int(raw, cv.ATTR_FIFO_AHEAD, -1),
+        nbytes=_int(raw, cv.ATTR_TRANSFER_BYTES, 0),
+        incomplete=bool(_value(raw[cv.ATTR_INCOMPLETE])) if cv.ATTR_INCOMPLETE in raw else False,
         events=ev,
-        attrs=a if name in _KEEP_EVENTS else None,
+        attrs=full,
     )
 
 
