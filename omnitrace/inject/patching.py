@@ -168,8 +168,12 @@ def _expects(target: str) -> bool:
     """Was this run meant to instrument ``target``? (then its absence deserves a warning)"""
     if os.environ.get(ENV_TARGET, "") == target:
         return True
-    argv = " ".join(sys.argv[:8]) if getattr(sys, "argv", None) else ""
-    return target == "vllm-omni" and ("--omni" in argv or "vllm-omni" in argv or "vllm_omni" in argv)
+    argv = list(getattr(sys, "argv", None) or [])
+    if target != "vllm-omni" or not argv:
+        return False
+    # `vllm serve MODEL --omni ...`, `vllm-omni serve ...`, `python -m vllm_omni...`
+    return ("--omni" in argv or os.path.basename(argv[0]) == "vllm-omni"
+            or any(a.startswith("vllm_omni.") for a in argv[:3]))
 
 
 # --------------------------------------------------------------------------- patching

@@ -111,8 +111,9 @@ def _instrument_adapter(adapter: Any) -> None:
     adapter._ot_stage = stage
     adapter._ot_ready = {}
     replica = int(os.environ.get("VLLM_OMNI_REPLICA_ID", "0") or 0)
+    pname = multiprocessing.current_process().name  # StageEngineCoreProc_stage{S}_replica{R}
     record.set_process_info(role="stage", stage=stage, replica=replica,
-                            name=multiprocessing.current_process().name)
+                            name=None if pname == "MainProcess" else pname)
     if not isinstance(adapter._pending_save_reqs, StampedDeque):
         adapter._pending_save_reqs = StampedDeque(adapter._pending_save_reqs)
     func = getattr(adapter, "custom_process_next_stage_input_func", None)
