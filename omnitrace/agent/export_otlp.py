@@ -91,16 +91,17 @@ class ResourceCache:
         self.run_id = run_id
         self._cache: dict[tuple, Resource] = {}
 
+    def attrs(self, proc: tuple) -> dict:
+        pid, role, stage, replica, name = proc
+        return {"service.name": cv.SERVICE_NAME, "service.instance.id": f"{self.run_id}/{pid}",
+                cv.ATTR_PID: pid, cv.ATTR_ROLE: role, cv.ATTR_STAGE_ID: stage,
+                cv.ATTR_REPLICA: replica, "process.executable.name": name or role,
+                "omnitrace.run.id": self.run_id}
+
     def get(self, proc: tuple) -> Resource:
         res = self._cache.get(proc)
         if res is None:
-            pid, role, stage, replica, name = proc
-            res = self._cache[proc] = Resource({
-                "service.name": cv.SERVICE_NAME,
-                "service.instance.id": f"{self.run_id}/{pid}",
-                cv.ATTR_PID: pid, cv.ATTR_ROLE: role, cv.ATTR_STAGE_ID: stage,
-                cv.ATTR_REPLICA: replica, "process.executable.name": name or role,
-                "omnitrace.run.id": self.run_id})
+            res = self._cache[proc] = Resource(self.attrs(proc))
         return res
 
 

@@ -132,13 +132,20 @@ class Agent:
                       f"{cv.ENV_RING_RECORDS}, now {h.capacity})", file=sys.stderr, flush=True)
             self.warned_drops[src.name] = src.dropped
 
-    def cycle(self, reap: bool) -> None:
+    BATCH = 16384  # records per ring per cycle: bounds the agent's transient memory
+
+    def cycle(self, reap: bool) -> bool:
+        """One round over every ring; True if some ring had more than one batch waiting."""
         t0 = time.perf_counter()
+        backlog = False
         for src in self.collector.discover(time.time_ns()):
             self._note_process(src)
-        for src, batch in self.collector.drain():
+        for src, batch in self.collector.drain(self.BATCH):
             self._note_process(src)
             self._feed(src, batch)
+            backlog = backlog or len(batch) >= self.BATCH
+            if len(self.pending) >= 4096:
+                self.export_pending()
         for src in list(self.collector.sources.values()):
             self._drops(src)
         if reap:
@@ -160,15 +167,17 @@ class Agent:
         self.export_pending()
         self.cycles += 1
         self.max_cycle_ms = max(self.max_cycle_ms, (time.perf_counter() - t0) * 1e3)
+        return backlog
 
     def export_pending(self) -> None:
         if not self.pending:
             return
-        spans = [export_otlp.to_readable(s, self.resources) for s in self.pending]
+        self.rundir.write_span_objects(self.pending, self.resources.attrs)
+        if self.exporters:  # SDK objects only when an OTLP exporter needs them
+            spans = [export_otlp.to_readable(s, self.resources) for s in self.pending]
+            for exp in self.exporters:
+                exp.submit(spans)
         self.pending.clear()
-        self.rundir.write_spans(spans)
-        for exp in self.exporters:
-            exp.submit(spans)
 
     def counters(self) -> dict:
         rings = []
@@ -235,19 +244,22 @@ class Agent:
             reap = now >= next_reap
             if reap:
                 next_reap = now + 0.25
-            self.cycle(reap)
+            backlog = self.cycle(reap)
             if now >= next_side:
                 self.write_side_files()
                 next_side = now + 1.0
             if now >= next_metrics:
                 self.write_metrics()
                 next_metrics = now + self.args.metrics_interval_s
-            self.stop.wait(max(0.0, interval - (time.monotonic() - now)))
+            if not backlog:  # behind: go again at once, the rings are filling
+                self.stop.wait(max(0.0, interval - (time.monotonic() - now)))
 
     def finish(self, status: str) -> None:
         """Final drain of every ring, incomplete spans, flush exporters, write files."""
-        self.cycle(reap=True)
-        self.cycle(reap=False)  # rings of processes still alive (e.g. orphans)
+        while self.cycle(reap=True):
+            pass
+        while self.cycle(reap=False):  # rings of processes still alive (e.g. orphans)
+            pass
         self.assembler.flush("run-ended")
         self.export_pending()
         for src in self.collector.all_sources():

@@ -17,7 +17,66 @@ import orjson
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
+from omnitrace import __version__
+
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+def _any(v: Any) -> dict:
+    """An OTLP/JSON AnyValue."""
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": str(v)}  # int64 is a string in OTLP/JSON
+    if isinstance(v, float):
+        return {"doubleValue": v}
+    if isinstance(v, (list, tuple)):
+        return {"arrayValue": {"values": [_any(x) for x in v]} if v else {}}
+    return {"stringValue": str(v)}
+
+
+def _attrs(d: dict) -> list[dict]:
+    out: list[dict] = []
+    app = out.append
+    for k, v in d.items():  # str and int first, inline: this is the file exporter's hot loop
+        t = type(v)
+        if t is str:
+            app({"key": k, "value": {"stringValue": v}})
+        elif t is int:
+            app({"key": k, "value": {"intValue": str(v)}})
+        else:
+            app({"key": k, "value": _any(v)})
+    return out
+
+
+def spans_request_json(spans: list, resource_attrs: Any) -> dict:
+    """omnitrace Spans -> one OTLP/JSON ExportTraceServiceRequest, written directly.
+
+    Same output as the official encoder + json_format + hex ids (tests compare them),
+    at a fraction of the cost: the encoder path cost ~130 us per span, which capped the
+    agent at a few thousand spans per second.
+    """
+    groups: dict[tuple, list] = {}
+    for s in spans:
+        d = {"traceId": f"{s.trace_id:032x}", "spanId": f"{s.span_id:016x}"}
+        if s.parent_id:
+            d["parentSpanId"] = f"{s.parent_id:016x}"
+        d["name"] = s.name
+        d["kind"] = 1  # INTERNAL
+        d["startTimeUnixNano"] = str(s.start)
+        d["endTimeUnixNano"] = str(s.end)
+        d["attributes"] = _attrs(s.attrs)
+        if s.events:
+            d["events"] = [{"timeUnixNano": str(ts), "name": name, "attributes": _attrs(a)}
+                           for name, ts, a in s.events]
+        d["status"] = {"code": 2} if s.error else {}
+        d["flags"] = 256  # as the SDK encoder: "has is_remote", not remote
+        groups.setdefault(s.proc, []).append(d)
+    return {"resourceSpans": [
+        {"resource": {"attributes": _attrs(resource_attrs(proc))},
+         "scopeSpans": [{"scope": {"name": "omnitrace.agent", "version": __version__},
+                         "spans": items}]}
+        for proc, items in groups.items()]}
 
 
 def _hex_ids(obj: Any) -> None:
@@ -78,6 +137,15 @@ class RunDir:
         for i in range(0, len(spans), max_per_line):
             batch = spans[i:i + max_per_line]
             self._spans.write(otlp_json(encode_spans(batch)) + b"\n")
+            self.span_lines += 1
+            self.spans_written += len(batch)
+        self._spans.flush()
+
+    def write_span_objects(self, spans: list, resource_attrs: Any, max_per_line: int = 512) -> None:
+        """``spans``: omnitrace Spans; ``resource_attrs(proc) -> dict``."""
+        for i in range(0, len(spans), max_per_line):
+            batch = spans[i:i + max_per_line]
+            self._spans.write(orjson.dumps(spans_request_json(batch, resource_attrs)) + b"\n")
             self.span_lines += 1
             self.spans_written += len(batch)
         self._spans.flush()

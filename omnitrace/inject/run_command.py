@@ -177,10 +177,14 @@ def _start_agent(cfg: dict, argv: list[str], ns: argparse.Namespace) -> subproce
     ready, _, _ = select.select([agent.stdout], [], [], AGENT_READY_TIMEOUT_S)
     line = agent.stdout.readline() if ready else b""
     if not line.startswith(b"READY"):
-        if agent.poll() is None:
+        if not ready:  # silent and alive: give up on it
             agent.kill()
             print("omnitrace run: the agent did not start in time", file=sys.stderr)
-        agent.wait()
+        try:  # otherwise it closed stdout: it printed its one-line error and is exiting
+            agent.wait(30)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
         return None
     return agent
 

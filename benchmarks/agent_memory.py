@@ -1,0 +1,135 @@
+"""Agent memory over a long run: `omnitrace run serve` under a closed-loop load.
+
+    python benchmarks/agent_memory.py [--duration 600] [--concurrency 32] [--json OUT]
+
+Starts the reference pipeline under `omnitrace run` (file exporter), drives it with
+`--concurrency` streaming clients for `--duration` seconds (random prompt 64..512
+tokens, max_tokens 8..48), samples the agent's RSS (VmRSS) every 5 s, then stops
+the run and reads agent.json. Bounded memory means: RSS flat after warm-up while
+events and spans keep growing.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import aiohttp
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+async def _client(url: str, stop_at: float, rng: random.Random, stats: dict, idx: int) -> None:
+    async with aiohttp.ClientSession() as s:
+        n = 0
+        while time.monotonic() < stop_at:
+            body = {"model": "ref", "stream": True, "max_tokens": rng.randint(8, 48),
+                    "omnitrace_prompt_tokens": rng.randint(64, 512),
+                    "messages": [{"role": "user", "content": "x"}]}
+            rid = f"mem-{idx}-{n}"
+            n += 1
+            try:
+                async with s.post(url, json=body, headers={"x-request-id": rid}) as r:
+                    async for _ in r.content:
+                        pass
+                    stats["ok" if r.status == 200 else "http_error"] += 1
+            except aiohttp.ClientError:
+                stats["client_error"] += 1
+
+
+async def _sample(agent_pid: int, t0: float, stop_at: float, samples: list, stats: dict) -> None:
+    while time.monotonic() < stop_at:
+        samples.append({"t_s": round(time.monotonic() - t0, 1), "rss_bytes": _rss(agent_pid),
+                        "requests_ok": stats["ok"]})
+        print(f"t={samples[-1]['t_s']:>6}s agent RSS {samples[-1]['rss_bytes'] / 2**20:7.1f} MiB "
+              f"requests {stats['ok']}", flush=True)
+        await asyncio.sleep(5)
+
+
+async def _load(port: int, agent_pid: int, duration: float, conc: int, samples: list) -> dict:
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    stats = {"ok": 0, "http_error": 0, "client_error": 0}
+    t0 = time.monotonic()
+    stop_at = t0 + duration
+    rng = random.Random(0)
+    await asyncio.gather(_sample(agent_pid, t0, stop_at, samples, stats),
+                         *[_client(url, stop_at, random.Random(rng.random()), stats, i)
+                           for i in range(conc)])
+    return stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--duration", type=float, default=600)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = os.path.join(tmp, "run")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OMNITRACE_"))}
+        proc = subprocess.Popen([sys.executable, "-m", "omnitrace", "run", "--run-dir", run_dir,
+                                 "serve", "--port", str(port)], env=env,
+                                stdout=subprocess.DEVNULL)
+        try:
+            for _ in range(300):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+                    break
+                except OSError:
+                    time.sleep(0.3)
+            agent_pid = json.load(open(os.path.join(run_dir, "run.json")))["agent_pid"]
+            samples: list = []
+            stats = asyncio.run(_load(port, agent_pid, args.duration, args.concurrency, samples))
+            final_rss = _rss(agent_pid)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+        agent = json.load(open(os.path.join(run_dir, "agent.json")))
+        spans_bytes = os.path.getsize(os.path.join(run_dir, "spans.jsonl"))
+    rss = [s["rss_bytes"] for s in samples]
+    after_warmup = [s["rss_bytes"] for s in samples if s["t_s"] >= 60] or rss
+    out = {
+        "duration_s": args.duration, "concurrency": args.concurrency, "requests": stats,
+        "agent_rss_mib": {"first": round(rss[0] / 2**20, 1), "max": round(max(rss) / 2**20, 1),
+                          "after_60s_min": round(min(after_warmup) / 2**20, 1),
+                          "after_60s_max": round(max(after_warmup) / 2**20, 1),
+                          "final": round(final_rss / 2**20, 1)},
+        "agent": {k: agent[k] for k in ("events_read", "events_dropped", "spans_built",
+                                        "spans_incomplete", "requests_freed", "requests_open",
+                                        "max_cycle_ms", "max_rss_bytes", "state")},
+        "spans_jsonl_mib": round(spans_bytes / 2**20, 1),
+        "samples": samples,
+    }
+    print(json.dumps({k: v for k, v in out.items() if k != "samples"}, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
