@@ -273,6 +273,28 @@ def test_cancel_mid_stream_leaves_no_segments(server):
     check_stream(parse_sse(raw), f"{TAG}-after-cancel", 3, 5)
 
 
+@pytest.mark.timeout(60)
+def test_broken_chunk_fails_only_its_request(server):
+    from omnitrace.runtime.shm import HDR, MAGIC, Segment
+    rid = f"{TAG}-broken"
+    seg = Segment.create(f"{rid}_0_0", 128)  # a corrupt chunk 0 waiting for the talker
+    HDR.pack_into(seg.mm, 0, MAGIC, 4, 0, 1, 0, 1, b"bogus", 8, 0, 0, 8)
+    seg.close()
+    # The talker polls chunk 0 from the moment the request is added; the thinker's real chunk 0
+    # (32 MB, which replaces a stale segment) comes only after its prefill step.
+    status, raw, _ = post(server, chat_body(20, prompt_tokens=4000), rid)
+    assert status == 200
+    errors = [e for e in parse_sse(raw) if isinstance(e, dict) and "error" in e]
+    assert errors and "stage 1 (talker): chunk 0 get failed" in errors[0]["error"]["message"]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and shm_entries(rid):
+        time.sleep(0.05)
+    assert shm_entries(rid) == []
+    assert server.health()[0] == 200  # the stage lives on
+    status, raw, _ = post(server, chat_body(4), f"{TAG}-after-broken")
+    check_stream(parse_sse(raw), f"{TAG}-after-broken", 3, 4)
+
+
 @pytest.mark.timeout(90)
 def test_sigint_with_requests_in_flight_stops_everything(tmp_path):
     srv = Server(fast_pipeline(tmp_path), "--shm", "pool", "--snapshot", "recursive")

@@ -189,6 +189,10 @@ class Pipeline:
                 fl = self.flights.get(m[1])
                 if fl is not None:
                     fl.queue.put_nowait((op, m[3]))
+            elif op == "error":
+                fl = self.flights.get(m[1])
+                if fl is not None:
+                    fl.queue.put_nowait(("error", m[2]))
             elif op == "finish":
                 fl = self.flights.get(m[1])
                 if fl is not None:

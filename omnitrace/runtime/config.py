@@ -62,6 +62,7 @@ class StageConfig:
     emits: str = "none"
     max_batch_size: int = 32
     max_waiting: int = 1024
+    max_num_batched_tokens: int = 16384  # prefill token budget per step (first stage)
     frames_per_token: float = 1.0  # AR consumer: output frames per upstream token
     compute: str = "emulated"
     torch_hidden: int = 256  # compute: torch -> MLP width
@@ -148,6 +149,7 @@ def _unknown(d: dict, allowed: set[str], where: str) -> None:
 
 
 _STAGE_KEYS = {"name", "kind", "inputs", "produces", "emits", "max_batch_size", "max_waiting",
+               "max_num_batched_tokens",
                "frames_per_token", "compute", "torch_hidden", "cost", "chunk", "inject_put_delay_ms"}
 
 
@@ -181,6 +183,7 @@ def _stage(raw: Any, i: int) -> StageConfig:
         emits=_choice(d, "emits", where, EMITS, "none"),
         max_batch_size=_pos_int(d, "max_batch_size", where, 32),
         max_waiting=_pos_int(d, "max_waiting", where, 1024),
+        max_num_batched_tokens=_pos_int(d, "max_num_batched_tokens", where, 16384),
         frames_per_token=_nonneg_num(d, "frames_per_token", where, 1.0, positive=True),
         compute=_choice(d, "compute", where, COMPUTE, "emulated"),
         torch_hidden=_pos_int(d, "torch_hidden", where, 256),

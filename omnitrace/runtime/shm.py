@@ -59,7 +59,12 @@ class Segment:
 
     @classmethod
     def create(cls, name: str, size: int) -> "Segment":
-        fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        flags = os.O_CREAT | os.O_EXCL | os.O_RDWR
+        try:
+            fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+        except FileExistsError:  # left by a crashed run under the same request id
+            unlink(name)
+            fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
         try:
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size)

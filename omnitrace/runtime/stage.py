@@ -7,7 +7,7 @@ ZMQ input socket's role), ``sender`` and ``receiver`` (omnitrace.runtime.transfe
 Control messages in (from the API): ``("add", id, prompt_tokens, max_tokens)``,
 ``("abort", id)``, ``("stop",)``. Messages out (to the API): ``("ready", stage)``,
 ``("text", id, index, text)``, ``("audio", id, index, wav_bytes)``, ``("finish", id, stage)``,
-``("fatal", stage, message)``.
+``("error", id, message)`` (one request failed), ``("fatal", stage, message)``.
 """
 from __future__ import annotations
 
@@ -84,9 +84,9 @@ class Stage:
         if self.consumer is not None:
             self.fifo = Fifo()
             self.sender = Sender(self.fifo, self.conn, make_processor(self.cfg), stage_id, self.consumer,
-                                 self.cfg.inject_put_delay_ms / 1e3)
+                                 self.cfg.inject_put_delay_ms / 1e3, on_error=self._on_error)
         if self.producer is not None:
-            self.receiver = Receiver(self.conn, stage_id, self.producer, self._on_ready)
+            self.receiver = Receiver(self.conn, stage_id, self.producer, self._on_ready, self._on_error)
         self.audio = pipe.audio
 
     # ------------------------------------------------------------------ other threads
@@ -94,6 +94,10 @@ class Stage:
         with self.wake:  # receiver thread: hand the chunk to the scheduler's next step
             self.ready.append((rid, meta, data, chunk))
             self.wake.notify()
+
+    def _on_error(self, rid: str, message: str) -> None:
+        # sender/receiver thread: one chunk failed; fail that request only (the API aborts it)
+        self.out_q.put(("error", rid, f"stage {self.sid} ({self.cfg.name}): {message}"))
 
     def _input_loop(self) -> None:
         while True:
@@ -230,15 +234,22 @@ class Stage:
         room = self.cfg.max_batch_size - len(self.running)
         if room <= 0:
             return
+        # First stage: new requests prefill in their first step, so admit them within the
+        # per-step token budget (vLLM's max_num_batched_tokens; one oversized prompt runs alone).
+        budget = self.cfg.max_num_batched_tokens if self.producer is None else 1 << 62
+        admitted_tokens = 0
         keep: deque[ReqState] = deque()
         while self.waiting:
             st = self.waiting.popleft()
-            if room > 0 and self._has_work(st):
+            need = len(st.req.prompt_token_ids) if self.producer is None else 0
+            fits = admitted_tokens == 0 or admitted_tokens + need <= budget
+            if room > 0 and fits and self._has_work(st):
                 self.running[st.rid] = st
                 room -= 1
+                admitted_tokens += max(need, 1)
                 ring.record(_EV_SCHED, st.rid, self.sid, -1, len(self.running), 0)
             else:
-                keep.append(st)  # waiting for its first chunk, or no room
+                keep.append(st)  # waiting for its first chunk, for room, or for budget
         self.waiting = keep
 
     def _update(self, st: ReqState, ring: Any) -> None:

@@ -158,8 +158,10 @@ class Fifo:
 
 class Sender(threading.Thread):
     def __init__(self, fifo: Fifo, conn: ShmConnector, processor: HiddenProcessor | CodecProcessor,
-                 stage: int, consumer: int, put_delay_s: float = 0.0) -> None:
+                 stage: int, consumer: int, put_delay_s: float = 0.0,
+                 on_error: Callable[[str, str], None] | None = None) -> None:
         super().__init__(name="sender", daemon=True)
+        self.on_error = on_error
         self.put_delay_s = put_delay_s  # fault injection (StageConfig.inject_put_delay_ms)
         self.fifo, self.conn, self.processor = fifo, conn, processor
         self.stage, self.consumer = stage, consumer
@@ -211,7 +213,15 @@ class Sender(threading.Thread):
             ring.record(_EV_PUT_B, req, stage, idx, nbytes, consumer)
             if self.put_delay_s:
                 time.sleep(self.put_delay_s)
-            conn.put(req, chunk_key(req, stage, idx), meta, data)
+            try:
+                conn.put(req, chunk_key(req, stage, idx), meta, data)
+            except OSError as e:  # e.g. /dev/shm full: fail this request, keep serving others
+                ring.record(_EV_PUT_E, req, stage, idx, 0, consumer)
+                with cond:
+                    fifo.cancelled.add(req)  # its later tasks are dropped until the abort's cleanup
+                if self.on_error is not None:
+                    self.on_error(req, f"chunk {idx} put failed: {e}")
+                continue
             ring.record(_EV_PUT_E, req, stage, idx, nbytes, consumer)
             if meta.finished:
                 self.put_chunk.pop(req, None)
@@ -227,9 +237,11 @@ class Receiver(threading.Thread):
     IDLE_S = 0.1
 
     def __init__(self, conn: ShmConnector, stage: int, producer: int,
-                 on_ready: Callable[[str, ChunkMeta, Any, int], None]) -> None:
+                 on_ready: Callable[[str, ChunkMeta, Any, int], None],
+                 on_error: Callable[[str, str], None] | None = None) -> None:
         super().__init__(name="receiver", daemon=True)
         self.conn, self.stage, self.producer, self.on_ready = conn, stage, producer, on_ready
+        self.on_error = on_error
         self.cond = threading.Condition(threading.Lock())
         self.loading: dict[str, int] = {}  # request -> chunk index it waits for
         self.stopping = False
@@ -271,7 +283,13 @@ class Receiver(threading.Thread):
             hit = False
             for req, chunk in entries:
                 t0 = now()
-                res = conn.get(chunk_key(req, producer, chunk))
+                try:
+                    res = conn.get(chunk_key(req, producer, chunk))
+                except Exception as e:  # a broken segment fails its request only, not the stage
+                    self.unregister(req)
+                    if self.on_error is not None:
+                        self.on_error(req, f"chunk {chunk} get failed: {e}")
+                    continue
                 if res is None:
                     continue
                 with cond:
