@@ -27,7 +27,7 @@ import numpy as np
 from omnitrace import record
 from omnitrace.conventions import Ev
 from omnitrace.runtime.config import ChunkConfig, StageConfig
-from omnitrace.runtime.shm import ChunkMeta, ShmConnector, chunk_key
+from omnitrace.runtime.shm import ChunkMeta, ShmConnector, chunk_key, unlink
 from omnitrace.runtime.snapshot import Request
 
 _EV_DEQ = int(Ev.FIFO_DEQUEUE)
@@ -283,9 +283,11 @@ class Receiver(threading.Thread):
             hit = False
             for req, chunk in entries:
                 t0 = now()
+                key = chunk_key(req, producer, chunk)
                 try:
-                    res = conn.get(chunk_key(req, producer, chunk))
+                    res = conn.get(key)
                 except Exception as e:  # a broken segment fails its request only, not the stage
+                    unlink(key)  # the reader owns what it read, broken or not
                     self.unregister(req)
                     if self.on_error is not None:
                         self.on_error(req, f"chunk {chunk} get failed: {e}")
