@@ -32,7 +32,7 @@ def run_one(out: str, strategy: str, args: argparse.Namespace) -> dict:
     if args.ring_records:
         cmd += ["--ring-records", str(args.ring_records)]
     cmd += ["--", sys.executable, "-m", "omnitrace.bench.serve_and_bench",
-            "--serve", f"--snapshot {strategy}", "--", *bench]
+            "--serve", f"--snapshot {strategy} {args.serve_extra}".strip(), "--", *bench]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     took = time.perf_counter() - t0
@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ring-records", type=int, default=1 << 20)
+    p.add_argument("--serve-extra", default="", help="more `omnitrace serve` arguments for both runs, e.g. '--shm pool'")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     res = {}

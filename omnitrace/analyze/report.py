@@ -231,7 +231,7 @@ def build_report(run: Run, per_request_segments: bool = True, level: int | None 
         "recorder": recorder,
         "window": {"selection": how, "measured": len(measured), "attributed": len(atts),
                    "no_first_packet": len(no_ttfp), "traced_requests": len(reqs),
-                   "spans": len(run.spans)},
+                   "spans": len(run.spans), "spans_skipped_warmup": run.skipped_spans},
         "stages": {str(k): v for k, v in sorted(names.items())},
         "ttfp": {"server_ms": summary(server), "client_ms": summary(client),
                  "client_minus_server_median_ms": median(diffs),

@@ -64,6 +64,7 @@ class Run:
     spans: list[Span] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     span_lines: int = 0
+    skipped_spans: int = 0  # spans of warm-up requests, not loaded
 
 
 def _value(v: dict[str, Any]) -> Any:
@@ -96,69 +97,90 @@ def _culprits(v: Any) -> tuple[str, ...]:
 _KEEP_EVENTS = (cv.SPAN_REQUEST, cv.SPAN_STAGE)
 
 
-def _int(raw: dict[str, Any], key: str, default: int) -> int:
-    v = raw.get(key)
-    if v is None:
-        return default
-    if "intValue" in v:
-        return int(v["intValue"])
-    x = _value(v)
-    try:
+_RID, _STG, _PEER, _CHK, _REP = (cv.ATTR_REQUEST_ID, cv.ATTR_STAGE_ID, cv.ATTR_PEER_STAGE_ID,
+                                 cv.ATTR_CHUNK_INDEX, cv.ATTR_REPLICA)
+_BNS, _BBY, _DEP, _AHD, _NB, _INC = (cv.ATTR_FIFO_BLOCKED_NS, cv.ATTR_FIFO_BLOCKED_BY, cv.ATTR_FIFO_DEPTH,
+                                     cv.ATTR_FIFO_AHEAD, cv.ATTR_TRANSFER_BYTES, cv.ATTR_INCOMPLETE)
+
+
+def _iv(v: dict[str, Any]) -> int:
+    x = v.get("intValue")
+    if x is not None:
         return int(x)
+    try:
+        return int(_value(v))
     except (TypeError, ValueError):
-        return default
+        return 0
 
 
-def _span(d: dict[str, Any]) -> Span:
-    # Hot loop (a million spans): keep raw AnyValues and decode only the keys we use.
-    raw = {a["key"]: a.get("value") or {} for a in d.get("attributes") or ()}
+def _rid(attrs: list[dict[str, Any]]) -> str:
+    for a in attrs:
+        if a["key"] == _RID:
+            v = a["value"]
+            return v.get("stringValue") or str(_value(v))
+    return ""
+
+
+def _span(d: dict[str, Any], rid: str | None = None) -> Span:
+    """Hot loop (a million spans): one pass over the attributes, decoding only what we use."""
     name = d["name"]
-    ev: list[tuple[str, int, dict[str, Any]]] = []
+    attrs = d.get("attributes") or ()
+    stage: int | None = None
+    peer, chunk, rep, bns, dep, ahd, nb = -2, -1, 0, 0, -1, -1, 0
+    by: tuple[str, ...] = ()
+    inc = False
+    for a in attrs:
+        k = a["key"]
+        v = a["value"]
+        if k == _RID:
+            if rid is None:
+                rid = v.get("stringValue") or str(_value(v))
+        elif k == _STG:
+            stage = _iv(v)
+        elif k == _CHK:
+            chunk = _iv(v)
+        elif k == _PEER:
+            peer = _iv(v)
+        elif k == _REP:
+            rep = _iv(v)
+        elif k == _NB:
+            nb = _iv(v)
+        elif k == _BNS:
+            bns = _iv(v)
+        elif k == _BBY:
+            by = _culprits(_value(v))
+        elif k == _DEP:
+            dep = _iv(v)
+        elif k == _AHD:
+            ahd = _iv(v)
+        elif k == _INC:
+            inc = bool(_value(v))
+    if stage is None:
+        stage = cv.API_STAGE if name == cv.SPAN_REQUEST else -2
+    ev = None
     full = None
     if name in _KEEP_EVENTS:
         ev = [(e.get("name", ""), int(e.get("timeUnixNano", 0)), _attrs(e.get("attributes")))
               for e in d.get("events") or ()]
-        full = {k: _value(v) for k, v in raw.items()}
-    rv = raw.get(cv.ATTR_REQUEST_ID)
-    rid = "" if rv is None else str(rv.get("stringValue", _value(rv)))
-    by = raw.get(cv.ATTR_FIFO_BLOCKED_BY)
-    return Span(
-        name=name,
-        rid=rid,
-        stage=_int(raw, cv.ATTR_STAGE_ID, cv.API_STAGE if name == cv.SPAN_REQUEST else -2),
-        peer=_int(raw, cv.ATTR_PEER_STAGE_ID, -2),
-        chunk=_int(raw, cv.ATTR_CHUNK_INDEX, -1),
-        start=int(d.get("startTimeUnixNano", 0)),
-        end=int(d.get("endTimeUnixNano", 0)),
-        replica=_int(raw, cv.ATTR_REPLICA, 0),
-        blocked_ns=_int(raw, cv.ATTR_FIFO_BLOCKED_NS, 0),
-        blocked_by=_culprits(_value(by)) if by is not None else (),
-        depth=_int(raw, cv.ATTR_FIFO_DEPTH, -1),
-        ahead=_int(raw, cv.ATTR_FIFO_AHEAD, -1),
-        nbytes=_int(raw, cv.ATTR_TRANSFER_BYTES, 0),
-        incomplete=bool(_value(raw[cv.ATTR_INCOMPLETE])) if cv.ATTR_INCOMPLETE in raw else False,
-        events=ev,
-        attrs=full,
-    )
+        full = _attrs(attrs)
+    return Span(name, rid or "", stage, peer, chunk, int(d.get("startTimeUnixNano", 0)),
+                int(d.get("endTimeUnixNano", 0)), rep, bns, by, dep, ahd, nb, inc, ev, full)
 
 
 def _read_lines(path: str, label: str, warnings: list[str]) -> Iterable[tuple[int, bytes]]:
-    """Yield (line number, raw line); a final line without newline is a torn write."""
-    with open(path, "rb") as f:
-        data = f.read()
-    lines = data.split(b"\n")
-    torn = bool(lines) and lines[-1] != b""
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if torn and i == len(lines):
-            # Possibly half-written: try it, but say so if it does not parse.
-            try:
-                orjson.loads(line)
-            except orjson.JSONDecodeError:
-                warnings.append(f"{label}: last line {i} is truncated (writer killed mid-write?); ignored")
-                return
-        yield i, line
+    """Yield (line number, raw line), streaming; a final line without newline may be a torn write."""
+    with open(path, "rb", buffering=1 << 20) as f:
+        for i, line in enumerate(f, 1):
+            if not line.endswith(b"\n"):
+                # Possibly half-written (writer killed): keep it only if it parses.
+                try:
+                    orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    if line.strip():
+                        warnings.append(f"{label}: last line {i} is truncated (writer killed mid-write?); ignored")
+                    return
+            if line.strip():
+                yield i, line
 
 
 def _load_json(path: str, label: str, warnings: list[str]) -> dict[str, Any] | None:
@@ -173,7 +195,8 @@ def _load_json(path: str, label: str, warnings: list[str]) -> dict[str, Any] | N
         return None
 
 
-def load_spans(path: str, run: Run, label: str) -> None:
+def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] = frozenset()) -> None:
+    """Append the spans of one spans.jsonl; spans of requests in ``skip`` (warm-up) are not kept."""
     bad = 0
     for lineno, line in _read_lines(path, label, run.warnings):
         run.span_lines += 1
@@ -186,14 +209,29 @@ def load_spans(path: str, run: Run, label: str) -> None:
             for ss in rs.get("scopeSpans") or ():
                 for d in ss.get("spans") or ():
                     try:
-                        run.spans.append(_span(d))
+                        if skip:
+                            rid = _rid(d.get("attributes") or ())
+                            if rid in skip:
+                                run.skipped_spans += 1
+                                continue
+                            run.spans.append(_span(d, rid))
+                        else:
+                            run.spans.append(_span(d))
                     except (KeyError, TypeError, ValueError):
                         bad += 1
     if bad:
         run.warnings.append(f"{label}: {bad} malformed line(s)/span(s) skipped")
 
 
-def load_run(paths: list[str]) -> Run:
+def _warmup_ids(bench: dict[str, Any] | None) -> set[str]:
+    """Warm-up request ids from bench.json: their spans are never needed (saves time)."""
+    if not bench:
+        return set()
+    return {str(r["id"]) for r in bench.get("requests") or () if isinstance(r, dict) and r.get("warmup")
+            and r.get("id")}
+
+
+def load_run(paths: list[str], skip_warmup: bool = True) -> Run:
     """Load and merge run directories (e.g. one per host of one deployment)."""
     run = Run(paths=list(paths))
     if not paths:
@@ -226,11 +264,15 @@ def load_run(paths: list[str]) -> Run:
                     run.processes.append(orjson.loads(line))
                 except orjson.JSONDecodeError:
                     pass
+    skip = _warmup_ids(run.bench) if skip_warmup else set()
+    for p in paths:
+        label = os.path.basename(os.path.normpath(p)) if len(paths) > 1 else ""
+        pre = f"{label}/" if label else ""
         sp = os.path.join(p, "spans.jsonl")
         if not os.path.exists(sp):
             run.warnings.append(f"{pre}spans.jsonl missing: no spans recorded")
         else:
-            load_spans(sp, run, pre + "spans.jsonl")
+            load_spans(sp, run, pre + "spans.jsonl", skip)
     if not run.spans and not run.bench and not run.run_json and not run.agent:
         raise RunDirError(f"{', '.join(paths)}: no omnitrace run files found (run.json, spans.jsonl, "
                           "bench.json, agent.json all missing or unreadable)")
