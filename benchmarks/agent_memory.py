@@ -34,6 +34,12 @@ def _free_port() -> int:
     return p
 
 
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _rss(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -63,9 +69,9 @@ async def _client(url: str, stop_at: float, rng: random.Random, stats: dict, idx
 async def _sample(agent_pid: int, t0: float, stop_at: float, samples: list, stats: dict) -> None:
     while time.monotonic() < stop_at:
         samples.append({"t_s": round(time.monotonic() - t0, 1), "rss_bytes": _rss(agent_pid),
-                        "requests_ok": stats["ok"]})
+                        "agent_cpu_s": _cpu_s(agent_pid), "requests_ok": stats["ok"]})
         print(f"t={samples[-1]['t_s']:>6}s agent RSS {samples[-1]['rss_bytes'] / 2**20:7.1f} MiB "
-              f"requests {stats['ok']}", flush=True)
+              f"cpu {samples[-1]['agent_cpu_s']:7.1f} s requests {stats['ok']}", flush=True)
         await asyncio.sleep(5)
 
 
@@ -105,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             samples: list = []
             stats = asyncio.run(_load(port, agent_pid, args.duration, args.concurrency, samples))
             final_rss = _rss(agent_pid)
+            agent_cpu = _cpu_s(agent_pid)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
@@ -122,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                                         "spans_incomplete", "requests_freed", "requests_open",
                                         "max_cycle_ms", "max_rss_bytes", "state")},
         "spans_jsonl_mib": round(spans_bytes / 2**20, 1),
+        "agent_cpu_s_during_load": round(agent_cpu, 1),
+        "agent_cores_during_load": round(agent_cpu / args.duration, 2),
         "samples": samples,
     }
     print(json.dumps({k: v for k, v in out.items() if k != "samples"}, indent=2))

@@ -85,6 +85,19 @@ _CONS_PAIRS = {E.GET_BEGIN: (E.GET_END, cv.SPAN_GET),
                E.CHUNK_READY: (E.CHUNK_SCHEDULED, cv.SPAN_WAIT_SCHEDULE)}
 _END_TO_BEGIN = {end: begin for pairs in (_PROD_PAIRS, _CONS_PAIRS)
                  for begin, (end, _) in pairs.items()}
+# plain ints: Enum attribute access costs more than a global in the per-event path
+_FIFO_DEQUEUE = int(E.FIFO_DEQUEUE)
+_GET_BEGIN = int(E.GET_BEGIN)
+_PROCESS_END = int(E.PROCESS_END)
+_PUT_END = int(E.PUT_END)
+_REQUEST_ARRIVE = int(E.REQUEST_ARRIVE)
+_REQUEST_END = int(E.REQUEST_END)
+_REQUEST_FIRST_AUDIO = int(E.REQUEST_FIRST_AUDIO)
+_REQUEST_FIRST_TEXT = int(E.REQUEST_FIRST_TEXT)
+_STAGE_ADD = int(E.STAGE_ADD)
+_STAGE_EMIT = int(E.STAGE_EMIT)
+_STAGE_FINISH = int(E.STAGE_FINISH)
+_STAGE_SCHEDULE = int(E.STAGE_SCHEDULE)
 _PRODUCER_KINDS = frozenset(k for b, (e, _) in _PROD_PAIRS.items() for k in (b, e))
 _CONSUMER_KINDS = frozenset(k for b, (e, _) in _CONS_PAIRS.items() for k in (b, e))
 
@@ -238,9 +251,9 @@ class Assembler:
                 self._producer(st, kind, stage, chunk, a, b, wall, proc, replica, pid)
             elif kind in _CONSUMER_KINDS:
                 self._consumer(st, kind, stage, chunk, a, b, wall, proc, replica)
-            elif E.STAGE_ADD <= kind <= E.STAGE_EMIT:
+            elif _STAGE_ADD <= kind <= _STAGE_EMIT:
                 self._stage(st, kind, stage, a, b, wall, proc, replica, proc_name)
-            elif E.REQUEST_ARRIVE <= kind <= E.REQUEST_END:
+            elif _REQUEST_ARRIVE <= kind <= _REQUEST_END:
                 self._request(st, kind, a, b, wall, proc, replica)
             else:
                 self.unknown_events += 1
@@ -251,21 +264,21 @@ class Assembler:
     def _request(self, st: _Req, kind: int, a: int, b: int, wall: int, proc: tuple,
                  replica: int) -> None:
         st.api_proc, st.api_replica = proc, replica
-        if kind == E.REQUEST_ARRIVE:
+        if kind == _REQUEST_ARRIVE:
             st.arrive, st.prompt_tokens, st.max_tokens = wall, a, b
-        elif kind == E.REQUEST_FIRST_TEXT:
+        elif kind == _REQUEST_FIRST_TEXT:
             if st.first_text is None:
                 st.first_text = wall
                 if st.arrive is not None:
                     self._observe(cv.METRIC_TTFT, (wall - st.arrive) / 1e9,
                                   (str(cv.API_STAGE), str(replica), ""), st.trace_id)
-        elif kind == E.REQUEST_FIRST_AUDIO:
+        elif kind == _REQUEST_FIRST_AUDIO:
             if st.first_audio is None:
                 st.first_audio = wall
                 if st.arrive is not None:
                     self._observe(cv.METRIC_TTFP, (wall - st.arrive) / 1e9,
                                   (str(cv.API_STAGE), str(replica), ""), st.trace_id)
-        elif kind == E.REQUEST_END:
+        elif kind == _REQUEST_END:
             st.end, st.status = wall, a
             self._emit_request(st, None)
         # REQUEST_DISPATCH: kept in the events only; the stage span shows the hand-off
@@ -296,17 +309,17 @@ class Assembler:
         if sg is None:
             sg = st.stages[(stage, replica)] = _Stage(proc, replica, proc_name)
         sg.last = max(sg.last, wall)
-        if kind == E.STAGE_ADD:
+        if kind == _STAGE_ADD:
             if sg.add is None:
                 sg.add = wall
-        elif kind == E.STAGE_SCHEDULE:
+        elif kind == _STAGE_SCHEDULE:
             if sg.sched is None:
                 sg.sched = wall
                 self._emit_queue(st, stage, sg, None)
-        elif kind == E.STAGE_FINISH:
+        elif kind == _STAGE_FINISH:
             sg.finish, sg.status = wall, a
             self._emit_stage(st, stage, sg, None)
-        elif kind == E.STAGE_EMIT:
+        elif kind == _STAGE_EMIT:
             sg.emits.append((cv.EVENT_EMIT, wall, {cv.ATTR_PACKET_INDEX: a,
                                                    cv.ATTR_MODALITY: cv.Modality(b).name.lower()
                                                    if b in (0, 1) else str(b)}))
@@ -340,15 +353,15 @@ class Assembler:
     def _producer(self, st: _Req, kind: int, stage: int, chunk: int, a: int, b: int,
                   wall: int, proc: tuple, replica: int, pid: int) -> None:
         # sender busy intervals first, so a dequeue closes the previous task
-        if kind == E.FIFO_DEQUEUE or kind == E.PUT_END or kind == E.PROCESS_END:
+        if kind == _FIFO_DEQUEUE or kind == _PUT_END or kind == _PROCESS_END:
             snd = self.senders.get((pid, stage))
             if snd is None:
                 snd = self.senders[(pid, stage)] = _Sender()
-            if kind == E.FIFO_DEQUEUE:
+            if kind == _FIFO_DEQUEUE:
                 snd.close(wall)
                 snd.open = (wall, st.id, chunk)
             elif snd.open is not None and snd.open[1] == st.id and snd.open[2] == chunk and (
-                    kind == E.PUT_END or a == 0):
+                    kind == _PUT_END or a == 0):
                 snd.close(wall)
         ch = st.prod.get((stage, chunk))
         if ch is None:
@@ -358,9 +371,9 @@ class Assembler:
         end_kind, name = _PROD_PAIRS[begin]
         if begin in ch.stamps and end_kind in ch.stamps and name not in ch.done:
             self._emit_chunk(st, ch, name, begin, end_kind, stage, chunk, True, pid, None)
-        if kind == E.PUT_END:  # poll lag needs the consumer's get begin
+        if kind == _PUT_END:  # poll lag needs the consumer's get begin
             cons = st.cons.get((b, chunk))
-            if cons is not None and E.GET_BEGIN in cons.stamps:
+            if cons is not None and _GET_BEGIN in cons.stamps:
                 self._emit_poll(st, ch, cons, stage, b, chunk)
 
     def _consumer(self, st: _Req, kind: int, stage: int, chunk: int, a: int, b: int,
@@ -373,9 +386,9 @@ class Assembler:
         end_kind, name = _CONS_PAIRS[begin]
         if begin in ch.stamps and end_kind in ch.stamps and name not in ch.done:
             self._emit_chunk(st, ch, name, begin, end_kind, stage, chunk, False, 0, None)
-        if kind == E.GET_BEGIN:
+        if kind == _GET_BEGIN:
             prod = st.prod.get((b, chunk))
-            if prod is not None and E.PUT_END in prod.stamps:
+            if prod is not None and _PUT_END in prod.stamps:
                 self._emit_poll(st, prod, ch, b, stage, chunk)
 
     def _chunk_attrs(self, st: _Req, stage: int, peer: int, chunk: int, replica: int) -> dict:
@@ -391,7 +404,7 @@ class Assembler:
         start = b0[0] if b0 else e0[0]  # type: ignore[index]
         end = e0[0] if e0 else max(start, st.last_wall)
         peer = (b0 or e0)[2]  # type: ignore[index]
-        if end_kind == E.PUT_END and e0 is not None:
+        if end_kind == _PUT_END and e0 is not None:
             peer = e0[2]
         pair = cv.stage_pair(stage, peer) if producer else cv.stage_pair(peer, stage)
         attrs = self._chunk_attrs(st, stage, peer, chunk, ch.replica)
@@ -439,8 +452,8 @@ class Assembler:
         if cv.SPAN_POLL in cons.done:
             return
         cons.done.add(cv.SPAN_POLL)
-        start = prod.stamps[E.PUT_END][0]
-        end = cons.stamps[E.GET_BEGIN][0]
+        start = prod.stamps[_PUT_END][0]
+        end = cons.stamps[_GET_BEGIN][0]
         attrs = self._chunk_attrs(st, cstage, pstage, chunk, cons.replica)
         attrs[cv.ATTR_STAGE_PAIR] = cv.stage_pair(pstage, cstage)
         self._span(cv.SPAN_POLL, st, st.chunk_sid(cv.SPAN_POLL, cstage, chunk, pstage),
