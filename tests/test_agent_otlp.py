@@ -91,3 +91,19 @@ def test_one_trace_per_request_over_grpc_and_http(tmp_path):
         assert agent["exporters"][kind]["exported"] == expected, agent["exporters"]
         assert agent["exporters"][kind]["failed"] == agent["exporters"][kind]["dropped"] == 0
     assert agent["events_dropped"] == 0
+
+
+def test_standard_otel_env_configures_the_http_exporter(tmp_path):
+    store = Store()
+    http = HttpReceiver(store)
+    try:
+        env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{http.port}",
+                        OTEL_EXPORTER_OTLP_TIMEOUT="5")
+        res = omnitrace_run(["--run-dir", str(tmp_path / "run"), "--exporter", "otlp-http", "--",
+                             "python", WRITER, str(tmp_path / "w.json"), "--requests", "2",
+                             "--chunks", "1"], env=env)
+        assert res.returncode == 0, res.stderr
+        assert store.wait(lambda s: len(s.spans()) >= 2 * (1 + 4 + 7), 10)
+    finally:
+        http.stop()
+    assert len(store.spans()) == 2 * (1 + 4 + 7)

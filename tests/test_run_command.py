@@ -115,3 +115,21 @@ def test_default_run_dir_layout(tmp_path):
     for name in ("run.json", "processes.jsonl", "spans.jsonl", "metrics.jsonl", "agent.json"):
         assert (d / name).exists(), name
     assert read_json(str(d), "run.json")["run_id"] == "myrun-1"
+
+
+def test_agent_killed_is_recorded_and_rings_removed(tmp_path):
+    script = ("import json, os, signal, time\n"
+              "from omnitrace import record\n"
+              "record.emit(20, 'r', 0)\n"
+              "time.sleep(0.3)\n"
+              f"pid = json.load(open({str(tmp_path / 'run' / 'run.json')!r}))['agent_pid']\n"
+              "os.kill(pid, signal.SIGKILL)\n"
+              "time.sleep(0.3)\n"
+              "record.emit(21, 'r', 0)\n")
+    res = omnitrace_run(["--run-dir", str(tmp_path / "run"), "--run-id", f"killed-{os.getpid()}",
+                         "--", "python", "-c", script])
+    assert res.returncode == 0, res.stderr
+    run = read_json(str(tmp_path / "run"), "run.json")
+    assert run["status"] == "agent-killed" and run["exit_code"] == 0
+    assert "agent died" in res.stderr
+    assert not [n for n in os.listdir("/dev/shm") if f"killed-{os.getpid()}" in n]

@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"omnitrace run: {full_cmd[0]}: {exc.strerror}", file=sys.stderr)
         rc = 127 if isinstance(exc, FileNotFoundError) else 126
-        _stop_agent(agent, rc)
+        _stop_agent(agent, rc, cfg)
         return rc
 
     def forward(signum: int, _frame: object) -> None:
@@ -242,11 +242,12 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(s, h)
     if rc < 0:
         rc = 128 - rc  # killed by a signal: report it the way a shell does
-    _stop_agent(agent, rc)
+    _stop_agent(agent, rc, cfg)
     return rc
 
 
-def _stop_agent(agent: subprocess.Popen, rc: int, timeout_s: float = 90.0) -> None:
+def _stop_agent(agent: subprocess.Popen, rc: int, cfg: dict | None = None,
+                timeout_s: float = 90.0) -> None:
     try:
         assert agent.stdin is not None
         agent.stdin.write(f"exit {rc}\n".encode())
@@ -260,6 +261,33 @@ def _stop_agent(agent: subprocess.Popen, rc: int, timeout_s: float = 90.0) -> No
         agent.wait()
         print("omnitrace run: the agent did not finish its flush in time and was killed",
               file=sys.stderr)
+    if agent.returncode != 0 and cfg is not None:
+        _mark_agent_killed(cfg, rc)
+
+
+def _mark_agent_killed(cfg: dict, rc: int) -> None:
+    """The agent died before its final flush: say so in run.json, and remove the run's
+    rings it would have unlinked (shared memory outlives processes)."""
+    from omnitrace import record
+    from omnitrace.agent.rundir import write_json_atomic
+    print("omnitrace run: the agent died before its final flush; events not yet drained are "
+          "lost (run.json: status agent-killed)", file=sys.stderr)
+    for name in record.discover(cfg["run_id"]):
+        try:
+            os.unlink(os.path.join(record.SHM_DIR, name))
+        except OSError:
+            pass
+    path = os.path.join(cfg["run_dir"], "run.json")
+    try:
+        with open(path, "rb") as f:
+            meta = orjson.loads(f.read())
+    except (OSError, ValueError):
+        meta = {}
+    meta.update(status="agent-killed", exit_code=rc, ended_unix_ns=time.time_ns())
+    try:
+        write_json_atomic(path, meta)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":
