@@ -60,7 +60,7 @@ def _memcpy(nbytes: int, payload: np.ndarray, reps: int) -> tuple[float, float]:
         shm.buf[:nbytes] = src  # touch every page once, as a long-lived segment would be
         return _times(lambda: shm.buf.__setitem__(slice(0, nbytes), src), reps)
     finally:
-        del src
+        src.release()
         shm.close()
         shm.unlink()
 

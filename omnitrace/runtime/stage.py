@@ -125,7 +125,7 @@ class Stage:
             self._shutdown()
 
     def _loop(self, ring: Any) -> None:
-        cfg, sid, wake = self.cfg, self.sid, self.wake
+        sid, wake = self.sid, self.wake
         while not self.stopping:
             for t in (self.sender, self.receiver):
                 if t is not None and t.error is not None:
