@@ -158,3 +158,54 @@ def test_builtin_patch_sets_ship_with_the_package() -> None:
 
     sets = {(s.target, s.versions) for s in load_patch_sets()}
     assert ("vllm-omni", ("0.30.",)) in sets and ("vllm-omni", ("0.32.",)) in sets
+
+
+def test_api_stream_wrapper_stamps_arrival_first_text_first_audio_end(tmp_path: Path) -> None:
+    """The API-server wrappers on an async generator that yields vLLM-Omni's SSE lines
+    (shape: reference/openai_chat_omni_stream.md). The real OmniOpenAIServingChat cannot
+    be imported in the CPU venv (see test_vllm_omni), so this checks our stream handling."""
+    code = """
+        import asyncio, json, os
+        from omnitrace import record
+        from omnitrace.conventions import Ev
+        from omnitrace.patches.vllm_omni import wrappers
+
+        def sse(modality, **delta):
+            return "data: " + json.dumps({"id": "x", "choices": [{"index": 0, "delta": delta}],
+                                          "modality": modality}, separators=(",", ":")) + "\\n\\n"
+
+        class Chat:
+            async def create_chat_completion(self, request, raw_request=None):
+                return self.chat_completion_stream_generator(request, None, "chatcmpl-abc_1", "m")
+            async def chat_completion_stream_generator(self, request, result_generator, request_id, model):
+                yield sse("text", role="assistant", content="")
+                yield sse("text", content="Hi")
+                yield sse("audio", content="UklGRg==")
+                yield sse("text", content=" there")
+                yield "data: [DONE]\\n\\n"
+
+        Chat.create_chat_completion = wrappers.wrap_create_chat(Chat.create_chat_completion)
+        Chat.chat_completion_stream_generator = wrappers.wrap_stream(Chat.chat_completion_stream_generator)
+
+        async def main():
+            req = type("R", (), {"max_tokens": 77})()
+            gen = await Chat().create_chat_completion(req)
+            return [item async for item in gen]
+        items = asyncio.run(main())
+        assert len(items) == 5 and items[-1] == "data: [DONE]\\n\\n"
+        (name,) = record.discover(os.environ["OMNITRACE_RUN_ID"])
+        r = record.RingReader(name)
+        evs = [(Ev(k).name, req, st, a, b) for k, req, st, ch, a, b, t in r.drain()]
+        r.close(unlink=True)
+        print(json.dumps(evs))
+    """
+    env = {**os.environ, "OMNITRACE_RUN_ID": "apitest" + os.urandom(3).hex()}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    evs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [e[0] for e in evs] == ["REQUEST_ARRIVE", "REQUEST_FIRST_TEXT", "REQUEST_FIRST_AUDIO", "REQUEST_END"], evs
+    assert all(e[1] == "chatcmpl-abc_1" and e[2] == -1 for e in evs)
+    assert evs[0][4] == 77 and evs[-1][3] == 0 and evs[-1][4] > 100  # b = bytes sent
