@@ -80,8 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ring-records", type=int, default=1 << 20)
     p.add_argument("--serve-extra", default="", help="more `omnitrace serve` arguments for both runs, e.g. '--shm pool'")
+    p.add_argument("--thinker-step-ms", type=float, default=None,
+                   help="thinker cost.base_ms (GPU-like step time; default: the packaged pipeline's)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.thinker_step_ms is not None:
+        import yaml
+        from omnitrace.runtime import config
+        cfg = config.to_dict(config.load())
+        cfg["stages"][0]["cost"]["base_ms"] = args.thinker_step_ms
+        path = os.path.abspath(os.path.join(args.out, "pipeline.yaml"))
+        with open(path, "w") as f:
+            yaml.safe_dump(cfg, f)
+        args.serve_extra = f"{args.serve_extra} --pipeline {path}"
     res = {}
     for strategy in ("recursive", "copy"):
         res[strategy] = key_numbers(run_one(args.out, strategy, args))
