@@ -261,3 +261,34 @@ def test_absent_vllm_omni_warns_and_runs(tmp_path: Path) -> None:
     quiet = subprocess.run(cmd[:5] + [str(tmp_path / "run2")] + cmd[6:], capture_output=True,
                            text=True, timeout=120, cwd=ROOT, env=env)
     assert quiet.returncode == 0 and not omnitrace_warnings(quiet.stderr), quiet.stderr
+
+
+@pytest.mark.vllm
+def test_vllm_general_plugins_entry_point_alone() -> None:
+    """Without the bootstrap, vLLM's own load_general_plugins() (called by the driver as an
+    EngineCore does) loads omnitrace's entry point, which instruments both processes."""
+    venvs = _venvs()
+    if not venvs:
+        pytest.skip("no vLLM-Omni venv")
+    from omnitrace import record
+
+    run_id = "plugin-" + os.urandom(3).hex()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_PLUGINS")}
+    env["OMNITRACE_RUN_ID"] = run_id
+    proc = subprocess.run([str(venvs[0] / "bin" / "python"), str(DRIVER), "--requests", "2", "--chunks", "2"],
+                          capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    counts: dict[tuple[str, int], int] = {}
+    try:
+        for name in record.discover(run_id):
+            reader = record.RingReader(name)
+            for kind, _req, stage, _chunk, _a, _b, _t in reader.drain():
+                key = (cv.Ev(kind).name, stage)
+                counts[key] = counts.get(key, 0) + 1
+    finally:
+        for name in record.discover(run_id):
+            record.RingReader(name).close(unlink=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for kind in ("SNAPSHOT_END", "FIFO_ENQUEUE", "FIFO_DEQUEUE", "PROCESS_END", "PUT_END"):
+        assert counts.get((kind, 0)) == 4, (kind, counts)
+    for kind in ("GET_END", "CHUNK_READY", "CHUNK_SCHEDULED"):
+        assert counts.get((kind, 1)) == 4, (kind, counts)
