@@ -122,7 +122,12 @@ def _rid(attrs: list[dict[str, Any]]) -> str:
 
 
 def _span(d: dict[str, Any], rid: str | None = None) -> Span:
-    """Hot loop (a million spans): one pass over the attributes, decoding only what we use."""
+    return Span(*_fields(d, rid))
+
+
+def _fields(d: dict[str, Any], rid: str | None = None) -> tuple:
+    """Hot loop (a million spans): one pass over the attributes, decoding only what we use.
+    Returns Span's constructor arguments (a tuple pickles fast between processes)."""
     name = d["name"]
     attrs = d.get("attributes") or ()
     stage: int | None = None
@@ -163,8 +168,8 @@ def _span(d: dict[str, Any], rid: str | None = None) -> Span:
         ev = [(e.get("name", ""), int(e.get("timeUnixNano", 0)), _attrs(e.get("attributes")))
               for e in d.get("events") or ()]
         full = _attrs(attrs)
-    return Span(name, rid or "", stage, peer, chunk, int(d.get("startTimeUnixNano", 0)),
-                int(d.get("endTimeUnixNano", 0)), rep, bns, by, dep, ahd, nb, inc, ev, full)
+    return (name, rid or "", stage, peer, chunk, int(d.get("startTimeUnixNano", 0)),
+            int(d.get("endTimeUnixNano", 0)), rep, bns, by, dep, ahd, nb, inc, ev, full)
 
 
 def _read_lines(path: str, label: str, warnings: list[str]) -> Iterable[tuple[int, bytes]]:
@@ -195,13 +200,20 @@ def _load_json(path: str, label: str, warnings: list[str]) -> dict[str, Any] | N
         return None
 
 
-def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] = frozenset()) -> None:
-    """Append the spans of one spans.jsonl; spans of requests in ``skip`` (warm-up) are not kept."""
-    bad = 0
-    for lineno, line in _read_lines(path, label, run.warnings):
-        run.span_lines += 1
+PARALLEL_MIN_BYTES = 64 << 20  # below this, one process parses faster than a pool starts
+
+
+def _parse_block(data: bytes, skip: set[str] | frozenset[str]) -> tuple[list[tuple], int, int, int]:
+    """(span field tuples, lines, malformed, skipped) of complete lines in ``data``."""
+    out: list[tuple] = []
+    lines = bad = skipped = 0
+    loads, append = orjson.loads, out.append
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        lines += 1
         try:
-            msg = orjson.loads(line)
+            msg = loads(line)
         except orjson.JSONDecodeError:
             bad += 1
             continue
@@ -212,13 +224,73 @@ def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] 
                         if skip:
                             rid = _rid(d.get("attributes") or ())
                             if rid in skip:
-                                run.skipped_spans += 1
+                                skipped += 1
                                 continue
-                            run.spans.append(_span(d, rid))
+                            append(_fields(d, rid))
                         else:
-                            run.spans.append(_span(d))
-                    except (KeyError, TypeError, ValueError):
+                            append(_fields(d))
+                    except (KeyError, TypeError, ValueError, AttributeError):
                         bad += 1
+    return out, lines, bad, skipped
+
+
+def _parse_range(job: tuple[str, int, int, frozenset[str]]) -> tuple[list[tuple], int, int, int]:
+    path, start, end, skip = job
+    with open(path, "rb") as f:
+        f.seek(start)
+        return _parse_block(f.read(end - start), skip)
+
+
+def _ranges(path: str, end: int, n: int) -> list[tuple[int, int]]:
+    """``n`` byte ranges of [0, end) that start and end on line boundaries."""
+    cuts = [0]
+    with open(path, "rb") as f:
+        for i in range(1, n):
+            f.seek(max(cuts[-1], end * i // n))
+            f.readline()
+            pos = min(f.tell(), end)
+            if pos > cuts[-1]:
+                cuts.append(pos)
+    cuts.append(end)
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] = frozenset(),
+               workers: int | None = None) -> None:
+    """Append the spans of one spans.jsonl; spans of requests in ``skip`` (warm-up) are not kept.
+
+    A big file is parsed by a process pool over line-aligned byte ranges (JSON parsing is
+    most of the cost of a report); a torn last line (writer killed) is dropped with a warning.
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        f.seek(max(0, size - (1 << 20)))
+        tail = f.read()
+    end = size
+    if tail and not tail.endswith(b"\n"):
+        nl = tail.rfind(b"\n")
+        end = size - len(tail) + nl + 1 if nl >= 0 else (0 if size <= len(tail) else size)
+        torn = tail[nl + 1:] if nl >= 0 else tail
+        try:
+            orjson.loads(torn)
+            end = size  # complete JSON, just no newline
+        except orjson.JSONDecodeError:
+            run.warnings.append(f"{label}: last line is truncated (writer killed mid-write?); ignored")
+    n = workers or min(os.cpu_count() or 1, 8)
+    skip = frozenset(skip)
+    if n > 1 and end >= PARALLEL_MIN_BYTES:
+        import multiprocessing as mp
+        jobs = [(path, a, b, skip) for a, b in _ranges(path, end, n)]
+        with mp.get_context("fork").Pool(len(jobs)) as pool:
+            parts = pool.map(_parse_range, jobs)
+    else:
+        parts = [_parse_range((path, 0, end, skip))]
+    bad = 0
+    for fields, lines, b, skipped in parts:
+        run.spans.extend(Span(*t) for t in fields)
+        run.span_lines += lines
+        run.skipped_spans += skipped
+        bad += b
     if bad:
         run.warnings.append(f"{label}: {bad} malformed line(s)/span(s) skipped")
 

@@ -1,0 +1,25 @@
+"""The run-directory loader: the parallel parse equals the serial one; torn tails."""
+from __future__ import annotations
+
+from omnitrace.analyze import rundir
+from otlp_fixture import line, three_stage_request, write_run
+
+
+def _key(s: rundir.Span) -> tuple:
+    return tuple(getattr(s, k) for k in s.__slots__)
+
+
+def test_parallel_equals_serial(tmp_path, monkeypatch):
+    d = write_run(str(tmp_path / "r"), [line(three_stage_request(f"r{i}", off=i * 2000)) for i in range(40)])
+    path = f"{d}/spans.jsonl"
+    with open(path, "a") as f:
+        f.write(line(three_stage_request("torn"))[:300])
+    serial = rundir.Run([d])
+    rundir.load_spans(path, serial, "spans.jsonl", workers=1)
+    monkeypatch.setattr(rundir, "PARALLEL_MIN_BYTES", 0)
+    par = rundir.Run([d])
+    rundir.load_spans(path, par, "spans.jsonl", skip={"r3"}, workers=3)
+    assert len(serial.spans) == 40 * 28 and any("truncated" in w for w in serial.warnings)
+    assert any("truncated" in w for w in par.warnings)
+    assert sorted(map(_key, par.spans)) == sorted(_key(s) for s in serial.spans if s.rid != "r3")
+    assert par.skipped_spans == 28 and par.span_lines == serial.span_lines == 40
