@@ -76,6 +76,11 @@ class Pipeline:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, timeout_s: float = 120.0) -> None:
+        self.spawn()
+        self.wait_ready(timeout_s)
+
+    def spawn(self) -> None:
+        """Start the stage processes (serve.py blocks SIGINT around this call)."""
         pipe_dict = config_mod.to_dict(self.cfg)
         for s in self.cfg.stages:
             q = self._ctx.Queue()
@@ -87,8 +92,13 @@ class Pipeline:
             self.procs.append(p)
             self.in_qs.append(q)
         threading.Thread(target=self._reader, name="stage-outputs", daemon=True).start()
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Block until every stage reported ready; RuntimeError naming a stage that failed."""
         deadline = time.monotonic() + timeout_s
         while not self._ready_evt.wait(0.1):
+            if self.stopping:
+                return
             for s, p in zip(self.cfg.stages, self.procs):
                 if not p.is_alive():
                     msg = self.fatal.get(s.stage_id, f"exit code {p.exitcode}")

@@ -40,12 +40,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 async def _serve(args: argparse.Namespace, cfg: config.PipelineConfig) -> int:
     loop = asyncio.get_running_loop()
     pipeline = Pipeline(cfg, args.snapshot, args.shm)
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     pipeline.loop = loop
+    # Stage processes inherit a blocked SIGINT (the mask survives exec), so a Ctrl-C while
+    # they import cannot kill them half-started; ours stays pending until the handler is in.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    stop = asyncio.Event()
     try:
-        await loop.run_in_executor(None, pipeline.start)
+        pipeline.spawn()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    ready = asyncio.ensure_future(loop.run_in_executor(None, pipeline.wait_ready))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():  # Ctrl-C / SIGTERM while the stages were starting
+        await loop.run_in_executor(None, pipeline.stop)
+        await ready
+        return 0
+    stopped.cancel()
+    try:
+        ready.result()
     except RuntimeError as e:
         print(f"omnitrace serve: error: {e}", file=sys.stderr)
         return 1
@@ -78,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"omnitrace serve: error: {e}", file=sys.stderr)
         return 2
     record.set_process_info(role="api", stage=-1, replica=0, name="api")
-    return asyncio.run(_serve(args, cfg))
+    try:
+        return asyncio.run(_serve(args, cfg))
+    except KeyboardInterrupt:  # Ctrl-C before any stage process existed
+        return 130
 
 
 if __name__ == "__main__":
