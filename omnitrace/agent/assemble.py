@@ -103,13 +103,14 @@ _CONSUMER_KINDS = frozenset(k for b, (e, _) in _CONS_PAIRS.items() for k in (b, 
 
 
 class _Chunk:
-    """Stamps of one chunk on one side: kind -> (wall_ns, a, b)."""
+    """Unpaired stamps of one chunk key on one side: begin kind -> ([begins], [ends]),
+    each stamp (wall_ns, a, b). Pairs match in order, so a key reused by a retried task
+    (same request, stage and chunk index) gives a second span, not a mismatched one."""
 
-    __slots__ = ("stamps", "done", "proc", "replica")
+    __slots__ = ("pend", "proc", "replica")
 
     def __init__(self, proc: tuple, replica: int) -> None:
-        self.stamps: dict[int, tuple[int, int, int]] = {}
-        self.done: set[str] = set()
+        self.pend: dict[int, tuple[list, list]] = {}
         self.proc, self.replica = proc, replica
 
 
@@ -129,12 +130,13 @@ class _Stage:
 class _Req:
     __slots__ = ("id", "trace_id", "root_id", "arrive", "end", "first_text", "first_audio",
                  "prompt_tokens", "max_tokens", "status", "api_proc", "api_replica",
-                 "stages", "prod", "cons", "last_wall", "last_mono", "complete_at", "done",
+                 "stages", "prod", "put_end", "get_begin", "occ", "cons", "trace_hex", "last_wall", "last_mono", "complete_at", "done",
                  "sids", "hashers")
 
     def __init__(self, rid: str) -> None:
         self.id = rid
         self.trace_id = cv.trace_id_for(rid)
+        self.trace_hex = f"{self.trace_id:032x}"  # exemplar label, formatted once
         self.root_id = cv.span_id_for(rid, cv.SPAN_REQUEST)
         self.arrive = self.end = self.first_text = self.first_audio = None
         self.prompt_tokens = self.max_tokens = None
@@ -143,6 +145,9 @@ class _Req:
         self.api_replica = 0
         self.stages: dict[tuple[int, int], _Stage] = {}
         self.prod: dict[tuple[int, int], _Chunk] = {}
+        self.put_end: dict[tuple[int, int], int] = {}  # (producer stage, chunk) -> put end
+        self.get_begin: dict[tuple[int, int], tuple] = {}  # (producer stage, chunk) -> get begin
+        self.occ: dict[tuple, int] = {}  # chunk span identity -> times emitted
         self.cons: dict[tuple[int, int], _Chunk] = {}
         self.last_wall = 0
         self.last_mono = 0.0
@@ -212,11 +217,15 @@ class Assembler:
     """Turns ring events into spans (``on_span``) and observations (``metrics``)."""
 
     def __init__(self, on_span: Callable[[Span], None], metrics: MetricSink | None = None,
-                 grace_s: float = 2.0, idle_timeout_s: float = 300.0,
+                 grace_s: float = 2.0, idle_timeout_s: float = 120.0,
+                 ended_timeout_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.on_span = on_span
         self.metrics = metrics
         self.grace_s, self.idle_timeout_s, self.clock = grace_s, idle_timeout_s, clock
+        # REQUEST_END seen but a stage never finished (its FINISH lost or still in an
+        # undrained ring): free after this long without events
+        self.ended_timeout_s = ended_timeout_s
         self.reqs: dict[str, _Req] = {}
         self.senders: dict[tuple[int, int], _Sender] = {}
         self.dead_pids: set[int] = set()
@@ -224,6 +233,7 @@ class Assembler:
         self.incomplete_spans = 0
         self.requests_freed = 0
         self.events = 0
+        self._labels: dict[tuple, tuple[str, tuple[str, str, str]]] = {}
         self.unknown_events = 0
         self.step_events = 0
 
@@ -233,9 +243,11 @@ class Assembler:
         """One ring's batch, in that ring's order. ``offset_ns`` converts t to unix ns."""
         proc = (pid, role, proc_stage, replica, proc_name)
         now = self.clock()
+        if not isinstance(events, (list, tuple)):
+            events = list(events)
+        self.events += len(events)
         reqs = self.reqs
         for kind, req, stage, chunk, a, b, t in events:
-            self.events += 1
             wall = t + offset_ns
             if not req:
                 self.step_events += 1  # per-step events carry no request
@@ -271,13 +283,13 @@ class Assembler:
                 st.first_text = wall
                 if st.arrive is not None:
                     self._observe(cv.METRIC_TTFT, (wall - st.arrive) / 1e9,
-                                  (str(cv.API_STAGE), str(replica), ""), st.trace_id)
+                                  (str(cv.API_STAGE), str(replica), ""), st.trace_hex)
         elif kind == _REQUEST_FIRST_AUDIO:
             if st.first_audio is None:
                 st.first_audio = wall
                 if st.arrive is not None:
                     self._observe(cv.METRIC_TTFP, (wall - st.arrive) / 1e9,
-                                  (str(cv.API_STAGE), str(replica), ""), st.trace_id)
+                                  (str(cv.API_STAGE), str(replica), ""), st.trace_hex)
         elif kind == _REQUEST_END:
             st.end, st.status = wall, a
             self._emit_request(st, None)
@@ -350,6 +362,25 @@ class Assembler:
         sg.emits = []
 
     # ------------------------------------------------------------------ chunks
+    def _pair(self, st: _Req, side: dict, pairs: dict, kind: int, stage: int, chunk: int,
+              a: int, b: int, wall: int, proc: tuple, replica: int, producer: bool,
+              pid: int) -> None:
+        ch = side.get((stage, chunk))
+        if ch is None:
+            ch = side[(stage, chunk)] = _Chunk(proc, replica)
+        begin = _END_TO_BEGIN.get(kind, kind)
+        p = ch.pend.get(begin)
+        if p is None:
+            p = ch.pend[begin] = ([], [])
+        (p[0] if kind == begin else p[1]).append((wall, a, b))
+        if p[0] and p[1]:
+            b0, e0 = p[0].pop(0), p[1].pop(0)
+            if not p[0] and not p[1]:
+                del ch.pend[begin]
+                if not ch.pend:  # nothing left open: its memory goes now, not at request end
+                    del side[(stage, chunk)]
+            self._emit_chunk(st, ch, pairs[begin][1], b0, e0, stage, chunk, producer, pid, None)
+
     def _producer(self, st: _Req, kind: int, stage: int, chunk: int, a: int, b: int,
                   wall: int, proc: tuple, replica: int, pid: int) -> None:
         # sender busy intervals first, so a dequeue closes the previous task
@@ -360,56 +391,55 @@ class Assembler:
             if kind == _FIFO_DEQUEUE:
                 snd.close(wall)
                 snd.open = (wall, st.id, chunk)
-            elif snd.open is not None and snd.open[1] == st.id and snd.open[2] == chunk and (
-                    kind == _PUT_END or a == 0):
+            elif snd.open is not None and snd.open[1] == st.id and (
+                    kind == _PUT_END or (a == 0 and snd.open[2] == chunk)):
                 snd.close(wall)
-        ch = st.prod.get((stage, chunk))
-        if ch is None:
-            ch = st.prod[(stage, chunk)] = _Chunk(proc, replica)
-        ch.stamps.setdefault(kind, (wall, a, b))
-        begin = _END_TO_BEGIN.get(kind, kind)
-        end_kind, name = _PROD_PAIRS[begin]
-        if begin in ch.stamps and end_kind in ch.stamps and name not in ch.done:
-            self._emit_chunk(st, ch, name, begin, end_kind, stage, chunk, True, pid, None)
-        if kind == _PUT_END:  # poll lag needs the consumer's get begin
-            cons = st.cons.get((b, chunk))
-            if cons is not None and _GET_BEGIN in cons.stamps:
-                self._emit_poll(st, ch, cons, stage, b, chunk)
+        self._pair(st, st.prod, _PROD_PAIRS, kind, stage, chunk, a, b, wall, proc, replica,
+                   True, pid)
+        if kind == _PUT_END:  # poll lag: producer put end -> consumer get begin
+            got = st.get_begin.pop((stage, chunk), None)
+            if got is None:
+                st.put_end[(stage, chunk)] = wall
+            else:
+                self._emit_poll(st, wall, got, stage, chunk)
 
     def _consumer(self, st: _Req, kind: int, stage: int, chunk: int, a: int, b: int,
                   wall: int, proc: tuple, replica: int) -> None:
-        ch = st.cons.get((stage, chunk))
-        if ch is None:
-            ch = st.cons[(stage, chunk)] = _Chunk(proc, replica)
-        ch.stamps.setdefault(kind, (wall, a, b))
-        begin = _END_TO_BEGIN.get(kind, kind)
-        end_kind, name = _CONS_PAIRS[begin]
-        if begin in ch.stamps and end_kind in ch.stamps and name not in ch.done:
-            self._emit_chunk(st, ch, name, begin, end_kind, stage, chunk, False, 0, None)
+        self._pair(st, st.cons, _CONS_PAIRS, kind, stage, chunk, a, b, wall, proc, replica,
+                   False, 0)
         if kind == _GET_BEGIN:
-            prod = st.prod.get((b, chunk))
-            if prod is not None and _PUT_END in prod.stamps:
-                self._emit_poll(st, prod, ch, b, stage, chunk)
+            put_end = st.put_end.pop((b, chunk), None)
+            got = (wall, stage, replica, proc)
+            if put_end is None:
+                st.get_begin[(b, chunk)] = got
+            else:
+                self._emit_poll(st, put_end, got, b, chunk)
 
     def _chunk_attrs(self, st: _Req, stage: int, peer: int, chunk: int, replica: int) -> dict:
         return {cv.ATTR_REQUEST_ID: st.id, cv.ATTR_STAGE_ID: stage, cv.ATTR_PEER_STAGE_ID: peer,
                 cv.ATTR_CHUNK_INDEX: chunk, cv.ATTR_REPLICA: replica}
 
-    def _emit_chunk(self, st: _Req, ch: _Chunk, name: str, begin: int, end_kind: int,
+    def _sid(self, st: _Req, name: str, stage: int, chunk: int, peer: int) -> int:
+        key = (name, stage, chunk, peer)
+        n = st.occ.get(key, 0)
+        st.occ[key] = n + 1
+        # the first span of a key has the documented id; a repeat (retried task) a new one
+        return st.chunk_sid(name, stage, chunk if n == 0 else f"{chunk}.{n}", peer)  # type: ignore[arg-type]
+
+    def _emit_chunk(self, st: _Req, ch: _Chunk, name: str, b0: tuple | None, e0: tuple | None,
                     stage: int, chunk: int, producer: bool, pid: int,
                     reason: str | None) -> None:
-        ch.done.add(name)
-        b0 = ch.stamps.get(begin)
-        e0 = ch.stamps.get(end_kind)
         start = b0[0] if b0 else e0[0]  # type: ignore[index]
         end = e0[0] if e0 else max(start, st.last_wall)
-        peer = (b0 or e0)[2]  # type: ignore[index]
-        if end_kind == _PUT_END and e0 is not None:
-            peer = e0[2]
-        pair = cv.stage_pair(stage, peer) if producer else cv.stage_pair(peer, stage)
+        peer = (e0 or b0)[2]  # type: ignore[index]
+        key = (stage, peer, ch.replica, producer)
+        cached = self._labels.get(key)
+        if cached is None:
+            pair = cv.stage_pair(stage, peer) if producer else cv.stage_pair(peer, stage)
+            cached = self._labels[key] = (pair, (str(stage), str(ch.replica), pair))
+        pair, labels = cached
         attrs = self._chunk_attrs(st, stage, peer, chunk, ch.replica)
         attrs[cv.ATTR_STAGE_PAIR] = pair
-        labels = (str(stage), str(ch.replica), pair)
         complete = reason is None
         if name == cv.SPAN_FIFO:
             if b0 is not None:
@@ -420,15 +450,15 @@ class Assembler:
                 blocked, by = snd.blocked(st.id, start, end) if snd else (0, [])
                 attrs[cv.ATTR_FIFO_BLOCKED_NS] = blocked
                 attrs[cv.ATTR_FIFO_BLOCKED_BY] = by
-                self._observe(cv.METRIC_FIFO_RESIDENCE, (end - start) / 1e9, labels, st.trace_id)
-                self._observe(cv.METRIC_FIFO_BLOCKED, blocked / 1e9, labels, st.trace_id)
+                self._observe(cv.METRIC_FIFO_RESIDENCE, (end - start) / 1e9, labels, st.trace_hex)
+                self._observe(cv.METRIC_FIFO_BLOCKED, blocked / 1e9, labels, st.trace_hex)
                 self._observe(cv.METRIC_FIFO_DEPTH, float(b0[1] + 1), labels, None)  # type: ignore[index]
         elif name == cv.SPAN_SNAPSHOT:
             if e0 is not None:
                 attrs[cv.ATTR_SNAPSHOT_STRATEGY] = (cv.Snapshot(e0[1]).name.lower()
                                                     if e0[1] in (0, 1) else str(e0[1]))
             if complete:
-                self._observe(cv.METRIC_SNAPSHOT, (end - start) / 1e9, labels, st.trace_id)
+                self._observe(cv.METRIC_SNAPSHOT, (end - start) / 1e9, labels, st.trace_hex)
         elif name == cv.SPAN_PROCESS:
             if e0 is not None:
                 attrs[cv.ATTR_TRANSFER_BYTES] = e0[1]
@@ -436,29 +466,23 @@ class Assembler:
             if e0 is not None:
                 attrs[cv.ATTR_TRANSFER_BYTES] = e0[1]
             if complete:
-                self._observe(cv.METRIC_PUT, (end - start) / 1e9, labels, st.trace_id)
-                self._observe(cv.METRIC_SIZE, float(e0[1]), labels, st.trace_id)  # type: ignore[index]
+                self._observe(cv.METRIC_PUT, (end - start) / 1e9, labels, st.trace_hex)
+                self._observe(cv.METRIC_SIZE, float(e0[1]), labels, st.trace_hex)  # type: ignore[index]
         elif name == cv.SPAN_GET:
             if e0 is not None:
                 attrs[cv.ATTR_TRANSFER_BYTES] = e0[1]
             if complete:
-                self._observe(cv.METRIC_GET, (end - start) / 1e9, labels, st.trace_id)
+                self._observe(cv.METRIC_GET, (end - start) / 1e9, labels, st.trace_hex)
         parent = st.stage_sid(stage, ch.replica)
-        sid = st.chunk_sid(name, stage, chunk, peer)
-        self._span(name, st, sid, parent, start, end, attrs, ch.proc, reason=reason)
+        self._span(name, st, self._sid(st, name, stage, chunk, peer), parent, start, end, attrs,
+                   ch.proc, reason=reason)
 
-    def _emit_poll(self, st: _Req, prod: _Chunk, cons: _Chunk, pstage: int, cstage: int,
-                   chunk: int) -> None:
-        if cv.SPAN_POLL in cons.done:
-            return
-        cons.done.add(cv.SPAN_POLL)
-        start = prod.stamps[_PUT_END][0]
-        end = cons.stamps[_GET_BEGIN][0]
-        attrs = self._chunk_attrs(st, cstage, pstage, chunk, cons.replica)
+    def _emit_poll(self, st: _Req, put_end: int, got: tuple, pstage: int, chunk: int) -> None:
+        get_begin, cstage, replica, proc = got
+        attrs = self._chunk_attrs(st, cstage, pstage, chunk, replica)
         attrs[cv.ATTR_STAGE_PAIR] = cv.stage_pair(pstage, cstage)
-        self._span(cv.SPAN_POLL, st, st.chunk_sid(cv.SPAN_POLL, cstage, chunk, pstage),
-                   st.stage_sid(cstage, cons.replica), start, end,
-                   attrs, cons.proc)
+        self._span(cv.SPAN_POLL, st, self._sid(st, cv.SPAN_POLL, cstage, chunk, pstage),
+                   st.stage_sid(cstage, replica), put_end, get_begin, attrs, proc)
 
     # ------------------------------------------------------------------ output
     def _span(self, name: str, st: _Req, sid: int, parent: int | None, start: int, end: int,
@@ -472,10 +496,9 @@ class Assembler:
         self.on_span(Span(name, st.trace_id, sid, parent, start, end, attrs, proc, events, error))
 
     def _observe(self, metric: str, value: float, labels: tuple[str, str, str],
-                 trace_id: int | None) -> None:
+                 trace_hex: str | None) -> None:
         if self.metrics is not None:
-            self.metrics.observe(metric, value, labels,
-                                 None if trace_id is None else f"{trace_id:032x}")
+            self.metrics.observe(metric, value, labels, trace_hex)
 
     # ------------------------------------------------------------------ lifetime
     @staticmethod
@@ -497,6 +520,8 @@ class Assembler:
         for rid, st in self.reqs.items():
             if st.complete_at is not None and now - st.complete_at >= self.grace_s:
                 gone.append((rid, "unfinished"))
+            elif st.end is not None and now - st.last_mono >= self.ended_timeout_s:
+                gone.append((rid, "unfinished"))
             elif now - st.last_mono >= self.idle_timeout_s:
                 gone.append((rid, "timeout"))
         for rid, reason in gone:
@@ -511,15 +536,16 @@ class Assembler:
 
     def _finish(self, st: _Req, reason: str) -> None:
         self.requests_freed += 1
-        for (pstage, chunk), ch in st.prod.items():
-            for begin, (end_kind, name) in _PROD_PAIRS.items():
-                if name not in ch.done and (begin in ch.stamps or end_kind in ch.stamps):
-                    pid = ch.proc[0]
-                    self._emit_chunk(st, ch, name, begin, end_kind, pstage, chunk, True, pid, reason)
-        for (cstage, chunk), ch in st.cons.items():
-            for begin, (end_kind, name) in _CONS_PAIRS.items():
-                if name not in ch.done and (begin in ch.stamps or end_kind in ch.stamps):
-                    self._emit_chunk(st, ch, name, begin, end_kind, cstage, chunk, False, 0, reason)
+        for side, pairs, producer in ((st.prod, _PROD_PAIRS, True), (st.cons, _CONS_PAIRS, False)):
+            for (stage, chunk), ch in side.items():
+                for begin, (begins, ends) in ch.pend.items():
+                    name = pairs[begin][1]
+                    for b0 in begins:  # began, never ended
+                        self._emit_chunk(st, ch, name, b0, None, stage, chunk, producer,
+                                         ch.proc[0], reason)
+                    for e0 in ends:  # ended, its begin lost (dropped or never drained)
+                        self._emit_chunk(st, ch, name, None, e0, stage, chunk, producer,
+                                         ch.proc[0], reason)
         for (stage, _), sg in st.stages.items():
             if not sg.queue_done:
                 self._emit_queue(st, stage, sg, reason)

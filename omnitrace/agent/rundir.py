@@ -112,7 +112,7 @@ def _attrs_text(d: dict) -> str:
         if t is str:
             q = _STR_CACHE.get(v)
             if q is None:
-                if len(_STR_CACHE) > 100_000:
+                if len(_STR_CACHE) > 10_000:
                     _STR_CACHE.clear()
                 q = _STR_CACHE[v] = orjson.dumps(v).decode()  # JSON-escaped, quoted
             app(f'{_key_head(k)}{{"stringValue":{q}}}}}')
