@@ -40,7 +40,8 @@ pipi() {  # pip install, minus the local-index "Location ... is ignored" noise; 
   local log rc=0
   log=$(mktemp)
   "$venv/bin/python" -m pip install -q "$@" >"$log" 2>&1 || rc=$?
-  grep -v "^WARNING: Location" "$log" >&2 || true
+  # --no-deps leaves vllm-omni's own pins unmet on purpose: its resolver report is noise here
+  grep -v -E "^WARNING: Location|^ERROR: pip's dependency resolver|^[a-z0-9-]+ [^ ]+ requires " "$log" >&2 || true
   rm -f "$log"
   return $rc
 }
