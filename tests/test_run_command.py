@@ -25,6 +25,8 @@ def _one_line_error(res: subprocess.CompletedProcess, needle: str) -> None:
     (["--prometheus-port", "99999", "--exporter", "prometheus"], "bad Prometheus port"),
     (["--ring-records", "1000"], "bad ring size"),
     (["--run-id", "../x"], "bad run id"),
+    (["--otlp-timeout", "abc"], "invalid float value"),
+    (["--otlp-timeout", "0"], "--otlp-timeout must be > 0"),
 ])
 def test_bad_options_one_line_error_before_start(tmp_path, args, needle):
     marker = tmp_path / "started"

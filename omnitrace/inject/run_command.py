@@ -35,9 +35,15 @@ class UsageError(Exception):
     pass
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # one line, not usage + error: the bad-input contract of `omnitrace run`
+        self.exit(2, f"omnitrace run: {message} (see omnitrace run --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="omnitrace run",
         usage="omnitrace run [options] [--] COMMAND [ARGS...]  |  omnitrace run [options] serve [MODEL] [ARGS...]",
         description="Run COMMAND with every Python process it spawns instrumented; the agent "
