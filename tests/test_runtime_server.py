@@ -92,6 +92,8 @@ def assert_stopped_clean(srv: Server) -> None:
     alive = [p for p in srv.stage_pids if os.path.exists(f"/proc/{p}")
              and "Z" not in open(f"/proc/{p}/stat").read().split()[2]]
     assert not alive, f"stage processes still alive: {alive}"
+    while time.monotonic() < deadline and (shm_entries(TAG) or shm_entries(f"ortpool{srv.proc.pid}_")):
+        time.sleep(0.05)  # a stage unlinks what it owns on its way out
     assert shm_entries(TAG) == [], "chunk segments left behind"
     assert shm_entries(f"ortpool{srv.proc.pid}_") == [], "pool segments left behind"
 
@@ -318,6 +320,24 @@ def test_sigint_with_requests_in_flight_stops_everything(tmp_path):
         assert b"server shutting down" in rest or rest == b""
         c.close()
     assert srv.proc.returncode == 0
+    assert_stopped_clean(srv)
+
+
+@pytest.mark.timeout(60)
+def test_api_killed_stages_exit_and_clean_up(tmp_path):
+    """Even a SIGKILLed API server takes its stages down (PDEATHSIG) and they unlink their chunks."""
+    srv = Server(fast_pipeline(tmp_path), "--shm", "pool")
+    conns = []
+    for i in range(3):
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        c.request("POST", "/v1/chat/completions", chat_body(500, prompt_tokens=1500),
+                  {"x-request-id": f"{TAG}-kill{i}", "Content-Type": "application/json"})
+        c.getresponse().read1(100)
+        conns.append(c)
+    srv.proc.kill()
+    srv.proc.communicate()
+    for c in conns:
+        c.close()
     assert_stopped_clean(srv)
 
 

@@ -343,11 +343,19 @@ def stage_main(pipe_dict: dict, stage_id: int, snapshot_strategy: str, shm_mode:
     """Entry point of a stage process (multiprocessing spawn target)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the API server stops us in order
     _die_with_parent()
-    stopping = threading.Event()
+    holder: dict[str, Any] = {"stage": None, "term": False}
 
     def _term(signum: int, frame: Any) -> None:
-        stopping.set()
-        raise SystemExit(0)
+        # SIGTERM (from the API's fallback, or PDEATHSIG): only set flags -- a handler that
+        # takes a lock can deadlock the very thread it interrupted. The scheduler loop sees
+        # the flag within one step (<= 50 ms idle) and shuts down, unlinking what it owns.
+        if holder["term"]:
+            return
+        holder["term"] = True
+        stage = holder["stage"]
+        if stage is None:
+            raise SystemExit(0)  # still starting: nothing to clean up yet
+        stage.stopping = True
 
     signal.signal(signal.SIGTERM, _term)
     if os.getppid() != parent_pid:
@@ -355,10 +363,9 @@ def stage_main(pipe_dict: dict, stage_id: int, snapshot_strategy: str, shm_mode:
     pipe = config.from_dict(pipe_dict)
     name = pipe.stages[stage_id].name
     record.set_process_info(role="stage", stage=stage_id, replica=0, name=name)
-    stage = None
     try:
-        stage = Stage(pipe, stage_id, snapshot_strategy, shm_mode, pool_prefix, in_q, out_q)
-        stage.run()
+        holder["stage"] = Stage(pipe, stage_id, snapshot_strategy, shm_mode, pool_prefix, in_q, out_q)
+        holder["stage"].run()
     except SystemExit:
         pass
     except BaseException as e:
@@ -367,8 +374,7 @@ def stage_main(pipe_dict: dict, stage_id: int, snapshot_strategy: str, shm_mode:
         out_q.close()
         out_q.join_thread()
         os._exit(1)
-    finally:
-        if stage is not None and stopping.is_set():
-            stage.conn.close()
+    if holder["term"]:
+        out_q.cancel_join_thread()  # the API may be gone: never block on a dead pipe
     out_q.close()
     out_q.join_thread()
