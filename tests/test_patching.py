@@ -209,3 +209,31 @@ def test_api_stream_wrapper_stamps_arrival_first_text_first_audio_end(tmp_path: 
     assert [e[0] for e in evs] == ["REQUEST_ARRIVE", "REQUEST_FIRST_TEXT", "REQUEST_FIRST_AUDIO", "REQUEST_END"], evs
     assert all(e[1] == "chatcmpl-abc_1" and e[2] == -1 for e in evs)
     assert evs[0][4] == 77 and evs[-1][3] == 0 and evs[-1][4] > 100  # b = bytes sent
+
+
+def test_a_raising_hook_warns_once_and_leaves_the_call_alone(tmp_path: Path) -> None:
+    code = """
+        import os
+        from omnitrace import record
+        from omnitrace.patches.vllm_omni import wrappers
+
+        class Conn:
+            def get(self, from_stage, to_stage, get_key, metadata=None):
+                return ({"payload": 1}, 10)
+
+        Conn.get = wrappers.wrap_get(Conn.get)
+        c = Conn()
+        # a key the hook cannot parse: its own code raises, the call's result is untouched
+        assert c.get("0", "1", "no-underscores") == ({"payload": 1}, 10)
+        assert c.get("0", "1", "still-bad") == ({"payload": 1}, 10)
+        assert c.get("0", "1", "req_0_3") == ({"payload": 1}, 10)
+        for name in record.discover(os.environ["OMNITRACE_RUN_ID"]):
+            record.RingReader(name).close(unlink=True)
+        print("ok")
+    """
+    env = {**os.environ, "OMNITRACE_RUN_ID": "hooktest" + os.urandom(3).hex()}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("omnitrace: ")]
+    assert len(lines) == 1 and "hook 'connector get' raised ValueError" in lines[0], proc.stderr
