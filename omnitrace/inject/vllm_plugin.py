@@ -12,14 +12,34 @@ If you set ``VLLM_PLUGINS`` yourself, it filters plugins by name: ``omnitrace ru
 from __future__ import annotations
 
 import os
+import re
 
 PLUGIN_NAME = "omnitrace"
+# vLLM-Omni names each stage process StageEngineCoreProc_stage{S}_replica{R}[_DP{k}]
+_STAGE_PROC = re.compile(r"StageEngineCoreProc_stage(\d+)_replica(\d+)")
+
+
+def _name_stage_process() -> None:
+    # By the time vLLM loads plugins the spawned process has its name (at sitecustomize
+    # time it has not), so even a stage without an async-chunk adapter is labelled.
+    import multiprocessing
+
+    name = multiprocessing.current_process().name
+    m = _STAGE_PROC.match(name)
+    if m:
+        from omnitrace import record
+
+        record.set_process_info(role="stage", stage=int(m.group(1)), replica=int(m.group(2)), name=name)
 
 
 def register() -> None:
     try:
+        from omnitrace import record
         from omnitrace.inject import patching
 
+        if not record.enabled():
+            return
+        _name_stage_process()
         patching.apply()
     except Exception as exc:  # a plugin must never take the server down
         try:
