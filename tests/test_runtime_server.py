@@ -92,10 +92,10 @@ def assert_stopped_clean(srv: Server) -> None:
     alive = [p for p in srv.stage_pids if os.path.exists(f"/proc/{p}")
              and "Z" not in open(f"/proc/{p}/stat").read().split()[2]]
     assert not alive, f"stage processes still alive: {alive}"
-    while time.monotonic() < deadline and (shm_entries(TAG) or shm_entries(f"ortpool{srv.proc.pid}_")):
+    while time.monotonic() < deadline and (shm_entries(TAG) or shm_entries(f"ortpool{srv.proc.pid}@")):
         time.sleep(0.05)  # a stage unlinks what it owns on its way out
     assert shm_entries(TAG) == [], "chunk segments left behind"
-    assert shm_entries(f"ortpool{srv.proc.pid}_") == [], "pool segments left behind"
+    assert shm_entries(f"ortpool{srv.proc.pid}@") == [], "pool segments left behind"
 
 
 def chat_body(max_tokens: int, text: str = "hello omni world", **extra) -> bytes:
@@ -303,7 +303,7 @@ def test_sigint_with_requests_in_flight_stops_everything(tmp_path):
     rid = f"{TAG}-pool"
     status, raw, _ = post(srv, chat_body(30, prompt_tokens=1000), rid)
     check_stream(parse_sse(raw), rid, 1000, 30)
-    assert shm_entries(f"ortpool{srv.proc.pid}_"), "pool mode keeps reusable segments"
+    assert shm_entries(f"ortpool{srv.proc.pid}@"), "pool mode keeps reusable segments"
 
     conns = []
     for i in range(4):  # leave requests mid-stream when the signal comes

@@ -137,24 +137,32 @@ def test_connector_round_trip_and_cleanup(mode):
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"{TAG}pool")]
 
 
-def test_pool_reuses_slots_and_grows_them():
-    prod, cons = ShmConnector(0, "pool", f"{TAG}grow"), ShmConnector(1, "pool", "")
+def test_pool_reuses_slots_per_size_class_and_falls_back_past_its_budget():
+    prod, cons = ShmConnector(0, "pool", f"{TAG}grow", pool_max_bytes=4 << 20), ShmConnector(1, "pool", "")
     rid = f"{TAG}-grow"
+
+    def slots() -> list[str]:
+        return [n for n in os.listdir("/dev/shm") if n.startswith(f"{TAG}grow")]
     try:
-        for i, n in enumerate([1000, 1000, 3 << 20, 1000]):
+        for i, n in enumerate([1000, 1000, 3 << 20, 1000, 3 << 20]):
             key = chunk_key(rid, 0, i)
             prod.put(rid, key, ChunkMeta(i), np.ones(n, np.uint8))
             _, got, _ = cons.get(key)
             assert got.sum() == n
             del got
             cons.release(key)
-        slots = [n for n in os.listdir("/dev/shm") if n.startswith(f"{TAG}grow")]
-        assert len(slots) == 1, slots  # one slot, regrown once, reused otherwise
+        assert len(slots()) == 2  # one 8 KiB slot and one 3 MiB slot, each reused
         # a leased slot is not reused: a second chunk in flight takes another slot
         prod.put(rid, chunk_key(rid, 0, 10), ChunkMeta(10), np.ones(10, np.uint8))
-        cons.get(chunk_key(rid, 0, 10))
+        _, held, _ = cons.get(chunk_key(rid, 0, 10))
         prod.put(rid, chunk_key(rid, 0, 11), ChunkMeta(11), np.full(10, 2, np.uint8))
-        assert len([n for n in os.listdir("/dev/shm") if n.startswith(f"{TAG}grow")]) == 2
+        assert len(slots()) == 3 and held.sum() == 10  # the held view is intact
+        # past the budget (4 MiB here) a chunk goes to its own segment and still arrives
+        prod.put(rid, chunk_key(rid, 0, 12), ChunkMeta(12), np.full(2 << 20, 3, np.uint8))
+        assert len(slots()) == 3
+        _, got, n = cons.get(chunk_key(rid, 0, 12))
+        assert n == 2 << 20 and int(got[-1]) == 3
+        del got, held
     finally:
         prod.close()
         cons.close()

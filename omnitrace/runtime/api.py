@@ -144,7 +144,7 @@ class Pipeline:
 
     def sweep(self, rids: list[str]) -> list[str]:
         """Unlink leftover chunk segments of these requests and this server's pool."""
-        return shm.sweep([f"{r}_" for r in rids] + [f"{self.pool_prefix}_"])
+        return shm.sweep([f"{r}_" for r in rids] + [f"{self.pool_prefix}@"])
 
     # ------------------------------------------------------------------ requests
     def submit(self, rid: str, prompt_tokens: int, max_tokens: int) -> Flight:

@@ -8,6 +8,8 @@ copies the payload out, closes and unlinks it. A miss (segment not there yet) is
 descriptor segment pointing at it, so polling, cleanup and the key stay the same while the
 page-fault and mmap cost of a fresh multi-MB segment disappears. The consumer reads the
 slot in place (a read-only view, no copy) and calls ``release(key)`` when done with it.
+Slots come in size classes and are never resized; past ``POOL_MAX_BYTES`` per producer (a
+consumer far behind) chunks fall back to per-chunk segments instead of growing the pool.
 
 Segments are opened through ``_posixshmem`` + ``mmap`` (what ``SharedMemory`` does
 underneath, mode 0600) rather than ``SharedMemory`` itself: that skips Python's resource
@@ -21,6 +23,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections import deque
 from dataclasses import dataclass
 
 import _posixshmem  # type: ignore[import-not-found]
@@ -39,6 +42,7 @@ SLOT_FREE, SLOT_FULL = 0, 1
 _U32 = struct.Struct("<I")
 _SLOT_NAME = struct.Struct("64s")
 _MB = 1 << 20
+POOL_MAX_BYTES = 1 << 30  # per producer; beyond it chunks fall back to per-chunk segments
 
 
 @dataclass
@@ -114,6 +118,11 @@ def exists(name: str) -> bool:
     return os.path.exists(os.path.join(SHM_DIR, name))
 
 
+def pool_slot_name(prefix: str, stage: int, idx: int) -> str:
+    # "@" cannot occur in a request id (api._REQ_ID), so no chunk key can collide with a slot
+    return f"{prefix}@{stage}.{idx}"
+
+
 def chunk_key(request_id: str, stage: int, chunk: int) -> str:
     """The connector key and segment name, as vLLM-Omni: ``{request}_{stage}_{chunk}``."""
     return f"{request_id}_{stage}_{chunk}"
@@ -136,6 +145,13 @@ def _unpack_header(buf: mmap.mmap) -> tuple[int, ChunkMeta, tuple, str, int] | N
     return flags, meta, (s0, s1, s2)[:ndim], dtype.rstrip(b"\0").decode(), nbytes
 
 
+def _size_class(nbytes: int) -> int:
+    """Slot capacity: powers of two from 8 KiB to 1 MiB, then whole MiB."""
+    if nbytes <= _MB:
+        return max(8192, 1 << (max(nbytes, 1) - 1).bit_length())
+    return -(-nbytes // _MB) * _MB
+
+
 def _as_bytes(data: np.ndarray) -> memoryview:
     return memoryview(np.ascontiguousarray(data)).cast("B")
 
@@ -143,14 +159,17 @@ def _as_bytes(data: np.ndarray) -> memoryview:
 class ShmConnector:
     """One stage process's connector: producer side (put) and consumer side (get)."""
 
-    def __init__(self, stage_id: int, mode: str = "per-chunk", pool_prefix: str = "") -> None:
+    def __init__(self, stage_id: int, mode: str = "per-chunk", pool_prefix: str = "",
+                 pool_max_bytes: int = POOL_MAX_BYTES) -> None:
         if mode not in MODES:
             raise ValueError(f"--shm: must be one of {', '.join(MODES)}, got {mode!r}")
         self.stage_id, self.mode = stage_id, mode
         self.pool_prefix = pool_prefix or f"ortpool{os.getpid()}"
         self._live: dict[str, tuple[str, int]] = {}  # key -> (request, pool slot or -1), unread
-        self._slots: list[Segment] = []  # producer's pool slots
-        self._gen = 0
+        self._slots: list[Segment] = []  # producer's pool slots, never resized or renamed
+        self._classes: dict[int, deque[int]] = {}  # size class -> slot ids, oldest fill first
+        self._pool_bytes = 0
+        self.pool_max_bytes = pool_max_bytes
         self._peer_slots: dict[str, Segment] = {}  # consumer's cache, slot name -> mapping
         self._leases: dict[str, Segment] = {}  # consumer: key -> slot still being read
 
@@ -158,8 +177,8 @@ class ShmConnector:
     def put(self, request_id: str, key: str, meta: ChunkMeta, data: np.ndarray | None) -> int:
         """Write one chunk under ``key``; returns the payload bytes written."""
         nbytes = 0 if data is None else data.nbytes
-        if self.mode == "pool" and data is not None:
-            slot = self._slot_for(nbytes)
+        slot = self._slot_for(nbytes) if self.mode == "pool" and data is not None else None
+        if slot is not None:
             seg = self._slots[slot]
             seg.mm[SLOT_HDR:SLOT_HDR + nbytes] = _as_bytes(data)
             _U32.pack_into(seg.mm, 0, SLOT_FULL)
@@ -183,24 +202,24 @@ class ShmConnector:
         self._live[key] = (request_id, -1)
         return nbytes
 
-    def _slot_for(self, nbytes: int) -> int:
-        free_small = -1
-        for i, seg in enumerate(self._slots):
-            if _U32.unpack_from(seg.mm, 0)[0] == SLOT_FREE:
-                if seg.size - SLOT_HDR >= nbytes:
-                    return i
-                free_small = i if free_small < 0 else free_small
-        cap = max(_MB, -(-nbytes // _MB) * _MB)  # round up to whole MiB
-        idx = free_small if free_small >= 0 else len(self._slots)
-        self._gen += 1
-        seg = Segment.create(f"{self.pool_prefix}_{self.stage_id}_{idx}_{self._gen}", SLOT_HDR + cap)
-        if free_small >= 0:  # grow a free slot rather than adding one
-            old = self._slots[idx]
-            old.close()
-            unlink(old.name)
-            self._slots[idx] = seg
-        else:
-            self._slots.append(seg)
+    def _slot_for(self, nbytes: int) -> int | None:
+        """A free slot of the payload's size class, or a new one; None past the pool budget.
+
+        Slots of a class are kept in the order they were last filled; consumers release them
+        roughly in that order, so checking only the oldest keeps a put O(1).
+        """
+        cap = _size_class(nbytes)
+        ring = self._classes.setdefault(cap, deque())
+        if ring and _U32.unpack_from(self._slots[ring[0]].mm, 0)[0] == SLOT_FREE:
+            idx = ring.popleft()
+            ring.append(idx)
+            return idx
+        if self._pool_bytes + cap > self.pool_max_bytes:
+            return None  # a consumer far behind: fall back to a per-chunk segment
+        idx = len(self._slots)
+        self._slots.append(Segment.create(pool_slot_name(self.pool_prefix, self.stage_id, idx), SLOT_HDR + cap))
+        self._pool_bytes += cap
+        ring.append(idx)
         return idx
 
     def reap_consumed(self, max_keys: int = 16) -> None:
@@ -263,9 +282,6 @@ class ShmConnector:
     def _peer_slot(self, name: str) -> Segment:
         seg = self._peer_slots.get(name)
         if seg is None:
-            prefix = name.rsplit("_", 1)[0]
-            for old in [n for n in self._peer_slots if n.rsplit("_", 1)[0] == prefix]:
-                _close_quietly(self._peer_slots.pop(old))  # the producer regrew this slot
             seg = Segment.open(name)
             if seg is None:
                 raise FileNotFoundError(name)
@@ -281,6 +297,8 @@ class ShmConnector:
             seg.close()
             unlink(seg.name)
         self._slots.clear()
+        self._classes.clear()
+        self._pool_bytes = 0
         for key in list(self._leases):
             self.release(key)
         for seg in self._peer_slots.values():
