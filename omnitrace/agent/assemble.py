@@ -269,7 +269,8 @@ class Assembler:
                 self._request(st, kind, a, b, wall, proc, replica)
             else:
                 self.unknown_events += 1
-            if self._complete(st):
+            if (kind == _STAGE_FINISH or kind == _REQUEST_END or st.end is not None) and \
+                    self._complete(st):  # only these can complete a request: skip the walk
                 st.complete_at = now
 
     # ------------------------------------------------------------------ request / stage
