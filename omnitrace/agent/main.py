@@ -132,7 +132,8 @@ class Agent:
                       f"{cv.ENV_RING_RECORDS}, now {h.capacity})", file=sys.stderr, flush=True)
             self.warned_drops[src.name] = src.dropped
 
-    BATCH = 16384  # records per ring per cycle: bounds the agent's transient memory
+    BATCH = 4096  # records per ring per cycle: bounds transient memory, and a busy ring
+    # cannot starve the others for long (they are visited round-robin)
 
     def cycle(self, reap: bool) -> bool:
         """One round over every ring; True if some ring had more than one batch waiting."""
