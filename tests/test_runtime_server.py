@@ -62,8 +62,13 @@ class Server:
              "--pipeline", pipeline, *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env=dict(os.environ, **(env or {})))
-        line = self.proc.stdout.readline()  # "listening on ..." once every stage is ready
-        assert "listening on" in line, line + self.proc.stdout.read()
+        seen = ""
+        for line in self.proc.stdout:  # "listening on ..." once every stage is ready
+            seen += line
+            if "listening on" in line:
+                break
+        else:
+            raise AssertionError(f"server did not start: {seen}")
         self.stage_pids = [s["pid"] for s in self.health()[1]["stages"]]
 
     def health(self) -> tuple[int, dict]:
