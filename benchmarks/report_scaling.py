@@ -103,6 +103,9 @@ def time_report(path: str, html: str) -> dict[str, float]:
     from omnitrace.analyze.rundir import load_run
     from omnitrace.render.console import render
     from omnitrace.render.html import write_html
+    import resource
+    c0 = time.process_time()
+    ch0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     run = load_run([path])
     t1 = time.perf_counter()
@@ -111,8 +114,12 @@ def time_report(path: str, html: str) -> dict[str, float]:
     render(rep)
     write_html(rep, html)
     t3 = time.perf_counter()
+    ch1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    children = (ch1.ru_utime + ch1.ru_stime) - (ch0.ru_utime + ch0.ru_stime)
     return {"spans": len(run.spans), "requests": rep["window"]["attributed"], "load_s": t1 - t0,
-            "attribute_s": t2 - t1, "render_s": t3 - t2, "total_s": t3 - t0}
+            "attribute_s": t2 - t1, "render_s": t3 - t2, "total_s": t3 - t0,
+            "cpu_s": time.process_time() - c0 + children, "parent_cpu_s": time.process_time() - c0,
+            "load_avg": os.getloadavg()[0]}
 
 
 def main() -> int:
@@ -122,13 +129,15 @@ def main() -> int:
     args = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="omnitrace-scaling-")
     try:
-        print(f"{'spans':>9} {'requests':>8} {'load s':>7} {'attrib s':>8} {'render s':>8} {'total s':>7} {'us/span':>7}")
+        print(f"{'spans':>9} {'requests':>8} {'load s':>7} {'attrib s':>8} {'render s':>8} {'total s':>7} "
+              f"{'us/span':>7} {'cpu s':>7} {'parent cpu s':>12} {'loadavg':>7}")
         for n in args.spans:
             d = os.path.join(tmp, f"run-{n}")
             make_run(d, n)
             r = time_report(d, os.path.join(tmp, f"r-{n}.html"))
             print(f"{r['spans']:>9} {r['requests']:>8} {r['load_s']:>7.2f} {r['attribute_s']:>8.2f} "
-                  f"{r['render_s']:>8.2f} {r['total_s']:>7.2f} {r['total_s'] / r['spans'] * 1e6:>7.2f}", flush=True)
+                  f"{r['render_s']:>8.2f} {r['total_s']:>7.2f} {r['total_s'] / r['spans'] * 1e6:>7.2f} "
+                  f"{r['cpu_s']:>7.2f} {r['parent_cpu_s']:>12.2f} {r['load_avg']:>7.1f}", flush=True)
             if args.keep and n == max(args.spans):
                 shutil.copytree(d, args.keep, dirs_exist_ok=True)
             shutil.rmtree(d)

@@ -1,6 +1,7 @@
 """Transform: a loaded run -> one JSON-able report dict (console, --json and HTML read it)."""
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from omnitrace import __version__
@@ -86,6 +87,16 @@ def _by_stage(spans: list[Span], key) -> dict[Any, list[Span]]:
 
 
 def build_report(run: Run, per_request_segments: bool = True, level: int | None = None) -> dict[str, Any]:
+    was = gc.isenabled()
+    gc.disable()  # as in load_run: many small acyclic objects
+    try:
+        return _build_report(run, per_request_segments, level)
+    finally:
+        if was:
+            gc.enable()
+
+
+def _build_report(run: Run, per_request_segments: bool, level: int | None) -> dict[str, Any]:
     reqs = at.index_requests(run.spans)
     names: dict[int, str] = {}
     for r in reqs.values():
