@@ -45,7 +45,8 @@ _HEAD = struct.Struct("<8sII QQQQ qq qq ii I 4x 32s 32s 64s")  # see offsets bel
 OFF_WRITE, OFF_READ, OFF_DROPPED = 24, 32, 40
 OFF_STAGE = 80
 MAX_STRING = 255
-MAX_INTERNED = 1 << 16  # the id table is reset past this, bounding writer and agent memory
+MAX_INTERNED = 1 << 12  # the id table is reset past this (re-interning a live id costs one
+# STRING record): bounds the writer's and the agent's per-ring tables to 4096 ids
 DEFAULT_RECORDS = 1 << 16  # 2 MiB per thread
 
 
