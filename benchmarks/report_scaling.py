@@ -47,7 +47,8 @@ def request_spans(rid: str, o: float) -> list[dict]:
         c = k // 25
         out += [span(cv.SPAN_SNAPSHOT, rid, *t(b + 150, b + 152), stage=1, peer=2, chunk=c),
                 span(cv.SPAN_FIFO, rid, *t(b + 152, b + 160), stage=1, peer=2, chunk=c),
-                span(cv.SPAN_PROCESS, rid, *t(b + 160, b + 165), stage=1, peer=2, chunk=c)]
+                span(cv.SPAN_PROCESS, rid, *t(b + 160, b + 165), stage=1, peer=2, chunk=c,
+                     **{cv.ATTR_TRANSFER_BYTES: 4096 if k % 25 == 3 else 0})]
         if k % 25 == 3:
             out += [span(cv.SPAN_PUT, rid, *t(b + 165, b + 170), stage=1, peer=2, chunk=c),
                     span(cv.SPAN_POLL, rid, *t(b + 170, b + 180), stage=2, peer=1, chunk=c),

@@ -62,7 +62,7 @@ def chunk_spans(rid: str, prod: int, cons: int, c: int, snap: tuple, fifo: tuple
     return [
         span(cv.SPAN_SNAPSHOT, rid, *snap, stage=prod, peer=cons, chunk=c),
         span(cv.SPAN_FIFO, rid, *fifo, stage=prod, peer=cons, chunk=c, **fx),
-        span(cv.SPAN_PROCESS, rid, *proc, stage=prod, peer=cons, chunk=c),
+        span(cv.SPAN_PROCESS, rid, *proc, stage=prod, peer=cons, chunk=c, **{cv.ATTR_TRANSFER_BYTES: nbytes}),
         span(cv.SPAN_PUT, rid, *put, stage=prod, peer=cons, chunk=c,
              **{cv.ATTR_TRANSFER_BYTES: nbytes}),
         span(cv.SPAN_POLL, rid, *poll, stage=cons, peer=prod, chunk=c),

@@ -87,3 +87,22 @@ def test_several_tasks_under_one_chunk_index_take_the_last(tmp_path):
     run = load_run([write_run(str(tmp_path / "r"), [line(spans)])])
     a = at.attribute(at.index_requests(run.spans)["t"])
     assert {k: v // US for k, v in a.totals().items()} == EXPECTED_US
+
+
+def test_only_no_chunk_task_recorded_is_flagged(tmp_path):
+    """If the trace holds only a 0-byte (no-chunk) task under the index, the producing task
+    is unrecorded: its time goes to the producer's compute and the hop is reported."""
+    spans = [s for s in three_stage_request("u")
+             if not (s["name"] in ("omni.chunk.snapshot", "omni.chunk.fifo", "omni.chunk.process")
+                     and {"key": "omni.stage.id", "value": {"intValue": "1"}} in s["attributes"])]
+    from otlp_fixture import span
+    spans += [span("omni.chunk.snapshot", "u", 210, 211, stage=1, peer=2, chunk=0),
+              span("omni.chunk.fifo", "u", 211, 212, stage=1, peer=2, chunk=0),
+              span("omni.chunk.process", "u", 212, 213, stage=1, peer=2, chunk=0,
+                   **{"omni.transfer.bytes": 0})]
+    run = load_run([write_run(str(tmp_path / "r"), [line(spans)])])
+    a = at.attribute(at.index_requests(run.spans)["u"])
+    assert a.unrecorded_tasks == [(1, 2, 0)] and "task[1->2#0]" in a.missing
+    tot = {k: v // US for k, v in a.totals().items()}
+    assert tot[(1, "compute")] == 120 and (1, "snapshot") not in tot  # [200, 320] up to the put
+    assert sum(a.totals().values()) == a.ttfp_ns

@@ -242,16 +242,23 @@ def attribute(r: RequestSpans) -> Attribution | None:
         else:
             w.push(put.start, put.end, prod, PUT)
         # The task spans (process, fifo, snapshot) must belong to the task that made this
-        # chunk. If the only ones recorded under this index end before the producer took a
-        # later input chunk, they are an earlier no-chunk task's (one task per step shares
-        # the index): the producing task was not recorded on its own, so its time stays in
-        # the producer's compute (walked next) and the hop is listed as missing.
-        gate = _gating_chunk(r.scheduled.get(prod, ()), w.cursor)
-        task = [_latest(psp.get(n), w.cursor) for n in (cv.SPAN_PROCESS, cv.SPAN_FIFO, cv.SPAN_SNAPSHOT)]
-        if gate is not None and any(x is not None and x.end < gate.end for x in task):
+        # chunk: its process span carries the payload bytes. A producer runs one task per
+        # step and labels no-chunk tasks (0 bytes) with the index of the next chunk; if only
+        # such tasks are in the trace, the producing task was not recorded on its own, so its
+        # time stays in the producer's compute (walked next) and the hop is listed.
+        procs = [x for x in psp.get(cv.SPAN_PROCESS, ()) if x.end <= w.cursor] or psp.get(cv.SPAN_PROCESS, [])
+        made = [x for x in procs if x.nbytes > 0]
+        if put is not None and put.nbytes > 0 and procs and not made:
             missing.append(f"task[{prod}->{cons}#{c}]")
-            task = [None, None, None]
+            task: list[Span | None] = [None, None, None]
             stale.append((prod, cons, c))
+        else:
+            proc = max(made, key=lambda x: x.end) if made else _latest(procs, w.cursor)
+            task = [proc, None, None]
+            cut = proc.start if proc is not None else w.cursor
+            task[1] = _latest(psp.get(cv.SPAN_FIFO), cut)
+            cut = task[1].start if task[1] is not None else cut
+            task[2] = _latest(psp.get(cv.SPAN_SNAPSHOT), cut)
         proc, f, snap = task
         if proc is not None:
             w.push(proc.start, proc.end, prod, PROCESS)
