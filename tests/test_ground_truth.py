@@ -25,9 +25,11 @@ def test_injected_put_delay_is_attributed_to_stage1_put(tmp_path):
     print(f"\ninjected {DELAY_MS} ms; attributed (1:talker, put) {put:.3f} ms, delta vs baseline {delta:.3f} ms")
     assert abs(put - DELAY_MS) <= 0.1 * DELAY_MS
     assert abs(delta - DELAY_MS) <= 0.1 * DELAY_MS
-    # every single request carries it on its critical path, in that category and stage
-    for r in delay["requests"]:
-        assert abs(r["categories_ms"]["1:talker/put"] - DELAY_MS) <= 0.1 * DELAY_MS, r["id"]
+    # every single request carries it on its critical path, in that category and stage (a
+    # sleep never returns early; on a loaded machine it may return late, hence the median)
+    per = sorted(r["categories_ms"]["1:talker/put"] for r in delay["requests"])
+    assert per[0] >= 0.98 * DELAY_MS
+    assert abs(per[len(per) // 2] - DELAY_MS) <= 0.1 * DELAY_MS
     # and no other category absorbed a comparable amount
     grew = {k: d.get(k, 0.0) - b.get(k, 0.0) for k in set(b) | set(d)}
     assert max(grew, key=grew.get) == ("1:talker", "put")
