@@ -34,8 +34,9 @@ def _residence_fig(rep: dict[str, Any]) -> go.Figure:
     fig = go.Figure()
     for f in rep["fifo"]:
         fig.add_histogram(x=f["residence_ms"], name=f"stage {f['stage']}", opacity=0.65, nbinsx=60)
-    fig.update_layout(barmode="overlay", title="FIFO residence per producer stage",
-                      xaxis_title="residence (ms)", yaxis_title="chunks")
+    # Log count axis: residence is heavy-tailed and the tail is what matters.
+    fig.update_layout(barmode="overlay", title="FIFO residence per producer stage (log count)",
+                      xaxis_title="residence (ms)", yaxis_title="chunks", yaxis_type="log")
     return fig
 
 
