@@ -237,3 +237,21 @@ def test_a_raising_hook_warns_once_and_leaves_the_call_alone(tmp_path: Path) -> 
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("omnitrace: ")]
     assert len(lines) == 1 and "hook 'connector get' raised ValueError" in lines[0], proc.stderr
+
+
+def test_omnitrace_run_patches_option_and_vllm_plugins(demo: Path) -> None:
+    code = ("import os, sys, demo_target\n"
+            "print(demo_target.Thing().work(1), sys.modules['omnitrace_user_patches.demo'].CALLS,"
+            " os.environ.get('VLLM_PLUGINS'))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMNITRACE_PATCHES", "OMNITRACE_RUN_ID")}
+    env.update({"PYTHONPATH": str(demo / "site"), "VLLM_PLUGINS": "lora_resolver",
+                "OMNITRACE_TARGET": "demo-target"})
+    # the bootstrap applies the vllm-omni target; apply the demo target the same way
+    script = demo / "app.py"
+    script.write_text("from omnitrace.inject import patching\n"
+                      "patching.remove(); patching.apply(target='demo-target')\n" + code)
+    proc = subprocess.run([sys.executable, "-m", "omnitrace", "run", "--run-dir", str(demo / "run"),
+                           "--patches", str(demo / "patches"), "--", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[0] == "2 ['work'] lora_resolver,omnitrace", proc.stdout

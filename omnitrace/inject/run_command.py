@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prometheus-addr", default=env(cv.ENV_PROMETHEUS_ADDR, "127.0.0.1"))
     p.add_argument("--ring-records", default=env(cv.ENV_RING_RECORDS),
                    help="records per thread ring, a power of two (default 65536)")
+    p.add_argument("--patches", action="append", default=[], metavar="DIR",
+                   help="your own hook definitions (TARGET/VERSIONS/HOOKS modules, see "
+                        "docs/vllm-omni.md), tried before the built-in ones; repeatable")
     p.add_argument("command", nargs=argparse.REMAINDER)
     return p
 
@@ -132,6 +135,9 @@ def _validate(ns: argparse.Namespace) -> dict:
                 raise ValueError
         except ValueError:
             raise UsageError(f"bad ring size {ns.ring_records!r} (want a power of two >= 16)") from None
+    for d in ns.patches:
+        if not os.path.isdir(d):
+            raise UsageError(f"--patches {d}: not a directory")
     run_id = ns.run_id or new_run_id()
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", run_id):
         raise UsageError(f"bad run id {run_id!r} (letters, digits, '-' and '_', at most 64)")
@@ -225,6 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     if ns.ring_records is not None:
         env[cv.ENV_RING_RECORDS] = str(int(ns.ring_records))
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    # vLLM-Omni hooks: user hook dirs, and a user's VLLM_PLUGINS list keeps ours (appended)
+    from omnitrace.inject.patching import ENV_PATCHES
+    from omnitrace.inject.vllm_plugin import plugin_env
+
+    if ns.patches:
+        env[ENV_PATCHES] = os.pathsep.join([os.path.abspath(d) for d in ns.patches] +
+                                           [p for p in env.get(ENV_PATCHES, "").split(os.pathsep) if p])
+    env.update(plugin_env(env))
 
     try:
         child = subprocess.Popen(full_cmd, env=env)
