@@ -67,7 +67,8 @@ def run_layer(layer: str, n_events: int, tmp: str) -> dict:
     n = fill(ring, n_events)
     reader = record.RingReader(ring.name)
     spans: list = []
-    asm = Assembler(spans.append, Metrics(), grace_s=0.0)
+    # the agent's always-on path (no OTLP exporter) keeps complete chunk spans as text only
+    asm = Assembler(spans.append, Metrics(), grace_s=0.0, text_only=layer in ("assemble", "file"))
     rundir = RunDir(os.path.join(tmp, layer)) if layer in ("file", "otlp-obj") else None
     resources = export_otlp.ResourceCache("bench")
     t0 = time.process_time()  # CPU time of this (single-threaded) process: "one core"
@@ -85,6 +86,10 @@ def run_layer(layer: str, n_events: int, tmp: str) -> dict:
                 [export_otlp.to_readable(s, resources) for s in spans]
             if rundir is not None:
                 rundir.write_span_objects(spans, resources.attrs)
+                if asm.texts:
+                    rundir.write_span_texts(asm.texts, resources.attrs)
+            if asm.texts:
+                asm.texts.clear()
             spans.clear()
     cpu, wall = time.process_time() - t0, time.perf_counter() - w0
     reader.close(unlink=True)

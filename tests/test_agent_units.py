@@ -115,3 +115,50 @@ def test_ring_strings_wrap_and_drop_count_exact(tmp_path, monkeypatch):
     finally:
         reader.close(unlink=True)
         ring.close()
+
+
+def test_prerendered_chunk_span_text_equals_generic_rendering():
+    """The assembler's pre-rendered span JSON == the generic writer's over attrs, for
+    every span kind the fast path renders (and the same observations either way)."""
+    import copy
+    rc = export_otlp.ResourceCache("r1")
+    spans: list = []
+    metrics = Metrics()
+    asm = Assembler(spans.append, metrics)
+    events = []
+    t = 1000
+    for q in ("A", 'q"\u00e9'):
+        for c in range(2):
+            for k in (Ev.SNAPSHOT_BEGIN, Ev.SNAPSHOT_END, Ev.FIFO_ENQUEUE, Ev.FIFO_DEQUEUE,
+                      Ev.PROCESS_BEGIN, Ev.PROCESS_END, Ev.PUT_BEGIN, Ev.PUT_END):
+                events.append((int(k), q, 0, c, 1024 if k != Ev.SNAPSHOT_END else 1, 1, t)); t += 10
+            for k in (Ev.GET_BEGIN, Ev.GET_END, Ev.CHUNK_READY, Ev.CHUNK_SCHEDULED):
+                events.append((int(k), q, 1, c, 512, 0, t)); t += 10
+    _feed(asm, events)
+    fast = [s for s in spans if s.text is not None]
+    assert {s.name for s in fast} == {cv.SPAN_SNAPSHOT, cv.SPAN_FIFO, cv.SPAN_PROCESS,
+                                      cv.SPAN_PUT, cv.SPAN_GET, cv.SPAN_WAIT_SCHEDULE,
+                                      cv.SPAN_POLL}
+    generic = []
+    for s in fast:
+        g = copy.copy(s)
+        g.text = None
+        generic.append(g)
+    assert orjson.loads(rundir.spans_request_bytes(fast, rc.attrs)) == \
+        orjson.loads(rundir.spans_request_bytes(generic, rc.attrs)) == \
+        rundir.spans_request_json(generic, rc.attrs)
+    asm2 = Assembler(lambda s: None, _Recorder())
+    _feed(asm2, events)
+    snap = {m: sorted((l, sum(c), round(s, 12)) for l, c, s, _ in metrics.hist.snapshot(m))
+            for m in metrics.hist.children}
+    other = {m: sorted((l, len(v), round(sum(v), 12)) for l, v in asm2.metrics.seen[m].items())
+             for m in asm2.metrics.seen}
+    assert {m: v for m, v in snap.items() if v} == other
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.seen: dict = {}
+
+    def observe(self, metric, value, labels, trace_hex) -> None:
+        self.seen.setdefault(metric, {}).setdefault(labels, []).append(value)

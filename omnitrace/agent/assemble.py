@@ -42,22 +42,31 @@ from collections import defaultdict
 from typing import Callable, Iterable, Protocol
 
 from omnitrace import conventions as cv
+from omnitrace.agent.export_prometheus import HistogramSet
+from omnitrace.agent.rundir import attr_head, json_str
 
 E = cv.Ev
+
+
+_NO_EVENTS: tuple = ()  # shared: most spans have no events
 
 
 class Span:
     """A finished span with explicit times (unix ns) and deterministic ids."""
 
     __slots__ = ("name", "trace_id", "span_id", "parent_id", "start", "end", "attrs",
-                 "events", "proc", "error")
+                 "events", "proc", "error", "text")
 
     def __init__(self, name: str, trace_id: int, span_id: int, parent_id: int | None,
                  start: int, end: int, attrs: dict, proc: tuple,
-                 events: list | None = None, error: bool = False) -> None:
+                 events: list | None = None, error: bool = False,
+                 text: str | None = None) -> None:
         self.name, self.trace_id, self.span_id, self.parent_id = name, trace_id, span_id, parent_id
         self.start, self.end = start, max(end, start)
-        self.attrs, self.proc, self.events, self.error = attrs, proc, events or [], error
+        self.attrs, self.proc, self.events, self.error = attrs, proc, events or _NO_EVENTS, error
+        # the whole span as its OTLP/JSON object (what the file exporter writes), or None:
+        # the assembler renders chunk spans from cached fragments, formatting only numbers
+        self.text = text
 
     def __repr__(self) -> str:  # for test failure messages
         return f"Span({self.name} {self.attrs.get(cv.ATTR_REQUEST_ID)} {self.start}->{self.end})"
@@ -131,12 +140,13 @@ class _Req:
     __slots__ = ("id", "trace_id", "root_id", "arrive", "end", "first_text", "first_audio",
                  "prompt_tokens", "max_tokens", "status", "api_proc", "api_replica",
                  "stages", "prod", "put_end", "get_begin", "occ", "cons", "trace_hex", "last_wall", "last_mono", "complete_at", "done",
-                 "sids", "hashers")
+                 "sids", "hashers", "rid_text")
 
     def __init__(self, rid: str) -> None:
         self.id = rid
         self.trace_id = cv.trace_id_for(rid)
         self.trace_hex = f"{self.trace_id:032x}"  # exemplar label, formatted once
+        self.rid_text: str | None = None  # request-id attribute as OTLP/JSON, on first chunk span
         self.root_id = cv.span_id_for(rid, cv.SPAN_REQUEST)
         self.arrive = self.end = self.first_text = self.first_audio = None
         self.prompt_tokens = self.max_tokens = None
@@ -213,14 +223,90 @@ class _Sender:
         return total, [r for r, _ in top]
 
 
+_SPAN_FIFO, _SPAN_PUT, _SPAN_GET = cv.SPAN_FIFO, cv.SPAN_PUT, cv.SPAN_GET
+_SPAN_PROCESS, _SPAN_SNAPSHOT = cv.SPAN_PROCESS, cv.SPAN_SNAPSHOT
+_NAME_KIND = {n: f'"name":{json_str(n)},"kind":1,' for n in (
+    cv.SPAN_FIFO, cv.SPAN_PUT, cv.SPAN_GET, cv.SPAN_PROCESS, cv.SPAN_SNAPSHOT, cv.SPAN_POLL,
+    cv.SPAN_WAIT_SCHEDULE)}
+_SNAP_NAMES = {int(v): v.name.lower() for v in cv.Snapshot if int(v) in (0, 1)}
+_H_BYTES = attr_head(cv.ATTR_TRANSFER_BYTES)
+_H_AHEAD = attr_head(cv.ATTR_FIFO_AHEAD)
+_H_DEPTH = attr_head(cv.ATTR_FIFO_DEPTH)
+_H_BLOCKED = attr_head(cv.ATTR_FIFO_BLOCKED_NS)
+_H_BY = attr_head(cv.ATTR_FIFO_BLOCKED_BY)
+_H_STRATEGY = attr_head(cv.ATTR_SNAPSHOT_STRATEGY)
+
+
+class _LazyAttrs:
+    """A chunk span's attributes, made into a dict when a Span object is built."""
+
+    __slots__ = ("rid", "stage", "peer", "chunk", "replica", "pair", "extra")
+
+    def __init__(self, rid: str, stage: int, peer: int, chunk: int, replica: int, pair: str,
+                 extra: tuple) -> None:
+        self.rid, self.stage, self.peer, self.chunk = rid, stage, peer, chunk
+        self.replica, self.pair, self.extra = replica, pair, extra
+
+    def __call__(self) -> dict:
+        d = {cv.ATTR_REQUEST_ID: self.rid, cv.ATTR_STAGE_ID: self.stage,
+             cv.ATTR_PEER_STAGE_ID: self.peer, cv.ATTR_CHUNK_INDEX: self.chunk,
+             cv.ATTR_REPLICA: self.replica, cv.ATTR_STAGE_PAIR: self.pair}
+        x = self.extra
+        for i in range(0, len(x), 2):
+            d[x[i]] = x[i + 1]
+        return d
+
+
+class _SinkChild:
+    """A (metric, labels) handle over a generic MetricSink (tests, other sinks)."""
+
+    __slots__ = ("sink", "metric", "labels")
+
+    def __init__(self, sink: Callable, metric: str, labels: tuple) -> None:
+        self.sink, self.metric, self.labels = sink, metric, labels
+
+    def observe(self, value: float, trace_hex: str | None) -> None:
+        self.sink(self.metric, value, self.labels, trace_hex)
+
+
+class _Ctx:
+    """What is constant for chunk spans of one (stage, peer, replica, side): the stage
+    pair, metric labels, pre-bound histogram children and the OTLP/JSON text of the
+    identity attributes around the chunk index."""
+
+    __slots__ = ("pair", "labels", "mid", "tail", "fifo_res", "fifo_blk", "fifo_depth",
+                 "snap", "put", "size", "get")
+
+    def __init__(self, stage: int, peer: int, replica: int, pair: str, labels: tuple,
+                 child: Callable[[str, tuple], object]) -> None:
+        self.pair, self.labels = pair, labels
+        self.mid = (f',{attr_head(cv.ATTR_STAGE_ID)}{{"intValue":"{stage}"}}}},'
+                    f'{attr_head(cv.ATTR_PEER_STAGE_ID)}{{"intValue":"{peer}"}}}},'
+                    f'{attr_head(cv.ATTR_CHUNK_INDEX)}{{"intValue":"')
+        self.tail = (f'"}}}},{attr_head(cv.ATTR_REPLICA)}{{"intValue":"{replica}"}}}},'
+                     f'{attr_head(cv.ATTR_STAGE_PAIR)}{{"stringValue":{json_str(pair)}}}}}')
+        self.fifo_res = child(cv.METRIC_FIFO_RESIDENCE, labels)
+        self.fifo_blk = child(cv.METRIC_FIFO_BLOCKED, labels)
+        self.fifo_depth = child(cv.METRIC_FIFO_DEPTH, labels)
+        self.snap = child(cv.METRIC_SNAPSHOT, labels)
+        self.put = child(cv.METRIC_PUT, labels)
+        self.size = child(cv.METRIC_SIZE, labels)
+        self.get = child(cv.METRIC_GET, labels)
+
+
 class Assembler:
     """Turns ring events into spans (``on_span``) and observations (``metrics``)."""
 
     def __init__(self, on_span: Callable[[Span], None], metrics: MetricSink | None = None,
                  grace_s: float = 2.0, idle_timeout_s: float = 120.0,
                  ended_timeout_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 text_only: bool = False) -> None:
         self.on_span = on_span
+        # text_only: complete chunk spans (7 of every 12 events) are not built as Span
+        # objects at all; their OTLP/JSON text is collected per process in ``texts`` for
+        # the file exporter. For agents without an OTLP exporter (the always-on path).
+        self.texts: dict[tuple, list[str]] | None = {} if text_only else None
         self.metrics = metrics
         self.grace_s, self.idle_timeout_s, self.clock = grace_s, idle_timeout_s, clock
         # REQUEST_END seen but a stage never finished (its FINISH lost or still in an
@@ -234,6 +320,12 @@ class Assembler:
         self.requests_freed = 0
         self.events = 0
         self._labels: dict[tuple, tuple[str, tuple[str, str, str]]] = {}
+        self._ctx: dict[tuple, _Ctx] = {}
+        hist = getattr(metrics, "hist", None)
+        if isinstance(hist, HistogramSet):  # observe straight into the bucket arrays
+            self._child: Callable[[str, tuple], object] = hist.child
+        else:
+            self._child = lambda metric, labels: _SinkChild(self._observe, metric, labels)
         self.unknown_events = 0
         self.step_events = 0
 
@@ -427,7 +519,108 @@ class Assembler:
         # the first span of a key has the documented id; a repeat (retried task) a new one
         return st.chunk_sid(name, stage, chunk if n == 0 else f"{chunk}.{n}", peer)  # type: ignore[arg-type]
 
+    def _ctx_for(self, stage: int, peer: int, replica: int, producer: bool) -> "_Ctx":
+        key = (stage, peer, replica, producer)
+        ctx = self._ctx.get(key)
+        if ctx is None:
+            pair = cv.stage_pair(stage, peer) if producer else cv.stage_pair(peer, stage)
+            labels = (str(stage), str(replica), pair)
+            self._labels[key] = (pair, labels)
+            ctx = self._ctx[key] = _Ctx(stage, peer, replica, pair, labels, self._child)
+        return ctx
+
     def _emit_chunk(self, st: _Req, ch: _Chunk, name: str, b0: tuple | None, e0: tuple | None,
+                    stage: int, chunk: int, producer: bool, pid: int,
+                    reason: str | None) -> None:
+        """A chunk span. The common case (both stamps, no reason) is written out flat:
+        it runs for 7 of every 12 events, so its dict/attribute churn and method calls
+        were most of the assembler's cost; incomplete spans take the general path."""
+        if reason is not None or b0 is None or e0 is None:
+            self._emit_chunk_slow(st, ch, name, b0, e0, stage, chunk, producer, pid, reason)
+            return
+        start = b0[0]
+        end = e0[0]
+        peer = e0[2]
+        replica = ch.replica
+        ctx = self._ctx.get((stage, peer, replica, producer))
+        if ctx is None:
+            ctx = self._ctx_for(stage, peer, replica, producer)
+        rid = st.rid_text
+        if rid is None:
+            rid = st.rid_text = attr_head(cv.ATTR_REQUEST_ID) + '{"stringValue":' + json_str(st.id) + "}}"
+        hexs = st.trace_hex
+        head = f"{rid}{ctx.mid}{chunk}{ctx.tail}"
+        extra: tuple = ()
+        if name == _SPAN_PUT:
+            nbytes = e0[1]
+            extra = (cv.ATTR_TRANSFER_BYTES, nbytes)
+            text = f'{head},{_H_BYTES}{{"intValue":"{nbytes}"}}}}'
+            ctx.put.observe((end - start) / 1e9, hexs)
+            ctx.size.observe(float(nbytes), hexs)
+        elif name == _SPAN_FIFO:
+            ahead = b0[1]
+            snd = self.senders.get((pid, stage))
+            blocked, by = snd.blocked(st.id, start, end) if snd else (0, [])
+            extra = (cv.ATTR_FIFO_AHEAD, ahead, cv.ATTR_FIFO_DEPTH, ahead + 1,
+                     cv.ATTR_FIFO_BLOCKED_NS, blocked, cv.ATTR_FIFO_BLOCKED_BY, by)
+            by_text = ('{"arrayValue":{"values":[' + ",".join(
+                '{"stringValue":' + json_str(r) + "}" for r in by) + "]}}") if by \
+                else '{"arrayValue":{}}'
+            text = (f'{head},{_H_AHEAD}{{"intValue":"{ahead}"}}}},'
+                    f'{_H_DEPTH}{{"intValue":"{ahead + 1}"}}}},'
+                    f'{_H_BLOCKED}{{"intValue":"{blocked}"}}}},{_H_BY}{by_text}}}')
+            ctx.fifo_res.observe((end - start) / 1e9, hexs)
+            ctx.fifo_blk.observe(blocked / 1e9, hexs)
+            ctx.fifo_depth.observe(float(ahead + 1), None)
+        elif name == _SPAN_PROCESS or name == _SPAN_GET:
+            nbytes = e0[1]
+            extra = (cv.ATTR_TRANSFER_BYTES, nbytes)
+            text = f'{head},{_H_BYTES}{{"intValue":"{nbytes}"}}}}'
+            if name == _SPAN_GET:
+                ctx.get.observe((end - start) / 1e9, hexs)
+        elif name == _SPAN_SNAPSHOT:
+            strat = e0[1]
+            strat_s = _SNAP_NAMES.get(strat) or str(strat)
+            extra = (cv.ATTR_SNAPSHOT_STRATEGY, strat_s)
+            text = f'{head},{_H_STRATEGY}{{"stringValue":{json_str(strat_s)}}}}}'
+            ctx.snap.observe((end - start) / 1e9, hexs)
+        else:  # wait_schedule: identity attributes only
+            text = head
+        if self.texts is None:
+            attrs = _LazyAttrs(st.id, stage, peer, chunk, replica, ctx.pair, extra)
+        else:
+            attrs = None
+        self._fast_span(st, name, stage, chunk, peer, replica, start, end, attrs, text, ch.proc)
+
+    def _fast_span(self, st: _Req, name: str, stage: int, chunk: int, peer: int, replica: int,
+                   start: int, end: int, attrs: "_LazyAttrs | None", attrs_text: str,
+                   proc: tuple) -> None:
+        """A complete chunk span (no events, no error) with its JSON text; ``_sid`` and
+        ``_span`` inlined."""
+        key = (name, stage, chunk, peer)
+        occ = st.occ
+        n = occ.get(key, 0)
+        occ[key] = n + 1
+        sid = st.chunk_sid(name, stage, chunk if n == 0 else f"{chunk}.{n}", peer)  # type: ignore[arg-type]
+        parent = st.stage_sid(stage, replica)
+        if end < start:
+            end = start
+        self.spans_built += 1
+        text = (f'{{"traceId":"{st.trace_hex}","spanId":"{sid:016x}",'
+                f'"parentSpanId":"{parent:016x}",{_NAME_KIND[name]}'
+                f'"startTimeUnixNano":"{start}","endTimeUnixNano":"{end}",'
+                f'"attributes":[{attrs_text}],"status":{{}},"flags":256}}')
+        texts = self.texts
+        if texts is None:
+            self.on_span(Span(name, st.trace_id, sid, parent, start, end, attrs(), proc, None,
+                              False, text))
+        else:
+            out = texts.get(proc)
+            if out is None:
+                out = texts[proc] = []
+            out.append(text)
+
+    def _emit_chunk_slow(self, st: _Req, ch: _Chunk, name: str, b0: tuple | None, e0: tuple | None,
                     stage: int, chunk: int, producer: bool, pid: int,
                     reason: str | None) -> None:
         start = b0[0] if b0 else e0[0]  # type: ignore[index]
@@ -480,10 +673,17 @@ class Assembler:
 
     def _emit_poll(self, st: _Req, put_end: int, got: tuple, pstage: int, chunk: int) -> None:
         get_begin, cstage, replica, proc = got
-        attrs = self._chunk_attrs(st, cstage, pstage, chunk, replica)
-        attrs[cv.ATTR_STAGE_PAIR] = cv.stage_pair(pstage, cstage)
-        self._span(cv.SPAN_POLL, st, self._sid(st, cv.SPAN_POLL, cstage, chunk, pstage),
-                   st.stage_sid(cstage, replica), put_end, get_begin, attrs, proc)
+        ctx = self._ctx.get((cstage, pstage, replica, False))
+        if ctx is None:
+            ctx = self._ctx_for(cstage, pstage, replica, False)
+        rid = st.rid_text
+        if rid is None:
+            rid = st.rid_text = attr_head(cv.ATTR_REQUEST_ID) + '{"stringValue":' + json_str(st.id) + "}}"
+        # the consumer side's pair is producer->consumer
+        attrs = (_LazyAttrs(st.id, cstage, pstage, chunk, replica, ctx.pair, ())
+                 if self.texts is None else None)
+        self._fast_span(st, cv.SPAN_POLL, cstage, chunk, pstage, replica, put_end, get_begin,
+                        attrs, f"{rid}{ctx.mid}{chunk}{ctx.tail}", proc)
 
     # ------------------------------------------------------------------ output
     def _span(self, name: str, st: _Req, sid: int, parent: int | None, start: int, end: int,

@@ -55,12 +55,25 @@ COUNTERS: dict[str, tuple[str, str]] = {
 
 
 class _Child:
-    __slots__ = ("counts", "sum", "exemplars")
+    """One label set's buckets; the assembler keeps these pre-bound per (stage, peer,
+    replica) and calls :meth:`observe` directly (no family/labels lookups per value)."""
 
-    def __init__(self, n: int) -> None:
+    __slots__ = ("bounds", "counts", "sum", "exemplars")
+
+    def __init__(self, bounds: list) -> None:
+        n = len(bounds)
+        self.bounds = bounds
         self.counts = [0] * (n + 1)  # last = +Inf
         self.sum = 0.0
         self.exemplars: list[tuple[str, float] | None] = [None] * (n + 1)
+
+    def observe(self, value: float, trace_hex: str | None,
+                _bisect=bisect.bisect_left) -> None:
+        i = _bisect(self.bounds, value)  # first bucket with value <= le
+        self.counts[i] += 1
+        self.sum += value
+        if trace_hex is not None:
+            self.exemplars[i] = (trace_hex, value)
 
 
 class HistogramSet:
@@ -70,22 +83,25 @@ class HistogramSet:
         self.children: dict[str, dict[tuple, _Child]] = {name: {} for name in HISTOGRAMS}
         self.bounds = {name: list(b) for name, (_, _, b, _) in HISTOGRAMS.items()}
 
-    def observe(self, metric: str, value: float, labels: tuple, trace_hex: str | None) -> None:
+    def child(self, metric: str, labels: tuple) -> _Child:
         fam = self.children[metric]
         ch = fam.get(labels)
-        bounds = self.bounds[metric]
         if ch is None:
-            ch = fam[labels] = _Child(len(bounds))
-        i = bisect.bisect_left(bounds, value)  # first bucket with value <= le
-        ch.counts[i] += 1
-        ch.sum += value
-        if trace_hex is not None:
-            ch.exemplars[i] = (trace_hex, value)
+            ch = fam[labels] = _Child(self.bounds[metric])
+        return ch
+
+    def observe(self, metric: str, value: float, labels: tuple, trace_hex: str | None) -> None:
+        ch = self.children[metric].get(labels)
+        if ch is None:
+            ch = self.child(metric, labels)
+        ch.observe(value, trace_hex)
 
     def snapshot(self, metric: str) -> list[tuple[tuple, list[int], float, list]]:
         # list() copies under the GIL: the agent thread may add children meanwhile
+        # children are bound ahead of use (the assembler pre-binds all of a stage pair's):
+        # one that never saw a value is not a series yet
         return [(labels, list(ch.counts), ch.sum, list(ch.exemplars))
-                for labels, ch in list(self.children[metric].items())]
+                for labels, ch in list(self.children[metric].items()) if any(ch.counts)]
 
     def describe(self) -> Iterator[HistogramMetricFamily]:
         for prom, help_, _, _ in HISTOGRAMS.values():

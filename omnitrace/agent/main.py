@@ -62,7 +62,9 @@ class Agent:
         self.rundir = RunDir(args.run_dir)
         self.metrics = Metrics()
         self.pending: list[Span] = []
-        self.assembler = Assembler(self.pending.append, self.metrics)
+        # no OTLP exporter: complete chunk spans go straight to spans.jsonl as text
+        text_only = not any(k in export_otlp.OTLP_EXPORTERS for k in self.kinds)
+        self.assembler = Assembler(self.pending.append, self.metrics, text_only=text_only)
         self.collector = Collector(args.run_id, args.shm_dir)
         self.resources = export_otlp.ResourceCache(args.run_id)
         self.exporters: list[export_otlp.QueuedExporter] = []
@@ -76,6 +78,7 @@ class Agent:
         self.max_rss = 0
         self.warned_drops: dict[str, int] = {}
         self.prom_port = 0
+        self._exported_at = 0
         self._last_export_counts: dict[tuple[str, str], int] = {}
         self.meta = {
             "run_id": args.run_id, "command": orjson.loads(args.command_json),
@@ -145,7 +148,7 @@ class Agent:
             self._note_process(src)
             self._feed(src, batch)
             backlog = backlog or len(batch) >= self.BATCH
-            if len(self.pending) >= 4096:
+            if len(self.pending) >= 4096 or self.assembler.spans_built - self._exported_at >= 8192:
                 self.export_pending()
         for src in list(self.collector.sources.values()):
             self._drops(src)
@@ -171,6 +174,11 @@ class Agent:
         return backlog
 
     def export_pending(self) -> None:
+        self._exported_at = self.assembler.spans_built
+        texts = self.assembler.texts
+        if texts:
+            self.rundir.write_span_texts(texts, self.resources.attrs)
+            texts.clear()
         if not self.pending:
             return
         self.rundir.write_span_objects(self.pending, self.resources.attrs)

@@ -104,6 +104,19 @@ def _key_head(k: str) -> str:
     return h
 
 
+attr_head = _key_head  # for the assembler's pre-rendered chunk-span attributes
+
+
+def json_str(v: str) -> str:
+    """``v`` as a JSON string literal (escaped, quoted), cached."""
+    q = _STR_CACHE.get(v)
+    if q is None:
+        if len(_STR_CACHE) > 10_000:
+            _STR_CACHE.clear()
+        q = _STR_CACHE[v] = orjson.dumps(v).decode()
+    return q
+
+
 def _attrs_text(d: dict) -> str:
     parts = []
     app = parts.append
@@ -125,20 +138,31 @@ def _attrs_text(d: dict) -> str:
 
 def spans_request_bytes(spans: list, resource_attrs: Any) -> bytes:
     """Same JSON as :func:`spans_request_json`, formatted as text directly: building and
-    serialising the nested dicts was most of the file exporter's cost."""
+    serialising the nested dicts was most of the file exporter's cost. A span's ``text``
+    (the span object pre-rendered by the assembler) is used as is."""
     groups: dict[tuple, list[str]] = {}
     for s in spans:
+        if s.text is not None:
+            items = groups.get(s.proc)
+            if items is None:
+                items = groups[s.proc] = []
+            items.append(s.text)
+            continue
         parent = f'"parentSpanId":"{s.parent_id:016x}",' if s.parent_id else ""
         events = ""
         if s.events:
             events = '"events":[' + ",".join(
-                f'{{"timeUnixNano":"{ts}","name":{orjson.dumps(name).decode()},'
+                f'{{"timeUnixNano":"{ts}","name":{json_str(name)},'
                 f'"attributes":[{_attrs_text(a)}]}}' for name, ts, a in s.events) + "],"
-        groups.setdefault(s.proc, []).append(
+        text = _attrs_text(s.attrs)
+        items = groups.get(s.proc)
+        if items is None:
+            items = groups[s.proc] = []
+        items.append(
             f'{{"traceId":"{s.trace_id:032x}","spanId":"{s.span_id:016x}",{parent}'
-            f'"name":{orjson.dumps(s.name).decode()},"kind":1,'
+            f'"name":{json_str(s.name)},"kind":1,'
             f'"startTimeUnixNano":"{s.start}","endTimeUnixNano":"{s.end}",'
-            f'"attributes":[{_attrs_text(s.attrs)}],{events}'
+            f'"attributes":[{text}],{events}'
             f'"status":{_ERR if s.error else "{}"},"flags":256}}')
     scope = orjson.dumps({"name": "omnitrace.agent", "version": __version__}).decode()
     return ('{"resourceSpans":[' + ",".join(
@@ -198,12 +222,33 @@ class RunDir:
 
     def write_span_objects(self, spans: list, resource_attrs: Any, max_per_line: int = 512) -> None:
         """``spans``: omnitrace Spans; ``resource_attrs(proc) -> dict``."""
+        lines = []  # one write() per call (per drain cycle), not one per line
         for i in range(0, len(spans), max_per_line):
             batch = spans[i:i + max_per_line]
-            self._spans.write(spans_request_bytes(batch, resource_attrs) + b"\n")
+            lines.append(spans_request_bytes(batch, resource_attrs))
             self.span_lines += 1
             self.spans_written += len(batch)
+        if lines:
+            lines.append(b"")
+            self._spans.write(b"\n".join(lines))
         self._spans.flush()
+
+    def write_span_texts(self, texts: dict, resource_attrs: Any, max_per_line: int = 512) -> None:
+        """``texts``: proc -> [span OTLP/JSON object text] (the assembler's text-only
+        spans); one ExportTraceServiceRequest line per process and up to 512 spans."""
+        scope = orjson.dumps({"name": "omnitrace.agent", "version": __version__}).decode()
+        lines = []
+        for proc, items in texts.items():
+            res = f'{{"resourceSpans":[{{"resource":{{"attributes":[{_attrs_text(resource_attrs(proc))}]}},' \
+                  f'"scopeSpans":[{{"scope":{scope},"spans":['
+            for i in range(0, len(items), max_per_line):
+                batch = items[i:i + max_per_line]
+                lines.append(f'{res}{",".join(batch)}]}}]}}]}}\n')
+                self.span_lines += 1
+                self.spans_written += len(batch)
+        if lines:
+            self._spans.write("".join(lines).encode())
+            self._spans.flush()
 
     def write_metrics(self, request: Any) -> None:
         self._metrics.write(otlp_json(request) + b"\n")
