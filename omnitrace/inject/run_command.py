@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = _start_agent(cfg, full_cmd, ns)
     if agent is None:
         return 2
+    print(f"omnitrace run: run {cfg['run_id']} -> {cfg['run_dir']}", file=sys.stderr)
     env = dict(os.environ)
     env.update(extra_env)
     env[cv.ENV_RUN_ID] = cfg["run_id"]
@@ -263,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     if rc < 0:
         rc = 128 - rc  # killed by a signal: report it the way a shell does
     _stop_agent(agent, rc, cfg)
+    print(f"omnitrace run: done; see `omnitrace report {cfg['run_dir']}`", file=sys.stderr)
     return rc
 
 
