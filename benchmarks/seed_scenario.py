@@ -6,10 +6,14 @@ with ``--snapshot recursive`` and once with ``--snapshot copy``, each under
 per chunk per stage (and the recursive/copy ratio), stage-0 FIFO residence p50/p99,
 TTFP, and the attribution rows that moved.
 
-    python benchmarks/seed_scenario.py --out /tmp/seed            # the full scenario
+    python benchmarks/seed_scenario.py --out /tmp/seed --thinker-step-ms 30   # figures in RESULTS.md
+    python benchmarks/seed_scenario.py --out /tmp/seed            # packaged pipeline (5 ms thinker step)
     python benchmarks/seed_scenario.py --output-len 60 --num-prompts 16 --concurrency 8   # scaled down
 
-Heavy on a 2-core machine: the full scenario takes minutes per run.
+Heavy on a 2-core machine: the full scenario takes minutes per run. With the packaged 5 ms
+thinker step the copy run's thinker outpaces its one sender thread on a busy 2-core machine
+and stage-0 FIFO residence is then set by that backlog (see RESULTS.md); a GPU-like 30 ms
+step (``--thinker-step-ms 30``) is the regime the snapshot fix is about.
 """
 from __future__ import annotations
 
