@@ -66,22 +66,40 @@ async def _client(url: str, stop_at: float, rng: random.Random, stats: dict, idx
                 stats["client_error"] += 1
 
 
-async def _sample(agent_pid: int, t0: float, stop_at: float, samples: list, stats: dict) -> None:
+def _agent_json(run_dir: str) -> dict:
+    try:
+        with open(os.path.join(run_dir, "agent.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+async def _sample(agent_pid: int, t0: float, stop_at: float, samples: list, stats: dict,
+                  run_dir: str) -> None:
     while time.monotonic() < stop_at:
+        a = _agent_json(run_dir)
         samples.append({"t_s": round(time.monotonic() - t0, 1), "rss_bytes": _rss(agent_pid),
-                        "agent_cpu_s": _cpu_s(agent_pid), "requests_ok": stats["ok"]})
-        print(f"t={samples[-1]['t_s']:>6}s agent RSS {samples[-1]['rss_bytes'] / 2**20:7.1f} MiB "
-              f"cpu {samples[-1]['agent_cpu_s']:7.1f} s requests {stats['ok']}", flush=True)
+                        "agent_cpu_s": _cpu_s(agent_pid), "requests_ok": stats["ok"],
+                        "events_read": a.get("events_read"),
+                        "events_dropped": a.get("events_dropped"),
+                        "spool_backlog_bytes": (a.get("spool") or {}).get("backlog_bytes")})
+        sm = samples[-1]
+        print(f"t={sm['t_s']:>6}s agent RSS {sm['rss_bytes'] / 2**20:7.1f} MiB "
+              f"cpu {sm['agent_cpu_s']:7.1f} s requests {stats['ok']} "
+              f"read {sm['events_read']} dropped {sm['events_dropped']} "
+              f"spool backlog {(sm['spool_backlog_bytes'] or 0) / 2**20:.1f} MiB "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
         await asyncio.sleep(5)
 
 
-async def _load(port: int, agent_pid: int, duration: float, conc: int, samples: list) -> dict:
+async def _load(port: int, agent_pid: int, duration: float, conc: int, samples: list,
+                run_dir: str) -> dict:
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     stats = {"ok": 0, "http_error": 0, "client_error": 0}
     t0 = time.monotonic()
     stop_at = t0 + duration
     rng = random.Random(0)
-    await asyncio.gather(_sample(agent_pid, t0, stop_at, samples, stats),
+    await asyncio.gather(_sample(agent_pid, t0, stop_at, samples, stats, run_dir),
                          *[_client(url, stop_at, random.Random(rng.random()), stats, i)
                            for i in range(conc)])
     return stats
@@ -109,12 +127,17 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(0.3)
             agent_pid = json.load(open(os.path.join(run_dir, "run.json")))["agent_pid"]
             samples: list = []
-            stats = asyncio.run(_load(port, agent_pid, args.duration, args.concurrency, samples))
+            stats = asyncio.run(_load(port, agent_pid, args.duration, args.concurrency, samples,
+                                      run_dir))
             final_rss = _rss(agent_pid)
             agent_cpu = _cpu_s(agent_pid)
+            load = os.getloadavg()
         finally:
+            t_stop = time.monotonic()
             proc.send_signal(signal.SIGTERM)
-            proc.wait(120)
+            # the agent assembles its whole spooled backlog before it exits
+            proc.wait(3600)
+            stop_s = time.monotonic() - t_stop
         agent = json.load(open(os.path.join(run_dir, "agent.json")))
         spans_bytes = os.path.getsize(os.path.join(run_dir, "spans.jsonl"))
     rss = [s["rss_bytes"] for s in samples]
@@ -125,9 +148,12 @@ def main(argv: list[str] | None = None) -> int:
                           "after_60s_min": round(min(after_warmup) / 2**20, 1),
                           "after_60s_max": round(max(after_warmup) / 2**20, 1),
                           "final": round(final_rss / 2**20, 1)},
-        "agent": {k: agent[k] for k in ("events_read", "events_dropped", "spans_built",
-                                        "spans_incomplete", "requests_freed", "requests_open",
-                                        "max_cycle_ms", "max_rss_bytes", "state")},
+        "agent": {k: agent.get(k) for k in ("events_read", "events_dropped", "spans_built",
+                                            "spans_incomplete", "requests_freed", "requests_open",
+                                            "max_cycle_ms", "max_rss_bytes", "state",
+                                            "max_drain_lag_ms", "spool", "final_assembly_s")},
+        "stop_to_exit_s": round(stop_s, 1),
+        "load_average_at_end": [round(x, 2) for x in load],
         "spans_jsonl_mib": round(spans_bytes / 2**20, 1),
         "agent_cpu_s_during_load": round(agent_cpu, 1),
         "agent_cores_during_load": round(agent_cpu / args.duration, 2),

@@ -368,6 +368,24 @@ class RingReader:
         _U64.pack_into(buf, OFF_READ, read)
         return out
 
+    def read_raw(self, max_slots: int = 1 << 20) -> bytes:
+        """The new slots as raw bytes (records and string slots, undecoded), and free
+        them: the agent's spool path, a copy per contiguous run and nothing per record.
+        A string's byte slots may be cut off at ``max_slots``; the next call has them."""
+        buf, mask, cap = self.buf, self._mask, self.capacity
+        read = _U64.unpack_from(buf, OFF_READ)[0]
+        end = min(_U64.unpack_from(buf, OFF_WRITE)[0], read + max_slots)
+        if end <= read:
+            return b""
+        start = read & mask
+        n = min(end - read, cap - start)
+        base = HEADER_SIZE + start * RECORD_SIZE
+        data = bytes(buf[base:base + n * RECORD_SIZE])
+        if n < end - read:  # wrapped
+            data += bytes(buf[HEADER_SIZE:HEADER_SIZE + (end - read - n) * RECORD_SIZE])
+        _U64.pack_into(buf, OFF_READ, end)
+        return data
+
     def dropped(self) -> int:
         return _U64.unpack_from(self.buf, OFF_DROPPED)[0]
 

@@ -21,6 +21,7 @@ import orjson
 from omnitrace import __version__
 from omnitrace import conventions as cv
 from omnitrace.agent import export_otlp
+from omnitrace.agent import spool as spool_mod
 from omnitrace.agent.assemble import Assembler, Span
 from omnitrace.agent.collect import Collector, RingSource
 from omnitrace.agent.export_prometheus import Metrics
@@ -79,6 +80,20 @@ class Agent:
         self.warned_drops: dict[str, int] = {}
         self.prom_port = 0
         self._exported_at = 0
+        # raw spool: the drain thread fills it, assembly (main thread) empties it
+        self.spool = spool_mod.Spool(self.rundir.file("events.bin"))
+        self.ring_idx: dict[str, int] = {}
+        self.ring_src: dict[int, RingSource] = {}
+        self._spooled_ident: dict[int, tuple] = {}
+        self.ring_meta: dict[int, dict] = {}
+        self.decoders: dict[int, spool_mod.RingDecoder] = {}
+        self.slots_spooled = 0
+        self.max_drain_lag_ms = 0.0
+        self.final_assembly_s = 0.0
+        self.started_mono = time.monotonic()
+        self.drained = threading.Event()
+        self._drain_thread = threading.Thread(target=self._drain_loop, name="omnitrace-drain",
+                                              daemon=True)
         self._last_export_counts: dict[tuple[str, str], int] = {}
         self.meta = {
             "run_id": args.run_id, "command": orjson.loads(args.command_json),
@@ -102,11 +117,6 @@ class Agent:
         return {"pid": os.getpid(), "prometheus_port": self.prom_port}
 
     # ------------------------------------------------------------------ loop
-    def _feed(self, src: RingSource, batch: list) -> None:
-        h = src.header
-        self.assembler.feed(batch, src.offset_ns, h.pid, h.replica, h.role, h.stage, h.process)
-        self.metrics.count(cv.METRIC_EVENTS, h.stage, h.replica, len(batch))
-
     def _note_process(self, src: RingSource) -> None:
         h = src.header
         p = self.processes.get(h.pid)
@@ -135,43 +145,124 @@ class Agent:
                       f"{cv.ENV_RING_RECORDS}, now {h.capacity})", file=sys.stderr, flush=True)
             self.warned_drops[src.name] = src.dropped
 
-    BATCH = 4096  # records per ring per cycle: bounds transient memory, and a busy ring
-    # cannot starve the others for long (they are visited round-robin)
+    RAW_SLOTS = 1 << 15  # slots per ring per drain cycle (1 MiB): bounds the copy in
+    # memory, and a busy ring cannot starve the others for long (round-robin)
 
-    def cycle(self, reap: bool) -> bool:
-        """One round over every ring; True if some ring had more than one batch waiting."""
+    # ------------------------------------------------------------------ drain thread
+    def _ring_idx(self, src: RingSource) -> int:
+        idx = self.ring_idx.get(src.name)
+        if idx is None:
+            idx = self.ring_idx[src.name] = len(self.ring_idx)
+            self.ring_src[idx] = src
+        h = src.header
+        ident = (h.pid, h.role, h.stage, h.replica, h.process)
+        if self._spooled_ident.get(idx) != ident:
+            self._spooled_ident[idx] = ident
+            self.spool.ring(idx, {"name": src.name, "pid": h.pid, "tid": h.tid,
+                                  "thread": h.thread, "role": h.role, "stage": h.stage,
+                                  "replica": h.replica, "process": h.process,
+                                  "offset_ns": src.offset_ns})
+        return idx
+
+    def drain_cycle(self, reap: bool) -> bool:
+        """Copy every ring's new slots into the spool and free them; True if some ring
+        had more than one cycle's worth waiting. Runs on the drain thread only."""
         t0 = time.perf_counter()
         backlog = False
         for src in self.collector.discover(time.time_ns()):
             self._note_process(src)
-        for src, batch in self.collector.drain(self.BATCH):
-            self._note_process(src)
-            self._feed(src, batch)
-            backlog = backlog or len(batch) >= self.BATCH
-            if len(self.pending) >= 4096 or self.assembler.spans_built - self._exported_at >= 8192:
-                self.export_pending()
+            self._ring_idx(src)
         for src in list(self.collector.sources.values()):
+            raw = src.reader.read_raw(self.RAW_SLOTS)
+            src.dropped = src.reader.dropped()
+            if raw:
+                src.header = src.reader.header()  # role/stage may be set after creation
+                self._note_process(src)
+                self.spool.records(self._ring_idx(src), raw)
+                self.slots_spooled += len(raw) // 32
+                backlog = backlog or len(raw) >= self.RAW_SLOTS * 32
             self._drops(src)
         if reap:
             for src in self.collector.reap():
                 # one more drain after the writer is gone, then the ring can go
-                batch = src.reader.read_batch()
-                if batch:
-                    self.collector.stats.events_read += len(batch)
-                    src.events += len(batch)
-                    self._feed(src, batch)
-                self.assembler.process_died(src.header.pid)
+                while True:
+                    raw = src.reader.read_raw(self.RAW_SLOTS)
+                    if not raw:
+                        break
+                    self.spool.records(self._ring_idx(src), raw)
+                    self.slots_spooled += len(raw) // 32
+                self.spool.died(self._ring_idx(src))
                 self.collector.retire(src)
                 self._drops(src)
                 if src.header.pid in self.processes and not self.processes[src.header.pid]["exited"]:
                     self.processes[src.header.pid]["exited"] = True
                     self.procs_dirty = True
-            self.assembler.tick()
-            self.metrics.queue.set(len(self.assembler.reqs))
-        self.export_pending()
+        self.spool.commit()
         self.cycles += 1
         self.max_cycle_ms = max(self.max_cycle_ms, (time.perf_counter() - t0) * 1e3)
         return backlog
+
+    def _drain_loop(self) -> None:
+        """The drain thread: raw copies every interval, then the final drain at stop."""
+        interval = self.args.interval_ms / 1e3
+        next_reap = time.monotonic()
+        try:
+            while not self.stop.is_set():
+                now = time.monotonic()
+                reap = now >= next_reap
+                if reap:
+                    next_reap = now + 0.25
+                backlog = self.drain_cycle(reap)
+                if not backlog:
+                    due = now + interval
+                    if self.stop.wait(max(0.0, due - time.monotonic())):
+                        break
+                    # how late this thread got the GIL back after its sleep (assembly runs
+                    # meanwhile on the main thread): the measure that drain is not starved
+                    self.max_drain_lag_ms = max(self.max_drain_lag_ms,
+                                                (time.monotonic() - due) * 1e3)
+            while self.drain_cycle(reap=True):
+                pass
+            while self.drain_cycle(reap=False):  # rings of processes still alive (orphans)
+                pass
+            self.collector.close(unlink=True)
+            for src in self.collector.all_sources():
+                self._drops(src, final=True)
+        except Exception as exc:  # the main thread must still finish what was spooled
+            print(f"omnitrace agent: drain thread failed: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+        finally:
+            self.drained.set()
+
+    # ------------------------------------------------------------------ assembly (main thread)
+    def assemble_some(self, max_bytes: int = 4 << 20) -> int:
+        """Assemble up to ``max_bytes`` of spooled blocks; returns how many blocks."""
+        blocks = self.spool.read_blocks(max_bytes)
+        for kind, idx, payload in blocks:
+            if kind == spool_mod.RECORDS:
+                dec = self.decoders.get(idx)
+                if dec is None:
+                    dec = self.decoders[idx] = spool_mod.RingDecoder()
+                batch = dec.decode(payload)
+                if batch:
+                    m = self.ring_meta[idx]
+                    self.assembler.feed(batch, m["offset_ns"], m["pid"], m["replica"],
+                                        m["role"], m["stage"], m["process"])
+                    self.metrics.count(cv.METRIC_EVENTS, m["stage"], m["replica"], len(batch))
+                    self.collector.stats.events_read += len(batch)
+                    src = self.ring_src.get(idx)
+                    if src is not None:
+                        src.events += len(batch)
+                if len(self.pending) >= 4096 or self.assembler.spans_built - self._exported_at >= 8192:
+                    self.export_pending()
+            elif kind == spool_mod.RING:
+                self.ring_meta[idx] = orjson.loads(payload)
+            elif kind == spool_mod.DIED:
+                m = self.ring_meta.get(idx)
+                if m is not None:
+                    self.assembler.process_died(m["pid"])
+                self.decoders.pop(idx, None)  # its interned ids are not needed any more
+        return len(blocks)
 
     def export_pending(self) -> None:
         self._exported_at = self.assembler.spans_built
@@ -218,6 +309,13 @@ class Agent:
             "exporters": exporters,
             "drain_cycles": self.cycles,
             "max_cycle_ms": round(self.max_cycle_ms, 3),
+            "max_drain_lag_ms": round(self.max_drain_lag_ms, 3),
+            "spool": {"slots_spooled": self.slots_spooled,
+                      "bytes_written": self.spool.total_written,
+                      "bytes_assembled": self.spool.total_read,
+                      "backlog_bytes": self.spool.backlog(),
+                      "truncations": self.spool.truncations},
+            "final_assembly_s": round(self.final_assembly_s, 3),
             "rss_bytes": rss,
             "max_rss_bytes": max(self.max_rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
         }
@@ -245,35 +343,61 @@ class Agent:
             self.started_unix_ns, time.time_ns()))
 
     def run(self) -> None:
+        """Assembly on the main thread, from the spool, at its own pace."""
         interval = self.args.interval_ms / 1e3
-        next_reap = next_side = time.monotonic()
+        self._drain_thread.start()
+        next_tick = next_side = time.monotonic()
         next_metrics = time.monotonic() + self.args.metrics_interval_s
         while not self.stop.is_set():
             now = time.monotonic()
-            reap = now >= next_reap
-            if reap:
-                next_reap = now + 0.25
-            backlog = self.cycle(reap)
+            busy = self.assemble_some() > 0
+            self.export_pending()
+            if now >= next_tick:
+                self.assembler.tick()
+                self.metrics.queue.set(len(self.assembler.reqs))
+                next_tick = now + 0.25
             if now >= next_side:
                 self.write_side_files()
                 next_side = now + 1.0
             if now >= next_metrics:
                 self.write_metrics()
                 next_metrics = now + self.args.metrics_interval_s
-            if not backlog:  # behind: go again at once, the rings are filling
-                self.stop.wait(max(0.0, interval - (time.monotonic() - now)))
+            if not busy:
+                self.stop.wait(interval)
 
     def finish(self, status: str) -> None:
-        """Final drain of every ring, incomplete spans, flush exporters, write files."""
-        while self.cycle(reap=True):
-            pass
-        while self.cycle(reap=False):  # rings of processes still alive (e.g. orphans)
-            pass
+        """Final drain of every ring (drain thread), assembly of the whole spool (however
+        long it takes, with progress on stderr), incomplete spans, exporters, files."""
+        self.stop.set()
+        if not self._drain_thread.is_alive() and not self.drained.is_set():
+            self._drain_thread.start()  # run() never started it (an early stop)
+        t0 = time.monotonic()
+        next_note = t0 + 2.0
+        next_side = t0 + 1.0
+        while True:
+            done = self.drained.is_set()  # read before the backlog: nothing spooled after
+            if self.assemble_some() == 0:
+                if done and self.spool.backlog() == 0:
+                    break
+                self.drained.wait(0.02)
+            self.export_pending()
+            now = time.monotonic()
+            if now >= next_note:
+                left = self.spool.backlog()
+                print(f"omnitrace agent: final assembly: {left / 2**20:.1f} MiB of spooled events "
+                      f"left ({self.spool.total_read / 2**20:.0f} MiB done, "
+                      f"{now - t0:.0f} s so far)", file=sys.stderr, flush=True)
+                next_note = now + 5.0
+            if now >= next_side:  # keeps agent.json fresh: `omnitrace run` watches it
+                self.write_side_files()
+                next_side = now + 1.0
+        self.final_assembly_s = time.monotonic() - t0
+        if self.final_assembly_s >= 2.0:
+            print(f"omnitrace agent: final assembly done in {self.final_assembly_s:.1f} s",
+                  file=sys.stderr, flush=True)
+        self.spool.close(remove=True)
         self.assembler.flush("run-ended")
         self.export_pending()
-        for src in self.collector.all_sources():
-            self._drops(src, final=True)
-        self.collector.close(unlink=True)
         timeout = self.args.otlp_timeout if self.args.otlp_timeout is not None else 10.0
         deadline = max(2.0, min(30.0, timeout + 1.0))
         threads = [threading.Thread(target=e.close, args=(deadline,)) for e in self.exporters]

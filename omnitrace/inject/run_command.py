@@ -269,20 +269,40 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _stop_agent(agent: subprocess.Popen, rc: int, cfg: dict | None = None,
-                timeout_s: float = 90.0) -> None:
+                stall_s: float = 90.0) -> None:
+    """Tell the agent to finish and wait for it. Its final assembly of a large spooled
+    backlog may take minutes (it prints progress on stderr), so the limit is on *no
+    progress*: the agent rewrites agent.json every second while it works; it is killed
+    only when that stops for ``stall_s`` (or, without a run directory, after ``stall_s``)."""
     try:
         assert agent.stdin is not None
         agent.stdin.write(f"exit {rc}\n".encode())
         agent.stdin.close()
     except (BrokenPipeError, OSError):
         pass
-    try:
-        agent.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        agent.kill()
-        agent.wait()
-        print("omnitrace run: the agent did not finish its flush in time and was killed",
-              file=sys.stderr)
+    progress = os.path.join(cfg["run_dir"], "agent.json") if cfg is not None else None
+    last_mark: tuple | None = None
+    last_change = time.monotonic()
+    while True:
+        try:
+            agent.wait(1.0)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        try:
+            st = os.stat(progress) if progress else None
+            mark = (st.st_mtime_ns, st.st_size) if st else None
+        except OSError:
+            mark = None
+        if mark is not None and mark != last_mark:
+            last_mark, last_change = mark, now
+        elif now - last_change > stall_s:
+            agent.kill()
+            agent.wait()
+            print(f"omnitrace run: the agent made no progress for {stall_s:.0f} s during its "
+                  "final flush and was killed", file=sys.stderr)
+            break
     if agent.returncode != 0 and cfg is not None:
         _mark_agent_killed(cfg, rc)
 
