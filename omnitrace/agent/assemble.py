@@ -458,21 +458,36 @@ class Assembler:
     def _pair(self, st: _Req, side: dict, pairs: dict, kind: int, stage: int, chunk: int,
               a: int, b: int, wall: int, proc: tuple, replica: int, producer: bool,
               pid: int) -> None:
-        ch = side.get((stage, chunk))
+        key = (stage, chunk)
+        ch = side.get(key)
         if ch is None:
-            ch = side[(stage, chunk)] = _Chunk(proc, replica)
+            ch = side[key] = _Chunk(proc, replica)
         begin = _END_TO_BEGIN.get(kind, kind)
-        p = ch.pend.get(begin)
-        if p is None:
-            p = ch.pend[begin] = ([], [])
-        (p[0] if kind == begin else p[1]).append((wall, a, b))
-        if p[0] and p[1]:
-            b0, e0 = p[0].pop(0), p[1].pop(0)
-            if not p[0] and not p[1]:
-                del ch.pend[begin]
-                if not ch.pend:  # nothing left open: its memory goes now, not at request end
-                    del side[(stage, chunk)]
-            self._emit_chunk(st, ch, pairs[begin][1], b0, e0, stage, chunk, producer, pid, None)
+        pend = ch.pend
+        p = pend.get(begin)
+        is_begin = kind == begin
+        # the usual case: the other stamp of the pair is waiting alone -> pair at once,
+        # without appending and popping (this runs for every chunk event)
+        if p is not None:
+            other = p[1] if is_begin else p[0]
+            mine = p[0] if is_begin else p[1]
+            if other and not mine:
+                o = other.pop(0)
+                if not other:
+                    del pend[begin]
+                    if not pend:  # nothing left open: its memory goes now, not at request end
+                        del side[key]
+                stamp = (wall, a, b)
+                if is_begin:
+                    self._emit_chunk(st, ch, pairs[begin][1], stamp, o, stage, chunk, producer,
+                                     pid, None)
+                else:
+                    self._emit_chunk(st, ch, pairs[begin][1], o, stamp, stage, chunk, producer,
+                                     pid, None)
+                return
+            mine.append((wall, a, b))
+            return
+        pend[begin] = ([(wall, a, b)], []) if is_begin else ([], [(wall, a, b)])
 
     def _producer(self, st: _Req, kind: int, stage: int, chunk: int, a: int, b: int,
                   wall: int, proc: tuple, replica: int, pid: int) -> None:
