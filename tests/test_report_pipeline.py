@@ -108,3 +108,35 @@ def test_half_written_run_dir(run_dir, tmp_path):
     out = r.stdout
     assert "truncated" in out and "agent.json missing" in out and "'running'" in out
     assert "results are partial" in out
+
+
+def test_agent_killed_mid_run(tmp_path):
+    """SIGKILL the real agent while the bench runs: the report labels the partial run."""
+    import signal
+    import time
+    from report_util import _env
+    d = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "omnitrace", "run", "--run-dir", str(d), "--", sys.executable, "-m",
+           "omnitrace.bench.serve_and_bench", "--", "--no-progress", "--concurrency", "4",
+           "--num-prompts", "40", "--input-len", "100", "--output-len", "60"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    try:
+        deadline = time.monotonic() + 90
+        pid = None
+        while time.monotonic() < deadline and pid is None:
+            try:
+                if (d / "spans.jsonl").stat().st_size > 0:
+                    pid = json.loads((d / "run.json").read_text()).get("agent_pid")
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        assert pid, "the agent never wrote spans"
+        os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    r = subprocess.run([sys.executable, "-m", "omnitrace", "report", str(d)], capture_output=True,
+                       text=True, timeout=60)
+    assert "Traceback" not in r.stderr + r.stdout and r.returncode in (0, 3), r.stderr
+    assert "status=agent-killed" in r.stdout and "results are partial" in r.stdout
