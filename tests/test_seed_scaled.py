@@ -2,7 +2,13 @@
 concurrency 32, 60 output tokens instead of 900, 32 measured requests, a GPU-like 30 ms
 thinker step. Recursive vs copy snapshot: the report must show the snapshot cost per
 chunk falling >= 10x and the stage-0 FIFO residence p99 falling.
-(benchmarks/seed_scenario.py runs the full one.)"""
+(benchmarks/seed_scenario.py runs the full one.)
+
+Reused segments (`--shm pool`): with a new segment per chunk, the tail of stage-0 FIFO
+residence is set by creating 20 MB chunk-0 segments (page faults, unlink), which varied 5x
+between identical runs on this shared 2-core machine (copy p99 434 ms, then 2,056 ms) and
+hides the snapshot's effect; with the pool, the tail is the sender waiting for the GIL
+behind recursive snapshots (two runs: p99 122 -> 87 ms, 293 -> 202 ms)."""
 from __future__ import annotations
 
 import pytest
@@ -20,7 +26,7 @@ def test_recursive_vs_copy(tmp_path):
     reps = {}
     for strategy in ("recursive", "copy"):
         d = str(tmp_path / strategy)
-        run_pipeline(d, BENCH, serve_args=f"--snapshot {strategy} --pipeline {pipe}", timeout=300)
+        run_pipeline(d, BENCH, serve_args=f"--snapshot {strategy} --shm pool --pipeline {pipe}", timeout=300)
         reps[strategy] = report_json(d)
     snap = {k: next(s for s in r["snapshot"] if s["stage_id"] == 0) for k, r in reps.items()}
     fifo = {k: next(f for f in r["fifo"] if f["stage_id"] == 0) for k, r in reps.items()}
