@@ -10,6 +10,11 @@ arrive/first/end), then timed as the agent processes it in its own batch size:
 2. assemble   + Assembler.feed: spans, FIFO residence/blocked, Prometheus observations
 3. file       + OTLP-JSON encoding into spans.jsonl (the always-on exporter)
 4. otlp-obj   + SDK ReadableSpan conversion (what an OTLP exporter adds, before the network)
+
+and, with ``--gil``, the agent's GIL sharing: the file layer runs on the main thread while
+a drain thread wakes every 20 ms (as the agent's does) and copies a second ring raw into
+a spool; reported: how late that thread got to run after each sleep (max, p99), i.e.
+whether assembly starves the drain.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 
 os.environ["OMNITRACE_RUN_ID"] = f"drainbench-{os.getpid()}"
@@ -99,10 +105,47 @@ def run_layer(layer: str, n_events: int, tmp: str) -> dict:
             "events_per_cpu_s": round(n / cpu), "spans": asm.spans_built}
 
 
+def gil_lag(n_events: int, tmp: str, interval_s: float = 0.02) -> dict:
+    """Drain-thread wake-up lateness while the main thread assembles (one process)."""
+    from omnitrace.agent.spool import Spool
+    side = record.Ring(os.environ["OMNITRACE_RUN_ID"] + "gil", record.ProcessInfo("stage", 1, 0, "x"),
+                       1 << 16)
+    side_reader = record.RingReader(side.name)
+    spool = Spool(os.path.join(tmp, "events.bin"))
+    lags: list[float] = []
+    stop = threading.Event()
+
+    def drain() -> None:
+        while True:
+            due = time.monotonic() + interval_s
+            if stop.wait(interval_s):
+                return
+            lags.append((time.monotonic() - due) * 1e3)
+            raw = side_reader.read_raw(1 << 15)
+            if raw:
+                spool.records(0, raw)
+            spool.commit()
+
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+    r = run_layer("file", n_events, tmp)
+    stop.set()
+    t.join()
+    spool.close()
+    side_reader.close(unlink=True)
+    side.close()
+    lags.sort()
+    r.update(drain_wakeups=len(lags), lag_max_ms=round(lags[-1], 2),
+             lag_p99_ms=round(lags[int(len(lags) * 0.99)], 2),
+             lag_median_ms=round(lags[len(lags) // 2], 2))
+    return r
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=600_000)
     ap.add_argument("--json")
+    ap.add_argument("--gil", action="store_true", help="also measure drain-thread lateness")
     args = ap.parse_args(argv)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
             out[layer] = r = run_layer(layer, args.events, tmp)
             print(f"{layer:<9} {r['events']:>8} events  {r['cpu_s']:>7.3f} s CPU  "
                   f"{r['events_per_cpu_s']:>10,} events/s  ({r['spans']} spans)")
+        if args.gil:
+            out["gil"] = r = gil_lag(args.events, tmp)
+            print(f"gil       file layer with a 20 ms drain thread: {r['events_per_cpu_s']:,} events/s; "
+                  f"drain wake-up late by median {r['lag_median_ms']} ms, p99 {r['lag_p99_ms']} ms, "
+                  f"max {r['lag_max_ms']} ms over {r['drain_wakeups']} wake-ups; "
+                  f"load average {os.getloadavg()[0]:.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

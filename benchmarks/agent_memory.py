@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=600)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--json")
+    ap.add_argument("--agent-nice", type=int, default=0,
+                    help="renice the agent by this much (simulates a CPU-starved agent)")
     args = ap.parse_args(argv)
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                 except OSError:
                     time.sleep(0.3)
             agent_pid = json.load(open(os.path.join(run_dir, "run.json")))["agent_pid"]
+            if args.agent_nice:
+                os.setpriority(os.PRIO_PROCESS, agent_pid, args.agent_nice)  # main thread
+                for tid in os.listdir(f"/proc/{agent_pid}/task"):  # and its drain thread
+                    os.setpriority(os.PRIO_PROCESS, int(tid), args.agent_nice)
             samples: list = []
             stats = asyncio.run(_load(port, agent_pid, args.duration, args.concurrency, samples,
                                       run_dir))
@@ -144,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     after_warmup = [s["rss_bytes"] for s in samples if s["t_s"] >= 60] or rss
     out = {
         "duration_s": args.duration, "concurrency": args.concurrency, "requests": stats,
+        "agent_nice": args.agent_nice,
         "agent_rss_mib": {"first": round(rss[0] / 2**20, 1), "max": round(max(rss) / 2**20, 1),
                           "after_60s_min": round(min(after_warmup) / 2**20, 1),
                           "after_60s_max": round(max(after_warmup) / 2**20, 1),
@@ -151,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         "agent": {k: agent.get(k) for k in ("events_read", "events_dropped", "spans_built",
                                             "spans_incomplete", "requests_freed", "requests_open",
                                             "max_cycle_ms", "max_rss_bytes", "state",
-                                            "max_drain_lag_ms", "spool", "final_assembly_s")},
+                                            "max_drain_lag_ms", "drain_lag_ms_counts", "spool",
+                                            "final_assembly_s")},
         "stop_to_exit_s": round(stop_s, 1),
         "load_average_at_end": [round(x, 2) for x in load],
         "spans_jsonl_mib": round(spans_bytes / 2**20, 1),

@@ -8,6 +8,7 @@ stdin closes (its parent died), or on SIGTERM/SIGINT.
 from __future__ import annotations
 
 import argparse
+import bisect
 import os
 import resource
 import signal
@@ -89,6 +90,7 @@ class Agent:
         self.decoders: dict[int, spool_mod.RingDecoder] = {}
         self.slots_spooled = 0
         self.max_drain_lag_ms = 0.0
+        self.drain_lags = [0] * (len(self.LAG_BOUNDS_MS) + 1)  # wake-up lateness histogram
         self.final_assembly_s = 0.0
         self.started_mono = time.monotonic()
         self.drained = threading.Event()
@@ -145,6 +147,7 @@ class Agent:
                       f"{cv.ENV_RING_RECORDS}, now {h.capacity})", file=sys.stderr, flush=True)
             self.warned_drops[src.name] = src.dropped
 
+    LAG_BOUNDS_MS = (5.0, 20.0, 100.0, 500.0)
     RAW_SLOTS = 1 << 15  # slots per ring per drain cycle (1 MiB): bounds the copy in
     # memory, and a busy ring cannot starve the others for long (round-robin)
 
@@ -219,8 +222,9 @@ class Agent:
                         break
                     # how late this thread got the GIL back after its sleep (assembly runs
                     # meanwhile on the main thread): the measure that drain is not starved
-                    self.max_drain_lag_ms = max(self.max_drain_lag_ms,
-                                                (time.monotonic() - due) * 1e3)
+                    lag_ms = (time.monotonic() - due) * 1e3
+                    self.max_drain_lag_ms = max(self.max_drain_lag_ms, lag_ms)
+                    self.drain_lags[bisect.bisect_left(self.LAG_BOUNDS_MS, lag_ms)] += 1
             while self.drain_cycle(reap=True):
                 pass
             while self.drain_cycle(reap=False):  # rings of processes still alive (orphans)
@@ -310,6 +314,8 @@ class Agent:
             "drain_cycles": self.cycles,
             "max_cycle_ms": round(self.max_cycle_ms, 3),
             "max_drain_lag_ms": round(self.max_drain_lag_ms, 3),
+            "drain_lag_ms_counts": dict(zip(("<=5", "<=20", "<=100", "<=500", ">500"),
+                                            self.drain_lags)),
             "spool": {"slots_spooled": self.slots_spooled,
                       "bytes_written": self.spool.total_written,
                       "bytes_assembled": self.spool.total_read,
