@@ -36,6 +36,13 @@ def talker_like_chunk(transfer_manager: Any, multimodal_output: Any, request: An
                              meta=MetaStruct(left_context_size=0, finished=torch.tensor(is_finished)))
 
 
+def _anchor() -> list[int]:
+    """(perf_counter_ns, unix ns) as one tight pair, like the agent's clock conversion."""
+    from omnitrace.record import clock_offset_ns
+    mono = time.perf_counter_ns()
+    return [mono, mono + clock_offset_ns()]
+
+
 def _cfg(stage: int, proc: str | None, worker_type: str) -> Any:
     # The only config fields the adapter reads (reference §6).
     mc = SimpleNamespace(stage_id=stage, async_chunk=True, worker_type=worker_type, max_model_len=8192,
@@ -166,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.01)
     out = {"ext_ids": ext_ids, "chunks": args.chunks, **result, "consumer_exit": proc.exitcode,
            "windows": windows, "dequeues": dequeues,
-           "anchor": [time.perf_counter_ns(), time.time_ns()]}
+           "anchor": _anchor()}
     try:
         from omnitrace.inject import patching
 

@@ -7,7 +7,6 @@ the collector unlinks a ring only after the final drain that follows its writer'
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 
 from omnitrace import record
@@ -66,7 +65,7 @@ class Collector:
         # All rings of a host share CLOCK_MONOTONIC, so one offset for all of them keeps
         # intervals between threads and processes exact (per-ring anchors differ by the
         # jitter of reading two clocks); the anchors stay in agent.json for cross-checks.
-        self.offset_ns = time.time_ns() - time.perf_counter_ns()
+        self.offset_ns = record.clock_offset_ns()
 
     def discover(self, now_unix_ns: int) -> list[RingSource]:
         """Attach to rings that appeared since the last call; returns the new ones."""
