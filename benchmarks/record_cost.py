@@ -2,7 +2,7 @@
 
     python benchmarks/record_cost.py [--passes 7] [--json OUT]
 
-Method (as reference/hotpath_costs.md): each statement runs in a compiled
+Method (the same for every row): each statement runs in a compiled
 ``for _ in range(n)`` loop with its callables pre-bound as fast locals; one warm-up pass,
 then timed passes; per-op ns = pass time / n (loop overhead ~8 ns included). Reports
 min and median over passes. Every record reads its own perf_counter_ns(), like a hook

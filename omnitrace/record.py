@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import mmap
 from typing import Iterator
 
+import numpy as np
+
 from omnitrace import conventions as cv
 
 MAGIC = b"OMNIRING"
@@ -330,7 +332,7 @@ class RingReader:
             raise ValueError(f"{name}: not an omnitrace ring")
         self.capacity = _U64.unpack_from(self.buf, 16)[0]
         self._mask = self.capacity - 1
-        self.strings: dict[int, str] = {}
+        self._decoder: SlotDecoder | None = None
 
     def header(self) -> RingHeader:
         (_, _, _, cap, write, read, dropped, amono, awall, pid, tid, stage, replica, _,
@@ -343,45 +345,11 @@ class RingReader:
         yield from self.read_batch(max_records)
 
     def read_batch(self, max_records: int = 1 << 20) -> list[tuple[int, str, int, int, int, int, int]]:
-        """All new records as a list, and free their slots (the agent's fast path).
-
-        Copies each contiguous run of slots once and decodes it with ``iter_unpack``:
-        several times faster than one ``unpack_from`` per record.
-        """
-        buf, mask, cap = self.buf, self._mask, self.capacity
-        read = _U64.unpack_from(buf, OFF_READ)[0]
-        write = _U64.unpack_from(buf, OFF_WRITE)[0]
-        end = min(write, read + max_records)
-        out: list[tuple[int, str, int, int, int, int, int]] = []
-        append, strings, string_kind = out.append, self.strings, int(cv.Ev.STRING)
-        skip = 0
-        while read < end:
-            start = read & mask
-            n = min(end - read, cap - start)
-            base = HEADER_SIZE + start * RECORD_SIZE
-            pos = read
-            for t, a, rid, chunk, kind, stage, b in RECORD.iter_unpack(buf[base:base + n * RECORD_SIZE]):
-                pos += 1
-                if skip:
-                    skip -= 1
-                    continue
-                if kind == string_kind:
-                    # the string bytes follow in the next slots (published together, so
-                    # they are below the write cursor even if past `end`)
-                    skip = (a + RECORD_SIZE - 1) // RECORD_SIZE
-                    raw = bytearray()
-                    for i in range(skip):
-                        off = HEADER_SIZE + ((pos + i) & mask) * RECORD_SIZE
-                        raw += buf[off:off + RECORD_SIZE]
-                    if rid == 1:
-                        strings.clear()  # the writer reset its table
-                    strings[rid] = bytes(raw[:a]).decode("utf-8", "replace")
-                    continue
-                append((kind, strings.get(rid, ""), stage, chunk, a, b, t))
-            read += n
-        read += skip  # string bytes beyond `end`
-        _U64.pack_into(buf, OFF_READ, read)
-        return out
+        """All new records as (kind, request, stage, chunk, a, b, t) tuples, and free their
+        slots: :meth:`read_raw` decoded by this ring's :class:`SlotDecoder` (tests, tools)."""
+        if self._decoder is None:
+            self._decoder = SlotDecoder(RequestIds())
+        return self._decoder.tuples(self.read_raw(max_records))
 
     def read_raw(self, max_slots: int = 1 << 20) -> bytes:
         """The new slots as raw bytes (records and string slots, undecoded), and free
@@ -409,10 +377,150 @@ class RingReader:
         return _U64.unpack_from(self.buf, OFF_WRITE)[0]
 
     def close(self, unlink: bool = False) -> None:
+        self._decoder = None
         self.buf = None  # type: ignore[assignment]
         self.shm.close()
         if unlink:
             self.shm.unlink()
+
+
+# --------------------------------------------------------------------------- the one decoder
+# A slot as numpy sees it: the RECORD layout above, field for field.
+RECORD_DTYPE = np.dtype([("t", "<i8"), ("a", "<i8"), ("req", "<u4"), ("chunk", "<i4"),
+                         ("kind", "<u2"), ("stage", "<i2"), ("b", "<i4")])
+assert RECORD_DTYPE.itemsize == RECORD_SIZE
+_STRING_KIND = int(cv.Ev.STRING)
+
+
+class RequestIds:
+    """Request id strings <-> dense ints shared by every ring of a run (0 = no request).
+    Decoded events carry these ints, so pairing and grouping are integer array work."""
+
+    __slots__ = ("ids", "strings")
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {"": 0}
+        self.strings: list[str] = [""]
+
+    def intern(self, text: str) -> int:
+        i = self.ids.get(text)
+        if i is None:
+            i = self.ids[text] = len(self.strings)
+            self.strings.append(text)
+        return i
+
+
+class SlotDecoder:
+    """Decodes one ring's slots, in order, into event records: the only decoder of the
+    ring layout (ring reader, agent, event-log reader all use it).
+
+    Input: raw slots exactly as in the ring (``RingReader.read_raw``), in cuts of any
+    size, a STRING record's byte slots possibly continuing in the next cut. Output: a
+    ``RECORD_DTYPE`` array of the event records (STRING records and their bytes removed)
+    whose ``req`` is the run-wide :class:`RequestIds` number, not the ring's own.
+
+    Vectorised: one ``frombuffer`` per cut; Python touches only STRING records (one per
+    request per ring) and the candidates for them. A writer's table reset (the string
+    with ring id 1 is re-interned) splits a cut into windows, each mapped with its own
+    lookup table, so an id reused after a reset never takes the old string.
+    """
+
+    __slots__ = ("requests", "strings", "_lut", "_pending", "_need", "_rid", "_len")
+
+    def __init__(self, requests: RequestIds) -> None:
+        self.requests = requests
+        self.strings: dict[int, str] = {}  # ring id -> text (the writer's current table)
+        self._lut = np.zeros(1, np.uint32)  # ring id -> run-wide id
+        self._pending = bytearray()
+        self._need = 0  # byte slots of a cut string still to come
+        self._rid = 0
+        self._len = 0
+
+    def _define(self, rid: int, data: bytes) -> bool:
+        """Store one string; True if it reset the table (ids of earlier records are stale)."""
+        reset = rid == 1 and bool(self.strings)
+        if reset:
+            self.strings.clear()
+            self._lut[:] = 0
+        text = data.decode("utf-8", "replace")
+        self.strings[rid] = text
+        if rid >= len(self._lut):
+            lut = np.zeros(max(rid + 1, 2 * len(self._lut)), np.uint32)
+            lut[:len(self._lut)] = self._lut
+            self._lut = lut
+        self._lut[rid] = self.requests.intern(text)
+        return reset
+
+    def load_table(self, table: dict[int, str]) -> None:
+        """Start from a known string table (an event-log segment's STRINGS block)."""
+        self.strings.clear()
+        self._lut[:] = 0
+        for rid, text in sorted(table.items()):
+            self._define(rid, text.encode("utf-8"))
+
+    @property
+    def cut(self) -> bool:
+        """True while a string's bytes are split between this cut and the next."""
+        return self._need > 0
+
+    def decode(self, raw: bytes | memoryview) -> np.ndarray:
+        view = memoryview(raw)
+        off = 0
+        if self._need:  # the rest of a string begun in the previous cut
+            take = min(self._need, len(view) // RECORD_SIZE)
+            self._pending += view[:take * RECORD_SIZE]
+            self._need -= take
+            off = take * RECORD_SIZE
+            if self._need:
+                return np.empty(0, RECORD_DTYPE)
+            self._define(self._rid, bytes(self._pending[:self._len]))
+            self._pending = bytearray()
+        slots = np.frombuffer(view[off:off + (len(view) - off) // RECORD_SIZE * RECORD_SIZE],
+                              RECORD_DTYPE)
+        n = len(slots)
+        cand = np.flatnonzero(slots["kind"] == _STRING_KIND)
+        if not len(cand):
+            out = slots.copy()
+            out["req"] = self._map(out["req"])
+            return out
+        keep = np.ones(n, bool)
+        req = np.zeros(n, np.uint32)
+        win_start = 0  # records from here on are mapped by the table as it stands at the
+        # next reset (or at the end): ids only grow between resets
+        nxt = 0  # first slot that can hold a record (not string bytes)
+        lens, rids = slots["a"], slots["req"]
+        for i in cand.tolist():
+            if i < nxt:
+                continue  # string bytes that look like a STRING record
+            length = int(lens[i])
+            nbytes_slots = (length + RECORD_SIZE - 1) // RECORD_SIZE
+            have = min(nbytes_slots, n - i - 1)
+            keep[i:i + 1 + have] = False
+            nxt = i + 1 + nbytes_slots
+            rid = int(rids[i])
+            start = off + (i + 1) * RECORD_SIZE
+            if have < nbytes_slots:  # cut: the rest comes with the next cut
+                self._rid, self._len, self._need = rid, length, nbytes_slots - have
+                self._pending = bytearray(view[start:start + have * RECORD_SIZE])
+                break
+            if rid == 1 and self.strings:  # reset: map what came before with the old table
+                req[win_start:i] = self._map(rids[win_start:i])
+                win_start = i
+            self._define(rid, bytes(view[start:start + length]))
+        req[win_start:] = self._map(rids[win_start:])
+        out = slots[keep]  # a copy: the cut's buffer may be reused
+        out["req"] = req[keep]
+        return out
+
+    def _map(self, rids: np.ndarray) -> np.ndarray:
+        lut = self._lut
+        return lut[np.minimum(rids, len(lut) - 1)] * (rids < len(lut))
+
+    def tuples(self, raw: bytes | memoryview) -> list[tuple[int, str, int, int, int, int, int]]:
+        """Decoded records as (kind, request text, stage, chunk, a, b, t) tuples."""
+        rec = self.decode(raw)
+        texts = self.requests.strings
+        return [(k, texts[r], s, c, a, b, t) for t, a, r, c, k, s, b in rec.tolist()]
 
 
 def discover(run_id: str, shm_dir: str = SHM_DIR) -> list[str]:

@@ -162,8 +162,9 @@ def test_builtin_patch_sets_ship_with_the_package() -> None:
 
 def test_api_stream_wrapper_stamps_arrival_first_text_first_audio_end(tmp_path: Path) -> None:
     """The API-server wrappers on an async generator that yields vLLM-Omni's SSE lines
-    (shape: reference/openai_chat_omni_stream.md). The real OmniOpenAIServingChat cannot
-    be imported in the CPU venv (see test_vllm_omni), so this checks our stream handling."""
+    (``data: {json}`` lines, top-level ``modality`` text/audio, ``data: [DONE]`` last). The
+    real OmniOpenAIServingChat cannot be imported in the CPU venv (see test_vllm_omni), so
+    this checks our stream handling."""
     code = """
         import asyncio, json, os
         from omnitrace import record

@@ -24,8 +24,7 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
 from omnitrace import __version__
-from omnitrace import conventions as cv
-from omnitrace.agent.assemble import Span
+from omnitrace.otlp import OtlpSpan, resource_attrs
 
 OTLP_EXPORTERS = ("otlp-grpc", "otlp-http")
 SCOPE = InstrumentationScope("omnitrace.agent", __version__)
@@ -92,11 +91,7 @@ class ResourceCache:
         self._cache: dict[tuple, Resource] = {}
 
     def attrs(self, proc: tuple) -> dict:
-        pid, role, stage, replica, name = proc
-        return {"service.name": cv.SERVICE_NAME, "service.instance.id": f"{self.run_id}/{pid}",
-                cv.ATTR_PID: pid, cv.ATTR_ROLE: role, cv.ATTR_STAGE_ID: stage,
-                cv.ATTR_REPLICA: replica, "process.executable.name": name or role,
-                "omnitrace.run.id": self.run_id}
+        return resource_attrs(self.run_id, proc)
 
     def get(self, proc: tuple) -> Resource:
         res = self._cache.get(proc)
@@ -105,7 +100,7 @@ class ResourceCache:
         return res
 
 
-def to_readable(span: Span, resources: ResourceCache) -> ReadableSpan:
+def to_readable(span: OtlpSpan, resources: ResourceCache) -> ReadableSpan:
     ctx = SpanContext(span.trace_id, span.span_id, False, _SAMPLED)
     parent = (SpanContext(span.trace_id, span.parent_id, False, _SAMPLED)
               if span.parent_id else None)

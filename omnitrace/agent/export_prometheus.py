@@ -14,7 +14,9 @@ agent's CPU per event; a bisect into a list is a few hundred ns.
 from __future__ import annotations
 
 import bisect
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+import numpy as np
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import HistogramMetricFamily
@@ -74,6 +76,31 @@ class _Child:
         self.sum += value
         if trace_hex is not None:
             self.exemplars[i] = (trace_hex, value)
+
+    def observe_many(self, values: np.ndarray, exemplar_of: Callable[[int], str] | None = None,
+                     keys: np.ndarray | None = None) -> None:
+        """Observe every value at once; each bucket hit keeps the last value's exemplar
+        (``exemplar_of(keys[i])``, a trace id computed only for those few values)."""
+        if not len(values):
+            return
+        idx = np.searchsorted(self._bounds_np(), values, "left")
+        for i, c in enumerate(np.bincount(idx, minlength=len(self.counts)).tolist()):
+            if c:
+                self.counts[i] += c
+        self.sum += float(values.sum())
+        if exemplar_of is not None and keys is not None:
+            buckets, rev = np.unique(idx[::-1], return_index=True)
+            for b, pos in zip(buckets.tolist(), (len(idx) - 1 - rev).tolist()):
+                self.exemplars[b] = (exemplar_of(int(keys[pos])), float(values[pos]))
+
+    def _bounds_np(self) -> np.ndarray:
+        arr = _BOUNDS_NP.get(id(self.bounds))
+        if arr is None:
+            arr = _BOUNDS_NP[id(self.bounds)] = np.asarray(self.bounds, dtype=np.float64)
+        return arr
+
+
+_BOUNDS_NP: dict[int, np.ndarray] = {}
 
 
 class HistogramSet:
@@ -141,6 +168,14 @@ class Metrics:
                            registry=self.registry)
         self.server = None
         self.port = 0
+
+    def count_events(self, ev: np.ndarray, rings: dict[int, dict]) -> None:
+        """``omnitrace_events_total`` for a batch of decoded events, per ring's stage."""
+        counts = np.bincount(ev["ring"])
+        for idx in np.flatnonzero(counts).tolist():
+            r = rings.get(idx, {})
+            self.count(cv.METRIC_EVENTS, r.get("stage", cv.API_STAGE), r.get("replica", 0),
+                       int(counts[idx]))
 
     def count(self, metric: str, stage: int, replica: int, n: int) -> None:
         if n > 0:

@@ -1,9 +1,22 @@
-"""`omnitrace agent`: drain the run's rings, assemble spans, export them.
+"""`omnitrace agent`: record the run's events; serve live views of them.
 
-Started by `omnitrace run` with stdin and stdout as pipes: the agent prints one
-``READY {json}`` line on stdout once its exporters are up (or a one-line error and exit
-status 2), and does its final drain and flush when it reads ``exit CODE`` on stdin, when
-stdin closes (its parent died), or on SIGTERM/SIGINT.
+Wiring, nothing more (each part owns its format or its output):
+
+    rings --(drain thread: Collector.read_raw, record.SlotDecoder)--> eventlog segments
+                                                                  \\--> decoded batches
+    decoded batches --(main thread: spantable.SpanBuilder)--> views (agent.views):
+        MetricsView (Prometheus endpoint, metrics.jsonl), OtlpView (live OTLP spans)
+
+The drain thread's work per event is a memcpy, a vectorised decode and its share of a
+zstd block, so the record keeps up at any load; the views run on the main thread at
+their own pace and, past ``VIEW_BACKLOG_EVENTS`` waiting, skip batches (counted in
+agent.json as ``views.events_skipped``): the record stays complete whatever they do.
+
+Started by `omnitrace run` with stdin and stdout as pipes and ``--config`` (an
+:class:`~omnitrace.agent.config.AgentConfig` as JSON): the agent prints one ``READY
+{json}`` line once its exporters are up (or a one-line error and exit status 2), and
+finishes when it reads ``exit CODE`` on stdin, when stdin closes (its parent died), or
+on SIGTERM/SIGINT.
 """
 from __future__ import annotations
 
@@ -16,37 +29,22 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 
+import numpy as np
 import orjson
 
 from omnitrace import __version__
 from omnitrace import conventions as cv
+from omnitrace import eventlog, record
 from omnitrace.agent import export_otlp
-from omnitrace.agent import spool as spool_mod
-from omnitrace.agent.assemble import Assembler, Span
 from omnitrace.agent.collect import Collector, RingSource
+from omnitrace.agent.config import AgentConfig
 from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.agent.rundir import RunDir
-
-EXPORTERS = ("otlp-grpc", "otlp-http", "prometheus", "file")
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="omnitrace agent")
-    p.add_argument("--run-id", required=True)
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--exporter", default="file", help="comma list of " + ",".join(EXPORTERS))
-    p.add_argument("--otlp-grpc-endpoint")
-    p.add_argument("--otlp-http-endpoint")
-    p.add_argument("--otlp-timeout", type=float, default=None, help="seconds per export")
-    p.add_argument("--otlp-queue-spans", type=int, default=65536)
-    p.add_argument("--prometheus-port", type=int, default=9464)
-    p.add_argument("--prometheus-addr", default="127.0.0.1")
-    p.add_argument("--interval-ms", type=float, default=20.0)
-    p.add_argument("--metrics-interval-s", type=float, default=10.0)
-    p.add_argument("--command-json", default="[]")
-    p.add_argument("--shm-dir", default="/dev/shm")
-    return p.parse_args(argv)
+from omnitrace.agent.views import MetricsView, OtlpView, View
+from omnitrace.otlp import SpanConverter
+from omnitrace.spantable import SpanBuilder
 
 
 def _rss_bytes() -> int:
@@ -58,67 +56,80 @@ def _rss_bytes() -> int:
 
 
 class Agent:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.kinds = [k for k in args.exporter.split(",") if k]
-        self.rundir = RunDir(args.run_dir)
+    LAG_BOUNDS_MS = (5.0, 20.0, 100.0, 500.0)
+    RAW_SLOTS = 1 << 15  # slots per ring per drain cycle (1 MiB): bounds the copy in
+    # memory, and a busy ring cannot starve the others for long (round-robin)
+    VIEW_BACKLOG_EVENTS = 2_000_000  # decoded events waiting for the views (~70 MB)
+    FINAL_VIEW_S = 2.0  # at the end, the views get this long for what is still waiting
+
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.rundir = RunDir(cfg.run_dir)
+        self.collector = Collector(cfg.run_id, cfg.shm_dir)
+        self.requests = record.RequestIds()
+        self.log = eventlog.EventLogWriter(cfg.run_dir, cfg.run_id, self.collector.offset_ns,
+                                           cfg.max_run_bytes)
+        self.rings: dict[int, dict] = {}  # ring index -> description (as in the event log)
+        self.builder = SpanBuilder(self.rings)
         self.metrics = Metrics()
-        self.pending: list[Span] = []
-        # no OTLP exporter: complete chunk spans go straight to spans.jsonl as text
-        text_only = not any(k in export_otlp.OTLP_EXPORTERS for k in self.kinds)
-        self.assembler = Assembler(self.pending.append, self.metrics, text_only=text_only)
-        self.collector = Collector(args.run_id, args.shm_dir)
-        self.resources = export_otlp.ResourceCache(args.run_id)
+        self.views: list[View] = [MetricsView(self.metrics, self.requests.strings)]
         self.exporters: list[export_otlp.QueuedExporter] = []
         self.processes: dict[int, dict] = {}
         self.procs_dirty = False
         self.exit_code: int | None = None
         self.stop = threading.Event()
+        self.drained = threading.Event()
         self.started_unix_ns = time.time_ns()
+        self.prom_port = 0
+        self.warned_drops: dict[str, int] = {}
+        # drain thread state
+        self.ring_idx: dict[str, int] = {}
+        self._ident: dict[int, tuple] = {}
+        self.decoders: dict[int, record.SlotDecoder] = {}
+        self.pending: deque = deque()  # (ring, records) or (ring, None) = died; for the views
+        self.pending_events = 0
+        self.events_read = 0
+        self.view_events_skipped = 0
         self.cycles = 0
         self.max_cycle_ms = 0.0
-        self.max_rss = 0
-        self.warned_drops: dict[str, int] = {}
-        self.prom_port = 0
-        self._exported_at = 0
-        # raw spool: the drain thread fills it, assembly (main thread) empties it
-        self.spool = spool_mod.Spool(self.rundir.file("events.bin"))
-        self.ring_idx: dict[str, int] = {}
-        self.ring_src: dict[int, RingSource] = {}
-        self._spooled_ident: dict[int, tuple] = {}
-        self.ring_meta: dict[int, dict] = {}
-        self.decoders: dict[int, spool_mod.RingDecoder] = {}
-        self.slots_spooled = 0
         self.max_drain_lag_ms = 0.0
-        self.drain_lags = [0] * (len(self.LAG_BOUNDS_MS) + 1)  # wake-up lateness histogram
-        self.final_assembly_s = 0.0
-        self.started_mono = time.monotonic()
-        self.drained = threading.Event()
+        self.drain_lags = [0] * (len(self.LAG_BOUNDS_MS) + 1)
+        self.max_view_backlog_events = 0
+        self.max_view_backlog_s = 0.0
+        self._oldest_pending = 0.0
+        self.final_s = 0.0
+        self.max_rss = 0
+        self._last_export_counts: dict[tuple[str, str], int] = {}
         self._drain_thread = threading.Thread(target=self._drain_loop, name="omnitrace-drain",
                                               daemon=True)
-        self._last_export_counts: dict[tuple[str, str], int] = {}
         self.meta = {
-            "run_id": args.run_id, "command": orjson.loads(args.command_json),
-            "host": socket.gethostname(), "started_unix_ns": self.started_unix_ns,
-            "ended_unix_ns": None, "status": "running", "exit_code": None,
-            "omnitrace_version": __version__, "exporters": ["file"] + [k for k in self.kinds if k != "file"],
+            "run_id": cfg.run_id, "command": list(cfg.command), "host": socket.gethostname(),
+            "started_unix_ns": self.started_unix_ns, "ended_unix_ns": None,
+            "status": "running", "exit_code": None, "omnitrace_version": __version__,
+            "exporters": list(cfg.exporters), "record": "events",
         }
 
     # ------------------------------------------------------------------ start
     def start(self) -> dict:
-        endpoints = {"otlp-grpc": self.args.otlp_grpc_endpoint,
-                     "otlp-http": self.args.otlp_http_endpoint}
-        self.exporters = export_otlp.build([k for k in self.kinds if k in export_otlp.OTLP_EXPORTERS],
-                                           endpoints, self.args.otlp_timeout,
-                                           self.args.otlp_queue_spans)
-        if "prometheus" in self.kinds:
-            self.prom_port = self.metrics.serve(self.args.prometheus_port, self.args.prometheus_addr)
-            self.meta["prometheus_endpoint"] = f"http://{self.args.prometheus_addr}:{self.prom_port}/metrics"
+        self.exporters = export_otlp.build(self.cfg.otlp_kinds, self.cfg.otlp_endpoints,
+                                           self.cfg.otlp_timeout_s, self.cfg.otlp_queue_spans)
+        if self.exporters:
+            self.views.append(OtlpView(self.exporters, SpanConverter(
+                self.requests.strings, self.rings, self.cfg.run_id)))
+        if "prometheus" in self.cfg.exporters:
+            try:
+                self.prom_port = self.metrics.serve(self.cfg.prometheus_port, self.cfg.prometheus_addr)
+            except OSError as exc:
+                raise OSError(f"Prometheus endpoint {self.cfg.prometheus_addr}:"
+                              f"{self.cfg.prometheus_port}: {exc.strerror or exc} "
+                              "(choose another with --prometheus-port)") from None
+            self.meta["prometheus_endpoint"] = (f"http://{self.cfg.prometheus_addr}:"
+                                                f"{self.prom_port}/metrics")
         self.meta["agent_pid"] = os.getpid()
         self.rundir.write_run(self.meta)
         return {"pid": os.getpid(), "prometheus_port": self.prom_port}
 
-    # ------------------------------------------------------------------ loop
+    # ------------------------------------------------------------------ drain thread
     def _note_process(self, src: RingSource) -> None:
         h = src.header
         p = self.processes.get(h.pid)
@@ -147,67 +158,84 @@ class Agent:
                       f"{cv.ENV_RING_RECORDS}, now {h.capacity})", file=sys.stderr, flush=True)
             self.warned_drops[src.name] = src.dropped
 
-    LAG_BOUNDS_MS = (5.0, 20.0, 100.0, 500.0)
-    RAW_SLOTS = 1 << 15  # slots per ring per drain cycle (1 MiB): bounds the copy in
-    # memory, and a busy ring cannot starve the others for long (round-robin)
-
-    # ------------------------------------------------------------------ drain thread
-    def _ring_idx(self, src: RingSource) -> int:
+    def _ring(self, src: RingSource) -> int:
+        """The ring's index; (re)describes it in the event log when its writer changed."""
         idx = self.ring_idx.get(src.name)
         if idx is None:
             idx = self.ring_idx[src.name] = len(self.ring_idx)
-            self.ring_src[idx] = src
+            self.decoders[idx] = record.SlotDecoder(self.requests)
         h = src.header
-        ident = (h.pid, h.role, h.stage, h.replica, h.process)
-        if self._spooled_ident.get(idx) != ident:
-            self._spooled_ident[idx] = ident
-            self.spool.ring(idx, {"name": src.name, "pid": h.pid, "tid": h.tid,
-                                  "thread": h.thread, "role": h.role, "stage": h.stage,
-                                  "replica": h.replica, "process": h.process,
-                                  "offset_ns": src.offset_ns})
+        ident = (h.pid, h.role, h.stage, h.replica, h.process, h.thread)
+        if self._ident.get(idx) != ident:
+            self._ident[idx] = ident
+            info = {"name": src.name, "pid": h.pid, "tid": h.tid, "thread": h.thread,
+                    "role": h.role, "stage": h.stage, "replica": h.replica,
+                    "process": h.process, "capacity": h.capacity}
+            self.log.ring(idx, info)
+            self.pending.append((idx, info))
         return idx
 
+    def _take(self, src: RingSource) -> bool:
+        """Copy, record and decode one ring's new slots; True if more are waiting."""
+        raw = src.reader.read_raw(self.RAW_SLOTS)
+        src.dropped = src.reader.dropped()
+        if not raw:
+            return False
+        src.header = src.reader.header()  # role/stage may be set after creation
+        self._note_process(src)
+        idx = self._ring(src)
+        rec = self.decoders[idx].decode(raw)
+        n = len(rec)
+        self.log.records(idx, raw, n)
+        src.events += n
+        self.events_read += n
+        if n:
+            if self.pending_events + n > self.VIEW_BACKLOG_EVENTS:
+                self.view_events_skipped += n  # views behind: the record still has them
+            else:
+                if not self.pending_events:
+                    self._oldest_pending = time.monotonic()
+                self.pending.append((idx, rec))
+                self.pending_events += n
+        return len(raw) >= self.RAW_SLOTS * record.RECORD_SIZE
+
+    def _tables(self) -> dict[int, dict[int, str]]:
+        return {idx: dec.strings for idx, dec in self.decoders.items()}
+
     def drain_cycle(self, reap: bool) -> bool:
-        """Copy every ring's new slots into the spool and free them; True if some ring
-        had more than one cycle's worth waiting. Runs on the drain thread only."""
+        """One pass over every ring; True if some ring had more than a cycle's worth."""
         t0 = time.perf_counter()
         backlog = False
         for src in self.collector.discover(time.time_ns()):
             self._note_process(src)
-            self._ring_idx(src)
+            self._ring(src)
         for src in list(self.collector.sources.values()):
-            raw = src.reader.read_raw(self.RAW_SLOTS)
-            src.dropped = src.reader.dropped()
-            if raw:
-                src.header = src.reader.header()  # role/stage may be set after creation
-                self._note_process(src)
-                self.spool.records(self._ring_idx(src), raw)
-                self.slots_spooled += len(raw) // 32
-                backlog = backlog or len(raw) >= self.RAW_SLOTS * 32
+            backlog = self._take(src) or backlog
             self._drops(src)
         if reap:
             for src in self.collector.reap():
-                # one more drain after the writer is gone, then the ring can go
-                while True:
-                    raw = src.reader.read_raw(self.RAW_SLOTS)
-                    if not raw:
-                        break
-                    self.spool.records(self._ring_idx(src), raw)
-                    self.slots_spooled += len(raw) // 32
-                self.spool.died(self._ring_idx(src))
+                while self._take(src):  # the writer is gone: read it to the end
+                    pass
+                idx = self._ring(src)
+                self.log.died(idx)
+                self.pending.append((idx, None))
                 self.collector.retire(src)
                 self._drops(src)
-                if src.header.pid in self.processes and not self.processes[src.header.pid]["exited"]:
-                    self.processes[src.header.pid]["exited"] = True
+                proc = self.processes.get(src.header.pid)
+                if proc is not None and not proc["exited"]:
+                    proc["exited"] = True
                     self.procs_dirty = True
-        self.spool.commit()
+        cut = any(dec.cut for dec in self.decoders.values())
+        if self.log.commit(self._tables(), can_rotate=not cut):
+            print(f"omnitrace agent: warning: the run's event log reached --max-run-bytes "
+                  f"({self.cfg.max_run_bytes} bytes): new events are counted, not recorded",
+                  file=sys.stderr, flush=True)
         self.cycles += 1
         self.max_cycle_ms = max(self.max_cycle_ms, (time.perf_counter() - t0) * 1e3)
         return backlog
 
     def _drain_loop(self) -> None:
-        """The drain thread: raw copies every interval, then the final drain at stop."""
-        interval = self.args.interval_ms / 1e3
+        interval = self.cfg.interval_ms / 1e3
         next_reap = time.monotonic()
         try:
             while not self.stop.is_set():
@@ -215,13 +243,11 @@ class Agent:
                 reap = now >= next_reap
                 if reap:
                     next_reap = now + 0.25
-                backlog = self.drain_cycle(reap)
-                if not backlog:
+                if not self.drain_cycle(reap):
                     due = now + interval
                     if self.stop.wait(max(0.0, due - time.monotonic())):
                         break
-                    # how late this thread got the GIL back after its sleep (assembly runs
-                    # meanwhile on the main thread): the measure that drain is not starved
+                    # how late this thread got the GIL back (the views run meanwhile)
                     lag_ms = (time.monotonic() - due) * 1e3
                     self.max_drain_lag_ms = max(self.max_drain_lag_ms, lag_ms)
                     self.drain_lags[bisect.bisect_left(self.LAG_BOUNDS_MS, lag_ms)] += 1
@@ -232,104 +258,101 @@ class Agent:
             self.collector.close(unlink=True)
             for src in self.collector.all_sources():
                 self._drops(src, final=True)
-        except Exception as exc:  # the main thread must still finish what was spooled
+            self.log.close(self._tables())
+        except Exception as exc:  # the main thread must still finish
             print(f"omnitrace agent: drain thread failed: {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)
         finally:
             self.drained.set()
 
-    # ------------------------------------------------------------------ assembly (main thread)
-    def assemble_some(self, max_bytes: int = 4 << 20) -> int:
-        """Assemble up to ``max_bytes`` of spooled blocks; returns how many blocks."""
-        blocks = self.spool.read_blocks(max_bytes)
-        for kind, idx, payload in blocks:
-            if kind == spool_mod.RECORDS:
-                dec = self.decoders.get(idx)
-                if dec is None:
-                    dec = self.decoders[idx] = spool_mod.RingDecoder()
-                batch = dec.decode(payload)
-                if batch:
-                    m = self.ring_meta[idx]
-                    self.assembler.feed(batch, m["offset_ns"], m["pid"], m["replica"],
-                                        m["role"], m["stage"], m["process"])
-                    self.metrics.count(cv.METRIC_EVENTS, m["stage"], m["replica"], len(batch))
-                    self.collector.stats.events_read += len(batch)
-                    src = self.ring_src.get(idx)
-                    if src is not None:
-                        src.events += len(batch)
-                if len(self.pending) >= 4096 or self.assembler.spans_built - self._exported_at >= 8192:
-                    self.export_pending()
-            elif kind == spool_mod.RING:
-                self.ring_meta[idx] = orjson.loads(payload)
-            elif kind == spool_mod.DIED:
-                m = self.ring_meta.get(idx)
-                if m is not None:
-                    self.assembler.process_died(m["pid"])
-                self.decoders.pop(idx, None)  # its interned ids are not needed any more
-        return len(blocks)
+    # ------------------------------------------------------------------ views (main thread)
+    def _to_views(self, feed) -> None:
+        for view in self.views:
+            view.feed(feed)
 
-    def export_pending(self) -> None:
-        self._exported_at = self.assembler.spans_built
-        texts = self.assembler.texts
-        if texts:
-            self.rundir.write_span_texts(texts, self.resources.attrs)
-            texts.clear()
-        if not self.pending:
-            return
-        self.rundir.write_span_objects(self.pending, self.resources.attrs)
-        if self.exporters:  # SDK objects only when an OTLP exporter needs them
-            spans = [export_otlp.to_readable(s, self.resources) for s in self.pending]
-            for exp in self.exporters:
-                exp.submit(spans)
-        self.pending.clear()
+    def process_pending(self, deadline: float | None = None) -> int:
+        """Feed what the drain thread decoded to the span builder and the views."""
+        parts = []
+        n = 0
+        while self.pending:
+            idx, item = self.pending.popleft()
+            if item is None:  # DIED
+                pid = self.rings.get(idx, {}).get("pid")
+                if pid is not None:
+                    self.builder.process_died(pid)
+                continue
+            if isinstance(item, dict):  # ring description
+                self.rings[idx] = item
+                self.builder.ring_changed()
+                continue
+            parts.append(eventlog.to_events(item, idx, self.collector.offset_ns))
+            n += len(item)
+            if n >= 1 << 18 or (deadline is not None and time.monotonic() > deadline):
+                break
+        self.pending_events -= n
+        if self.pending_events:
+            self._oldest_pending = time.monotonic()
+        if parts:
+            backlog = time.monotonic() - self._oldest_pending if self.pending_events else 0.0
+            self.max_view_backlog_s = max(self.max_view_backlog_s, backlog)
+            self.max_view_backlog_events = max(self.max_view_backlog_events, n + self.pending_events)
+            ev = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            self._to_views(self.builder.feed(ev, time.monotonic()))
+            self.metrics.count_events(ev, self.rings)
+        return n
 
     def counters(self) -> dict:
         rings = []
+        idx_of = self.ring_idx
         for src in self.collector.all_sources():
             h = src.header
-            rings.append({"name": src.name, "pid": h.pid, "tid": h.tid, "thread": h.thread,
-                          "role": h.role, "stage": h.stage, "replica": h.replica,
-                          "capacity": h.capacity, "events": src.events, "dropped": src.dropped,
-                          "writer_exited": src.dead})
+            rings.append({"name": src.name, "index": idx_of.get(src.name), "pid": h.pid,
+                          "tid": h.tid, "thread": h.thread, "role": h.role, "stage": h.stage,
+                          "replica": h.replica, "capacity": h.capacity, "events": src.events,
+                          "dropped": src.dropped, "writer_exited": src.dead})
         rss = _rss_bytes()
         self.max_rss = max(self.max_rss, rss)
-        exporters = {"file": {"exported": self.rundir.spans_written, "failed": 0, "dropped": 0}}
+        exporters = {}
         for exp in self.exporters:
             exporters[exp.kind] = exp.counters()
+        views = {"events_skipped": self.view_events_skipped,
+                 "backlog_events": self.pending_events,
+                 "max_backlog_events": self.max_view_backlog_events,
+                 "max_backlog_s": round(self.max_view_backlog_s, 3)}
+        for view in self.views:
+            views.update(view.counters())
+        b = self.builder
         return {
-            "events_read": self.collector.stats.events_read,
+            "events_read": self.events_read,
             "events_dropped": sum(r["dropped"] for r in rings),
             "rings_seen": self.collector.stats.rings_seen,
             "rings_unlinked": self.collector.stats.rings_unlinked,
             "ring_attach_errors": self.collector.stats.errors,
             "rings": rings,
-            "spans_built": self.assembler.spans_built,
-            "spans_incomplete": self.assembler.incomplete_spans,
-            "step_events": self.assembler.step_events,
-            "unknown_events": self.assembler.unknown_events,
-            "requests_open": len(self.assembler.reqs),
-            "requests_freed": self.assembler.requests_freed,
-            "state": self.assembler.state_size(),
+            "record": self.log.counters(),
+            "spans_built": b.spans_built,
+            "spans_incomplete": b.incomplete_spans,
+            "step_events": b.step_events,
+            "unknown_events": b.unknown_events,
+            "requests_open": b.open_requests(),
+            "requests_freed": b.requests_freed,
+            "state": b.state_size(),
+            "views": views,
             "exporters": exporters,
             "drain_cycles": self.cycles,
             "max_cycle_ms": round(self.max_cycle_ms, 3),
             "max_drain_lag_ms": round(self.max_drain_lag_ms, 3),
             "drain_lag_ms_counts": dict(zip(("<=5", "<=20", "<=100", "<=500", ">500"),
                                             self.drain_lags)),
-            "spool": {"slots_spooled": self.slots_spooled,
-                      "bytes_written": self.spool.total_written,
-                      "bytes_assembled": self.spool.total_read,
-                      "backlog_bytes": self.spool.backlog(),
-                      "truncations": self.spool.truncations},
-            "final_assembly_s": round(self.final_assembly_s, 3),
+            "final_s": round(self.final_s, 3),
             "rss_bytes": rss,
             "max_rss_bytes": max(self.max_rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
         }
 
     def write_side_files(self) -> None:
         if self.procs_dirty:
-            self.rundir.write_processes(list(self.processes.values()))
             self.procs_dirty = False
+            self.rundir.write_processes(list(self.processes.values()))
         c = self.counters()
         self._export_counters(c)
         self.rundir.write_agent(c)
@@ -345,72 +368,61 @@ class Agent:
 
     def write_metrics(self) -> None:
         self.rundir.write_metrics(self.metrics.to_otlp(
-            {"service.name": cv.SERVICE_NAME, "omnitrace.run.id": self.args.run_id},
+            {"service.name": cv.SERVICE_NAME, "omnitrace.run.id": self.cfg.run_id},
             self.started_unix_ns, time.time_ns()))
 
     def run(self) -> None:
-        """Assembly on the main thread, from the spool, at its own pace."""
-        interval = self.args.interval_ms / 1e3
         self._drain_thread.start()
+        interval = self.cfg.interval_ms / 1e3
         next_tick = next_side = time.monotonic()
-        next_metrics = time.monotonic() + self.args.metrics_interval_s
+        next_metrics = time.monotonic() + self.cfg.metrics_interval_s
         while not self.stop.is_set():
+            busy = self.process_pending() > 0
             now = time.monotonic()
-            busy = self.assemble_some() > 0
-            self.export_pending()
             if now >= next_tick:
-                self.assembler.tick()
-                self.metrics.queue.set(len(self.assembler.reqs))
+                self._to_views(self.builder.tick(now))
+                self.metrics.queue.set(self.builder.open_requests())
                 next_tick = now + 0.25
             if now >= next_side:
                 self.write_side_files()
                 next_side = now + 1.0
             if now >= next_metrics:
                 self.write_metrics()
-                next_metrics = now + self.args.metrics_interval_s
+                next_metrics = now + self.cfg.metrics_interval_s
             if not busy:
                 self.stop.wait(interval)
 
     def finish(self, status: str) -> None:
-        """Final drain of every ring (drain thread), assembly of the whole spool (however
-        long it takes, with progress on stderr), incomplete spans, exporters, files."""
+        """Final drain (drain thread), the views' share of it, exporters, files."""
         self.stop.set()
         if not self._drain_thread.is_alive() and not self.drained.is_set():
             self._drain_thread.start()  # run() never started it (an early stop)
         t0 = time.monotonic()
-        next_note = t0 + 2.0
-        next_side = t0 + 1.0
+        deadline = t0 + self.FINAL_VIEW_S
         while True:
-            done = self.drained.is_set()  # read before the backlog: nothing spooled after
-            if self.assemble_some() == 0:
-                if done and self.spool.backlog() == 0:
+            done = self.drained.is_set()  # read before pending: nothing is added after
+            if not self.process_pending(deadline):
+                if done:
                     break
                 self.drained.wait(0.02)
-            self.export_pending()
-            now = time.monotonic()
-            if now >= next_note:
-                left = self.spool.backlog()
-                print(f"omnitrace agent: final assembly: {left / 2**20:.1f} MiB of spooled events "
-                      f"left ({self.spool.total_read / 2**20:.0f} MiB done, "
-                      f"{now - t0:.0f} s so far)", file=sys.stderr, flush=True)
-                next_note = now + 5.0
-            if now >= next_side:  # keeps agent.json fresh: `omnitrace run` watches it
-                self.write_side_files()
-                next_side = now + 1.0
-        self.final_assembly_s = time.monotonic() - t0
-        if self.final_assembly_s >= 2.0:
-            print(f"omnitrace agent: final assembly done in {self.final_assembly_s:.1f} s",
+            if time.monotonic() > deadline and done:
+                break
+        skipped = self.pending_events
+        if skipped:  # the views ran out of time: the record has these events
+            self.view_events_skipped += skipped
+            print(f"omnitrace agent: the live views skipped the last {skipped} events "
+                  "(they are in the run's record; `omnitrace report` reads them)",
                   file=sys.stderr, flush=True)
-        self.spool.close(remove=True)
-        self.assembler.flush("run-ended")
-        self.export_pending()
-        timeout = self.args.otlp_timeout if self.args.otlp_timeout is not None else 10.0
-        deadline = max(2.0, min(30.0, timeout + 1.0))
-        threads = [threading.Thread(target=e.close, args=(deadline,)) for e in self.exporters]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(deadline + 5)
+            while self.pending:
+                idx, item = self.pending.popleft()
+                if isinstance(item, dict):
+                    self.rings[idx] = item
+            self.pending_events = 0
+        self._to_views(self.builder.flush())
+        timeout = self.cfg.otlp_timeout_s if self.cfg.otlp_timeout_s is not None else 10.0
+        for view in self.views:
+            view.close(max(2.0, min(30.0, timeout + 1.0)))
+        self.final_s = time.monotonic() - t0
         self.write_metrics()
         self.procs_dirty = True
         self.write_side_files()
@@ -418,12 +430,11 @@ class Agent:
         self.rundir.write_run(self.meta)
         self.rundir.close()
         self.metrics.close()
-        lost = {k: v for k, v in self.counters()["exporters"].items()
-                if v.get("failed") or v.get("dropped")}
-        for kind, v in lost.items():
-            print(f"omnitrace agent: warning: {kind} lost {v['failed'] + v['dropped']} spans "
-                  f"(failed {v['failed']}, dropped {v['dropped']}; {v.get('last_error') or 'queue full'})",
-                  file=sys.stderr, flush=True)
+        for kind, v in self.counters()["exporters"].items():
+            if v.get("failed") or v.get("dropped"):
+                print(f"omnitrace agent: warning: {kind} lost {v['failed'] + v['dropped']} spans "
+                      f"(failed {v['failed']}, dropped {v['dropped']}; "
+                      f"{v.get('last_error') or 'queue full'})", file=sys.stderr, flush=True)
 
 
 def _watch_stdin(agent: Agent) -> None:
@@ -439,16 +450,15 @@ def _watch_stdin(agent: Agent) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    for k in args.exporter.split(","):
-        if k and k not in EXPORTERS:
-            print(f"omnitrace agent: unknown exporter {k!r} (choose from {', '.join(EXPORTERS)})",
-                  file=sys.stderr)
-            return 2
+    p = argparse.ArgumentParser(prog="omnitrace agent",
+                                description="Started by `omnitrace run`; not meant to be run by hand.")
+    p.add_argument("--config", required=True, help="AgentConfig as JSON")
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        agent = Agent(args)
+        cfg = AgentConfig.from_json(args.config)
+        agent = Agent(cfg)
         info = agent.start()
-    except (OSError, export_otlp.ConfigError, ValueError) as exc:
+    except (OSError, export_otlp.ConfigError, ValueError, TypeError) as exc:
         print(f"omnitrace agent: cannot start: {exc}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())

@@ -1,6 +1,6 @@
 """Critical-path attribution of each request's time to first audio packet (TTFP).
 
-Rule (the analytical core; see DESIGN.md "Attribution"). For one request, from its
+Rule (the analytical core; also in docs/bench-and-report.md). For one request, from its
 `omni.request` start (arrival, A) to its `omni.ttfp` event (T), walk BACKWARD:
 
 1. T <- the first audio `omni.emit` of the last stage (E): [E, T] is `remainder`

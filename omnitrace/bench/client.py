@@ -1,7 +1,7 @@
 """One streaming /v1/chat/completions request, parsed like vLLM-Omni's benchmark client.
 
 Mirrors ``vllm_omni/benchmarks/patch/patch.py: async_request_openai_chat_omni_completions``
-(see shared/reference/openai_chat_omni_stream.md): messages are split on blank lines,
+and vLLM-Omni's ``openai-chat-omni`` SSE stream: messages are split on blank lines,
 ``:`` comment lines are skipped, ``data: [DONE]`` ends the stream, a chunk with an ``error``
 key fails the request, and the TOP-LEVEL ``modality`` decides text vs audio. TTFT is the
 first text chunk, TTFP the first audio chunk (even with empty content), both relative to

@@ -12,6 +12,7 @@ not executable), as a shell would.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import secrets
@@ -25,8 +26,8 @@ import time
 import orjson
 
 from omnitrace import conventions as cv
+from omnitrace.agent.config import EXPORTERS, AgentConfig
 
-EXPORTERS = ("otlp-grpc", "otlp-http", "prometheus", "file")
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 AGENT_READY_TIMEOUT_S = 60.0
 
@@ -64,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prometheus-addr", default=env(cv.ENV_PROMETHEUS_ADDR, "127.0.0.1"))
     p.add_argument("--ring-records", default=env(cv.ENV_RING_RECORDS),
                    help="records per thread ring, a power of two (default 65536)")
+    p.add_argument("--max-run-bytes", default=None, metavar="SIZE",
+                   help="cap on the run's event log on disk (e.g. 500M, 2G): past it new events "
+                        "are counted, not recorded (default: no cap)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="use a --run-dir that already holds a run (its files are replaced)")
     p.add_argument("--patches", action="append", default=[], metavar="DIR",
                    help="your own hook definitions (TARGET/VERSIONS/HOOKS modules, see "
                         "docs/vllm-omni.md), tried before the built-in ones; repeatable")
@@ -90,10 +96,19 @@ def serve_command(args: list[str]) -> tuple[list[str], dict[str, str]]:
     return ["vllm", "serve", model, *extra, *rest], {"OMNITRACE_TARGET": "vllm-omni"}
 
 
-def _validate(ns: argparse.Namespace) -> dict:
-    """Every check that can fail, before anything starts. Returns the resolved config."""
+def parse_size(text: str) -> int:
+    """'500M', '2G', '1048576' -> bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*", text)
+    if not m:
+        raise ValueError(text)
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)
+
+
+def _validate(ns: argparse.Namespace) -> AgentConfig:
+    """Every check that can fail, before anything starts. Returns the agent's config."""
     from omnitrace.agent import export_otlp
-    from omnitrace.agent.rundir import check_writable
+    from omnitrace.agent.rundir import check_writable, holds_run
 
     kinds = []
     for k in (x.strip() for x in ns.exporter.split(",")):
@@ -143,11 +158,36 @@ def _validate(ns: argparse.Namespace) -> dict:
         raise UsageError(f"bad run id {run_id!r} (letters, digits, '-' and '_', at most 64)")
     run_dir = ns.run_dir or os.path.join(os.environ.get(cv.ENV_RUNS_DIR, "omnitrace-runs"), run_id)
     run_dir = os.path.abspath(run_dir)
+    max_bytes = None
+    if ns.max_run_bytes is not None:
+        try:
+            max_bytes = parse_size(ns.max_run_bytes)
+        except ValueError:
+            raise UsageError(f"bad --max-run-bytes {ns.max_run_bytes!r} (want e.g. 500M, 2G)") from None
+    held = holds_run(run_dir)
+    if held is not None and not ns.overwrite:
+        raise UsageError(f"run directory {run_dir} already holds a run ({held}); choose "
+                         "another --run-dir, or pass --overwrite to replace it")
     why = check_writable(run_dir)
     if why is not None:
         raise UsageError(f"cannot write run directory {run_dir}: {why}")
-    return {"kinds": kinds, "endpoints": endpoints, "port": port, "run_id": run_id,
-            "run_dir": run_dir}
+    return AgentConfig(run_id=run_id, run_dir=run_dir, exporters=tuple(kinds),
+                       otlp_endpoints=endpoints, otlp_timeout_s=ns.otlp_timeout,
+                       prometheus_port=port, prometheus_addr=ns.prometheus_addr,
+                       max_run_bytes=max_bytes)
+
+
+def _clear_run(run_dir: str) -> None:
+    """--overwrite: remove the files an earlier run wrote (only those)."""
+    from omnitrace import eventlog
+    for name in ("run.json", "agent.json", "spans.jsonl", "metrics.jsonl", "processes.jsonl",
+                 "bench.json", "events.bin"):
+        try:
+            os.unlink(os.path.join(run_dir, name))
+        except FileNotFoundError:
+            pass
+    for path in eventlog.segments(run_dir):
+        os.unlink(path)
 
 
 def _resolve_command(cmd: list[str]) -> tuple[list[str], dict[str, str], int | None]:
@@ -169,16 +209,8 @@ def _resolve_command(cmd: list[str]) -> tuple[list[str], dict[str, str], int | N
     return cmd, extra, None
 
 
-def _start_agent(cfg: dict, argv: list[str], ns: argparse.Namespace) -> subprocess.Popen | None:
-    args = [sys.executable, "-m", "omnitrace.agent.main", "--run-id", cfg["run_id"],
-            "--run-dir", cfg["run_dir"], "--exporter", ",".join(cfg["kinds"]),
-            "--prometheus-port", str(cfg["port"]), "--prometheus-addr", ns.prometheus_addr,
-            "--command-json", orjson.dumps(argv).decode()]
-    for kind, ep in cfg["endpoints"].items():
-        if ep is not None:
-            args += [f"--{kind}-endpoint", ep]
-    if ns.otlp_timeout is not None:
-        args += ["--otlp-timeout", str(ns.otlp_timeout)]
+def _start_agent(cfg: AgentConfig) -> subprocess.Popen | None:
+    args = [sys.executable, "-m", "omnitrace.agent.main", "--config", cfg.to_json()]
     env = dict(os.environ)
     env.pop(cv.ENV_RUN_ID, None)  # the agent itself is not instrumented
     # own session: a Ctrl-C on the terminal reaches the command, not the agent, which
@@ -220,15 +252,18 @@ def main(argv: list[str] | None = None) -> int:
     full_cmd, extra_env, status = _resolve_command(cmd)
     if status is not None:
         return status
+    cfg = dataclasses.replace(cfg, command=tuple(full_cmd))
+    if ns.overwrite:
+        _clear_run(cfg.run_dir)
 
-    agent = _start_agent(cfg, full_cmd, ns)
+    agent = _start_agent(cfg)
     if agent is None:
         return 2
-    print(f"omnitrace run: run {cfg['run_id']} -> {cfg['run_dir']}", file=sys.stderr)
+    print(f"omnitrace run: run {cfg.run_id} -> {cfg.run_dir}", file=sys.stderr)
     env = dict(os.environ)
     env.update(extra_env)
-    env[cv.ENV_RUN_ID] = cfg["run_id"]
-    env[cv.ENV_RUN_DIR] = cfg["run_dir"]
+    env[cv.ENV_RUN_ID] = cfg.run_id
+    env[cv.ENV_RUN_DIR] = cfg.run_dir
     if ns.ring_records is not None:
         env[cv.ENV_RING_RECORDS] = str(int(ns.ring_records))
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -264,11 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     if rc < 0:
         rc = 128 - rc  # killed by a signal: report it the way a shell does
     _stop_agent(agent, rc, cfg)
-    print(f"omnitrace run: done; see `omnitrace report {cfg['run_dir']}`", file=sys.stderr)
+    print(f"omnitrace run: done; see `omnitrace report {cfg.run_dir}`", file=sys.stderr)
     return rc
 
 
-def _stop_agent(agent: subprocess.Popen, rc: int, cfg: dict | None = None,
+def _stop_agent(agent: subprocess.Popen, rc: int, cfg: AgentConfig | None = None,
                 stall_s: float = 90.0) -> None:
     """Tell the agent to finish and wait for it. Its final assembly of a large spooled
     backlog may take minutes (it prints progress on stderr), so the limit is on *no
@@ -280,7 +315,7 @@ def _stop_agent(agent: subprocess.Popen, rc: int, cfg: dict | None = None,
         agent.stdin.close()
     except (BrokenPipeError, OSError):
         pass
-    progress = os.path.join(cfg["run_dir"], "agent.json") if cfg is not None else None
+    progress = os.path.join(cfg.run_dir, "agent.json") if cfg is not None else None
     last_mark: tuple | None = None
     last_change = time.monotonic()
     while True:
@@ -307,25 +342,50 @@ def _stop_agent(agent: subprocess.Popen, rc: int, cfg: dict | None = None,
         _mark_agent_killed(cfg, rc)
 
 
-def _mark_agent_killed(cfg: dict, rc: int) -> None:
-    """The agent died before its final flush: say so in run.json, and remove the run's
-    rings it would have unlinked (shared memory outlives processes)."""
+def undrained_events(run_id: str) -> tuple[int, int]:
+    """(events never drained, events dropped) over the run's rings still in /dev/shm:
+    from each ring's cursors, the slots between read and write decoded and counted."""
+    from omnitrace import record
+    never = dropped = 0
+    for name in record.discover(run_id):
+        try:
+            reader = record.RingReader(name)
+        except (OSError, ValueError):
+            continue
+        try:
+            dropped += reader.dropped()
+            dec = record.SlotDecoder(record.RequestIds())
+            while True:
+                raw = reader.read_raw()
+                if not raw:
+                    break
+                never += len(dec.decode(raw))
+        finally:
+            reader.close()
+    return never, dropped
+
+
+def _mark_agent_killed(cfg: AgentConfig, rc: int) -> None:
+    """The agent died before its final flush: count what it never drained, say so in
+    run.json, and remove the run's rings (shared memory outlives processes)."""
     from omnitrace import record
     from omnitrace.agent.rundir import write_json_atomic
-    print("omnitrace run: the agent died before its final flush; events not yet drained are "
-          "lost (run.json: status agent-killed)", file=sys.stderr)
-    for name in record.discover(cfg["run_id"]):
+    never, dropped = undrained_events(cfg.run_id)
+    print(f"omnitrace run: the agent died before its final flush; {never} events were never "
+          "drained (run.json: status agent-killed)", file=sys.stderr)
+    for name in record.discover(cfg.run_id):
         try:
             os.unlink(os.path.join(record.SHM_DIR, name))
         except OSError:
             pass
-    path = os.path.join(cfg["run_dir"], "run.json")
+    path = os.path.join(cfg.run_dir, "run.json")
     try:
         with open(path, "rb") as f:
             meta = orjson.loads(f.read())
     except (OSError, ValueError):
         meta = {}
-    meta.update(status="agent-killed", exit_code=rc, ended_unix_ns=time.time_ns())
+    meta.update(status="agent-killed", exit_code=rc, ended_unix_ns=time.time_ns(),
+                events_never_drained=never, events_dropped_in_rings=dropped)
     try:
         write_json_atomic(path, meta)
     except OSError:

@@ -1,4 +1,8 @@
-"""Events -> spans and metric observations (the agent's analytical core).
+"""The previous agent's per-event span assembler, kept as the Python reference that
+``omnitrace.spantable`` (vectorised) is tested against: both must give the same spans
+for the same events (tests/test_spantable.py).
+
+Events -> spans and metric observations.
 
 Input: per ring, batches of records ``(kind, request, stage, chunk, a, b, t)`` with the
 ring's writer identity (pid, replica, role, thread) and clock offset. Output: finished
@@ -43,7 +47,8 @@ from typing import Callable, Iterable, Protocol
 
 from omnitrace import conventions as cv
 from omnitrace.agent.export_prometheus import HistogramSet
-from omnitrace.agent.rundir import attr_head, json_str
+from omnitrace.otlp import _json_str as json_str
+from omnitrace.otlp import _key_head as attr_head
 
 E = cv.Ev
 

@@ -1,0 +1,50 @@
+"""The agent's configuration: one typed object, built once by `omnitrace run` from its
+flags and the environment (``omnitrace.inject.run_command``), validated there, and handed
+to the agent process whole as JSON (``--config``). Nothing re-parses flags or env later.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import orjson
+
+EXPORTERS = ("otlp-grpc", "otlp-http", "prometheus", "file")
+OTLP_EXPORTERS = ("otlp-grpc", "otlp-http")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    run_id: str
+    run_dir: str
+    # "file" is the run directory's record (always on); the others are live views
+    exporters: tuple[str, ...] = ("file",)
+    # per OTLP exporter: endpoint, or None for the SDK's own (OTEL_EXPORTER_OTLP_* / default)
+    otlp_endpoints: dict[str, str | None] = field(default_factory=dict)
+    otlp_timeout_s: float | None = None
+    otlp_queue_spans: int = 65536
+    prometheus_port: int = 9464
+    prometheus_addr: str = "127.0.0.1"
+    interval_ms: float = 20.0  # drain period
+    metrics_interval_s: float = 10.0  # metrics.jsonl period
+    max_run_bytes: int | None = None  # cap on the event log (compressed bytes)
+    command: tuple[str, ...] = ()
+    shm_dir: str = "/dev/shm"
+
+    @property
+    def otlp_kinds(self) -> list[str]:
+        return [k for k in self.exporters if k in OTLP_EXPORTERS]
+
+    def to_json(self) -> str:
+        return orjson.dumps(asdict(self)).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> "AgentConfig":
+        d = orjson.loads(text)
+        if not isinstance(d, dict):
+            raise ValueError("agent config: not a JSON object")
+        d["exporters"] = tuple(d.get("exporters") or ("file",))
+        d["command"] = tuple(d.get("command") or ())
+        unknown = [k for k in d["exporters"] if k not in EXPORTERS]
+        if unknown:
+            raise ValueError(f"unknown exporter {unknown[0]!r} (choose from {', '.join(EXPORTERS)})")
+        return cls(**d)

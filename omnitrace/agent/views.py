@@ -1,0 +1,195 @@
+"""Live views of the event stream: what the agent derives from each feed of spans.
+
+Every view implements :class:`View` (the agent only wires them): ``feed`` gets the spans
+the :class:`~omnitrace.spantable.SpanBuilder` finished, ``close`` runs once at the end,
+``counters`` goes into agent.json. The run's record is the event log; a view that falls
+behind never slows it down.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Protocol
+
+import numpy as np
+
+from omnitrace import conventions as cv
+from omnitrace import spantable as stt
+from omnitrace.agent.export_prometheus import Metrics
+from omnitrace.spantable import Feed
+
+
+class View(Protocol):
+    def feed(self, feed: Feed) -> None: ...
+    def close(self, deadline_s: float) -> None: ...
+    def counters(self) -> dict: ...
+
+
+class TraceIds:
+    """Request number -> trace id hex (exemplar labels), computed on demand, bounded."""
+
+    def __init__(self, requests: list[str]) -> None:
+        self.requests = requests
+        self._hex: dict[int, str] = {}
+
+    def __call__(self, req: int) -> str:
+        h = self._hex.get(req)
+        if h is None:
+            if len(self._hex) > 100_000:
+                self._hex.clear()
+            h = self._hex[req] = f"{cv.trace_id_for(self.requests[req]):032x}"
+        return h
+
+
+# chunk span name -> [(metric, value column or None for duration, scale, with exemplar)]
+_CHUNK_METRICS = {
+    stt.N_FIFO: ((cv.METRIC_FIFO_RESIDENCE, None, 1e-9, True),
+                 (cv.METRIC_FIFO_BLOCKED, "v2", 1e-9, True),
+                 (cv.METRIC_FIFO_DEPTH, "depth", 1.0, False)),
+    stt.N_SNAPSHOT: ((cv.METRIC_SNAPSHOT, None, 1e-9, True),),
+    stt.N_PUT: ((cv.METRIC_PUT, None, 1e-9, True), (cv.METRIC_SIZE, "v1", 1.0, True)),
+    stt.N_GET: ((cv.METRIC_GET, None, 1e-9, True),),
+}
+_PRODUCER = (stt.N_FIFO, stt.N_SNAPSHOT, stt.N_PUT)
+
+
+class MetricsView:
+    """Histograms of complete chunk spans and of TTFT/TTFP, bulk-observed per feed
+    (the same buckets Prometheus scrapes and metrics.jsonl records)."""
+
+    def __init__(self, metrics: Metrics, requests: list[str]) -> None:
+        self.metrics = metrics
+        self.trace_hex = TraceIds(requests)
+
+    def feed(self, feed: Feed) -> None:
+        spans = feed.spans
+        if len(spans):
+            spans = spans[(spans["reason"] == 0) & np.isin(spans["name"], list(_CHUNK_METRICS))]
+        if len(spans):
+            key = ((spans["name"].astype(np.int64) << 48) | ((spans["stage"].astype(np.int64) + 1) << 32)
+                   | ((spans["peer"].astype(np.int64) + 1) << 16) | spans["replica"].astype(np.int64))
+            for k in np.unique(key).tolist():
+                rows = spans[key == k]
+                name, stage, peer, replica = (k >> 48, ((k >> 32) & 0xFFFF) - 1,
+                                              ((k >> 16) & 0xFFFF) - 1, k & 0xFFFF)
+                pair = cv.stage_pair(stage, peer) if name in _PRODUCER else cv.stage_pair(peer, stage)
+                labels = (str(stage), str(replica), pair)
+                for metric, col, scale, exemplar in _CHUNK_METRICS[name]:
+                    if col is None:
+                        values = (rows["end"] - rows["start"]) * scale
+                    elif col == "depth":
+                        values = (rows["v1"] + 1).astype(np.float64)
+                    else:
+                        values = rows[col] * scale
+                    self.metrics.hist.child(metric, labels).observe_many(
+                        values.astype(np.float64), self.trace_hex if exemplar else None,
+                        rows["req"] if exemplar else None)
+        for kind, req, replica, seconds in feed.firsts:
+            metric = cv.METRIC_TTFP if kind == cv.Ev.REQUEST_FIRST_AUDIO else cv.METRIC_TTFT
+            self.metrics.hist.observe(metric, seconds, (str(cv.API_STAGE), str(replica), ""),
+                                      self.trace_hex(req))
+
+    def close(self, deadline_s: float) -> None:
+        pass
+
+    def counters(self) -> dict:
+        return {}
+
+
+class OtlpView:
+    """Live spans to OTLP collectors, with tail-based sampling when they fall behind.
+
+    While every exporter's queue has room, every span goes out as soon as it is built.
+    When a queue passes half full, spans are held per request until the request's root
+    span is built, and only requests worth a look are sent whole: the slowest by TTFP
+    (above the running p90 of the requests seen), any with head-of-line blocking (a FIFO
+    wait behind another request's task), and a head sample (1 in ``head_every`` by
+    request id). The requests and spans not sent are counted, never silent.
+    """
+
+    HOLD_MAX_SPANS = 200_000  # spans held for sampling decisions; past it, oldest go unsent
+
+    def __init__(self, exporters: list, converter, head_every: int = 10) -> None:
+        from omnitrace.agent import export_otlp
+        self._export_otlp = export_otlp
+        self.exporters = exporters
+        self.converter = converter
+        self.head_every = head_every
+        self.resources = export_otlp.ResourceCache(converter.run_id)
+        self.held: dict[int, list] = {}
+        self.held_spans = 0
+        self.hol: set[int] = set()
+        self.ttfps: list[float] = []
+        self.sampling = False
+        self.requests_sampled_out = 0
+        self.spans_sampled_out = 0
+        self.requests_kept = 0
+
+    def _room(self) -> bool:
+        return all(e.queued < e.max_queue_spans // 2 for e in self.exporters)
+
+    def _send(self, spans: list) -> None:
+        if spans:
+            readable = [self._export_otlp.to_readable(s, self.resources) for s in spans]
+            for exp in self.exporters:
+                exp.submit(readable)
+
+    def feed(self, feed: Feed) -> None:
+        spans = feed.spans
+        if not len(spans):
+            return
+        blocked = spans[(spans["name"] == stt.N_FIFO) & (spans["v2"] > 0)]
+        self.hol.update(blocked["req"].tolist())
+        converted = self.converter.convert(spans, feed.emits)
+        if not self.sampling and self._room() and not self.held:
+            self._send(converted)
+            roots = spans["req"][spans["name"] == stt.N_REQUEST]
+            self.converter.forget(roots.tolist())
+            return
+        self.sampling = not self._room()
+        for row, span in zip(spans["req"].tolist(), converted):
+            self.held.setdefault(row, []).append(span)
+        self.held_spans += len(converted)
+        done = spans[spans["name"] == stt.N_REQUEST]
+        for req, start, t2 in zip(done["req"].tolist(), done["start"].tolist(), done["t2"].tolist()):
+            self._decide(req, (t2 - start) / 1e9 if t2 else None)
+        while self.held_spans > self.HOLD_MAX_SPANS and self.held:
+            self._decide(next(iter(self.held)), None, force_drop=True)
+
+    def _decide(self, req: int, ttfp: float | None, force_drop: bool = False) -> None:
+        spans = self.held.pop(req, [])
+        self.held_spans -= len(spans)
+        keep = not force_drop and (self._room() and not self.sampling)
+        if not keep and not force_drop:
+            slow = False
+            if ttfp is not None:
+                self.ttfps.append(ttfp)
+                if len(self.ttfps) > 10_000:
+                    del self.ttfps[:5_000]
+                slow = ttfp >= float(np.percentile(self.ttfps, 90))
+            head = int(hashlib.blake2b(self.converter.requests[req].encode(),
+                                       digest_size=4).hexdigest(), 16) % self.head_every == 0
+            keep = slow or req in self.hol or head
+        self.hol.discard(req)
+        self.converter.forget((req,))
+        if keep:
+            self.requests_kept += 1
+            self._send(spans)
+        else:
+            self.requests_sampled_out += 1
+            self.spans_sampled_out += len(spans)
+
+    def close(self, deadline_s: float) -> None:
+        for req in list(self.held):
+            self._decide(req, None)
+        threads = [threading.Thread(target=e.close, args=(deadline_s,)) for e in self.exporters]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(deadline_s + 5)
+
+    def counters(self) -> dict:
+        return {"sampling": self.sampling, "requests_not_exported": self.requests_sampled_out,
+                "spans_not_exported": self.spans_sampled_out,
+                "requests_kept_while_sampling": self.requests_kept, "spans_held": self.held_spans}
+

@@ -1,0 +1,280 @@
+"""The run's record: every ring slot the agent drained, in compressed, bounded segments.
+
+A run directory's ``events/`` holds ``seg-000000.zst``, ``seg-000001.zst``, ...: each one
+zstd frame of blocks, each block a 12-byte header ``(type u8, 3 pad, ring u32, length
+u32)`` and ``length`` payload bytes:
+
+* ``HEADER``  (5) JSON ``{run_id, segment, created_unix_ns, offset_ns}``: first block of a
+  segment. ``offset_ns`` (unix ns minus ``perf_counter_ns``, one for the whole run: all
+  rings of a host share CLOCK_MONOTONIC) converts every record's ``t`` to unix ns.
+* ``RING``    (1) JSON describing ring ``ring``: ``{name, pid, tid, thread, role, stage,
+  replica, process, capacity}``; written when a ring is first seen, when its writer's
+  identity changes, and again at the start of every segment.
+* ``STRINGS`` (4) JSON ``{ring id: request id}``: the ring's string table as it stands
+  at the start of the segment, so each segment decodes on its own.
+* ``RECORDS`` (2) ring slots exactly as in the ring (``omnitrace.record`` layout, STRING
+  records included), decoded by ``record.SlotDecoder``, the one decoder of that layout.
+* ``DIED``    (3) no payload: the ring's writer process is gone; its last records precede it.
+
+Why hand-made blocks in zstd rather than a columnar file format: the drain thread must
+copy slots at memcpy speed without decoding them, and a reader must recover everything
+before a tear (agent killed mid-write). zstd streams are flushed at every drain cycle
+(``FLUSH_BLOCK``), so a reader decodes all that was committed, and a torn tail loses only
+the records of its last, partial block, which are counted.
+
+A segment is closed (zstd frame finished) at ``SEGMENT_RAW_BYTES`` of input. With
+``max_bytes`` set (``--max-run-bytes``), recording stops at the first commit that finds
+the segments at or past the cap: later events are counted, not written, and nothing
+already written is ever removed.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import orjson
+import zstandard
+
+from omnitrace import record
+
+BLOCK = struct.Struct("<B3xII")
+RING, RECORDS, DIED, STRINGS, HEADER = 1, 2, 3, 4, 5
+DIR = "events"
+SEGMENT_RAW_BYTES = 64 << 20  # ~2M slots; compresses to a few MB
+ZSTD_LEVEL = 3  # ~5x on event records at hundreds of MB/s: the drain thread's budget
+
+# A decoded event as readers see it: the record plus its ring, ``t`` in unix ns.
+EVENT_DTYPE = np.dtype([("t", "<i8"), ("a", "<i8"), ("req", "<u4"), ("chunk", "<i4"),
+                        ("kind", "<u2"), ("stage", "<i2"), ("b", "<i4"), ("ring", "<i4")])
+
+
+class EventLogError(Exception):
+    """An event log that cannot be read (corrupt data): one line for the user."""
+
+
+def segment_path(run_dir: str, index: int) -> str:
+    return os.path.join(run_dir, DIR, f"seg-{index:06d}.zst")
+
+
+def segments(run_dir: str) -> list[str]:
+    d = os.path.join(run_dir, DIR)
+    try:
+        names = sorted(n for n in os.listdir(d) if n.startswith("seg-") and n.endswith(".zst"))
+    except FileNotFoundError:
+        return []
+    return [os.path.join(d, n) for n in names]
+
+
+# ----------------------------------------------------------------------------- writer
+class EventLogWriter:
+    """Appends blocks to the current segment; used by the agent's drain thread only."""
+
+    def __init__(self, run_dir: str, run_id: str, offset_ns: int, max_bytes: int | None = None,
+                 segment_raw_bytes: int = SEGMENT_RAW_BYTES) -> None:
+        os.makedirs(os.path.join(run_dir, DIR), mode=0o700, exist_ok=True)
+        self.run_dir, self.run_id, self.offset_ns = run_dir, run_id, offset_ns
+        self.max_bytes = max_bytes
+        self.segment_raw_bytes = segment_raw_bytes
+        self._zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        self._fd = -1
+        self._obj = None
+        self.segment = -1
+        self._seg_raw = 0
+        self._buf: list[bytes] = []
+        self.rings: dict[int, bytes] = {}  # ring -> its RING payload (repeated per segment)
+        self.raw_bytes = 0  # block bytes before compression
+        self.bytes_written = 0  # compressed bytes on disk
+        self.events_recorded = 0
+        self.events_not_recorded = 0  # after the cap: exact, counted by the decoder
+        self.capped = False
+
+    def _open_segment(self, tables: dict[int, dict[int, str]]) -> None:
+        self.segment += 1
+        self._fd = os.open(segment_path(self.run_dir, self.segment),
+                           os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self._obj = self._zc.compressobj()
+        self._seg_raw = 0
+        head = [self._block(HEADER, 0, orjson.dumps({
+            "run_id": self.run_id, "segment": self.segment,
+            "created_unix_ns": time.time_ns(), "offset_ns": self.offset_ns}))]
+        for idx, payload in self.rings.items():
+            head.append(self._block(RING, idx, payload))
+            table = tables.get(idx)
+            if table:
+                head.append(self._block(STRINGS, idx, orjson.dumps(
+                    {str(k): v for k, v in table.items()})))
+        self._write(b"".join(head))
+
+    @staticmethod
+    def _block(kind: int, idx: int, payload: bytes) -> bytes:
+        return BLOCK.pack(kind, idx, len(payload)) + payload
+
+    def ring(self, idx: int, info: dict) -> None:
+        payload = orjson.dumps(info)
+        self.rings[idx] = payload
+        self._buf.append(self._block(RING, idx, payload))
+
+    def records(self, idx: int, raw: bytes, events: int) -> None:
+        """``raw`` slots of ring ``idx`` holding ``events`` event records."""
+        if self.capped:
+            self.events_not_recorded += events
+            return
+        self._buf.append(BLOCK.pack(RECORDS, idx, len(raw)))
+        self._buf.append(raw)
+        self.events_recorded += events
+
+    def died(self, idx: int) -> None:
+        self._buf.append(self._block(DIED, idx, b""))
+
+    def _write(self, data: bytes) -> None:
+        assert self._obj is not None
+        out = self._obj.compress(data) + self._obj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+        os.write(self._fd, out)
+        self._seg_raw += len(data)
+        self.raw_bytes += len(data)
+        self.bytes_written += len(out)
+
+    def commit(self, tables: dict[int, dict[int, str]], can_rotate: bool = True) -> bool:
+        """Write this cycle's blocks; True if the cap was reached by this commit.
+        ``tables``: each ring's string table, for the head of a new segment;
+        ``can_rotate`` is False while a string's bytes are cut across two reads."""
+        newly_capped = False
+        if self.max_bytes is not None and not self.capped and self.bytes_written >= self.max_bytes:
+            self.capped = newly_capped = True  # from the next records() on
+        if not self._buf:
+            return newly_capped
+        if self._fd < 0:
+            self._open_segment(tables)
+        elif can_rotate and self._seg_raw >= self.segment_raw_bytes:
+            self._close_segment()
+            self._open_segment(tables)
+        data = b"".join(self._buf)
+        self._buf.clear()
+        self._write(data)
+        return newly_capped
+
+    def _close_segment(self) -> None:
+        if self._fd >= 0:
+            assert self._obj is not None
+            out = self._obj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
+            os.write(self._fd, out)
+            self.bytes_written += len(out)
+            os.close(self._fd)
+            self._fd = -1
+
+    def close(self, tables: dict[int, dict[int, str]] | None = None) -> None:
+        if self._buf:
+            self.commit(tables or {})
+        self._close_segment()
+
+    def counters(self) -> dict:
+        return {"segments": self.segment + 1, "raw_bytes": self.raw_bytes,
+                "bytes_written": self.bytes_written, "events_recorded": self.events_recorded,
+                "events_not_recorded": self.events_not_recorded, "capped": self.capped,
+                "max_bytes": self.max_bytes}
+
+
+# ----------------------------------------------------------------------------- reader
+@dataclass
+class EventLog:
+    """A run's events, decoded: one ``EVENT_DTYPE`` array (per ring in ring order)."""
+
+    rings: dict[int, dict] = field(default_factory=dict)
+    requests: record.RequestIds = field(default_factory=record.RequestIds)
+    events: np.ndarray = field(default_factory=lambda: np.empty(0, EVENT_DTYPE))
+    died: set[int] = field(default_factory=set)
+    offset_ns: int = 0
+    segments: int = 0
+    torn_records: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+def _blocks(path: str, last: bool, log: EventLog) -> Iterator[tuple[int, int, memoryview]]:
+    with open(path, "rb") as f:
+        data = f.read()
+    dobj = zstandard.ZstdDecompressor().decompressobj()
+    try:
+        raw = dobj.decompress(data)
+    except zstandard.ZstdError as exc:
+        raise EventLogError(f"{path}: corrupt event segment ({exc})") from None
+    name = os.path.basename(path)
+    torn = not dobj.eof
+    view = memoryview(raw)
+    off, n = 0, len(view)
+    while off + BLOCK.size <= n:
+        kind, idx, length = BLOCK.unpack_from(view, off)
+        if kind not in (RING, RECORDS, DIED, STRINGS, HEADER):
+            raise EventLogError(f"{path}: corrupt event segment (block type {kind} at {off})")
+        stop = off + BLOCK.size + length
+        if stop > n:  # torn block: its whole slots still decode, the rest is counted lost
+            if kind == RECORDS:
+                have = (n - off - BLOCK.size) // record.RECORD_SIZE
+                log.torn_records += length // record.RECORD_SIZE - have
+                yield kind, idx, view[off + BLOCK.size:off + BLOCK.size + have * record.RECORD_SIZE]
+            torn = True
+            off = n
+            break
+        yield kind, idx, view[off + BLOCK.size:stop]
+        off = stop
+    if off < n:
+        torn = True
+    if torn:
+        where = "last segment" if last else "segment"
+        log.warnings.append(f"events/{name}: {where} is torn (agent killed mid-write?); "
+                            f"{log.torn_records} record(s) in its partial block lost")
+
+
+def read_event_log(run_dir: str) -> EventLog | None:
+    """Decode every segment of ``run_dir`` in order; None if it has no event log."""
+    paths = segments(run_dir)
+    if not paths:
+        return None
+    log = EventLog(segments=len(paths))
+    decoders: dict[int, record.SlotDecoder] = {}
+    parts: dict[int, list[np.ndarray]] = {}
+    for i, path in enumerate(paths):
+        for kind, idx, payload in _blocks(path, i == len(paths) - 1, log):
+            if kind == RECORDS:
+                dec = decoders.get(idx)
+                if dec is None:
+                    dec = decoders[idx] = record.SlotDecoder(log.requests)
+                rec = dec.decode(payload)
+                if len(rec):
+                    parts.setdefault(idx, []).append(rec)
+                continue
+            try:
+                obj = orjson.loads(payload) if kind != DIED else None
+            except orjson.JSONDecodeError:
+                raise EventLogError(f"{path}: corrupt event segment (bad JSON in block type "
+                                    f"{kind})") from None
+            if kind == RING:
+                log.rings[idx] = obj
+            elif kind == HEADER:
+                log.offset_ns = int(obj["offset_ns"])
+            elif kind == STRINGS:
+                dec = decoders.get(idx)
+                if dec is None:
+                    dec = decoders[idx] = record.SlotDecoder(log.requests)
+                dec.load_table({int(k): v for k, v in obj.items()})
+            elif kind == DIED:
+                log.died.add(idx)
+    arrays = []
+    for idx, recs in parts.items():
+        rec = np.concatenate(recs) if len(recs) > 1 else recs[0]
+        arrays.append(to_events(rec, idx, log.offset_ns))
+    log.events = np.concatenate(arrays) if arrays else np.empty(0, EVENT_DTYPE)
+    return log
+
+
+def to_events(rec: np.ndarray, ring: int, offset_ns: int) -> np.ndarray:
+    """Decoded ring records -> ``EVENT_DTYPE`` rows of ring ``ring``, t in unix ns."""
+    ev = np.empty(len(rec), EVENT_DTYPE)
+    for name in ("a", "req", "chunk", "kind", "stage", "b"):
+        ev[name] = rec[name]
+    ev["t"] = rec["t"] + offset_ns
+    ev["ring"] = ring
+    return ev

@@ -1,0 +1,595 @@
+"""Events -> spans, vectorised: the one span-building library (live metrics, live OTLP
+export, `omnitrace export` and `omnitrace report` all use :class:`SpanBuilder`).
+
+Input: ``eventlog.EVENT_DTYPE`` rows (any number of rings, any cut of time) fed in
+order of arrival; output: a :data:`SPAN_DTYPE` table per feed, one row per finished span,
+and the ``omni.emit`` events of finished stage spans (:data:`EMIT_DTYPE`). Nothing here
+builds a Python object per chunk event: chunk pairs are matched with sorts and binary
+searches over integer keys; only request and stage events (a few per request per stage,
+plus one emit per output packet) go through a Python loop.
+
+Pairing rules (one trace per request, ``conventions.trace_id_for(request)``):
+
+* ``omni.request``  REQUEST_ARRIVE -> REQUEST_END (API server), events TTFT/TTFP.
+* ``omni.stage``    STAGE_ADD -> STAGE_FINISH per (request, stage, replica), with the
+  stage's STAGE_EMIT events; ``omni.stage.queue`` STAGE_ADD -> STAGE_SCHEDULE.
+* producer chunk spans keyed (request, producer stage, chunk): snapshot, fifo
+  (enqueue -> dequeue), process, put; consumer chunk spans keyed (request, consumer
+  stage, chunk): get, wait_schedule (ready -> scheduled); poll_lag: producer put end ->
+  consumer get begin, joined on (request, producer stage, chunk).
+* Within one key the k-th begin (in time order) pairs with the k-th end, so a key reused
+  by a retried task gives a second span, not a mismatched one. A stamp whose partner has
+  not arrived yet waits in the builder (an end can arrive one drain before its begin when
+  the two are on different rings).
+* The peer stage of a chunk span is the end stamp's ``b``; its replica and process are
+  those of the ring that recorded its begin.
+
+FIFO blocking: each sender (pid, stage) is busy with one task at a time, from its
+FIFO_DEQUEUE to its PUT_END (or a PROCESS_END with 0 bytes of the same chunk, or the
+next dequeue). For a task enqueued at E and dequeued at D, ``blocked_ns`` is the total
+overlap of [E, D] with that sender's busy intervals of tasks of *other* requests and
+``blocked_by`` the (up to) three requests with the largest overlap. Every busy interval
+that overlaps [E, D] ends by D on the sender's own ring, so it is known when D is.
+
+Spans whose end never came (writer died, run ended, request freed unfinished or idle)
+are emitted by :meth:`SpanBuilder.flush` with a reason code (:data:`REASONS`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from omnitrace import conventions as cv
+from omnitrace.eventlog import EVENT_DTYPE
+
+E = cv.Ev
+
+# Span name codes (the SPAN_DTYPE ``name`` column indexes this tuple).
+NAMES = (cv.SPAN_REQUEST, cv.SPAN_STAGE, cv.SPAN_STAGE_QUEUE, cv.SPAN_SNAPSHOT, cv.SPAN_FIFO,
+         cv.SPAN_PROCESS, cv.SPAN_PUT, cv.SPAN_GET, cv.SPAN_POLL, cv.SPAN_WAIT_SCHEDULE)
+(N_REQUEST, N_STAGE, N_QUEUE, N_SNAPSHOT, N_FIFO, N_PROCESS, N_PUT, N_GET, N_POLL,
+ N_WAIT) = range(len(NAMES))
+CHUNK_NAMES = frozenset((N_SNAPSHOT, N_FIFO, N_PROCESS, N_PUT, N_GET, N_POLL, N_WAIT))
+
+# incomplete-span reasons (``reason`` column); 0 = complete
+REASONS = ("", "writer-died", "run-ended", "unfinished", "timeout")
+R_NONE, R_WRITER_DIED, R_RUN_ENDED, R_UNFINISHED, R_TIMEOUT = range(len(REASONS))
+
+# One finished span. v1/v2 by name: request: prompt tokens, max tokens (-1 = unknown);
+# snapshot: strategy; fifo: ahead, blocked_ns; process/put/get:
+# bytes. t1/t2: request's first text / first audio (0 = none). by0..by2: culprit
+# request ids of a fifo span (0 = none). ring: the ring (process) that recorded it.
+SPAN_DTYPE = np.dtype([("name", "i1"), ("reason", "i1"), ("error", "?"), ("status", "<i2"),
+                       ("stage", "<i2"),
+                       ("peer", "<i2"), ("replica", "<i2"), ("req", "<u4"), ("chunk", "<i4"),
+                       ("ring", "<i4"), ("start", "<i8"), ("end", "<i8"), ("v1", "<i8"),
+                       ("v2", "<i8"), ("t1", "<i8"), ("t2", "<i8"), ("by0", "<u4"),
+                       ("by1", "<u4"), ("by2", "<u4")])
+# An omni.emit span event of an emitted stage span.
+EMIT_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("replica", "<i2"), ("t", "<i8"),
+                       ("packet", "<i8"), ("modality", "<i4")])
+
+# chunk pairs: (name code, begin kind, end kind, producer side)
+_PAIRS = ((N_SNAPSHOT, E.SNAPSHOT_BEGIN, E.SNAPSHOT_END),
+          (N_FIFO, E.FIFO_ENQUEUE, E.FIFO_DEQUEUE),
+          (N_PROCESS, E.PROCESS_BEGIN, E.PROCESS_END),
+          (N_PUT, E.PUT_BEGIN, E.PUT_END),
+          (N_GET, E.GET_BEGIN, E.GET_END),
+          (N_WAIT, E.CHUNK_READY, E.CHUNK_SCHEDULED))
+_REQUEST_KINDS = (E.REQUEST_ARRIVE, E.REQUEST_DISPATCH, E.REQUEST_FIRST_TEXT,
+                  E.REQUEST_FIRST_AUDIO, E.REQUEST_END)
+_STAGE_KINDS = (E.STAGE_ADD, E.STAGE_SCHEDULE, E.STAGE_FINISH, E.STAGE_EMIT)
+_CHUNK_KINDS = tuple(k for _, b, e in _PAIRS for k in (b, e))
+_SENDER_KINDS = (E.FIFO_DEQUEUE, E.PROCESS_END, E.PUT_END)
+_KNOWN = np.zeros(256, bool)
+for _k in (*_REQUEST_KINDS, *_STAGE_KINDS, *_CHUNK_KINDS, E.STEP_BEGIN, E.STEP_END,
+           E.STAGE_DIED):
+    _KNOWN[int(_k)] = True
+_EMPTY_EV = np.empty(0, EVENT_DTYPE)
+SENDER_HISTORY = 1 << 14  # busy intervals kept per sender (only very old enqueues need more)
+
+
+def _key(req: np.ndarray, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+    """(request, stage, chunk) as one sortable int64 (stage < 127, chunk < 2^24)."""
+    return ((req.astype(np.int64) << 31) | ((stage.astype(np.int64) + 1) << 24)
+            | (chunk.astype(np.int64) + 1))
+
+
+def match(bkey: np.ndarray, bt: np.ndarray, ekey: np.ndarray, et: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """Pair the k-th begin of each key (by time) with the k-th end of that key.
+    Returns index arrays (into the inputs) of the matched begins and their ends."""
+    if not len(bkey) or not len(ekey):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    bo = np.lexsort((bt, bkey))
+    eo = np.lexsort((et, ekey))
+    bk, ek = bkey[bo], ekey[eo]
+    rank = np.arange(len(bk)) - np.searchsorted(bk, bk, "left")
+    lo = np.searchsorted(ek, bk, "left")
+    hi = np.searchsorted(ek, bk, "right")
+    pos = lo + rank
+    ok = pos < hi
+    return bo[ok], eo[pos[ok]]
+
+
+class _Pool:
+    """Unpaired stamps of one pair kind (begins and ends), carried between feeds."""
+
+    __slots__ = ("begins", "ends")
+
+    def __init__(self) -> None:
+        self.begins = _EMPTY_EV
+        self.ends = _EMPTY_EV
+
+
+@dataclass
+class _Sender:
+    """Busy intervals of one sender (sorted, non-overlapping) and its open task."""
+
+    starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    ends: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    reqs: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint32))
+    tail: np.ndarray = field(default_factory=lambda: _EMPTY_EV)  # from the open dequeue on
+
+
+class _Stage:
+    __slots__ = ("add", "sched", "finish", "status", "ring", "last", "queue_done", "done",
+                 "emits")
+
+    def __init__(self, ring: int) -> None:
+        self.add = self.sched = self.finish = None
+        self.status = 0
+        self.ring, self.last = ring, 0
+        self.queue_done = self.done = False
+        self.emits: list[tuple[int, int, int]] = []  # (t, packet, modality)
+
+
+class _Req:
+    __slots__ = ("arrive", "end", "first_text", "first_audio", "prompt", "max_tokens",
+                 "status", "ring", "replica", "stages", "done", "complete_at", "last_seen")
+
+    def __init__(self) -> None:
+        self.arrive = self.end = self.first_text = self.first_audio = None
+        self.prompt = self.max_tokens = -1
+        self.status = 0
+        self.ring = -1
+        self.replica = 0
+        self.stages: dict[tuple[int, int], _Stage] = {}
+        self.done = False
+        self.complete_at: float | None = None
+        self.last_seen = 0.0
+
+
+@dataclass
+class Feed:
+    """What one feed produced."""
+
+    spans: np.ndarray
+    emits: np.ndarray
+    # first text / first audio as they arrive: (kind, req, replica, seconds since arrival)
+    firsts: list[tuple[int, int, int, float]] = field(default_factory=list)
+
+
+class SpanBuilder:
+    """Feed events, get spans. ``rings``: ring index -> ring description (pid, replica,
+    process, role, stage), as in the event log's RING blocks; kept current by the caller."""
+
+    def __init__(self, rings: dict[int, dict] | None = None) -> None:
+        self.rings: dict[int, dict] = rings if rings is not None else {}
+        self._pids = np.zeros(0, np.int64)
+        self._replicas = np.zeros(0, np.int64)
+        self._pools = {name: _Pool() for name, _, _ in _PAIRS}
+        self._poll = _Pool()  # begins: PUT_END rows, ends: GET_BEGIN rows
+        self.senders: dict[tuple[int, int], _Sender] = {}
+        self.reqs: dict[int, _Req] = {}
+        self.last_t = np.zeros(1024, np.int64)  # per request id: latest event time
+        self.dead_pids: set[int] = set()
+        self.events = 0
+        self.step_events = 0
+        self.unknown_events = 0
+        self.spans_built = 0
+        self.incomplete_spans = 0
+        self.requests_freed = 0
+        self._rows: list[tuple] = []  # request/stage spans of this feed
+        self._emits: list[tuple] = []
+
+    # ------------------------------------------------------------------ rings
+    def _ring_arrays(self, max_ring: int) -> None:
+        n = max(max_ring + 1, max(self.rings, default=-1) + 1)
+        self._pids = np.array([self.rings.get(i, {}).get("pid", 0) for i in range(n)], np.int64)
+        self._replicas = np.array([self.rings.get(i, {}).get("replica", 0) for i in range(n)],
+                                  np.int64)
+
+    def ring_changed(self) -> None:
+        """Call after adding or changing a ring description."""
+        self._ring_arrays(max(self.rings, default=-1))
+
+    def process_died(self, pid: int) -> None:
+        self.dead_pids.add(pid)
+
+    # ------------------------------------------------------------------ feed
+    def feed(self, ev: np.ndarray, now: float = 0.0) -> Feed:
+        """Pair ``ev`` (EVENT_DTYPE rows) with what is waiting; returns finished spans."""
+        firsts: list = []
+        if len(ev):
+            if int(ev["ring"].max()) >= len(self._pids):
+                self._ring_arrays(int(ev["ring"].max()))
+            ev = ev[np.argsort(ev["t"], kind="stable")]
+            self.events += len(ev)
+            kinds = ev["kind"]
+            known = _KNOWN[np.minimum(kinds, 255)]
+            self.unknown_events += int(len(ev) - known.sum())
+            has_req = ev["req"] != 0
+            self.step_events += int(np.count_nonzero(known & ~has_req))
+            ev = ev[known & has_req]
+            self._note_times(ev)
+            kinds = ev["kind"]
+            small = (kinds >= E.REQUEST_ARRIVE) & (kinds <= E.STAGE_EMIT)
+            if small.any():
+                self._request_events(ev[small], now, firsts)
+            chunk_ev = ev[~small & (kinds != E.STAGE_DIED)]
+        else:
+            chunk_ev = ev
+        parts = [self._pair_chunks(chunk_ev)]
+        if self._rows:
+            parts.append(np.array(self._rows, SPAN_DTYPE))
+            self._rows = []
+        spans = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        emits = np.array(self._emits, EMIT_DTYPE) if self._emits else np.empty(0, EMIT_DTYPE)
+        self._emits = []
+        self._count(spans)
+        return Feed(spans, emits, firsts)
+
+    def _count(self, spans: np.ndarray) -> None:
+        self.spans_built += len(spans)
+        self.incomplete_spans += int(np.count_nonzero(spans["reason"]))
+
+    def _note_times(self, ev: np.ndarray) -> None:
+        if not len(ev):
+            return
+        top = int(ev["req"].max())
+        if top >= len(self.last_t):
+            grown = np.zeros(max(top + 1, 2 * len(self.last_t)), np.int64)
+            grown[:len(self.last_t)] = self.last_t
+            self.last_t = grown
+        np.maximum.at(self.last_t, ev["req"].astype(np.int64), ev["t"])
+
+    # ------------------------------------------------------------------ requests, stages
+    def _request_events(self, ev: np.ndarray, now: float, firsts: list) -> None:
+        reqs = self.reqs
+        replicas = self._replicas
+        for t, a, req, _chunk, kind, stage, b, ring in ev.tolist():
+            st = reqs.get(req)
+            if st is None:
+                st = reqs[req] = _Req()
+            st.last_seen = now
+            st.complete_at = None
+            if kind >= E.STAGE_ADD:
+                replica = int(replicas[ring])
+                sg = st.stages.get((stage, replica))
+                if sg is None:
+                    sg = st.stages[(stage, replica)] = _Stage(ring)
+                if t > sg.last:
+                    sg.last = t
+                if kind == E.STAGE_ADD:
+                    if sg.add is None:
+                        sg.add = t
+                elif kind == E.STAGE_SCHEDULE:
+                    if sg.sched is None:
+                        sg.sched = t
+                        self._queue_row(req, stage, replica, sg, R_NONE)
+                elif kind == E.STAGE_FINISH:
+                    sg.finish, sg.status = t, a
+                    self._stage_row(req, stage, replica, sg, R_NONE)
+                else:  # STAGE_EMIT: a = packet index, b = modality
+                    sg.emits.append((t, a, b))
+                if kind == E.STAGE_FINISH and self._complete(st):
+                    st.complete_at = now
+                continue
+            st.ring, st.replica = ring, int(replicas[ring])
+            if kind == E.REQUEST_ARRIVE:
+                st.arrive, st.prompt, st.max_tokens = t, a, b
+            elif kind == E.REQUEST_FIRST_TEXT:
+                if st.first_text is None:
+                    st.first_text = t
+                    if st.arrive is not None:
+                        firsts.append((kind, req, st.replica, (t - st.arrive) / 1e9))
+            elif kind == E.REQUEST_FIRST_AUDIO:
+                if st.first_audio is None:
+                    st.first_audio = t
+                    if st.arrive is not None:
+                        firsts.append((kind, req, st.replica, (t - st.arrive) / 1e9))
+            elif kind == E.REQUEST_END:
+                st.end, st.status = t, a
+                self._request_row(req, st, R_NONE)
+                if self._complete(st):
+                    st.complete_at = now
+            # REQUEST_DISPATCH: kept in the event log only; the stage span shows the hand-off
+
+    @staticmethod
+    def _complete(st: _Req) -> bool:
+        if st.arrive is not None or st.end is not None:
+            if st.end is None:
+                return False
+        elif not st.stages:
+            return False
+        return all(sg.finish is not None for sg in st.stages.values())
+
+    def _request_row(self, req: int, st: _Req, reason: int) -> None:
+        if st.done or (st.arrive is None and reason == R_NONE):
+            return
+        st.done = True
+        last = int(self.last_t[req])
+        start = st.arrive if st.arrive is not None else (st.end or last)
+        end = st.end if st.end is not None else last
+        self._rows.append((N_REQUEST, self._reason(st.ring, reason), st.status != cv.Status.OK,
+                           st.status, cv.API_STAGE, -2, st.replica, req, -1, st.ring, start, max(end, start),
+                           st.prompt, st.max_tokens, st.first_text or 0, st.first_audio or 0,
+                           0, 0, 0))
+
+    def _queue_row(self, req: int, stage: int, replica: int, sg: _Stage, reason: int) -> None:
+        if sg.queue_done or (sg.add is None and (reason == R_NONE or sg.sched is None)):
+            return
+        sg.queue_done = True
+        start = sg.add if sg.add is not None else sg.sched
+        end = sg.sched if sg.sched is not None else sg.last
+        self._rows.append((N_QUEUE, self._reason(sg.ring, reason), False, 0, stage, -2, replica,
+                           req, -1, sg.ring, start, max(end, start), 0, 0, 0, 0, 0, 0, 0))
+
+    def _stage_row(self, req: int, stage: int, replica: int, sg: _Stage, reason: int) -> None:
+        if sg.done:
+            return
+        sg.done = True
+        start = sg.add if sg.add is not None else (sg.sched or sg.last)
+        end = sg.finish if sg.finish is not None else sg.last
+        self._rows.append((N_STAGE, self._reason(sg.ring, reason), sg.status != 0, sg.status,
+                           stage, -2, replica, req, -1, sg.ring, start, max(end, start), 0, 0, 0,
+                           0, 0, 0, 0))
+        self._emits.extend((req, stage, replica, t, p, m) for t, p, m in sg.emits)
+        sg.emits = []
+
+    def _reason(self, ring: int, reason: int) -> int:
+        if reason != R_NONE and 0 <= ring < len(self._pids) and int(self._pids[ring]) in self.dead_pids:
+            return R_WRITER_DIED
+        return reason
+
+    # ------------------------------------------------------------------ chunks
+    def _pair_chunks(self, ev: np.ndarray) -> np.ndarray:
+        kinds = ev["kind"]
+        self._sender_intervals(ev[np.isin(kinds, _SENDER_KINDS)])
+        out = []
+        for name, bk, ek in _PAIRS:
+            pool = self._pools[name]
+            b_new, e_new = ev[kinds == bk], ev[kinds == ek]
+            B = np.concatenate((pool.begins, b_new)) if len(pool.begins) else b_new
+            En = np.concatenate((pool.ends, e_new)) if len(pool.ends) else e_new
+            bi, ei = match(_key(B["req"], B["stage"], B["chunk"]), B["t"],
+                           _key(En["req"], En["stage"], En["chunk"]), En["t"])
+            if len(bi):
+                out.append(self._chunk_rows(name, B[bi], En[ei]))
+            pool.begins = np.delete(B, bi) if len(bi) else B
+            pool.ends = np.delete(En, ei) if len(ei) else En
+        # poll lag: producer PUT_END (request, stage, chunk) -> consumer GET_BEGIN
+        # (request, b = producer stage, chunk)
+        pool = self._poll
+        P = np.concatenate((pool.begins, ev[kinds == E.PUT_END]))
+        G = np.concatenate((pool.ends, ev[kinds == E.GET_BEGIN]))
+        pi, gi = match(_key(P["req"], P["stage"], P["chunk"]), P["t"],
+                       _key(G["req"], G["b"], G["chunk"]), G["t"])
+        if len(pi):
+            p, g = P[pi], G[gi]
+            rows = np.zeros(len(pi), SPAN_DTYPE)
+            rows["name"] = N_POLL
+            rows["stage"], rows["peer"], rows["chunk"] = g["stage"], p["stage"], g["chunk"]
+            rows["replica"] = self._replicas[g["ring"]]
+            rows["req"], rows["ring"] = g["req"], g["ring"]
+            rows["start"], rows["end"] = p["t"], np.maximum(g["t"], p["t"])
+            out.append(rows)
+        pool.begins = np.delete(P, pi) if len(pi) else P
+        pool.ends = np.delete(G, gi) if len(gi) else G
+        return np.concatenate(out) if out else np.zeros(0, SPAN_DTYPE)
+
+    def _chunk_rows(self, name: int, b: np.ndarray, e: np.ndarray) -> np.ndarray:
+        rows = np.zeros(len(b), SPAN_DTYPE)
+        rows["name"] = name
+        rows["stage"], rows["chunk"], rows["req"] = b["stage"], b["chunk"], b["req"]
+        rows["peer"] = e["b"]
+        rows["replica"] = self._replicas[b["ring"]]
+        rows["ring"] = b["ring"]
+        rows["start"] = b["t"]
+        rows["end"] = np.maximum(e["t"], b["t"])
+        if name == N_FIFO:
+            rows["v1"] = b["a"]
+            self._blocked(rows, self._pids[b["ring"]])
+        elif name != N_WAIT:  # snapshot: strategy; process, put, get: bytes
+            rows["v1"] = e["a"]
+        return rows
+
+    # ------------------------------------------------------------------ FIFO blocking
+    def _sender_intervals(self, ev: np.ndarray) -> None:
+        """Extend each sender's busy intervals with this feed's dequeues and ends."""
+        if not len(ev) and not any(len(s.tail) for s in self.senders.values()):
+            return
+        pids = self._pids[ev["ring"]] if len(ev) else np.empty(0, np.int64)
+        groups: dict[tuple[int, int], np.ndarray] = {}
+        if len(ev):
+            skey = (pids << 16) | (ev["stage"].astype(np.int64) + 1)
+            for k in np.unique(skey).tolist():
+                groups[(k >> 16, (k & 0xFFFF) - 1)] = ev[skey == k]
+        for key in set(groups) | {k for k, s in self.senders.items() if len(s.tail)}:
+            snd = self.senders.get(key)
+            if snd is None:
+                snd = self.senders[key] = _Sender()
+            new = groups.get(key, _EMPTY_EV)
+            seq = np.concatenate((snd.tail, new)) if len(snd.tail) else new
+            if not len(seq):
+                continue
+            self._close_tasks(snd, seq)
+
+    @staticmethod
+    def _close_tasks(snd: _Sender, seq: np.ndarray) -> None:
+        kinds = seq["kind"]
+        deq = np.flatnonzero(kinds == E.FIFO_DEQUEUE)
+        if not len(deq):
+            snd.tail = _EMPTY_EV
+            return
+        # the task's end: its own PUT_END, a 0-byte PROCESS_END of its chunk, or the next
+        # dequeue, whichever comes first after the dequeue (the sender does one at a time)
+        n = len(seq)
+        closer = ((kinds == E.PUT_END) | ((kinds == E.PROCESS_END) & (seq["a"] == 0))
+                  | (kinds == E.FIFO_DEQUEUE))
+        closer_idx = np.flatnonzero(closer)
+        nxt = np.searchsorted(closer_idx, deq, "right")
+        has = nxt < len(closer_idx)
+        j = np.where(has, closer_idx[np.minimum(nxt, len(closer_idx) - 1)], n)
+        jj = np.minimum(j, n - 1)
+        same = (seq["req"][jj] == seq["req"][deq])
+        kj = kinds[jj]
+        valid = has & ((kj == E.FIFO_DEQUEUE) | (same & ((kj == E.PUT_END) | (
+            seq["chunk"][jj] == seq["chunk"][deq]))))
+        # a closer of another task (out of order) is skipped: fall back to the next dequeue
+        nd = np.searchsorted(deq, deq, "right")
+        next_deq = np.where(nd < len(deq), deq[np.minimum(nd, len(deq) - 1)], n)
+        j = np.where(valid, j, next_deq)
+        done = j < n
+        d = deq[done]
+        if len(d):
+            snd.starts = np.concatenate((snd.starts, seq["t"][d]))
+            snd.ends = np.concatenate((snd.ends, np.maximum(seq["t"][j[done]], seq["t"][d])))
+            snd.reqs = np.concatenate((snd.reqs, seq["req"][d]))
+            if len(snd.starts) > 2 * SENDER_HISTORY:
+                snd.starts = snd.starts[-SENDER_HISTORY:]
+                snd.ends = snd.ends[-SENDER_HISTORY:]
+                snd.reqs = snd.reqs[-SENDER_HISTORY:]
+        open_ = deq[~done]
+        snd.tail = seq[open_[0]:] if len(open_) else _EMPTY_EV
+
+    def _blocked(self, rows: np.ndarray, pids: np.ndarray) -> None:
+        """blocked_ns (v2) and by0..by2 of complete FIFO spans, in place."""
+        skey = (pids << 16) | (rows["stage"].astype(np.int64) + 1)
+        for k in np.unique(skey).tolist():
+            snd = self.senders.get((k >> 16, (k & 0xFFFF) - 1))
+            if snd is None or not len(snd.starts):
+                continue
+            sel = np.flatnonzero(skey == k)
+            enq, deq, req = rows["start"][sel], rows["end"][sel], rows["req"][sel]
+            lo = np.searchsorted(snd.ends, enq, "right")
+            hi = np.searchsorted(snd.starts, deq, "left")
+            cnt = np.maximum(hi - lo, 0)
+            total = int(cnt.sum())
+            if not total:
+                continue
+            q = np.repeat(np.arange(len(sel)), cnt)
+            iv = np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo, cnt)
+            ov = np.minimum(snd.ends[iv], deq[q]) - np.maximum(snd.starts[iv], enq[q])
+            culprit = snd.reqs[iv]
+            keep = (culprit != req[q]) & (ov > 0)
+            q, ov, culprit, iv = q[keep], ov[keep], culprit[keep], iv[keep]
+            if not len(q):
+                continue
+            rows["v2"][sel] = np.bincount(q, weights=ov, minlength=len(sel)).astype(np.int64)
+            # per (span, culprit): overlap sum and first interval (ties keep first seen)
+            order = np.lexsort((iv, culprit, q))
+            q, culprit, ov, iv = q[order], culprit[order], ov[order], iv[order]
+            first = np.ones(len(q), bool)
+            first[1:] = (q[1:] != q[:-1]) | (culprit[1:] != culprit[:-1])
+            starts = np.flatnonzero(first)
+            sums = np.add.reduceat(ov, starts)
+            gq, gc, gfirst = q[starts], culprit[starts], iv[starts]
+            order = np.lexsort((gfirst, -sums, gq))
+            gq, gc = gq[order], gc[order]
+            rank = np.arange(len(gq)) - np.searchsorted(gq, gq, "left")
+            for r, col in enumerate(("by0", "by1", "by2")):
+                m = rank == r
+                rows[col][sel[gq[m]]] = gc[m]
+
+    # ------------------------------------------------------------------ lifetime
+    def tick(self, now: float, grace_s: float = 2.0, ended_timeout_s: float = 30.0,
+             idle_timeout_s: float = 120.0) -> Feed:
+        """Free requests that completed ``grace_s`` ago or went idle (live use)."""
+        gone: dict[int, int] = {}
+        for req, st in self.reqs.items():
+            if st.complete_at is not None and now - st.complete_at >= grace_s:
+                gone[req] = R_UNFINISHED
+            elif st.end is not None and now - st.last_seen >= ended_timeout_s:
+                gone[req] = R_UNFINISHED
+            elif now - st.last_seen >= idle_timeout_s:
+                gone[req] = R_TIMEOUT
+        return self.flush(gone) if gone else Feed(np.zeros(0, SPAN_DTYPE), np.empty(0, EMIT_DTYPE))
+
+    def flush(self, which: dict[int, int] | None = None, reason: int = R_RUN_ENDED) -> Feed:
+        """Emit everything still open of the requests in ``which`` (request -> reason), or
+        of every request (end of run), as incomplete spans; forget them."""
+        if which is None:
+            which = {req: reason for req in self.reqs}
+            pools_all = True
+        else:
+            pools_all = False
+        out = []
+        ids = np.fromiter(which, np.int64, len(which))
+        codes = np.zeros(int(ids.max()) + 1 if len(ids) else 1, np.int8)
+        for req, r in which.items():
+            codes[req] = r
+        pools = [(name, p, False) for name, p in self._pools.items()] + [(N_POLL, self._poll, True)]
+        for name, pool, is_poll in pools:
+            for side in ("begins", "ends"):
+                rows = getattr(pool, side)
+                if not len(rows):
+                    continue
+                sel = np.ones(len(rows), bool) if pools_all else np.isin(rows["req"], ids)
+                if not sel.any():
+                    continue
+                stale, rest = rows[sel], rows[~sel]
+                setattr(pool, side, rest)
+                if is_poll:
+                    continue  # a poll lag without both ends is no interval
+                out.append(self._incomplete(name, stale, side == "begins", codes))
+        for req, r in which.items():
+            st = self.reqs.pop(req, None)
+            if st is None:
+                continue
+            self.requests_freed += 1
+            for (stage, replica), sg in st.stages.items():
+                if not sg.queue_done:
+                    self._queue_row(req, stage, replica, sg, r)
+                self._stage_row(req, stage, replica, sg, R_NONE if sg.finish is not None else r)
+            if not st.done and (st.arrive is not None or st.end is not None):
+                self._request_row(req, st, R_NONE if st.end is not None else r)
+        if self._rows:
+            out.append(np.array(self._rows, SPAN_DTYPE))
+            self._rows = []
+        spans = np.concatenate(out) if out else np.zeros(0, SPAN_DTYPE)
+        emits = np.array(self._emits, EMIT_DTYPE) if self._emits else np.empty(0, EMIT_DTYPE)
+        self._emits = []
+        self._count(spans)
+        return Feed(spans, emits)
+
+    def _incomplete(self, name: int, ev: np.ndarray, begun: bool, codes: np.ndarray) -> np.ndarray:
+        rows = np.zeros(len(ev), SPAN_DTYPE)
+        rows["name"] = name
+        rows["stage"], rows["chunk"], rows["req"] = ev["stage"], ev["chunk"], ev["req"]
+        rows["peer"] = ev["b"]
+        rows["replica"] = self._replicas[ev["ring"]]
+        rows["ring"] = ev["ring"]
+        rows["start"] = ev["t"]
+        if begun:  # began, never ended: up to the request's last event
+            rows["end"] = np.maximum(ev["t"], self.last_t[ev["req"].astype(np.int64)])
+            if name == N_FIFO:
+                rows["v1"] = ev["a"]
+        else:  # ended, its begin lost (dropped or never drained)
+            rows["end"] = ev["t"]
+            if name not in (N_FIFO, N_WAIT):
+                rows["v1"] = ev["a"]
+        reason = codes[np.minimum(ev["req"].astype(np.int64), len(codes) - 1)]
+        dead = np.isin(self._pids[ev["ring"]], np.fromiter(self.dead_pids, np.int64))
+        rows["reason"] = np.where(dead, R_WRITER_DIED, reason)
+        return rows
+
+    def open_requests(self) -> int:
+        return len(self.reqs)
+
+    def state_size(self) -> dict:
+        return {"requests": len(self.reqs),
+                "waiting_stamps": sum(len(p.begins) + len(p.ends) for p in self._pools.values()),
+                "sender_intervals": sum(len(s.starts) for s in self.senders.values())}

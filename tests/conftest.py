@@ -1,0 +1,189 @@
+"""Leak guard: every test must leave the process and the machine as it found them.
+
+An autouse fixture (after pyinstrument's ``check_sampler_state``) snapshots, before each
+test, the global state omnitrace can leave behind, and compares after it:
+
+* ``/dev/shm`` segments the project creates: recorder rings
+  ``omnitrace.<run-id>.<pid>.<tid>`` (``omnitrace.record``), the connector's pool slots
+  ``ortpool<pid>@<stage>.<idx>`` and chunk segments ``<request-id>_<stage>_<chunk>``
+  (``omnitrace.runtime.shm``);
+* the hooks applied by ``omnitrace.inject.patching`` (applied / pending / active set);
+* ``sys.meta_path`` entries (by identity), e.g. patching's post-import finder;
+* ``OMNITRACE_*`` environment variables (added, changed or removed).
+
+It diffs rather than requiring a clean slate: state present before the test (other
+processes' segments on a shared machine, session fixtures) never fails a test. A new
+segment still there after a grace poll (children that exit just after the test) and whose
+owner (the pid in its name) is dead, this process or one of its descendants is a leak; a
+segment named after a live process outside this tree belongs to someone else and is left
+alone. Leaks are cleaned up (segments unlinked, hooks removed, ``sys.meta_path`` and the
+environment restored) BEFORE the test is failed, so one leak does not cascade.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from typing import Any
+
+import pytest
+
+SHM_DIR = "/dev/shm"
+RING_PREFIX = "omnitrace."  # omnitrace.conventions.SHM_PREFIX + "."
+POOL_RE = re.compile(r"^ortpool(\d+)@")  # omnitrace.runtime.shm.pool_slot_name
+# omnitrace.runtime.shm.chunk_key over a request id as omnitrace.runtime.api._REQ_ID allows
+CHUNK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}_\d+_\d+$")
+ENV_PREFIX = "OMNITRACE_"
+GRACE_S = 2.0
+
+
+# --------------------------------------------------------------------------- shm
+def _is_project_segment(name: str) -> bool:
+    return name.startswith(RING_PREFIX) or bool(POOL_RE.match(name)) or bool(CHUNK_RE.match(name))
+
+
+def _project_segments() -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM_DIR) if _is_project_segment(n)}
+    except FileNotFoundError:
+        return set()
+
+
+def _owner_pid(name: str) -> int | None:
+    """The pid a segment name carries (ring: creator; pool slot: the API process)."""
+    if name.startswith(RING_PREFIX):
+        parts = name.rsplit(".", 2)
+        if len(parts) == 3 and parts[1].isdigit():
+            return int(parts[1])
+        return None
+    m = POOL_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+    try:
+        return int(stat[stat.rindex(b")") + 2:].split()[1])
+    except (ValueError, IndexError):
+        return None
+
+
+def _foreign(name: str) -> bool:
+    """Named after a live process that is neither this one nor one of its descendants."""
+    pid = _owner_pid(name)
+    if pid is None or pid == os.getpid() or not os.path.exists(f"/proc/{pid}"):
+        return False
+    me, seen = os.getpid(), set()
+    while pid and pid not in seen:
+        if pid == me:
+            return False
+        seen.add(pid)
+        pid = _parent(pid)
+    return True
+
+
+def _leaked_segments(before: set[str]) -> list[str]:
+    deadline = time.monotonic() + GRACE_S
+    while True:
+        leaked = sorted(n for n in _project_segments() - before if not _foreign(n))
+        if not leaked or time.monotonic() >= deadline:
+            return leaked
+        time.sleep(0.05)
+
+
+def _unlink(name: str) -> None:
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------- patches
+_NO_PATCHES: dict[str, Any] = {"applied": [], "pending": [], "target": None, "done": False}
+
+
+def _patch_state() -> dict[str, Any]:
+    # Not imported: nothing can have been applied in this process (and importing it here
+    # would import omnitrace.record for every test).
+    mod = sys.modules.get("omnitrace.inject.patching")
+    if mod is None:
+        return dict(_NO_PATCHES)
+    st = mod.status()
+    return {"applied": sorted(st["applied"]), "pending": sorted(st["pending"]),
+            "target": st["target"], "done": bool(getattr(mod._state, "done", False))}
+
+
+def _remove_patches() -> None:
+    mod = sys.modules.get("omnitrace.inject.patching")
+    if mod is not None:
+        mod.remove()
+
+
+# --------------------------------------------------------------------------- env
+def _omnitrace_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+
+
+def _restore_env(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    changes = []
+    for k in sorted(set(before) | set(after)):
+        if before.get(k) == after.get(k):
+            continue
+        if k not in before:
+            changes.append(f"{k}={after[k]!r} added")
+            del os.environ[k]
+        elif k not in after:
+            changes.append(f"{k} removed (was {before[k]!r})")
+            os.environ[k] = before[k]
+        else:
+            changes.append(f"{k} changed {before[k]!r} -> {after[k]!r}")
+            os.environ[k] = before[k]
+    return changes
+
+
+# --------------------------------------------------------------------------- fixture
+@pytest.fixture(autouse=True)
+def no_leaked_global_state():
+    shm_before = _project_segments()
+    patches_before = _patch_state()
+    meta_before = list(sys.meta_path)
+    env_before = _omnitrace_env()
+    try:
+        yield
+    finally:
+        problems: list[str] = []
+
+        # look at everything first: removing the patches also takes patching's post-import
+        # finder out of sys.meta_path, which must still be reported
+        patches_after = _patch_state()
+        added = [f for f in sys.meta_path if not any(f is b for b in meta_before)]
+        gone = [b for b in meta_before if not any(f is b for f in sys.meta_path)]
+
+        if patches_after != patches_before:
+            problems.append(f"patching state left behind: {patches_after} (before: {patches_before}); "
+                            "call omnitrace.inject.patching.remove()")
+            if patches_before == _NO_PATCHES:
+                _remove_patches()
+        if added or gone:
+            problems.append("sys.meta_path changed: "
+                            + ", ".join([f"added {f!r}" for f in added] + [f"removed {b!r}" for b in gone]))
+            sys.meta_path[:] = meta_before
+
+        changes = _restore_env(env_before, _omnitrace_env())
+        if changes:
+            problems.append("OMNITRACE_* environment changed (restored): " + "; ".join(changes))
+
+        leaked = _leaked_segments(shm_before)
+        if leaked:
+            for name in leaked:
+                _unlink(name)
+            problems.append(f"/dev/shm segments left behind (unlinked): {', '.join(leaked)}")
+
+        if problems:
+            pytest.fail("test leaked global state:\n  " + "\n  ".join(problems), pytrace=False)
