@@ -66,6 +66,8 @@ class Run:
     warnings: list[str] = field(default_factory=list)
     span_lines: int = 0
     skipped_spans: int = 0  # spans of warm-up requests, not loaded
+    events: int = 0  # events read from event logs
+    torn_records: int = 0  # records lost in torn event segments
 
 
 def _value(v: dict[str, Any]) -> Any:
@@ -296,6 +298,87 @@ def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] 
         run.warnings.append(f"{label}: {bad} malformed line(s)/span(s) skipped")
 
 
+_MODALITY = {int(v): v.name.lower() for v in cv.Modality}
+
+
+def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
+                     skip: frozenset[str] = frozenset()) -> tuple[list[Span], int]:
+    """Span-table rows (``omnitrace.spantable``) -> report :class:`Span` objects; rows of
+    requests in ``skip`` are left out. Returns (spans, skipped)."""
+    from omnitrace import spantable as stt
+    names = stt.NAMES
+    by_stage: dict[tuple, list] = {}
+    for req, stage, replica, t, packet, modality in emits.tolist():
+        by_stage.setdefault((req, stage, replica), []).append(
+            (cv.EVENT_EMIT, t, {cv.ATTR_PACKET_INDEX: packet,
+                                cv.ATTR_MODALITY: _MODALITY.get(modality, str(modality))}))
+    skip_ids = {i for i, r in enumerate(requests) if r in skip} if skip else set()
+    out: list[Span] = []
+    skipped = 0
+    append = out.append
+    for (name, reason, error, status, stage, peer, replica, req, chunk, ring, start, end, v1, v2,
+         t1, t2, by0, by1, by2) in table.tolist():
+        if req in skip_ids:
+            skipped += 1
+            continue
+        rid = requests[req]
+        if name >= stt.N_SNAPSHOT:  # chunk spans: the hot part
+            if name == stt.N_FIFO:
+                by = tuple(requests[x] for x in (by0, by1, by2) if x)
+                append(Span(names[name], rid, stage, peer, chunk, start, end, replica, v2, by,
+                            v1 + 1, v1, 0, reason != 0))
+            else:
+                nb = v1 if name in (stt.N_PUT, stt.N_PROCESS, stt.N_GET) else 0
+                append(Span(names[name], rid, stage, peer, chunk, start, end, replica, 0, (),
+                            -1, -1, nb, reason != 0))
+            continue
+        if name == stt.N_REQUEST:
+            attrs: dict[str, Any] = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STATUS: status,
+                                     cv.ATTR_REPLICA: replica}
+            if v1 >= 0:
+                attrs[cv.ATTR_PROMPT_TOKENS], attrs[cv.ATTR_MAX_TOKENS] = v1, v2
+            events = []
+            if t1:
+                events.append((cv.EVENT_TTFT, t1, {}))
+            if t2:
+                events.append((cv.EVENT_TTFP, t2, {}))
+            append(Span(names[name], rid, cv.API_STAGE, -2, -1, start, end, replica,
+                        incomplete=reason != 0, events=events, attrs=attrs))
+        else:
+            proc = rings.get(ring, {}).get("process") or f"stage{stage}"
+            attrs = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage,
+                     cv.ATTR_STAGE_NAME: proc, cv.ATTR_REPLICA: replica}
+            events = by_stage.get((req, stage, replica), []) if name == stt.N_STAGE else []
+            append(Span(names[name], rid, stage, -2, -1, start, end, replica,
+                        incomplete=reason != 0, events=events, attrs=attrs))
+    return out, skipped
+
+
+def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset()) -> bool:
+    """Append the spans built from one run directory's event log; False if it has none."""
+    from omnitrace import eventlog
+    from omnitrace.spantable import SpanBuilder
+    try:
+        log = eventlog.read_event_log(path)
+    except eventlog.EventLogError as exc:
+        raise RunDirError(str(exc)) from None
+    if log is None:
+        return False
+    run.warnings.extend(f"{label}{w}" for w in log.warnings)
+    run.torn_records += log.torn_records
+    run.events += len(log.events)
+    builder = SpanBuilder(log.rings)
+    builder.ring_changed()
+    for idx in log.died:
+        builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
+    feeds = [builder.feed(log.events), builder.flush()]
+    for f in feeds:
+        spans, skipped = spans_from_table(f.spans, f.emits, log.requests.strings, log.rings, skip)
+        run.spans.extend(spans)
+        run.skipped_spans += skipped
+    return True
+
+
 def _warmup_ids(bench: dict[str, Any] | None) -> set[str]:
     """Warm-up request ids from bench.json: their spans are never needed (saves time)."""
     if not bench:
@@ -349,16 +432,18 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
                     run.processes.append(orjson.loads(line))
                 except orjson.JSONDecodeError:
                     pass
-    skip = _warmup_ids(run.bench) if skip_warmup else set()
+    skip = frozenset(_warmup_ids(run.bench) if skip_warmup else ())
     for p in paths:
         label = os.path.basename(os.path.normpath(p)) if len(paths) > 1 else ""
         pre = f"{label}/" if label else ""
-        sp = os.path.join(p, "spans.jsonl")
+        if load_events(p, run, pre, skip):
+            continue
+        sp = os.path.join(p, "spans.jsonl")  # a run recorded before the event log
         if not os.path.exists(sp):
-            run.warnings.append(f"{pre}spans.jsonl missing: no spans recorded")
+            run.warnings.append(f"{pre}events/ missing: no events recorded")
         else:
             load_spans(sp, run, pre + "spans.jsonl", skip)
     if not run.spans and not run.bench and not run.run_json and not run.agent:
-        raise RunDirError(f"{', '.join(paths)}: no omnitrace run files found (run.json, spans.jsonl, "
+        raise RunDirError(f"{', '.join(paths)}: no omnitrace run files found (run.json, events/, "
                           "bench.json, agent.json all missing or unreadable)")
     return run

@@ -1,0 +1,180 @@
+"""The vectorised span builder (omnitrace.spantable) against the per-event Python
+reference (tests/reference_assembler.py, the previous agent's assembler), and the
+report on the event log against the report on the reference's spans.jsonl."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from omnitrace import conventions as cv
+from omnitrace import eventlog, otlp
+from omnitrace import spantable as stt
+from omnitrace.eventlog import EVENT_DTYPE
+from tests.reference_assembler import Assembler
+from tests.report_util import report_json, run_pipeline
+
+E = cv.Ev
+
+
+def _identity(s) -> tuple:
+    a = s.attrs
+    return (s.name, a.get(cv.ATTR_REQUEST_ID), a.get(cv.ATTR_STAGE_ID), a.get(cv.ATTR_PEER_STAGE_ID),
+            a.get(cv.ATTR_CHUNK_INDEX), s.span_id, s.parent_id, s.start, s.end,
+            a.get(cv.ATTR_FIFO_BLOCKED_NS), tuple(a.get(cv.ATTR_FIFO_BLOCKED_BY) or ()),
+            a.get(cv.ATTR_TRANSFER_BYTES), a.get(cv.ATTR_FIFO_AHEAD),
+            a.get(cv.ATTR_SNAPSHOT_STRATEGY), bool(a.get(cv.ATTR_INCOMPLETE)),
+            tuple((n, t) for n, t, _ in s.events), s.error)
+
+
+def reference_spans(log: eventlog.EventLog) -> list:
+    """The log's events through the reference assembler, ring by ring in ring order."""
+    spans: list = []
+    asm = Assembler(spans.append)
+    strings = log.requests.strings
+    ev = log.events
+    for idx, ring in log.rings.items():
+        rows = ev[ev["ring"] == idx]
+        batch = [(k, strings[r], s, c, a, b, t) for t, a, r, c, k, s, b, _ in rows.tolist()]
+        asm.feed(batch, 0, ring["pid"], ring["replica"], ring["role"], ring["stage"],
+                 ring["process"])
+    for idx in log.died:
+        asm.process_died(log.rings[idx]["pid"])
+    asm.flush("run-ended")
+    return spans
+
+
+def built_spans(log: eventlog.EventLog, cuts: int = 1, seed: int = 0) -> list:
+    """The log's events through SpanBuilder, in ``cuts`` random time cuts (as live)."""
+    b = stt.SpanBuilder(dict(log.rings))
+    b.ring_changed()
+    conv = otlp.SpanConverter(log.requests.strings, log.rings)
+    ev = log.events[np.argsort(log.events["t"], kind="stable")]
+    rng = np.random.default_rng(seed)
+    edges = sorted(rng.choice(np.arange(1, len(ev)), size=cuts - 1, replace=False).tolist()) if cuts > 1 else []
+    out = []
+    for part in np.split(ev, edges):
+        f = b.feed(part)
+        out += conv.convert(f.spans, f.emits)
+    for idx in log.died:
+        b.process_died(log.rings[idx]["pid"])
+    f = b.flush()
+    out += conv.convert(f.spans, f.emits)
+    return out
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("spantable") / "run")
+    run_pipeline(d, ["--concurrency", "8", "--num-prompts", "12", "--input-len", "300",
+                     "--output-len", "60", "--warmup", "2"])
+    return d
+
+
+def test_builder_equals_reference_on_a_real_run(real_run):
+    log = eventlog.read_event_log(real_run)
+    assert log is not None and len(log.events) > 5000
+    want = sorted(_identity(s) for s in reference_spans(log))
+    for cuts in (1, 7, 60):
+        got = sorted(_identity(s) for s in built_spans(log, cuts, seed=cuts))
+        assert len(got) == len(want), cuts
+        assert got == want, f"{cuts} cuts: first difference " + next(
+            f"{g} != {w}" for g, w in zip(got, want) if g != w)
+    names = {w[0] for w in want}
+    assert {cv.SPAN_FIFO, cv.SPAN_PUT, cv.SPAN_POLL, cv.SPAN_REQUEST, cv.SPAN_STAGE} <= names
+    assert any(w[9] for w in want), "some FIFO waits were blocked by other requests"
+
+
+def test_report_on_events_equals_report_on_reference_spans(real_run, tmp_path):
+    """Today's span path (reference spans -> spans.jsonl -> report) and the event log
+    give the same attribution, FIFO, snapshot and transfer figures."""
+    log = eventlog.read_event_log(real_run)
+    old = tmp_path / "spans-path"
+    old.mkdir()
+    for name in ("run.json", "agent.json", "bench.json", "processes.jsonl"):
+        shutil.copy(os.path.join(real_run, name), old / name)
+    spans = reference_spans(log)
+    run_id = "ref"
+    with open(old / "spans.jsonl", "wb") as f:
+        f.write(otlp.encode_json_lines(spans, lambda p: otlp.resource_attrs(run_id, p)))
+    new_rep, old_rep = _canon(report_json(real_run)), _canon(report_json(str(old)))
+    compared = 0
+    for key in ("attribution", "fifo", "snapshot", "transfer", "ttfp", "head_of_line", "requests"):
+        if key in old_rep or key in new_rep:
+            assert new_rep.get(key) == old_rep.get(key), key
+            compared += 1
+    assert compared >= 7, sorted(new_rep)
+
+
+def _canon(x):
+    """Lists of plain numbers are samples (their order follows span order): sorted; floats
+    to 9 significant digits (a mean's last bit depends on summation order)."""
+    if isinstance(x, float):
+        return float(f"{x:.9g}")
+    if isinstance(x, dict):
+        return {k: _canon(v) for k, v in x.items()}
+    if isinstance(x, list):
+        if x and all(isinstance(v, (int, float)) for v in x):
+            return sorted(_canon(v) for v in x)
+        return [_canon(v) for v in x]
+    return x
+
+
+def _ev(rows: list[tuple]) -> np.ndarray:
+    """rows of (t, kind, req, stage, chunk, a, b, ring)."""
+    a = np.zeros(len(rows), EVENT_DTYPE)
+    for i, (t, kind, req, stage, chunk, x, y, ring) in enumerate(rows):
+        a[i] = (t, x, req, chunk, kind, stage, y, ring)
+    return a
+
+
+RINGS = {0: {"pid": 10, "replica": 0, "role": "stage", "stage": 0, "process": "thinker"},
+         1: {"pid": 10, "replica": 0, "role": "stage", "stage": 0, "process": "thinker"}}
+
+
+def test_end_before_begin_across_feeds_and_retries_pair_in_order():
+    b = stt.SpanBuilder(dict(RINGS))
+    b.ring_changed()
+    # the dequeue (sender ring 1) is drained one feed before its enqueue (ring 0)
+    f1 = b.feed(_ev([(200, E.FIFO_DEQUEUE, 1, 0, 0, 0, 1, 1)]))
+    assert not len(f1.spans)
+    f2 = b.feed(_ev([(100, E.FIFO_ENQUEUE, 1, 0, 0, 3, 1, 0),
+                     # a retried task: same key twice, pairs in time order
+                     (300, E.SNAPSHOT_BEGIN, 1, 0, 5, 0, 1, 0), (310, E.SNAPSHOT_END, 1, 0, 5, 0, 1, 0),
+                     (400, E.SNAPSHOT_BEGIN, 1, 0, 5, 0, 1, 0), (450, E.SNAPSHOT_END, 1, 0, 5, 1, 1, 0)]))
+    rows = sorted(f2.spans.tolist(), key=lambda r: r[10])
+    fifo = [r for r in rows if r[0] == stt.N_FIFO]
+    snaps = [r for r in rows if r[0] == stt.N_SNAPSHOT]
+    assert [(r[10], r[11], r[12]) for r in fifo] == [(100, 200, 3)]  # start, end, ahead
+    assert [(r[10], r[11], r[12]) for r in snaps] == [(300, 310, 0), (400, 450, 1)]
+
+
+def test_blocked_time_and_culprits_by_hand():
+    """Sender busy with request 2 over [10, 40] and request 3 over [40, 45], then
+    request 1's own task; request 1's chunk waited [5, 50]: blocked 30 + 5 = 35 ns,
+    culprits 2 then 3."""
+    b = stt.SpanBuilder(dict(RINGS))
+    b.ring_changed()
+    f = b.feed(_ev([
+        (5, E.FIFO_ENQUEUE, 1, 0, 0, 2, 1, 0),
+        (10, E.FIFO_DEQUEUE, 2, 0, 0, 0, 1, 1), (40, E.PUT_END, 2, 0, 0, 99, 1, 1),
+        (40, E.FIFO_DEQUEUE, 3, 0, 0, 0, 1, 1), (45, E.PROCESS_END, 3, 0, 0, 0, 1, 1),
+        (50, E.FIFO_DEQUEUE, 1, 0, 0, 0, 1, 1), (60, E.PUT_END, 1, 0, 0, 7, 1, 1),
+    ]))
+    fifo = f.spans[f.spans["name"] == stt.N_FIFO]
+    assert len(fifo) == 1 and int(fifo[0]["v2"]) == 35  # the culprits' own enqueues unseen
+    b2 = stt.SpanBuilder(dict(RINGS))
+    b2.ring_changed()
+    f = b2.feed(_ev([
+        (5, E.FIFO_ENQUEUE, 1, 0, 0, 2, 1, 0), (6, E.FIFO_ENQUEUE, 2, 0, 0, 0, 1, 0),
+        (7, E.FIFO_ENQUEUE, 3, 0, 0, 1, 1, 0),
+        (10, E.FIFO_DEQUEUE, 2, 0, 0, 0, 1, 1), (40, E.PUT_END, 2, 0, 0, 99, 1, 1),
+        (40, E.FIFO_DEQUEUE, 3, 0, 0, 0, 1, 1), (45, E.PROCESS_END, 3, 0, 0, 0, 1, 1),
+        (50, E.FIFO_DEQUEUE, 1, 0, 0, 0, 1, 1), (60, E.PUT_END, 1, 0, 0, 7, 1, 1),
+    ]))
+    fifo = {r["req"]: r for r in f.spans[f.spans["name"] == stt.N_FIFO]}
+    assert int(fifo[1]["v2"]) == 35 and (int(fifo[1]["by0"]), int(fifo[1]["by1"])) == (2, 3)
+    assert int(fifo[3]["v2"]) == 30 and int(fifo[3]["by0"]) == 2  # [7, 40] behind request 2
+    assert int(fifo[2]["v2"]) == 0
