@@ -140,21 +140,22 @@ class EventLogWriter:
 
     def commit(self, tables: dict[int, dict[int, str]], can_rotate: bool = True) -> bool:
         """Write this cycle's blocks; True if the cap was reached by this commit.
-        ``tables``: each ring's string table, for the head of a new segment;
-        ``can_rotate`` is False while a string's bytes are cut across two reads."""
+        ``tables`` and ``can_rotate`` describe the state right after these blocks: each
+        ring's string table (the head of the next segment), and False while a string's
+        bytes are cut between this cycle's read and the next (no segment may start there)."""
         newly_capped = False
         if self.max_bytes is not None and not self.capped and self.bytes_written >= self.max_bytes:
             self.capped = newly_capped = True  # from the next records() on
         if not self._buf:
             return newly_capped
         if self._fd < 0:
-            self._open_segment(tables)
-        elif can_rotate and self._seg_raw >= self.segment_raw_bytes:
-            self._close_segment()
-            self._open_segment(tables)
+            self._open_segment({})  # the first segment's strings are in its records
         data = b"".join(self._buf)
         self._buf.clear()
         self._write(data)
+        if can_rotate and self._seg_raw >= self.segment_raw_bytes:
+            self._close_segment()
+            self._open_segment(tables)
         return newly_capped
 
     def _close_segment(self) -> None:

@@ -1,95 +1,90 @@
-"""Unit checks of the agent's pieces on real inputs (real rings, real official encoder)."""
+"""Unit checks of the agent's pieces on real inputs (real rings, real zstd segments,
+the real official encoder)."""
 from __future__ import annotations
 
 import os
+import random
 
+import numpy as np
 import orjson
+import pytest
+from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 from omnitrace import conventions as cv
-from omnitrace import record
-from omnitrace.agent import export_otlp, rundir
-from omnitrace.agent.assemble import Assembler, Span, _Req
+from omnitrace import eventlog, otlp, record
+from omnitrace import spantable as stt
+from omnitrace.agent import export_otlp
 from omnitrace.agent.export_prometheus import Metrics
+from omnitrace.agent.views import MetricsView
 from omnitrace.conventions import Ev
+from omnitrace.eventlog import EVENT_DTYPE
 
 
-def test_file_json_equals_official_encoder_output():
+def _official_json(spans: list, rc: export_otlp.ResourceCache) -> dict:
+    """The official path: SDK ReadableSpans -> protobuf encoder -> json_format, ids to hex."""
+    d = MessageToDict(encode_spans([export_otlp.to_readable(s, rc) for s in spans]),
+                      use_integers_for_enums=True)
+    import base64
+    for rs in d["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for sp in ss["spans"]:
+                for k in ("traceId", "spanId", "parentSpanId"):
+                    if k in sp:
+                        sp[k] = base64.b64decode(sp[k]).hex()
+    return d
+
+
+def test_otlp_json_equals_official_encoder_output():
     rc = export_otlp.ResourceCache("r1")
-    spans = [Span(cv.SPAN_FIFO, 123456789, 42, 7, 1000, 2000,
-                  {"s": 'x"q\\\n\u00e9', "i": 3, "arr": ["q", "r"], "empty": [], "b": True,
-                   "f": 1.5, "neg": -4}, (1, "stage", 0, 0, "thinker"),
-                  [(cv.EVENT_EMIT, 1500, {cv.ATTR_PACKET_INDEX: 1})], False),
-             Span(cv.SPAN_REQUEST, 123456789, 7, None, 900, 3000, {"a": "y"},
-                  (2, "api", -1, 0, "api"), None, True)]
-    official = orjson.loads(rundir.otlp_json(encode_spans([export_otlp.to_readable(s, rc) for s in spans])))
-    assert orjson.loads(rundir.spans_request_bytes(spans, rc.attrs)) == official
-    assert rundir.spans_request_json(spans, rc.attrs) == official
+    spans = [otlp.OtlpSpan(cv.SPAN_FIFO, 123456789, 42, 7, 1000, 2000,
+                           {"s": 'x"q\\\n\u00e9', "i": 3, "arr": ["q", "r"], "empty": [], "b": True,
+                            "f": 1.5, "neg": -4}, (1, "stage", 0, 0, "thinker"),
+                           [(cv.EVENT_EMIT, 1500, {cv.ATTR_PACKET_INDEX: 1})], False),
+             otlp.OtlpSpan(cv.SPAN_REQUEST, 123456789, 7, None, 900, 3000, {"a": "y"},
+                           (2, "api", -1, 0, "api"), (), True)]
+    official = _official_json(spans, rc)
+    assert orjson.loads(otlp.encode_json(spans, rc.attrs)) == official
     assert official["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] == f"{123456789:032x}"
 
 
-def test_cached_chunk_span_id_equals_conventions():
-    r = _Req("req-\u00fc-1")
-    for args in [(cv.SPAN_FIFO, 0, 3, 1), (cv.SPAN_GET, 2, 0, 1), (cv.SPAN_FIFO, 1, -1, 2)]:
-        assert r.chunk_sid(*args) == cv.span_id_for("req-\u00fc-1", *args)
+RINGS = {0: {"pid": 1, "replica": 0, "role": "api", "stage": -1, "process": "api"},
+         1: {"pid": 2, "replica": 0, "role": "stage", "stage": 0, "process": "thinker"}}
 
 
-def _feed(asm: Assembler, events: list[tuple], pid: int = 10) -> None:
-    asm.feed(events, 0, pid, 0, "stage", 0, "thinker")
-
-
-def test_blocked_ns_is_overlap_with_other_requests_busy_sender():
-    spans: list[Span] = []
-    asm = Assembler(spans.append)
-    E = Ev
-    # scheduler enqueues A0 at 0, B0 at 10, A1 at 20; sender: A0 [5, 40], B0 [40, 100]
-    # (put ends), A1 dequeued at 100. B0 waited [10, 40] behind A0 -> blocked 30 by A;
-    # A1 waited [20, 100]: behind A0 (own request, not counted) 20..40 and B0 40..100 -> 60.
-    sched = [(E.FIFO_ENQUEUE, "A", 0, 0, 0, 1, 0), (E.FIFO_ENQUEUE, "B", 0, 0, 1, 1, 10),
-             (E.FIFO_ENQUEUE, "A", 0, 1, 2, 1, 20)]
-    sender = [(E.FIFO_DEQUEUE, "A", 0, 0, 2, 1, 5), (E.PUT_BEGIN, "A", 0, 0, 0, 1, 30),
-              (E.PUT_END, "A", 0, 0, 9, 1, 40),
-              (E.FIFO_DEQUEUE, "B", 0, 0, 1, 1, 40), (E.PUT_BEGIN, "B", 0, 0, 0, 1, 90),
-              (E.PUT_END, "B", 0, 0, 9, 1, 100),
-              (E.FIFO_DEQUEUE, "A", 0, 1, 0, 1, 100)]
-    _feed(asm, sender)  # the sender's ring drained first: pairs complete on the enqueues
-    _feed(asm, sched)
-    fifo = {(s.attrs[cv.ATTR_REQUEST_ID], s.attrs[cv.ATTR_CHUNK_INDEX]): s
-            for s in spans if s.name == cv.SPAN_FIFO}
-    assert fifo[("A", 0)].attrs[cv.ATTR_FIFO_BLOCKED_NS] == 0
-    assert fifo[("B", 0)].attrs[cv.ATTR_FIFO_BLOCKED_NS] == 30
-    assert fifo[("B", 0)].attrs[cv.ATTR_FIFO_BLOCKED_BY] == ["A"]
-    assert fifo[("A", 1)].attrs[cv.ATTR_FIFO_BLOCKED_NS] == 60
-    assert fifo[("A", 1)].attrs[cv.ATTR_FIFO_BLOCKED_BY] == ["B"]
-    assert fifo[("A", 1)].end - fifo[("A", 1)].start == 80
-    assert fifo[("A", 1)].attrs[cv.ATTR_FIFO_AHEAD] == 2
-    assert fifo[("A", 1)].attrs[cv.ATTR_FIFO_DEPTH] == 3
+def _ev(rows: list[tuple]) -> np.ndarray:
+    """rows of (kind, req, stage, chunk, a, b, t, ring)."""
+    a = np.zeros(len(rows), EVENT_DTYPE)
+    for i, (kind, req, stage, chunk, x, y, t, ring) in enumerate(rows):
+        a[i] = (t, x, req, chunk, kind, stage, y, ring)
+    return a
 
 
 def test_request_state_is_freed_and_incomplete_spans_flushed():
-    now = [0.0]
-    spans: list[Span] = []
+    b = stt.SpanBuilder(dict(RINGS))
+    b.ring_changed()
     metrics = Metrics()
-    asm = Assembler(spans.append, metrics, grace_s=1.0, idle_timeout_s=10.0, clock=lambda: now[0])
-    for i in range(100):
-        r = f"r{i}"
-        asm.feed([(Ev.REQUEST_ARRIVE, r, -1, -1, 10, 5, 0), (Ev.REQUEST_FIRST_AUDIO, r, -1, -1, 0, 0, 5),
-                  (Ev.REQUEST_END, r, -1, -1, 0, 0, 9)], 0, 1, 0, "api", -1, "api")
-        asm.feed([(Ev.STAGE_ADD, r, 0, -1, 0, 0, 1), (Ev.STAGE_SCHEDULE, r, 0, -1, 0, 0, 2),
-                  (Ev.STAGE_FINISH, r, 0, -1, 0, 0, 8)],
-                 0, 2, 0, "stage", 0, "thinker")
-    asm.feed([(Ev.REQUEST_ARRIVE, "open", -1, -1, 10, 5, 0)], 0, 1, 0, "api", -1, "api")
-    asm.feed([(Ev.SNAPSHOT_BEGIN, "open", 0, 3, 0, 1, 4)], 0, 2, 0, "stage", 0, "thinker")
-    assert len(asm.reqs) == 101
-    now[0] = 2.0
-    asm.tick()
-    assert list(asm.reqs) == ["open"]  # completed requests freed after the grace period
-    now[0] = 20.0
-    asm.tick()
-    assert not asm.reqs  # idle one freed too, its open spans flushed with the reason
-    inc = [s for s in spans if s.attrs.get(cv.ATTR_INCOMPLETE)]
-    assert {s.name for s in inc} == {cv.SPAN_SNAPSHOT, cv.SPAN_REQUEST}
-    assert all(s.attrs[cv.ATTR_INCOMPLETE_REASON] == "timeout" for s in inc)
+    view = MetricsView(metrics, [f"r{i}" for i in range(102)])
+    rows = []
+    for r in range(1, 101):
+        rows += [(Ev.REQUEST_ARRIVE, r, -1, -1, 10, 5, 0, 0), (Ev.REQUEST_FIRST_AUDIO, r, -1, -1, 0, 0, 5, 0),
+                 (Ev.REQUEST_END, r, -1, -1, 0, 0, 9, 0), (Ev.STAGE_ADD, r, 0, -1, 0, 0, 1, 1),
+                 (Ev.STAGE_SCHEDULE, r, 0, -1, 0, 0, 2, 1), (Ev.STAGE_FINISH, r, 0, -1, 0, 0, 8, 1)]
+    rows += [(Ev.REQUEST_ARRIVE, 101, -1, -1, 10, 5, 0, 0), (Ev.SNAPSHOT_BEGIN, 101, 0, 3, 0, 1, 4, 1)]
+    spans = []
+    f = b.feed(_ev(rows), now=0.0)
+    view.feed(f)
+    spans.append(f.spans)
+    assert b.open_requests() == 101
+    spans.append(b.tick(2.0, grace_s=1.0, idle_timeout_s=10.0).spans)
+    assert list(b.reqs) == [101]  # completed requests freed after the grace period
+    spans.append(b.tick(20.0, grace_s=1.0, idle_timeout_s=10.0).spans)
+    assert not b.reqs  # the idle one freed too, its open spans flushed with the reason
+    allspans = np.concatenate(spans)
+    inc = allspans[allspans["reason"] != 0]
+    assert sorted(stt.NAMES[n] for n in inc["name"]) == sorted([cv.SPAN_SNAPSHOT, cv.SPAN_REQUEST])
+    assert {stt.REASONS[r] for r in inc["reason"]} == {"timeout"}
+    assert (allspans["name"] == stt.N_REQUEST).sum() == 101
     ttfp = metrics.hist.snapshot(cv.METRIC_TTFP)
     assert sum(ttfp[0][1]) == 100
 
@@ -117,91 +112,115 @@ def test_ring_strings_wrap_and_drop_count_exact(tmp_path, monkeypatch):
         ring.close()
 
 
-def test_prerendered_chunk_span_text_equals_generic_rendering():
-    """The assembler's pre-rendered span JSON == the generic writer's over attrs, for
-    every span kind the fast path renders (and the same observations either way)."""
-    import copy
-    rc = export_otlp.ResourceCache("r1")
-    spans: list = []
-    metrics = Metrics()
-    asm = Assembler(spans.append, metrics)
-    events = []
-    t = 1000
-    for q in ("A", 'q"\u00e9'):
-        for c in range(2):
-            for k in (Ev.SNAPSHOT_BEGIN, Ev.SNAPSHOT_END, Ev.FIFO_ENQUEUE, Ev.FIFO_DEQUEUE,
-                      Ev.PROCESS_BEGIN, Ev.PROCESS_END, Ev.PUT_BEGIN, Ev.PUT_END):
-                events.append((int(k), q, 0, c, 1024 if k != Ev.SNAPSHOT_END else 1, 1, t)); t += 10
-            for k in (Ev.GET_BEGIN, Ev.GET_END, Ev.CHUNK_READY, Ev.CHUNK_SCHEDULED):
-                events.append((int(k), q, 1, c, 512, 0, t)); t += 10
-    _feed(asm, events)
-    fast = [s for s in spans if s.text is not None]
-    assert {s.name for s in fast} == {cv.SPAN_SNAPSHOT, cv.SPAN_FIFO, cv.SPAN_PROCESS,
-                                      cv.SPAN_PUT, cv.SPAN_GET, cv.SPAN_WAIT_SCHEDULE,
-                                      cv.SPAN_POLL}
-    generic = []
-    for s in fast:
-        g = copy.copy(s)
-        g.text = None
-        generic.append(g)
-    assert orjson.loads(rundir.spans_request_bytes(fast, rc.attrs)) == \
-        orjson.loads(rundir.spans_request_bytes(generic, rc.attrs)) == \
-        rundir.spans_request_json(generic, rc.attrs)
-    asm2 = Assembler(lambda s: None, _Recorder())
-    _feed(asm2, events)
-    snap = {m: sorted((l, sum(c), round(s, 12)) for l, c, s, _ in metrics.hist.snapshot(m))
-            for m in metrics.hist.children}
-    other = {m: sorted((l, len(v), round(sum(v), 12)) for l, v in asm2.metrics.seen[m].items())
-             for m in asm2.metrics.seen}
-    assert {m: v for m, v in snap.items() if v} == other
 
 
-class _Recorder:
-    def __init__(self) -> None:
-        self.seen: dict = {}
+def _fill(ring: record.Ring, twin: record.Ring, rng: random.Random, n: int) -> None:
+    for i in range(n):
+        q = "req-" + "\u00e9" * rng.randint(0, 60) + str(rng.randint(0, 9000))
+        ring.record(3, q, 1, i, i, 2, 1000 + i)
+        twin.record(3, q, 1, i, i, 2, 1000 + i)
 
-    def observe(self, metric, value, labels, trace_hex) -> None:
-        self.seen.setdefault(metric, {}).setdefault(labels, []).append(value)
 
-
-def test_spool_roundtrip_equals_read_batch(tmp_path):
-    """Raw slots copied through the spool in random cuts (strings split across blocks,
-    partial reads, truncation at catch-up) decode to exactly what read_batch gives."""
-    import random
-    from omnitrace.agent.spool import RECORDS, RingDecoder, Spool
-    run = f"spool-{os.getpid()}"
+def test_event_log_roundtrip_equals_read_batch(tmp_path):
+    """Raw slots through the event log in random cuts (strings split across reads, string
+    tables reset, segments rotated) decode to exactly what read_batch gives."""
+    run = f"elog-{os.getpid()}"
     ring = record.Ring(run, record.ProcessInfo("stage", 0, 0, "x"), 1 << 16)
     twin = record.Ring(run + "b", record.ProcessInfo("stage", 0, 0, "x"), 1 << 16)
     raw_r, dec_r = record.RingReader(ring.name), record.RingReader(twin.name)
-    sp, dec = Spool(str(tmp_path / "events.bin")), RingDecoder()
+    w = eventlog.EventLogWriter(str(tmp_path), run, offset_ns=5, segment_raw_bytes=64 << 10)
+    dec = record.SlotDecoder(record.RequestIds())
+    w.ring(0, {"pid": 1, "replica": 0})
     rng = random.Random(1)
     want: list = []
-    got: list = []
     try:
-        for _ in range(300):
-            for i in range(rng.randint(0, 50)):
-                q = "req-" + "\u00e9" * rng.randint(0, 60) + str(rng.randint(0, 5000))
-                ring.record(3, q, 1, i, i, 2, 1000 + i)
-                twin.record(3, q, 1, i, i, 2, 1000 + i)
+        for _ in range(400):
+            _fill(ring, twin, rng, rng.randint(0, 50))
             want += dec_r.read_batch()
-            sp.records(0, raw_r.read_raw(rng.randint(1, 40)))
-            sp.commit()
-            for kind, _, payload in sp.read_blocks(rng.randint(1, 3000)):
-                assert kind == RECORDS
-                got += dec.decode(payload)
+            raw = raw_r.read_raw(rng.randint(1, 40))
+            w.records(0, raw, len(dec.decode(raw)))
+            w.commit({0: dec.strings}, can_rotate=not dec.cut)
         while True:
             raw = raw_r.read_raw(7)
             if not raw:
                 break
-            sp.records(0, raw)
-            sp.commit()
-        for _, _, payload in sp.read_blocks(1 << 30):
-            got += dec.decode(payload)
+            w.records(0, raw, len(dec.decode(raw)))
+            w.commit({0: dec.strings}, can_rotate=not dec.cut)
+        w.close({0: dec.strings})
+        log = eventlog.read_event_log(str(tmp_path))
+        strings = log.requests.strings
+        got = [(k, strings[r], s, c, a, b, t - 5) for t, a, r, c, k, s, b, _ in log.events.tolist()]
         assert got == want and len(want) > 5000
-        assert sp.truncations > 0 and ring._dropped == 0
+        assert w.counters()["segments"] > 2 and w.events_recorded == len(want)
+        # every segment decodes on its own (its head carries the ring and string table)
+        alone_ok = 0
+        for path in eventlog.segments(str(tmp_path))[1:]:
+            os.makedirs(tmp_path / "alone" / "events", exist_ok=True)
+            alone = tmp_path / "alone" / "events" / "seg-000000.zst"
+            alone.write_bytes(open(path, "rb").read())
+            one = eventlog.read_event_log(str(tmp_path / "alone"))
+            assert all(one.requests.strings[r] for r in one.events["req"])
+            alone_ok += len(one.events) > 0
+        assert alone_ok >= 2
     finally:
-        sp.close()
         raw_r.close(unlink=True)
         dec_r.close(unlink=True)
         ring.close()
         twin.close()
+
+
+def _small_log(tmp_path, n: int = 3000, **kw) -> eventlog.EventLogWriter:
+    run = f"elog2-{os.getpid()}"
+    ring = record.Ring(run, record.ProcessInfo("stage", 0, 0, "x"), 1 << 14)
+    reader = record.RingReader(ring.name)
+    w = eventlog.EventLogWriter(str(tmp_path), run, offset_ns=0, **kw)
+    dec = record.SlotDecoder(record.RequestIds())
+    w.ring(0, {"pid": 1, "replica": 0})
+    try:
+        for i in range(n):
+            ring.record(Ev.FIFO_ENQUEUE, f"r{i % 50}", 0, i, i, 1)
+            if i % 100 == 99:
+                raw = reader.read_raw()
+                w.records(0, raw, len(dec.decode(raw)))
+                w.commit({0: dec.strings})
+    finally:
+        reader.close(unlink=True)
+        ring.close()
+    return w
+
+
+def test_torn_last_segment_loses_only_its_torn_records(tmp_path):
+    w = _small_log(tmp_path)
+    w.close()
+    path = eventlog.segments(str(tmp_path))[-1]
+    data = open(path, "rb").read()
+    full = eventlog.read_event_log(str(tmp_path))
+    assert len(full.events) == 3000 and full.torn_records == 0
+    with open(path, "wb") as f:
+        f.write(data[:len(data) - 200])  # the writer killed mid-write
+    torn = eventlog.read_event_log(str(tmp_path))
+    assert 0 < len(torn.events) < 3000
+    assert len(torn.events) + torn.torn_records <= 3000
+    assert torn.warnings and "torn" in torn.warnings[0]
+
+
+def test_corrupt_segment_is_one_clear_error(tmp_path):
+    w = _small_log(tmp_path)
+    w.close()
+    path = eventlog.segments(str(tmp_path))[-1]
+    data = bytearray(open(path, "rb").read())
+    data[10:40] = b"\xff" * 30
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    with pytest.raises(eventlog.EventLogError, match="corrupt"):
+        eventlog.read_event_log(str(tmp_path))
+
+
+def test_max_bytes_stops_recording_and_counts_exactly(tmp_path):
+    w = _small_log(tmp_path, n=20000, max_bytes=2000)
+    w.close()
+    c = w.counters()
+    assert c["capped"] and c["events_not_recorded"] > 0
+    assert c["events_recorded"] + c["events_not_recorded"] == 20000
+    log = eventlog.read_event_log(str(tmp_path))
+    assert len(log.events) == c["events_recorded"]
