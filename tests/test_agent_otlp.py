@@ -87,10 +87,27 @@ def test_one_trace_per_request_over_grpc_and_http(tmp_path):
     assert any(s["attrs"][cv.ATTR_FIFO_BLOCKED_NS] > 0 and s["attrs"][cv.ATTR_FIFO_BLOCKED_BY]
                for s in fifo)
     agent = read_json(str(run_dir), "agent.json")
-    for kind in ("otlp-grpc", "otlp-http", "file"):
+    for kind in ("otlp-grpc", "otlp-http"):
         assert agent["exporters"][kind]["exported"] == expected, agent["exporters"]
         assert agent["exporters"][kind]["failed"] == agent["exporters"][kind]["dropped"] == 0
     assert agent["events_dropped"] == 0
+    # `omnitrace export` rebuilds exactly the spans the live exporter sent
+    exported = read_spans(str(run_dir))
+    assert len(exported) == expected
+
+    def canon_live(s) -> tuple:
+        return (s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(), s.name,
+                s.start_time_unix_nano, s.end_time_unix_nano,
+                tuple(sorted((kv.key, str(_val(kv.value) if kv.value.WhichOneof("value") != "array_value"
+                                         else [_val(x) for x in kv.value.array_value.values]))
+                             for kv in s.attributes)))
+
+    def canon_file(d: dict) -> tuple:
+        return (d["traceId"], d["spanId"], d.get("parentSpanId", ""), d["name"],
+                int(d["startTimeUnixNano"]), int(d["endTimeUnixNano"]),
+                tuple(sorted((k, str(v)) for k, v in d["attrs"].items())))
+
+    assert sorted(canon_live(s) for _, s in grpc_store.spans()) == sorted(canon_file(d) for d in exported)
 
 
 def test_standard_otel_env_configures_the_http_exporter(tmp_path):

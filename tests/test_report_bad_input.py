@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from otlp_fixture import line, three_stage_request, write_run
 
 
@@ -44,7 +45,7 @@ def test_bench_only_run_dir_all_failed(tmp_path):
         {"id": "x", "warmup": False, "error": "connection failed: Connection refused"}]}))
     r = _report(str(d))
     assert r.returncode == 3
-    assert "spans.jsonl missing" in r.stdout and "no trace at all" in r.stdout
+    assert "events/ missing" in r.stdout and "no trace at all" in r.stdout
 
 
 def test_drops_are_announced_first(tmp_path):
@@ -79,3 +80,36 @@ def test_merge_two_run_dirs(tmp_path):
     rep = json.loads(r.stdout)
     assert rep["window"]["attributed"] == 1 and rep["requests"][0]["missing_spans"] == []
     assert abs(rep["requests"][0]["ttfp_ms"] - 0.9) < 1e-9
+
+
+@pytest.mark.parametrize("name,content,says", [
+    ("spans.jsonl", '{"resourceSpans": 5}', "ExportTraceServiceRequest"),
+    ("spans.jsonl", "[1,2,3]", "ExportTraceServiceRequest"),
+    ("spans.jsonl", '{"resourceSpans":[{"scopeSpans":[{"spans":[5]}]}]}', "ExportTraceServiceRequest"),
+    ("bench.json", '{"levels": 5}', "'levels' is int"),
+    ("bench.json", '{"requests": [1]}', "'requests' holds a non-object"),
+    ("run.json", "[1,2,3]", "run.json: a JSON list"),
+    ("agent.json", '"x"', "agent.json: a JSON str"),
+])
+def test_valid_json_of_the_wrong_shape_is_one_line_and_exit_2(tmp_path, name, content, says):
+    d = write_run(str(tmp_path / "r"), [line(three_stage_request("a"))])
+    with open(f"{d}/{name}", "w") as f:
+        f.write(content + "\n")
+    for cmd in (("report", d), ("compare", d, d)):
+        r = subprocess.run([sys.executable, "-m", "omnitrace", *cmd], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+        assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_corrupt_event_segment_is_one_line_and_exit_2(tmp_path):
+    import os
+    from omnitrace import eventlog
+    d = tmp_path / "r"
+    os.makedirs(d / eventlog.DIR)
+    (d / "run.json").write_text("{}")
+    (d / eventlog.DIR / "seg-000000.zst").write_bytes(b"\x28\xb5\x2f\xfd" + b"\xff" * 64)
+    r = _report(str(d))
+    assert r.returncode == 2 and "corrupt event segment" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -114,7 +114,7 @@ def test_default_run_dir_layout(tmp_path):
     res = omnitrace_run(["--run-id", "myrun-1", "--", "true"], cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr
     d = tmp_path / "omnitrace-runs" / "myrun-1"
-    for name in ("run.json", "processes.jsonl", "spans.jsonl", "metrics.jsonl", "agent.json"):
+    for name in ("run.json", "processes.jsonl", "events", "metrics.jsonl", "agent.json"):
         assert (d / name).exists(), name
     assert read_json(str(d), "run.json")["run_id"] == "myrun-1"
 

@@ -22,8 +22,9 @@ def stage_label(stage: int, names: dict[int, str]) -> str:
 
 def _agent_counters(run: Run) -> dict[str, Any]:
     """Sum the agent's own counters over all run directories (key names tolerated loosely)."""
-    events = dropped = spans = 0
+    events = dropped = spans = not_recorded = sampled_reqs = sampled_spans = 0
     rings: list[dict[str, Any]] = []
+    exporters: dict[str, dict[str, int]] = {}
     known = bool(run.agent)
     for a in run.agent:
         ev = a.get("events_read", a.get("events", 0))
@@ -38,8 +39,21 @@ def _agent_counters(run: Run) -> dict[str, Any]:
         for ring in a.get("rings", []) or []:
             if isinstance(ring, dict) and int(ring.get("dropped", 0) or 0) > 0:
                 rings.append(ring)
+        rec = a.get("record") if isinstance(a.get("record"), dict) else {}
+        not_recorded += int(rec.get("events_not_recorded", 0) or 0)
+        views = a.get("views") if isinstance(a.get("views"), dict) else {}
+        sampled_reqs += int(views.get("requests_not_exported", 0) or 0)
+        sampled_spans += int(views.get("spans_not_exported", 0) or 0)
+        for kind, c in (a.get("exporters") or {}).items():
+            if isinstance(c, dict) and kind != "file":
+                e = exporters.setdefault(kind, {"exported": 0, "failed": 0, "dropped": 0})
+                for k in e:
+                    e[k] += int(c.get(k, 0) or 0)
+    never = sum(int(r.get("events_never_drained", 0) or 0) for r in run.run_json)
     return {"known": known, "events": events, "dropped": dropped, "spans_built": spans,
-            "rings_with_drops": rings}
+            "rings_with_drops": rings, "never_drained": never, "not_recorded": not_recorded,
+            "torn_records": run.torn_records, "exporters": exporters,
+            "requests_not_exported": sampled_reqs, "spans_not_exported": sampled_spans}
 
 
 def _measured(run: Run, reqs: dict[str, at.RequestSpans],
@@ -214,6 +228,23 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None) -> di
     server = [a.ttfp_ns * NS_TO_MS for a in atts]
     client = [r["client_ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
     warnings = list(run.warnings)
+    if recorder["never_drained"]:
+        warnings.insert(0, f"THE AGENT DIED: {recorder['never_drained']} events were never drained "
+                           "from the rings; requests they belong to are incomplete")
+    if recorder["not_recorded"]:
+        warnings.insert(0, f"--max-run-bytes reached: {recorder['not_recorded']} events were not "
+                           "recorded; requests after the cap are missing or incomplete")
+    if recorder["torn_records"]:
+        warnings.append(f"{recorder['torn_records']} events lost in a torn event segment "
+                        "(agent killed mid-write)")
+    for kind, c in recorder["exporters"].items():
+        if c["failed"] or c["dropped"]:
+            warnings.append(f"live {kind} exporter did not deliver {c['failed'] + c['dropped']} spans "
+                            f"(failed {c['failed']}, dropped {c['dropped']}); `omnitrace export` "
+                            "can resend them from the record")
+    if recorder["requests_not_exported"]:
+        warnings.append(f"the live OTLP exporter fell behind and sampled: {recorder['requests_not_exported']} "
+                        f"requests ({recorder['spans_not_exported']} spans) were not exported live")
     if recorder["dropped"] > 0:
         warnings.insert(0, f"RECORDER DROPPED {recorder['dropped']} EVENTS: some spans are missing; "
                            "attribution of affected requests is incomplete")

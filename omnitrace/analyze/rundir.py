@@ -197,7 +197,9 @@ def _load_json(path: str, label: str, warnings: list[str]) -> dict[str, Any] | N
     try:
         with open(path, "rb") as f:
             v = orjson.loads(f.read())
-        return v if isinstance(v, dict) else None
+        if not isinstance(v, dict):
+            raise RunDirError(f"{label}: a JSON {type(v).__name__}, not the object omnitrace writes")
+        return v
     except (orjson.JSONDecodeError, OSError) as e:
         warnings.append(f"{label}: unreadable ({e.__class__.__name__}: {str(e)[:80]}); ignored")
         return None
@@ -220,7 +222,10 @@ def _parse_block(data: bytes, skip: set[str] | frozenset[str]) -> tuple[list[tup
         except orjson.JSONDecodeError:
             bad += 1
             continue
-        for rs in msg.get("resourceSpans") or ():
+        if not _is_traces_request(msg):
+            bad += 1
+            continue
+        for rs in msg["resourceSpans"]:
             for ss in rs.get("scopeSpans") or ():
                 for d in ss.get("spans") or ():
                     try:
@@ -235,6 +240,21 @@ def _parse_block(data: bytes, skip: set[str] | frozenset[str]) -> tuple[list[tup
                     except (KeyError, TypeError, ValueError, AttributeError):
                         bad += 1
     return out, lines, bad, skipped
+
+
+def _is_traces_request(msg: Any) -> bool:
+    """The shape of an OTLP/JSON ExportTraceServiceRequest (down to span objects)."""
+    if not isinstance(msg, dict) or not isinstance(msg.get("resourceSpans"), list):
+        return False
+    for rs in msg["resourceSpans"]:
+        if not isinstance(rs, dict) or not isinstance(rs.get("scopeSpans", []), list):
+            return False
+        for ss in rs.get("scopeSpans") or ():
+            if not isinstance(ss, dict) or not isinstance(ss.get("spans", []), list):
+                return False
+            if not all(isinstance(d, dict) for d in ss.get("spans") or ()):
+                return False
+    return True
 
 
 def _parse_range(job: tuple[str, int, int, frozenset[str]]) -> tuple[list[tuple], int, int, int]:
@@ -288,12 +308,17 @@ def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] 
             parts = pool.map(_parse_range, jobs)
     else:
         parts = [_parse_range((path, 0, end, skip))]
-    bad = 0
+    bad = lines_total = spans_total = 0
     for fields, lines, b, skipped in parts:
         run.spans.extend(Span(*t) for t in fields)
         run.span_lines += lines
         run.skipped_spans += skipped
         bad += b
+        lines_total += lines
+        spans_total += len(fields) + skipped
+    if bad and not spans_total:
+        raise RunDirError(f"{label}: none of its {lines_total} line(s) is an OTLP/JSON "
+                          "ExportTraceServiceRequest ({\"resourceSpans\": [...]})")
     if bad:
         run.warnings.append(f"{label}: {bad} malformed line(s)/span(s) skipped")
 
@@ -379,6 +404,18 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     return True
 
 
+def _bench_shape_error(bench: dict[str, Any]) -> str | None:
+    for key in ("levels", "requests"):
+        v = bench.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, list):
+            return f"{key!r} is {type(v).__name__}, not a list"
+        if not all(isinstance(x, dict) for x in v):
+            return f"{key!r} holds a non-object"
+    return None
+
+
 def _warmup_ids(bench: dict[str, Any] | None) -> set[str]:
     """Warm-up request ids from bench.json: their spans are never needed (saves time)."""
     if not bench:
@@ -423,6 +460,10 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
         else:
             run.agent.append(aj)
         bj = _load_json(os.path.join(p, "bench.json"), pre + "bench.json", run.warnings)
+        if bj is not None:
+            why = _bench_shape_error(bj)
+            if why:
+                raise RunDirError(f"{pre}bench.json: not an omnitrace bench file ({why})")
         if bj is not None and run.bench is None:
             run.bench = bj
         pj = os.path.join(p, "processes.jsonl")

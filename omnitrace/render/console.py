@@ -34,7 +34,14 @@ def render(rep: dict[str, Any], limit: int = 20) -> str:
                f"{w['attributed']}; no first packet {w['no_first_packet']}; traced {w['traced_requests']}; "
                f"spans {w['spans']}")
     out.append("recorder: " + (f"events={rec['events']} dropped={rec['dropped']} spans_built="
-                               f"{rec['spans_built']}" if rec["known"] else "counters unknown (no agent.json)"))
+                               f"{rec['spans_built']}" if rec["known"] else "counters unknown (no agent.json)")
+               + "".join(f" {k}={rec[k]}" for k in ("never_drained", "not_recorded", "torn_records")
+                         if rec.get(k)))
+    for kind, c in (rec.get("exporters") or {}).items():
+        out.append(f"exporter {kind}: exported={c['exported']} failed={c['failed']} "
+                   f"dropped={c['dropped']}" + (f" not_exported_by_sampling="
+                                                f"{rec['spans_not_exported']} spans"
+                                                if rec.get("spans_not_exported") else ""))
     for msg in rep["warnings"]:
         out.append(f"warning: {msg}")
     t = rep["ttfp"]
