@@ -2,8 +2,8 @@
 
 Hook sites call :func:`emit` (or, on the hottest paths, ``thread_ring().record``). Each call
 packs one 32-byte record into the calling thread's ring in POSIX shared memory and
-publishes the write cursor: no locks, no I/O, no OpenTelemetry SDK work (measured ~0.2 us,
-``reference/hotpath_costs.md`` §4). The agent process attaches to the rings, drains them
+publishes the write cursor: no locks, no I/O, no OpenTelemetry SDK work (~0.2-0.3 us,
+``benchmarks/record_cost.py``). The agent process attaches to the rings, drains them
 and advances the read cursor; rings live on after their writer dies (even by SIGKILL), so
 the agent still reads what a crashed process recorded.
 

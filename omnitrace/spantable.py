@@ -90,6 +90,39 @@ _EMPTY_EV = np.empty(0, EVENT_DTYPE)
 SENDER_HISTORY = 1 << 14  # busy intervals kept per sender (only very old enqueues need more)
 
 
+class _ByKind:
+    """One feed's events grouped by kind (a stable radix sort): each kind, or range of
+    kinds, is a contiguous slice, not a mask over the whole feed. ``pos`` keeps each
+    event's place in the feed (ring order), which breaks ties between equal stamps."""
+
+    __slots__ = ("ev", "_kinds", "pos")
+
+    def __init__(self, ev: np.ndarray) -> None:
+        order = np.argsort(ev["kind"], kind="stable")
+        self.ev, self.pos = ev[order], order
+        self._kinds = self.ev["kind"]
+
+    def _bounds(self, first: int, last: int) -> tuple[int, int]:
+        lo, hi = np.searchsorted(self._kinds, (first, last + 1))
+        return int(lo), int(hi)
+
+    def range(self, first: int, last: int) -> np.ndarray:
+        lo, hi = self._bounds(first, last)
+        return self.ev[lo:hi]
+
+    def kind(self, k: int) -> np.ndarray:
+        return self.range(k, k)
+
+    def in_time_order(self, *ranges: tuple[int, int]) -> np.ndarray:
+        """The events of these (first, last) kind ranges in time order (ties in feed order)."""
+        bounds = [self._bounds(a, b) for a, b in ranges]
+        ev = np.concatenate([self.ev[lo:hi] for lo, hi in bounds])
+        if not len(ev):
+            return _EMPTY_EV
+        pos = np.concatenate([self.pos[lo:hi] for lo, hi in bounds])
+        return ev[np.lexsort((pos, ev["t"]))]
+
+
 def _key(req: np.ndarray, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:
     """(request, stage, chunk) as one sortable int64 (stage < 127, chunk < 2^24)."""
     return ((req.astype(np.int64) << 31) | ((stage.astype(np.int64) + 1) << 24)
@@ -215,7 +248,6 @@ class SpanBuilder:
         if len(ev):
             if int(ev["ring"].max()) >= len(self._pids):
                 self._ring_arrays(int(ev["ring"].max()))
-            ev = ev[np.argsort(ev["t"], kind="stable")]
             self.events += len(ev)
             kinds = ev["kind"]
             known = _KNOWN[np.minimum(kinds, 255)]
@@ -224,14 +256,11 @@ class SpanBuilder:
             self.step_events += int(np.count_nonzero(known & ~has_req))
             ev = ev[known & has_req]
             self._note_times(ev)
-            kinds = ev["kind"]
-            small = (kinds >= E.REQUEST_ARRIVE) & (kinds <= E.STAGE_EMIT)
-            if small.any():
-                self._request_events(ev[small], now, firsts)
-            chunk_ev = ev[~small & (kinds != E.STAGE_DIED)]
-        else:
-            chunk_ev = ev
-        parts = [self._pair_chunks(chunk_ev)]
+        by_kind = _ByKind(ev)
+        small = by_kind.in_time_order((E.REQUEST_ARRIVE, E.STAGE_EMIT))
+        if len(small):
+            self._request_events(small, now, firsts)
+        parts = [self._pair_chunks(by_kind)]
         if self._rows:
             parts.append(np.array(self._rows, SPAN_DTYPE))
             self._rows = []
@@ -355,13 +384,12 @@ class SpanBuilder:
         return reason
 
     # ------------------------------------------------------------------ chunks
-    def _pair_chunks(self, ev: np.ndarray) -> np.ndarray:
-        kinds = ev["kind"]
-        self._sender_intervals(ev[np.isin(kinds, _SENDER_KINDS)])
+    def _pair_chunks(self, ev: "_ByKind") -> np.ndarray:
+        self._sender_intervals(ev.in_time_order(*((k, k) for k in _SENDER_KINDS)))
         out = []
         for name, bk, ek in _PAIRS:
             pool = self._pools[name]
-            b_new, e_new = ev[kinds == bk], ev[kinds == ek]
+            b_new, e_new = ev.kind(bk), ev.kind(ek)
             B = np.concatenate((pool.begins, b_new)) if len(pool.begins) else b_new
             En = np.concatenate((pool.ends, e_new)) if len(pool.ends) else e_new
             bi, ei = match(_key(B["req"], B["stage"], B["chunk"]), B["t"],
@@ -373,8 +401,8 @@ class SpanBuilder:
         # poll lag: producer PUT_END (request, stage, chunk) -> consumer GET_BEGIN
         # (request, b = producer stage, chunk)
         pool = self._poll
-        P = np.concatenate((pool.begins, ev[kinds == E.PUT_END]))
-        G = np.concatenate((pool.ends, ev[kinds == E.GET_BEGIN]))
+        P = np.concatenate((pool.begins, ev.kind(E.PUT_END)))
+        G = np.concatenate((pool.ends, ev.kind(E.GET_BEGIN)))
         pi, gi = match(_key(P["req"], P["stage"], P["chunk"]), P["t"],
                        _key(G["req"], G["b"], G["chunk"]), G["t"])
         if len(pi):

@@ -112,9 +112,9 @@ def index_requests(spans: Iterable[Span]) -> dict[str, RequestSpans]:
         r = reqs.get(s.rid)
         if r is None:
             r = reqs[s.rid] = RequestSpans(s.rid)
-        if s.incomplete:
-            r.incomplete += 1
         n = s.name
+        if s.incomplete and n not in _PRODUCER and n not in _CONSUMER:
+            r.incomplete += 1  # chunk spans are counted from the run's chunk table
         if n in _PRODUCER:
             r.producer.setdefault((s.stage, s.peer, s.chunk), {}).setdefault(n, []).append(s)
         elif n in _CONSUMER:

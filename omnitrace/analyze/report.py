@@ -4,6 +4,8 @@ from __future__ import annotations
 import gc
 from typing import Any
 
+import numpy as np
+
 from omnitrace import __version__
 from omnitrace import conventions as cv
 from omnitrace.analyze import attribution as at
@@ -100,6 +102,82 @@ def _by_stage(spans: list[Span], key) -> dict[Any, list[Span]]:
     return out
 
 
+def _chunk_stats(run: Run, measured: set[str], names: dict[int, str]) -> tuple:
+    """Per-stage FIFO, snapshot and transfer figures and the head-of-line table, from the
+    run's chunk span table (all chunk spans, not only those attribution walked)."""
+    from omnitrace import spantable as stt
+    C = run.chunks
+    if C is None or not len(C):
+        return [], [], [], [], 0
+    ids = np.array([i for i, r in enumerate(run.chunk_requests) if r in measured], np.int64)
+    C = C[np.isin(C["req"], ids)]
+    dur = C["end"] - C["start"]
+    fifo = []
+    F = C["name"] == stt.N_FIFO
+    for st in np.unique(C["stage"][F]).tolist():
+        m = F & (C["stage"] == st)
+        d = dur[m]
+        res = summary(d, NS_TO_MS)
+        blk = summary(np.minimum(C["v2"][m], d), NS_TO_MS)
+        depth = C["v1"][m] + 1
+        depth = depth[depth >= 0]
+        fifo.append({"stage": stage_label(st, names), "stage_id": st, "count": res["count"],
+                     "residence_p50_ms": res["p50"], "residence_p99_ms": res["p99"],
+                     "residence_max_ms": res["max"], "blocked_p50_ms": blk["p50"],
+                     "blocked_p99_ms": blk["p99"],
+                     "depth_mean": float(depth.mean()) if len(depth) else None,
+                     "depth_max": int(depth.max()) if len(depth) else None,
+                     "residence_ms": (d * NS_TO_MS).tolist()})
+    snapshot = []
+    S = C["name"] == stt.N_SNAPSHOT
+    for st in np.unique(C["stage"][S]).tolist():
+        sm = summary(dur[S & (C["stage"] == st)], NS_TO_US)
+        snapshot.append({"stage": stage_label(st, names), "stage_id": st, "count": sm["count"],
+                         "mean_us": sm["mean"], "p50_us": sm["p50"], "p99_us": sm["p99"],
+                         "max_us": sm["max"]})
+    P, G = C["name"] == stt.N_PUT, C["name"] == stt.N_GET
+    producer = np.where(P, C["stage"], C["peer"])
+    consumer = np.where(P, C["peer"], C["stage"])
+    transfer = []
+    pairs = sorted({cv.stage_pair(p, c) for p, c in zip(producer[P | G].tolist(), consumer[P | G].tolist())})
+    for pair in pairs:
+        p, c = (int(x) for x in pair.split("->"))
+        row: dict[str, Any] = {"pair": pair}
+        for sel, tag in ((P, "put"), (G, "get")):
+            m = sel & (producer == p) & (consumer == c)
+            sm = summary(dur[m], NS_TO_US)
+            nbytes, total = int(C["v1"][m].sum()), int(dur[m].sum())
+            n = int(m.sum())
+            row[tag] = {"count": sm["count"], "p50_us": sm["p50"], "p99_us": sm["p99"],
+                        "mean_bytes": nbytes / n if n else 0.0,
+                        "bandwidth_mb_s": (nbytes / 1e6) / (total / 1e9) if total > 0 else None}
+        transfer.append(row)
+    # head of line: victim x culprit, blocked time split evenly among listed culprits
+    B = F & (C["v2"] > 0) & (C["by0"] > 0)
+    hol_rows = []
+    if B.any():
+        rows = C[B]
+        n_by = (rows["by0"] > 0).astype(np.int64) + (rows["by1"] > 0) + (rows["by2"] > 0)
+        share = np.minimum(rows["v2"], dur[B]) / n_by * NS_TO_MS
+        vic, cul, sh = [], [], []
+        for col in ("by0", "by1", "by2"):
+            m = rows[col] > 0
+            vic.append(rows["req"][m].astype(np.int64))
+            cul.append(rows[col][m].astype(np.int64))
+            sh.append(share[m])
+        vic, cul, sh = np.concatenate(vic), np.concatenate(cul), np.concatenate(sh)
+        key = vic * (len(run.chunk_requests) + 1) + cul
+        uniq, inv = np.unique(key, return_inverse=True)
+        total = np.bincount(inv, weights=sh)
+        times = np.bincount(inv)
+        reqs = run.chunk_requests
+        base = len(reqs) + 1
+        hol_rows = [{"victim": reqs[k // base], "culprit": reqs[k % base], "blocked_ms": float(t),
+                     "times": int(n)} for k, t, n in zip(uniq.tolist(), total.tolist(), times.tolist())]
+        hol_rows.sort(key=lambda r: (-r["blocked_ms"], r["victim"], r["culprit"]))
+    return fifo, snapshot, transfer, hol_rows, int(np.count_nonzero(C["reason"]))
+
+
 def build_report(run: Run, per_request_segments: bool = True, level: int | None = None) -> dict[str, Any]:
     was = gc.isenabled()
     gc.disable()  # as in load_run: many small acyclic objects
@@ -174,56 +252,8 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None) -> di
                     "mean_ms": s["mean"], "p50_ms": s["p50"], "p99_ms": s["p99"],
                     "share": (s["mean"] / (mean_ttfp * NS_TO_MS)) if mean_ttfp else 0.0})
 
-    # ---- FIFO, snapshot, transfer over all chunks of measured requests
-    chunk_spans = [s for rid in measured if rid in reqs
-                   for d in (*reqs[rid].producer.values(), *reqs[rid].consumer.values())
-                   for ss in d.values() for s in ss]
-    by = _by_stage(chunk_spans, lambda s: s.name)
-    fifo = []
-    for st, ss in sorted(_by_stage(by.get(cv.SPAN_FIFO, []), lambda s: s.stage).items()):
-        res = summary([s.dur for s in ss], NS_TO_MS)
-        blk = summary([min(s.blocked_ns, s.dur) for s in ss], NS_TO_MS)
-        depth = [s.depth for s in ss if s.depth >= 0]
-        fifo.append({"stage": stage_label(st, names), "stage_id": st, "count": res["count"],
-                     "residence_p50_ms": res["p50"], "residence_p99_ms": res["p99"],
-                     "residence_max_ms": res["max"], "blocked_p50_ms": blk["p50"],
-                     "blocked_p99_ms": blk["p99"],
-                     "depth_mean": sum(depth) / len(depth) if depth else None,
-                     "depth_max": max(depth) if depth else None,
-                     "residence_ms": [s.dur * NS_TO_MS for s in ss]})
-    snapshot = []
-    for st, ss in sorted(_by_stage(by.get(cv.SPAN_SNAPSHOT, []), lambda s: s.stage).items()):
-        sm = summary([s.dur for s in ss], NS_TO_US)
-        snapshot.append({"stage": stage_label(st, names), "stage_id": st, "count": sm["count"],
-                         "mean_us": sm["mean"], "p50_us": sm["p50"], "p99_us": sm["p99"],
-                         "max_us": sm["max"]})
-    transfer = []
-    pairs = _by_stage([s for s in by.get(cv.SPAN_PUT, []) + by.get(cv.SPAN_GET, [])],
-                      lambda s: cv.stage_pair(*((s.stage, s.peer) if s.name == cv.SPAN_PUT
-                                                else (s.peer, s.stage))))
-    for pair, ss in sorted(pairs.items()):
-        row: dict[str, Any] = {"pair": pair}
-        for name, tag in ((cv.SPAN_PUT, "put"), (cv.SPAN_GET, "get")):
-            xs = [s for s in ss if s.name == name]
-            sm = summary([s.dur for s in xs], NS_TO_US)
-            nbytes = sum(s.nbytes for s in xs)
-            dur = sum(s.dur for s in xs)
-            row[tag] = {"count": sm["count"], "p50_us": sm["p50"], "p99_us": sm["p99"],
-                        "mean_bytes": nbytes / len(xs) if xs else 0.0,
-                        "bandwidth_mb_s": (nbytes / 1e6) / (dur / 1e9) if dur > 0 else None}
-        transfer.append(row)
-
-    # ---- head of line: victim x culprit, blocked time split evenly among listed culprits
-    hol: dict[tuple[str, str], list[float]] = {}
-    for s in by.get(cv.SPAN_FIFO, []):
-        if s.blocked_by and s.blocked_ns > 0:
-            share = min(s.blocked_ns, s.dur) / len(s.blocked_by)
-            for c in s.blocked_by:
-                cell = hol.setdefault((s.rid, c), [0.0, 0])
-                cell[0] += share * NS_TO_MS
-                cell[1] += 1
-    hol_rows = sorted(({"victim": v, "culprit": c, "blocked_ms": x[0], "times": x[1]}
-                       for (v, c), x in hol.items()), key=lambda r: -r["blocked_ms"])
+    # ---- FIFO, snapshot, transfer, head of line over all chunks of measured requests
+    fifo, snapshot, transfer, hol_rows, chunk_incomplete = _chunk_stats(run, measured, names)
 
     server = [a.ttfp_ns * NS_TO_MS for a in atts]
     client = [r["client_ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
@@ -260,7 +290,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None) -> di
         warnings.append(f"{unrec} critical-path hop(s) lack the producing task's own snapshot/FIFO/process "
                         "spans (the trace holds only an earlier task under the same chunk index): that "
                         "time is counted as the producer's compute")
-    incomplete = sum(reqs[r].incomplete for r in measured if r in reqs)
+    incomplete = sum(reqs[r].incomplete for r in measured if r in reqs) + chunk_incomplete
     if incomplete:
         warnings.append(f"{incomplete} span(s) of measured requests were closed by the agent without "
                         "their end event (omni.incomplete)")
@@ -273,7 +303,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None) -> di
         "recorder": recorder,
         "window": {"selection": how, "measured": len(measured), "attributed": len(atts),
                    "no_first_packet": len(no_ttfp), "traced_requests": len(reqs),
-                   "spans": len(run.spans), "spans_skipped_warmup": run.skipped_spans},
+                   "spans": run.span_count, "spans_skipped_warmup": run.skipped_spans},
         "stages": {str(k): v for k, v in sorted(names.items())},
         "ttfp": {"server_ms": summary(server), "client_ms": summary(client),
                  "client_minus_server_median_ms": median(diffs),

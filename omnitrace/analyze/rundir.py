@@ -68,6 +68,12 @@ class Run:
     skipped_spans: int = 0  # spans of warm-up requests, not loaded
     events: int = 0  # events read from event logs
     torn_records: int = 0  # records lost in torn event segments
+    # every chunk span, columnar (spantable.SPAN_DTYPE; req/by* index chunk_requests): the
+    # per-stage statistics read these; ``spans`` holds objects only for what attribution
+    # walks (request, stage and queue spans, chunk spans that began before their TTFP)
+    chunks: Any = None
+    chunk_requests: list[str] = field(default_factory=lambda: [""])
+    span_count: int = 0
 
 
 def _value(v: dict[str, Any]) -> Any:
@@ -309,6 +315,7 @@ def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] 
     else:
         parts = [_parse_range((path, 0, end, skip))]
     bad = lines_total = spans_total = 0
+    first = len(run.spans)
     for fields, lines, b, skipped in parts:
         run.spans.extend(Span(*t) for t in fields)
         run.span_lines += lines
@@ -316,6 +323,9 @@ def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] 
         bad += b
         lines_total += lines
         spans_total += len(fields) + skipped
+    run.span_count += len(run.spans) - first
+    table, requests = chunk_table(run.spans[first:])
+    add_chunks(run, table, requests)
     if bad and not spans_total:
         raise RunDirError(f"{label}: none of its {lines_total} line(s) is an OTLP/JSON "
                           "ExportTraceServiceRequest ({\"resourceSpans\": [...]})")
@@ -327,9 +337,14 @@ _MODALITY = {int(v): v.name.lower() for v in cv.Modality}
 
 
 def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
-                     skip: frozenset[str] = frozenset()) -> tuple[list[Span], int]:
+                     skip: frozenset[str] = frozenset(), chunks_before_ttfp: bool = False
+                     ) -> tuple[list[Span], int]:
     """Span-table rows (``omnitrace.spantable``) -> report :class:`Span` objects; rows of
-    requests in ``skip`` are left out. Returns (spans, skipped)."""
+    requests in ``skip`` are left out; with ``chunks_before_ttfp`` only chunk spans that
+    began before their request's first audio packet (all attribution can walk) become
+    objects. Returns (spans, skipped rows)."""
+    import numpy as np
+
     from omnitrace import spantable as stt
     names = stt.NAMES
     by_stage: dict[tuple, list] = {}
@@ -337,15 +352,23 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
         by_stage.setdefault((req, stage, replica), []).append(
             (cv.EVENT_EMIT, t, {cv.ATTR_PACKET_INDEX: packet,
                                 cv.ATTR_MODALITY: _MODALITY.get(modality, str(modality))}))
-    skip_ids = {i for i, r in enumerate(requests) if r in skip} if skip else set()
-    out: list[Span] = []
+    keep = np.ones(len(table), bool)
     skipped = 0
+    if skip:
+        skip_ids = np.array([i for i, r in enumerate(requests) if r in skip], np.int64)
+        gone = np.isin(table["req"], skip_ids)
+        skipped = int(gone.sum())
+        keep &= ~gone
+    if chunks_before_ttfp:
+        roots = table[table["name"] == stt.N_REQUEST]
+        ttfp = np.zeros(len(requests), np.int64)
+        ttfp[roots["req"].astype(np.int64)] = np.where(roots["t2"] > 0, roots["t2"], 0)
+        chunk = table["name"] >= stt.N_SNAPSHOT
+        keep &= ~chunk | (table["start"] <= ttfp[table["req"].astype(np.int64)])
+    out: list[Span] = []
     append = out.append
     for (name, reason, error, status, stage, peer, replica, req, chunk, ring, start, end, v1, v2,
-         t1, t2, by0, by1, by2) in table.tolist():
-        if req in skip_ids:
-            skipped += 1
-            continue
+         t1, t2, by0, by1, by2) in table[keep].tolist():
         rid = requests[req]
         if name >= stt.N_SNAPSHOT:  # chunk spans: the hot part
             if name == stt.N_FIFO:
@@ -379,6 +402,46 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     return out, skipped
 
 
+def add_chunks(run: Run, table, requests: list[str]) -> None:
+    """Append a table's chunk spans to ``run.chunks``, its request ids re-numbered into
+    ``run.chunk_requests`` (several run directories merge into one table)."""
+    import numpy as np
+
+    from omnitrace import spantable as stt
+    rows = table[table["name"] >= stt.N_SNAPSHOT].copy()
+    index = {r: i for i, r in enumerate(run.chunk_requests)}
+    remap = np.zeros(len(requests), np.uint32)
+    for i, r in enumerate(requests):
+        j = index.get(r)
+        if j is None:
+            j = index[r] = len(run.chunk_requests)
+            run.chunk_requests.append(r)
+        remap[i] = j
+    for col in ("req", "by0", "by1", "by2"):
+        rows[col] = remap[rows[col].astype(np.int64)]
+    run.chunks = rows if run.chunks is None else np.concatenate((run.chunks, rows))
+
+
+def chunk_table(spans: list[Span]) -> tuple[Any, list[str]]:
+    """Report Span objects (a run recorded before the event log) -> chunk span table."""
+    import numpy as np
+
+    from omnitrace import spantable as stt
+    code = {n: i for i, n in enumerate(stt.NAMES)}
+    requests: dict[str, int] = {"": 0}
+    rows = []
+    for s in spans:
+        c = code.get(s.name, -1)
+        if c < stt.N_SNAPSHOT:
+            continue
+        req = requests.setdefault(s.rid, len(requests))
+        by = [requests.setdefault(x, len(requests)) for x in s.blocked_by[:3]] + [0, 0, 0]
+        v1 = s.ahead if c == stt.N_FIFO else s.nbytes
+        rows.append((c, 1 if s.incomplete else 0, False, 0, s.stage, s.peer, s.replica, req,
+                     s.chunk, -1, s.start, s.end, v1, s.blocked_ns, 0, 0, by[0], by[1], by[2]))
+    return np.array(rows, stt.SPAN_DTYPE), list(requests)
+
+
 def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset()) -> bool:
     """Append the spans built from one run directory's event log; False if it has none."""
     from omnitrace import eventlog
@@ -396,11 +459,20 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     builder.ring_changed()
     for idx in log.died:
         builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
+    import numpy as np
     feeds = [builder.feed(log.events), builder.flush()]
-    for f in feeds:
-        spans, skipped = spans_from_table(f.spans, f.emits, log.requests.strings, log.rings, skip)
-        run.spans.extend(spans)
-        run.skipped_spans += skipped
+    table = np.concatenate([f.spans for f in feeds])
+    emits = np.concatenate([f.emits for f in feeds])
+    del feeds, log.events
+    spans, skipped = spans_from_table(table, emits, log.requests.strings, log.rings, skip,
+                                      chunks_before_ttfp=True)
+    run.spans.extend(spans)
+    run.skipped_spans += skipped
+    run.span_count += len(table) - skipped
+    if skip:
+        skip_ids = np.array([i for i, r in enumerate(log.requests.strings) if r in skip], np.int64)
+        table = table[~np.isin(table["req"], skip_ids)]
+    add_chunks(run, table, log.requests.strings)
     return True
 
 
