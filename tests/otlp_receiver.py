@@ -11,6 +11,8 @@ from concurrent import futures
 
 import grpc
 from aiohttp import web
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as msvc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as msvc_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tsvc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as tsvc_grpc
 
@@ -18,12 +20,21 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as tsv
 class Store:
     def __init__(self) -> None:
         self.requests: list = []
+        self.metrics: list = []  # ExportMetricsServiceRequest messages
         self.cond = threading.Condition()
 
     def add(self, req) -> None:
         with self.cond:
-            self.requests.append(req)
+            if isinstance(req, msvc.ExportMetricsServiceRequest):
+                self.metrics.append(req)
+            else:
+                self.requests.append(req)
             self.cond.notify_all()
+
+    def metric_names(self) -> set[str]:
+        with self.cond:
+            return {m.name for r in self.metrics for rm in r.resource_metrics
+                    for sm in rm.scope_metrics for m in sm.metrics}
 
     def spans(self) -> list:
         """[(resource attrs dict, span proto)]"""
@@ -50,9 +61,19 @@ class _Trace(tsvc_grpc.TraceServiceServicer):
         return tsvc.ExportTraceServiceResponse()
 
 
+class _Metrics(msvc_grpc.MetricsServiceServicer):
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def Export(self, request, context):  # noqa: N802 (the stub's name)
+        self.store.add(request)
+        return msvc.ExportMetricsServiceResponse()
+
+
 def start_grpc(store: Store) -> tuple[grpc.Server, int]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     tsvc_grpc.add_TraceServiceServicer_to_server(_Trace(store), server)
+    msvc_grpc.add_MetricsServiceServicer_to_server(_Metrics(store), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     return server, port
@@ -78,10 +99,19 @@ class HttpReceiver:
         return web.Response(body=tsvc.ExportTraceServiceResponse().SerializeToString(),
                             content_type="application/x-protobuf")
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        self.store.add(msvc.ExportMetricsServiceRequest.FromString(body))
+        return web.Response(body=msvc.ExportMetricsServiceResponse().SerializeToString(),
+                            content_type="application/x-protobuf")
+
     def _run(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
         app = web.Application()
         app.router.add_post("/v1/traces", self._traces)
+        app.router.add_post("/v1/metrics", self._metrics)
         self.runner = web.AppRunner(app)
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)

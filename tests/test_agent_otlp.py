@@ -33,6 +33,10 @@ def test_one_trace_per_request_over_grpc_and_http(tmp_path):
         expected = N_REQ * (1 + 2 * 2 + N_CHUNK * 7)  # request, 2x(stage, queue), 7 per chunk
         assert grpc_store.wait(lambda s: len(s.spans()) >= expected, 10)
         assert http_store.wait(lambda s: len(s.spans()) >= expected, 10)
+        # the live metrics go to the same collectors (OTLP metrics, final push at exit)
+        for store in (grpc_store, http_store):
+            assert store.wait(lambda s: cv.METRIC_FIFO_RESIDENCE in s.metric_names(), 10)
+            assert cv.METRIC_SNAPSHOT in store.metric_names()
     finally:
         server.stop(0)
         http.stop()

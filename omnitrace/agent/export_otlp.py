@@ -193,3 +193,68 @@ def build(kinds: Iterable[str], endpoints: dict[str, str | None], timeout_s: flo
           max_queue_spans: int = 65536) -> list[QueuedExporter]:
     return [QueuedExporter(k, make_exporter(k, endpoints.get(k), timeout_s), max_queue_spans)
             for k in kinds]
+
+
+class MetricsPusher:
+    """Sends the agent's metrics (an ``ExportMetricsServiceRequest``, the same message
+    metrics.jsonl holds) to an OTLP collector: gRPC through the official MetricsService
+    stub, HTTP as protobuf POSTed to ``/v1/metrics``. The SDK's OTLPMetricExporter takes
+    SDK-side metric objects, not a message, hence the stub. One push at a time on a
+    worker thread; a push due while the last one still runs is skipped and counted."""
+
+    def __init__(self, kind: str, endpoint: str | None, timeout_s: float | None) -> None:
+        self.kind = kind
+        self.timeout = timeout_s if timeout_s is not None else 10.0
+        self.sent = self.failed = self.skipped = 0
+        self.last_error = ""
+        self._busy = threading.Lock()
+        env = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or os.environ.get(
+            "OTEL_EXPORTER_OTLP_ENDPOINT")
+        if kind == "otlp-grpc":
+            url = endpoint or (normalize_endpoint(kind, env) if env else "http://localhost:4317")
+            parts = urlsplit(url)
+            import grpc
+            from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as msvc
+            target = f"{parts.hostname}:{parts.port}"
+            self._channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials())
+                             if parts.scheme == "https" else grpc.insecure_channel(target))
+            self._stub = msvc.MetricsServiceStub(self._channel)
+            self.url = target
+        else:
+            base = endpoint or (normalize_endpoint(kind, env) if env else "http://localhost:4318/v1/traces")
+            self.url = base[:-len("/v1/traces")] + "/v1/metrics" if base.endswith("/v1/traces") \
+                else base.rstrip("/") + "/v1/metrics"
+
+    def push(self, request) -> None:
+        if not self._busy.acquire(blocking=False):
+            self.skipped += 1
+            return
+        threading.Thread(target=self._send, args=(request,), daemon=True,
+                         name=f"omnitrace-{self.kind}-metrics").start()
+
+    def _send(self, request) -> None:
+        try:
+            if self.kind == "otlp-grpc":
+                self._stub.Export(request, timeout=self.timeout)
+            else:
+                import urllib.request
+                req = urllib.request.Request(self.url, data=request.SerializeToString(), method="POST",
+                                             headers={"Content-Type": "application/x-protobuf"})
+                with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                    r.read()
+            self.sent += 1
+        except Exception as exc:  # a collector that is down must not kill the agent
+            self.failed += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+        finally:
+            self._busy.release()
+
+    def close(self, deadline_s: float) -> None:
+        if self._busy.acquire(timeout=deadline_s):
+            self._busy.release()
+        if self.kind == "otlp-grpc":
+            self._channel.close()
+
+    def counters(self) -> dict:
+        return {"sent": self.sent, "failed": self.failed, "skipped": self.skipped,
+                "last_error": self.last_error}

@@ -74,6 +74,7 @@ class Agent:
         self.metrics = Metrics()
         self.views: list[View] = [MetricsView(self.metrics, self.requests.strings)]
         self.exporters: list[export_otlp.QueuedExporter] = []
+        self.metric_pushers: list[export_otlp.MetricsPusher] = []
         self.processes: dict[int, dict] = {}
         self.procs_dirty = False
         self.exit_code: int | None = None
@@ -113,6 +114,9 @@ class Agent:
     def start(self) -> dict:
         self.exporters = export_otlp.build(self.cfg.otlp_kinds, self.cfg.otlp_endpoints,
                                            self.cfg.otlp_timeout_s, self.cfg.otlp_queue_spans)
+        self.metric_pushers = [export_otlp.MetricsPusher(k, self.cfg.otlp_endpoints.get(k),
+                                                         self.cfg.otlp_timeout_s)
+                               for k in self.cfg.otlp_kinds]
         if self.exporters:
             self.views.append(OtlpView(self.exporters, SpanConverter(
                 self.requests.strings, self.rings, self.cfg.run_id)))
@@ -315,6 +319,8 @@ class Agent:
         exporters = {}
         for exp in self.exporters:
             exporters[exp.kind] = exp.counters()
+        for pusher in self.metric_pushers:
+            exporters.setdefault(pusher.kind, {})["metrics"] = pusher.counters()
         views = {"events_skipped": self.view_events_skipped,
                  "backlog_events": self.pending_events,
                  "max_backlog_events": self.max_view_backlog_events,
@@ -367,9 +373,13 @@ class Agent:
                     self._last_export_counts[key] = vals[outcome]
 
     def write_metrics(self) -> None:
-        self.rundir.write_metrics(self.metrics.to_otlp(
+        """metrics.jsonl, and the same message to the OTLP collectors."""
+        msg = self.metrics.to_otlp(
             {"service.name": cv.SERVICE_NAME, "omnitrace.run.id": self.cfg.run_id},
-            self.started_unix_ns, time.time_ns()))
+            self.started_unix_ns, time.time_ns())
+        self.rundir.write_metrics(msg)
+        for pusher in self.metric_pushers:
+            pusher.push(msg)
 
     def run(self) -> None:
         self._drain_thread.start()
@@ -424,6 +434,8 @@ class Agent:
             view.close(max(2.0, min(30.0, timeout + 1.0)))
         self.final_s = time.monotonic() - t0
         self.write_metrics()
+        for pusher in self.metric_pushers:
+            pusher.close(max(2.0, min(30.0, timeout + 1.0)))
         self.procs_dirty = True
         self.write_side_files()
         self.meta.update(ended_unix_ns=time.time_ns(), status=status, exit_code=self.exit_code)

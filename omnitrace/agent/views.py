@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections import deque
 from typing import Protocol
 
 import numpy as np
@@ -124,6 +125,7 @@ class OtlpView:
         self.requests_sampled_out = 0
         self.spans_sampled_out = 0
         self.requests_kept = 0
+        self.not_exported_ids: deque[str] = deque(maxlen=1000)  # newest last
 
     def _room(self) -> bool:
         return all(e.queued < e.max_queue_spans // 2 for e in self.exporters)
@@ -178,6 +180,7 @@ class OtlpView:
         else:
             self.requests_sampled_out += 1
             self.spans_sampled_out += len(spans)
+            self.not_exported_ids.append(self.converter.requests[req])
 
     def close(self, deadline_s: float) -> None:
         for req in list(self.held):
@@ -191,5 +194,6 @@ class OtlpView:
     def counters(self) -> dict:
         return {"sampling": self.sampling, "requests_not_exported": self.requests_sampled_out,
                 "spans_not_exported": self.spans_sampled_out,
-                "requests_kept_while_sampling": self.requests_kept, "spans_held": self.held_spans}
+                "requests_kept_while_sampling": self.requests_kept, "spans_held": self.held_spans,
+                "last_requests_not_exported": list(self.not_exported_ids)[-20:]}
 
