@@ -82,12 +82,12 @@ async def _sample(agent_pid: int, t0: float, stop_at: float, samples: list, stat
                         "agent_cpu_s": _cpu_s(agent_pid), "requests_ok": stats["ok"],
                         "events_read": a.get("events_read"),
                         "events_dropped": a.get("events_dropped"),
-                        "spool_backlog_bytes": (a.get("spool") or {}).get("backlog_bytes")})
+                        "view_backlog_events": (a.get("views") or {}).get("backlog_events")})
         sm = samples[-1]
         print(f"t={sm['t_s']:>6}s agent RSS {sm['rss_bytes'] / 2**20:7.1f} MiB "
               f"cpu {sm['agent_cpu_s']:7.1f} s requests {stats['ok']} "
               f"read {sm['events_read']} dropped {sm['events_dropped']} "
-              f"spool backlog {(sm['spool_backlog_bytes'] or 0) / 2**20:.1f} MiB "
+              f"view backlog {sm['view_backlog_events'] or 0} events "
               f"load {os.getloadavg()[0]:.1f}", flush=True)
         await asyncio.sleep(5)
 
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             t_stop = time.monotonic()
             proc.send_signal(signal.SIGTERM)
-            # the agent assembles its whole spooled backlog before it exits
+            # the agent's final drain and views before it exits
             proc.wait(3600)
             stop_s = time.monotonic() - t_stop
         agent = json.load(open(os.path.join(run_dir, "agent.json")))
@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         "agent": {k: agent.get(k) for k in ("events_read", "events_dropped", "spans_built",
                                             "spans_incomplete", "requests_freed", "requests_open",
                                             "max_cycle_ms", "max_rss_bytes", "state",
-                                            "max_drain_lag_ms", "drain_lag_ms_counts", "spool",
-                                            "final_assembly_s")},
+                                            "max_drain_lag_ms", "drain_lag_ms_counts", "record",
+                                            "views", "final_s")},
         "stop_to_exit_s": round(stop_s, 1),
         "load_average_at_end": [round(x, 2) for x in load],
         "spans_jsonl_mib": round(spans_bytes / 2**20, 1),

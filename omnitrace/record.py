@@ -353,7 +353,7 @@ class RingReader:
 
     def read_raw(self, max_slots: int = 1 << 20) -> bytes:
         """The new slots as raw bytes (records and string slots, undecoded), and free
-        them: the agent's spool path, a copy per contiguous run and nothing per record.
+        them: the agent's drain path, a copy per contiguous run and nothing per record.
         A string's byte slots may be cut off at ``max_slots``; the next call has them."""
         buf, mask, cap = self.buf, self._mask, self.capacity
         read = _U64.unpack_from(buf, OFF_READ)[0]

@@ -8,7 +8,7 @@ import os
 import time
 
 from omnitrace import conventions as cv
-from tests.agent_util import WRITER, clean_env, omnitrace_run, read_json, read_spans
+from tests.agent_util import WRITER, omnitrace_run, read_json, read_spans
 from tests.otlp_receiver import HangingEndpoint, free_port
 
 

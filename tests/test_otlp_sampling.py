@@ -7,7 +7,6 @@ import random
 
 import numpy as np
 
-from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.agent import export_otlp
 from omnitrace.agent.views import OtlpView

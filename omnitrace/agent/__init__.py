@@ -1,1 +1,2 @@
-"""The agent: drains the rings, assembles spans, exports OTLP, Prometheus and the run directory."""
+"""The agent: drains the rings into the run's event log and serves live views of it
+(Prometheus, OTLP spans and metrics); see docs/architecture.md."""

@@ -57,8 +57,8 @@ COUNTERS: dict[str, tuple[str, str]] = {
 
 
 class _Child:
-    """One label set's buckets; the assembler keeps these pre-bound per (stage, peer,
-    replica) and calls :meth:`observe` directly (no family/labels lookups per value)."""
+    """One label set's buckets: :meth:`observe` for one value, :meth:`observe_many` for a
+    feed's worth at once (the agent's MetricsView)."""
 
     __slots__ = ("bounds", "counts", "sum", "exemplars")
 
@@ -125,8 +125,7 @@ class HistogramSet:
 
     def snapshot(self, metric: str) -> list[tuple[tuple, list[int], float, list]]:
         # list() copies under the GIL: the agent thread may add children meanwhile
-        # children are bound ahead of use (the assembler pre-binds all of a stage pair's):
-        # one that never saw a value is not a series yet
+        # a child that never saw a value is not a series yet
         return [(labels, list(ch.counts), ch.sum, list(ch.exemplars))
                 for labels, ch in list(self.children[metric].items()) if any(ch.counts)]
 
@@ -151,13 +150,13 @@ class HistogramSet:
 
 
 class Metrics:
-    """The agent's metric registry; ``observe`` is the assembler's MetricSink."""
+    """The agent's metric registry."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.hist = HistogramSet()
         self.registry.register(self.hist)
-        self.observe = self.hist.observe  # the assembler's MetricSink.observe, unwrapped
+        self.observe = self.hist.observe
         self.counters = {name: Counter(prom, help_, (cv.LABEL_STAGE, cv.LABEL_REPLICA),
                                        registry=self.registry)
                          for name, (prom, help_) in COUNTERS.items()}

@@ -48,12 +48,14 @@ def _parser() -> argparse.ArgumentParser:
         prog="omnitrace run",
         usage="omnitrace run [options] [--] COMMAND [ARGS...]  |  omnitrace run [options] serve [MODEL] [ARGS...]",
         description="Run COMMAND with every Python process it spawns instrumented; the agent "
-                    "assembles spans and exports them (file always; OTLP, Prometheus on request).")
+                    "records every event in the run directory (events/) and serves live views "
+                    "(OTLP spans and metrics, Prometheus) on request.")
     p.add_argument("--run-dir", help="run directory (default: $OMNITRACE_RUNS_DIR or "
                                      "./omnitrace-runs, then /<run-id>)")
     p.add_argument("--run-id", help="run id (default: YYYYmmdd-HHMMSS-<4 hex>)")
     p.add_argument("--exporter", "--exporters", dest="exporter", default=env(cv.ENV_EXPORTERS, "file"),
-                   help="comma list of otlp-grpc, otlp-http, prometheus, file (file is always on)")
+                   help="comma list of otlp-grpc, otlp-http, prometheus, file (file: the run "
+                        "directory's event log, always on)")
     p.add_argument("--otlp-endpoint", default=env(cv.ENV_OTLP_ENDPOINT),
                    help="OTLP endpoint for the otlp exporters (else OTEL_EXPORTER_OTLP_* / SDK default)")
     p.add_argument("--otlp-grpc-endpoint", help="endpoint for otlp-grpc only (host:port or http[s]://host:port)")
@@ -305,10 +307,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stop_agent(agent: subprocess.Popen, rc: int, cfg: AgentConfig | None = None,
                 stall_s: float = 90.0) -> None:
-    """Tell the agent to finish and wait for it. Its final assembly of a large spooled
-    backlog may take minutes (it prints progress on stderr), so the limit is on *no
-    progress*: the agent rewrites agent.json every second while it works; it is killed
-    only when that stops for ``stall_s`` (or, without a run directory, after ``stall_s``)."""
+    """Tell the agent to finish and wait for it: its final drain, at most a few seconds
+    of live views, and its exporters' final flush (bounded by --otlp-timeout). The limit
+    is on *no progress* (agent.json unchanged for ``stall_s``), after which it is killed."""
     try:
         assert agent.stdin is not None
         agent.stdin.write(f"exit {rc}\n".encode())
