@@ -23,8 +23,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from omnitrace import eventlog, record  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from omnitrace import record  # noqa: E402
 
 BURN = "import time\nwhile True:\n    sum(i * i for i in range(100000))\n"
 
@@ -52,6 +53,18 @@ def _ring_backlog(run_id: str) -> int:
     return n
 
 
+def _disk(run_dir: str) -> int:
+    """Bytes of the run directory (event log, or an older agent's spans.jsonl and spool)."""
+    total = 0
+    for root, _, files in os.walk(run_dir):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
 def _read(path: str) -> dict:
     try:
         with open(path) as f:
@@ -74,8 +87,10 @@ def main() -> int:
            "--", "--no-progress", "--concurrency", str(args.concurrency), "--num-prompts", "1000000",
            "--input-len", "2500", "--output-len", "200"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNITRACE_")}
-    proc = subprocess.Popen(cmd, start_new_session=True, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    # this tree's omnitrace first (the benchmark also runs older trees side by side)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    log = open(os.path.join(os.path.dirname(run_dir), "output.log"), "wb")
+    proc = subprocess.Popen(cmd, start_new_session=True, env=env, stdout=log, stderr=log)
     samples = []
     try:
         run = {}
@@ -93,8 +108,10 @@ def main() -> int:
             ev = int(a.get("events_read", 0))
             rate = (ev - last_ev) / max(now - last_t, 1e-9)
             last_ev, last_t = ev, now
-            backlog = _ring_backlog(run_id) + int((a.get("views") or {}).get("backlog_events", 0))
-            disk = sum(os.path.getsize(x) for x in eventlog.segments(run_dir))
+            backlog = (_ring_backlog(run_id) + int((a.get("views") or {}).get("backlog_events", 0))
+                       # an agent before the event log: its spool of undecoded slots
+                       + int((a.get("spool") or {}).get("backlog_bytes", 0)) // record.RECORD_SIZE)
+            disk = _disk(run_dir)
             samples.append({"t": round(now - t0, 1), "rate": round(rate), "backlog": backlog,
                             "cpu": round(_cpu_s(agent_pid) - cpu0, 2), "disk": disk})
         load_s = time.monotonic() - t0
@@ -112,7 +129,7 @@ def main() -> int:
     rates = [s["rate"] for s in samples[3:] if s["rate"] > 0] or [1]
     mean_rate = sum(rates) / len(rates)
     backlog_s = [s["backlog"] / mean_rate for s in samples[3:]]
-    disk = samples[-1]["disk"] if samples else 0
+    disk = _disk(run_dir)
     out = {
         "duration_s": round(load_s, 1), "burn": args.burn, "concurrency": args.concurrency,
         "events_per_s": round(mean_rate), "events_read": a.get("events_read"),
