@@ -84,7 +84,9 @@ def main() -> int:
     burner = subprocess.Popen([sys.executable, "-c", BURN]) if args.burn else None
     cmd = [sys.executable, "-m", "omnitrace", "run", "--run-dir", run_dir, "--",
            sys.executable, "-m", "omnitrace.bench.serve_and_bench", "--serve", "--snapshot copy",
-           "--", "--no-progress", "--concurrency", str(args.concurrency), "--num-prompts", "1000000",
+           "--", "--no-progress", "--concurrency", str(args.concurrency),
+           # more than DURATION can finish (~10 req/s here); bench builds every body up front
+           "--num-prompts", str(int(args.duration * 20) + 100),
            "--input-len", "2500", "--output-len", "200"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNITRACE_")}
     # this tree's omnitrace first (the benchmark also runs older trees side by side)
@@ -94,7 +96,14 @@ def main() -> int:
     samples = []
     try:
         run = {}
+        deadline = time.monotonic() + 120
         while not run.get("agent_pid"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                with open(log.name, "rb") as f:
+                    tail = f.read()[-3000:].decode(errors="replace")
+                print(f"omnitrace run did not start (exit {proc.poll()}):\n{tail}", file=sys.stderr)
+                return 1
             time.sleep(0.5)
             run = _read(os.path.join(run_dir, "run.json"))
         agent_pid, run_id = run["agent_pid"], run["run_id"]
