@@ -56,10 +56,14 @@ def _attrs(items: list[dict]) -> dict[str, Any]:
 
 
 def read_spans(run_dir: Path) -> list[dict]:
-    spans = []
-    path = run_dir / "spans.jsonl"
-    if not path.exists():
+    """Every span of the run, rebuilt from its event log by `omnitrace export`."""
+    spans: list[dict] = []
+    if not (run_dir / "events").is_dir():
         return spans
+    path = run_dir.parent / f"{run_dir.name}.otlp.jsonl"
+    r = subprocess.run([sys.executable, "-m", "omnitrace", "export", str(run_dir), "--otlp-json",
+                        str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
