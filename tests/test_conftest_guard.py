@@ -111,6 +111,8 @@ def test_zz_everything_was_cleaned_up():
     late = pytest.late_child
     assert late.wait(timeout=10) == 0
     names = [n for n in os.listdir(SHM) if TAG in n or n.startswith(f"ortpool{os.getpid()}@")]
+    if os.environ.get("GUARD_FOREIGN") == "1":  # another pipeline runs: chunks not judged
+        names = [n for n in names if n != f"{TAG}-req_0_3"]
     assert names == [f"omnitrace.{TAG}foreign.1.1"], names
     assert not any(isinstance(f, Finder) for f in sys.meta_path)
     from omnitrace.inject import patching
@@ -157,7 +159,14 @@ EXPECTED: dict[str, tuple[str, ...]] = {
 
 
 def test_guard_fails_each_kind_of_leak_and_cleans_it_up(tmp_path: Path) -> None:
+    from conftest import _foreign_pipeline_running
     tag = f"guard{os.getpid()}x{os.urandom(3).hex()}"
+    expected = dict(EXPECTED)
+    # another omnitrace pipeline on this machine (someone's server, a benchmark): chunk
+    # segments carry no pid, so the guard leaves them alone rather than delete its chunks
+    foreign = _foreign_pipeline_running()
+    if foreign:
+        expected["test_chunk_leak"] = ()
     shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER))
@@ -171,7 +180,8 @@ def test_guard_fails_each_kind_of_leak_and_cleans_it_up(tmp_path: Path) -> None:
     (tmp_path / "patches" / "demo.py").write_text(PATCHES)
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNITRACE_")}
-    env.update({"GUARD_TAG": tag, "OMNITRACE_GUARD_PRESET": "before", "OMNITRACE_GUARD_KEEP": "1",
+    env.update({"GUARD_TAG": tag, "GUARD_FOREIGN": "1" if foreign else "0",
+                "OMNITRACE_GUARD_PRESET": "before", "OMNITRACE_GUARD_KEEP": "1",
                 "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
     xml = tmp_path / "inner.xml"
     try:
@@ -183,8 +193,8 @@ def test_guard_fails_each_kind_of_leak_and_cleans_it_up(tmp_path: Path) -> None:
         for case in ET.parse(xml).iter("testcase"):
             bad = [e for e in case if e.tag in ("failure", "error")]
             got[case.get("name")] = "\n".join((e.get("message") or "") + (e.text or "") for e in bad) or None
-        assert set(got) == set(EXPECTED), (got, proc.stdout[-3000:])
-        for name, want in EXPECTED.items():
+        assert set(got) == set(expected), (got, proc.stdout[-3000:])
+        for name, want in expected.items():
             if not want:
                 assert got[name] is None, (name, got[name])
                 continue

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.agent_util import clean_env, omnitrace_run, read_json
+from tests.agent_util import clean_env, omnitrace_run, read_json, read_spans
 
 
 def _one_line_error(res: subprocess.CompletedProcess, needle: str) -> None:
@@ -27,6 +27,7 @@ def _one_line_error(res: subprocess.CompletedProcess, needle: str) -> None:
     (["--run-id", "../x"], "bad run id"),
     (["--otlp-timeout", "abc"], "invalid float value"),
     (["--otlp-timeout", "0"], "--otlp-timeout must be > 0"),
+    (["--max-run-bytes", "lots"], "bad --max-run-bytes"),
 ])
 def test_bad_options_one_line_error_before_start(tmp_path, args, needle):
     marker = tmp_path / "started"
@@ -135,3 +136,40 @@ def test_agent_killed_is_recorded_and_rings_removed(tmp_path):
     assert run["status"] == "agent-killed" and run["exit_code"] == 0
     assert "agent died" in res.stderr
     assert not [n for n in os.listdir("/dev/shm") if f"killed-{os.getpid()}" in n]
+
+
+def test_a_run_dir_holding_a_run_is_refused_unless_overwrite(tmp_path):
+    """Two runs are never mixed: the second is refused with one line and the first run's
+    files are untouched; --overwrite replaces them."""
+    from tests.agent_util import WRITER
+    d = tmp_path / "run"
+    first = omnitrace_run(["--run-dir", str(d), "--", sys.executable, WRITER, str(tmp_path / "a.json"),
+                           "--requests", "2", "--chunks", "2"])
+    assert first.returncode == 0, first.stderr
+    before = {p.name: p.stat().st_mtime_ns for p in d.rglob("*") if p.is_file()}
+    again = omnitrace_run(["--run-dir", str(d), "--", sys.executable, WRITER, str(tmp_path / "b.json"),
+                           "--requests", "3", "--chunks", "2"])
+    _one_line_error(again, "already holds a run")
+    assert {p.name: p.stat().st_mtime_ns for p in d.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "b.json").exists()  # the command never ran
+    over = omnitrace_run(["--run-dir", str(d), "--overwrite", "--", sys.executable, WRITER,
+                          str(tmp_path / "c.json"), "--requests", "3", "--chunks", "2"])
+    assert over.returncode == 0, over.stderr
+    spans = read_spans(str(d))
+    assert len({s["attrs"]["omni.request.id"] for s in spans}) == 3  # only the new run's
+
+
+def test_max_run_bytes_stops_recording_loudly_and_counts(tmp_path):
+    from tests.agent_util import WRITER
+    d = tmp_path / "run"
+    res = omnitrace_run(["--run-dir", str(d), "--max-run-bytes", "1k", "--", sys.executable, WRITER,
+                         str(tmp_path / "w.json"), "--requests", "40", "--chunks", "20"])
+    assert res.returncode == 0, res.stderr
+    assert "reached --max-run-bytes" in res.stderr
+    agent = read_json(str(d), "agent.json")
+    rec = agent["record"]
+    assert rec["capped"] and rec["events_not_recorded"] > 0
+    assert rec["events_recorded"] + rec["events_not_recorded"] == agent["events_read"]
+    rep = subprocess.run([sys.executable, "-m", "omnitrace", "report", str(d)], capture_output=True,
+                         text=True, timeout=60)
+    assert f"{rec['events_not_recorded']} events were not recorded" in rep.stdout
