@@ -47,7 +47,8 @@ def _ring_backlog(run_id: str) -> int:
         except (OSError, ValueError):
             continue
         try:
-            n += r.written() - int.from_bytes(bytes(r.buf[record.OFF_READ:record.OFF_READ + 8]), "little")
+            n += r.unread() if hasattr(r, "unread") else \
+                r.written() - int.from_bytes(bytes(r.buf[record.OFF_READ:record.OFF_READ + 8]), "little")
         finally:
             r.close()
     return n

@@ -376,6 +376,10 @@ class RingReader:
         """Slots published so far (records plus string-table slots)."""
         return _U64.unpack_from(self.buf, OFF_WRITE)[0]
 
+    def unread(self) -> int:
+        """Slots published but not read yet (the drain's backlog in this ring)."""
+        return self.written() - _U64.unpack_from(self.buf, OFF_READ)[0]
+
     def close(self, unlink: bool = False) -> None:
         self._decoder = None
         self.buf = None  # type: ignore[assignment]

@@ -418,14 +418,20 @@ class SpanBuilder:
         pool.ends = np.delete(G, gi) if len(gi) else G
         return np.concatenate(out) if out else np.zeros(0, SPAN_DTYPE)
 
-    def _chunk_rows(self, name: int, b: np.ndarray, e: np.ndarray) -> np.ndarray:
-        rows = np.zeros(len(b), SPAN_DTYPE)
+    def _span_rows(self, name: int, first: np.ndarray, peer_from: np.ndarray) -> np.ndarray:
+        """Span rows named by their first stamp (request, stage, chunk, ring, start);
+        the peer stage is ``peer_from``'s ``b``."""
+        rows = np.zeros(len(first), SPAN_DTYPE)
         rows["name"] = name
-        rows["stage"], rows["chunk"], rows["req"] = b["stage"], b["chunk"], b["req"]
-        rows["peer"] = e["b"]
-        rows["replica"] = self._replicas[b["ring"]]
-        rows["ring"] = b["ring"]
-        rows["start"] = b["t"]
+        rows["stage"], rows["chunk"], rows["req"] = first["stage"], first["chunk"], first["req"]
+        rows["peer"] = peer_from["b"]
+        rows["replica"] = self._replicas[first["ring"]]
+        rows["ring"] = first["ring"]
+        rows["start"] = first["t"]
+        return rows
+
+    def _chunk_rows(self, name: int, b: np.ndarray, e: np.ndarray) -> np.ndarray:
+        rows = self._span_rows(name, b, e)
         rows["end"] = np.maximum(e["t"], b["t"])
         if name == N_FIFO:
             rows["v1"] = b["a"]
@@ -594,13 +600,7 @@ class SpanBuilder:
         return Feed(spans, emits)
 
     def _incomplete(self, name: int, ev: np.ndarray, begun: bool, codes: np.ndarray) -> np.ndarray:
-        rows = np.zeros(len(ev), SPAN_DTYPE)
-        rows["name"] = name
-        rows["stage"], rows["chunk"], rows["req"] = ev["stage"], ev["chunk"], ev["req"]
-        rows["peer"] = ev["b"]
-        rows["replica"] = self._replicas[ev["ring"]]
-        rows["ring"] = ev["ring"]
-        rows["start"] = ev["t"]
+        rows = self._span_rows(name, ev, ev)
         if begun:  # began, never ended: up to the request's last event
             rows["end"] = np.maximum(ev["t"], self.last_t[ev["req"].astype(np.int64)])
             if name == N_FIFO:

@@ -103,6 +103,7 @@ class Agent:
         self.max_view_backlog_s = 0.0
         self._oldest_pending = 0.0
         self.final_s = 0.0
+        self.views_failed = ""  # why the live views were switched off, if they were
         self.max_rss = 0
         self._last_export_counts: dict[tuple[str, str], int] = {}
         self._drain_thread = threading.Thread(target=self._drain_loop, name="omnitrace-drain",
@@ -275,9 +276,22 @@ class Agent:
             self.drained.set()
 
     # ------------------------------------------------------------------ views (main thread)
-    def _to_views(self, feed) -> None:
-        for view in self.views:
-            view.feed(feed)
+    def _to_views(self, make_feed) -> None:
+        """Build a feed and hand it to the views. A bug in a view must not cost the
+        record: the views are switched off with one line on stderr (and in agent.json),
+        the drain thread goes on recording every event."""
+        if self.views_failed:
+            return
+        try:
+            feed = make_feed()
+            for view in self.views:
+                view.feed(feed)
+        except Exception as exc:
+            import traceback
+            self.views_failed = f"{type(exc).__name__}: {exc}"
+            print("omnitrace agent: the live views failed and are off for the rest of the run "
+                  f"(the run's record is unaffected): {self.views_failed}\n"
+                  + traceback.format_exc(), file=sys.stderr, flush=True)
 
     def process_pending(self, deadline: float | None = None) -> int:
         """Feed what the drain thread decoded to the span builder and the views."""
@@ -306,7 +320,9 @@ class Agent:
             self.max_view_backlog_s = max(self.max_view_backlog_s, backlog)
             self.max_view_backlog_events = max(self.max_view_backlog_events, n + self.pending_events)
             ev = np.concatenate(parts) if len(parts) > 1 else parts[0]
-            self._to_views(self.builder.feed(ev, time.monotonic()))
+            if self.views_failed:
+                self.view_events_skipped += len(ev)
+            self._to_views(lambda: self.builder.feed(ev, time.monotonic()))
             self.metrics.count_events(ev, self.rings)
         return n
 
@@ -326,7 +342,7 @@ class Agent:
             exporters[exp.kind] = exp.counters()
         for pusher in self.metric_pushers:
             exporters.setdefault(pusher.kind, {})["metrics"] = pusher.counters()
-        views = {"events_skipped": self.view_events_skipped,
+        views = {"failed": self.views_failed, "events_skipped": self.view_events_skipped,
                  "backlog_events": self.pending_events,
                  "max_backlog_events": self.max_view_backlog_events,
                  "max_backlog_s": round(self.max_view_backlog_s, 3)}
@@ -398,7 +414,7 @@ class Agent:
                 busy = self.process_pending() > 0
                 next_view = now + self.VIEW_PERIOD_S
             if now >= next_tick:
-                self._to_views(self.builder.tick(now))
+                self._to_views(lambda: self.builder.tick(now))
                 self.metrics.queue.set(self.builder.open_requests())
                 next_tick = now + 0.25
             if now >= next_side:
@@ -437,10 +453,14 @@ class Agent:
                 if isinstance(item, dict):
                     self.rings[idx] = item
             self.pending_events = 0
-        self._to_views(self.builder.flush())
+        self._to_views(self.builder.flush)
         timeout = self.cfg.otlp_timeout_s if self.cfg.otlp_timeout_s is not None else 10.0
         for view in self.views:
-            view.close(max(2.0, min(30.0, timeout + 1.0)))
+            try:
+                view.close(max(2.0, min(30.0, timeout + 1.0)))
+            except Exception as exc:  # the run's files must still be written
+                print(f"omnitrace agent: closing a view failed: {type(exc).__name__}: {exc}",
+                      file=sys.stderr, flush=True)
         self.final_s = time.monotonic() - t0
         self.write_metrics()
         for pusher in self.metric_pushers:

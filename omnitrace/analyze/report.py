@@ -25,6 +25,7 @@ def stage_label(stage: int, names: dict[int, str]) -> str:
 def _agent_counters(run: Run) -> dict[str, Any]:
     """Sum the agent's own counters over all run directories (key names tolerated loosely)."""
     events = dropped = spans = not_recorded = sampled_reqs = sampled_spans = 0
+    views_failed = ""
     rings: list[dict[str, Any]] = []
     exporters: dict[str, dict[str, int]] = {}
     known = bool(run.agent)
@@ -46,6 +47,8 @@ def _agent_counters(run: Run) -> dict[str, Any]:
         views = a.get("views") if isinstance(a.get("views"), dict) else {}
         sampled_reqs += int(views.get("requests_not_exported", 0) or 0)
         sampled_spans += int(views.get("spans_not_exported", 0) or 0)
+        if views.get("failed"):
+            views_failed = str(views["failed"])
         for kind, c in (a.get("exporters") or {}).items():
             if isinstance(c, dict) and kind != "file":
                 e = exporters.setdefault(kind, {"exported": 0, "failed": 0, "dropped": 0})
@@ -55,7 +58,8 @@ def _agent_counters(run: Run) -> dict[str, Any]:
     return {"known": known, "events": events, "dropped": dropped, "spans_built": spans,
             "rings_with_drops": rings, "never_drained": never, "not_recorded": not_recorded,
             "torn_records": run.torn_records, "exporters": exporters,
-            "requests_not_exported": sampled_reqs, "spans_not_exported": sampled_spans}
+            "requests_not_exported": sampled_reqs, "spans_not_exported": sampled_spans,
+            "views_failed": views_failed}
 
 
 def _measured(run: Run, reqs: dict[str, at.RequestSpans],
@@ -272,6 +276,9 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None) -> di
             warnings.append(f"live {kind} exporter did not deliver {c['failed'] + c['dropped']} spans "
                             f"(failed {c['failed']}, dropped {c['dropped']}); `omnitrace export` "
                             "can resend them from the record")
+    if recorder["views_failed"]:
+        warnings.append(f"the agent's live views failed ({recorder['views_failed']}): live metrics "
+                        "and OTLP export stopped there; this report reads the complete record")
     if recorder["requests_not_exported"]:
         warnings.append(f"the live OTLP exporter fell behind and sampled: {recorder['requests_not_exported']} "
                         f"requests ({recorder['spans_not_exported']} spans) were not exported live")
