@@ -310,7 +310,9 @@ class Agent:
                 continue
             parts.append(eventlog.to_events(item, idx, self.collector.offset_ns))
             n += len(item)
-            if n >= 1 << 20 or (deadline is not None and time.monotonic() > deadline):
+            # a feed holds the GIL through much of its numpy work: bounded, so the drain
+            # thread runs between feeds
+            if n >= self.VIEW_BATCH_EVENTS or (deadline is not None and time.monotonic() > deadline):
                 break
         self.pending_events -= n
         if self.pending_events:
