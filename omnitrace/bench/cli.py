@@ -113,6 +113,32 @@ def _print_summary(levels: list[LevelResult]) -> None:
               + (f" [ABORTED: {lv.aborted}]" if lv.aborted else ""))
 
 
+def _run_interruptible(coro, grace_s: float = 2.0):
+    """asyncio.run, except that Ctrl-C gives the cancelled requests ``grace_s`` to wind
+    down and then returns: asyncio.run waits for every task, and with thousands of
+    requests queued and the server gone it could wait for minutes."""
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(coro)
+    try:
+        return loop.run_until_complete(task)
+    except KeyboardInterrupt:
+        pending = asyncio.all_tasks(loop)
+        for t in pending:
+            t.cancel()
+        if pending:
+            try:
+                loop.run_until_complete(asyncio.wait(pending, timeout=grace_s))
+            except BaseException:
+                pass
+        raise
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        except BaseException:
+            pass
+        loop.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
@@ -152,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 if r.error:
                     bar.set_postfix_str(f"errors={sum(1 for x in partial if x.error)}")
 
-            lv = asyncio.run(run_level(spec, c, rng, done))
+            lv = _run_interruptible(run_level(spec, c, rng, done))
             bar.close()
             partial = []
             levels.append(lv)
