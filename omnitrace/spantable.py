@@ -260,6 +260,8 @@ class SpanBuilder:
         small = by_kind.in_time_order((E.REQUEST_ARRIVE, E.STAGE_EMIT))
         if len(small):
             self._request_events(small, now, firsts)
+        if len(ev) and self.reqs:
+            self._seen(np.unique(ev["req"]).tolist(), now)
         parts = [self._pair_chunks(by_kind)]
         if self._rows:
             parts.append(np.array(self._rows, SPAN_DTYPE))
@@ -335,6 +337,16 @@ class SpanBuilder:
                 if self._complete(st):
                     st.complete_at = now
             # REQUEST_DISPATCH: kept in the event log only; the stage span shows the hand-off
+
+    def _seen(self, reqs: list[int], now: float) -> None:
+        """Any event of a request keeps it alive; one after its END re-checks whether it
+        is complete (the grace period counts from its last event)."""
+        for r in reqs:
+            st = self.reqs.get(r)
+            if st is not None:
+                st.last_seen = now
+                if st.complete_at is not None or st.end is not None:
+                    st.complete_at = now if self._complete(st) else None
 
     @staticmethod
     def _complete(st: _Req) -> bool:
@@ -550,6 +562,16 @@ class SpanBuilder:
                 gone[req] = R_UNFINISHED
             elif now - st.last_seen >= idle_timeout_s:
                 gone[req] = R_TIMEOUT
+        # stamps waiting for a partner whose request has no request/stage state (freed
+        # already, or a run without API and stage hooks): out after the idle timeout
+        newest = int(self.last_t.max())
+        horizon = newest - int(idle_timeout_s * 1e9)
+        for pool in (*self._pools.values(), self._poll):
+            for rows in (pool.begins, pool.ends):
+                if len(rows):
+                    for r in np.unique(rows["req"][rows["t"] < horizon]).tolist():
+                        if r not in self.reqs and self.last_t[r] < horizon:
+                            gone[r] = R_TIMEOUT
         return self.flush(gone) if gone else Feed(np.zeros(0, SPAN_DTYPE), np.empty(0, EMIT_DTYPE))
 
     def flush(self, which: dict[int, int] | None = None, reason: int = R_RUN_ENDED) -> Feed:

@@ -224,3 +224,17 @@ def test_max_bytes_stops_recording_and_counts_exactly(tmp_path):
     assert c["events_recorded"] + c["events_not_recorded"] == 20000
     log = eventlog.read_event_log(str(tmp_path))
     assert len(log.events) == c["events_recorded"]
+
+
+def test_orphan_stamps_leave_after_the_idle_timeout():
+    """A begin whose request has no request/stage state (an adapter-only run) does not
+    wait forever: it is emitted incomplete ("timeout") once the run is idle_timeout past it."""
+    b = stt.SpanBuilder(dict(RINGS))
+    b.ring_changed()
+    b.feed(_ev([(Ev.SNAPSHOT_BEGIN, 5, 0, 0, 0, 1, 1_000, 1)]), now=0.0)
+    assert not len(b.tick(1.0, idle_timeout_s=120.0).spans)
+    b.feed(_ev([(Ev.SNAPSHOT_BEGIN, 6, 0, 0, 0, 1, 200 * 10**9, 1),
+                (Ev.SNAPSHOT_END, 6, 0, 0, 0, 1, 200 * 10**9 + 5, 1)]), now=2.0)
+    out = b.tick(3.0, idle_timeout_s=120.0).spans
+    assert [(int(r["req"]), stt.REASONS[r["reason"]]) for r in out] == [(5, "timeout")]
+    assert b.state_size()["waiting_stamps"] == 0
