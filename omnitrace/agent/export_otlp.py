@@ -123,6 +123,7 @@ class QueuedExporter:
         self.queued = 0
         self.exported = self.failed = self.dropped = 0
         self.in_flight = 0
+        self._written_off = False  # close() counted the in-flight batch as dropped
         self.last_error = ""
         self._cond = threading.Condition()
         self._stop = False
@@ -159,7 +160,9 @@ class QueuedExporter:
                 self.last_error = f"{type(exc).__name__}: {exc}"[:200]
             with self._cond:
                 self.in_flight = 0
-                if ok:
+                if self._written_off:  # already counted as dropped by close(): once only
+                    self._written_off = False
+                elif ok:
                     self.exported += len(batch)
                 else:
                     self.failed += len(batch)
@@ -177,6 +180,7 @@ class QueuedExporter:
             self.queue.clear()
             self.queued = 0
             stuck = self.in_flight > 0
+            self._written_off = stuck
             self.in_flight = 0
         if not stuck:
             try:

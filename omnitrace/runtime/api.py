@@ -374,20 +374,25 @@ class Api:
             while True:
                 item = await fl.queue.get()
                 op = item[0]
+                # first text / first audio are stamped as the packet is handed to the
+                # socket: stamped after the write, a preempted server put its own TTFP
+                # after the client had already received the packet
                 if op == "text":
                     n_text += 1
                     data = chunk("text", item[1])
+                    t_write = time.perf_counter_ns()
                     await resp.write(data)
                     sent += len(data)
                     if n_text == 1:
-                        record.emit(_EV_FIRST_TEXT, rid, _API, -1, 0, 0)
+                        record.emit(_EV_FIRST_TEXT, rid, _API, -1, 0, 0, t_write)
                 elif op == "audio":
                     data = chunk("audio", base64.b64encode(item[1]).decode())
+                    t_write = time.perf_counter_ns()
                     await resp.write(data)
                     sent += len(data)
                     if not first_audio:
                         first_audio = True
-                        record.emit(_EV_FIRST_AUDIO, rid, _API, -1, 0, 0)
+                        record.emit(_EV_FIRST_AUDIO, rid, _API, -1, 0, 0, t_write)
                 elif op == "done":
                     data = chunk("text", "", "length") + b"data: [DONE]\n\n"
                     await resp.write(data)
