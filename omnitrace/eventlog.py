@@ -230,10 +230,11 @@ def _blocks(path: str, last: bool, log: EventLog) -> Iterator[tuple[int, int, me
 
 
 def read_event_log(run_dir: str) -> EventLog | None:
-    """Decode every segment of ``run_dir`` in order; None if it has no event log."""
-    paths = segments(run_dir)
-    if not paths:
+    """Decode every segment of ``run_dir`` in order; None if it has no event log (an
+    ``events/`` folder without segments is a run that recorded no event: an empty log)."""
+    if not os.path.isdir(os.path.join(run_dir, DIR)):
         return None
+    paths = segments(run_dir)
     log = EventLog(segments=len(paths))
     decoders: dict[int, record.SlotDecoder] = {}
     parts: dict[int, list[np.ndarray]] = {}
