@@ -173,3 +173,21 @@ def test_max_run_bytes_stops_recording_loudly_and_counts(tmp_path):
     rep = subprocess.run([sys.executable, "-m", "omnitrace", "report", str(d)], capture_output=True,
                          text=True, timeout=60)
     assert f"{rec['events_not_recorded']} events were not recorded" in rep.stdout
+
+
+def test_prometheus_port_in_use_names_the_port_and_the_flag(tmp_path):
+    """One line naming the port and --prometheus-port; the failed start leaves no run
+    behind, so the same --run-dir works on the next try."""
+    import socket
+    d = tmp_path / "run"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = omnitrace_run(["--run-dir", str(d), "--exporter", "prometheus",
+                             "--prometheus-port", str(port), "--", "true"])
+        _one_line_error(res, f"127.0.0.1:{port}")
+        assert "--prometheus-port" in res.stderr
+    again = omnitrace_run(["--run-dir", str(d), "--exporter", "prometheus", "--prometheus-port", "0",
+                           "--", "true"])
+    assert again.returncode == 0, again.stderr

@@ -17,7 +17,7 @@ from google.protobuf.json_format import MessageToDict
 
 from omnitrace import eventlog
 
-RUN_FILES = ("run.json", "agent.json", "spans.jsonl", eventlog.DIR)
+RUN_FILES = ("run.json", "agent.json", "spans.jsonl")
 
 
 def otlp_json(message: Any) -> bytes:
@@ -45,11 +45,13 @@ def check_writable(path: str) -> str | None:
 
 
 def holds_run(path: str) -> str | None:
-    """The first file that shows ``path`` already holds a run, or None."""
+    """The first file that shows ``path`` already holds a run, or None (an agent that
+    could not start leaves at most an empty events/ folder: not a run)."""
     for name in RUN_FILES:
         if os.path.exists(os.path.join(path, name)):
             return name
-    return None
+    segs = eventlog.segments(path)
+    return os.path.relpath(segs[0], path) if segs else None
 
 
 class RunDir:
