@@ -64,7 +64,7 @@ def segments(run_dir: str) -> list[str]:
     d = os.path.join(run_dir, DIR)
     try:
         names = sorted(n for n in os.listdir(d) if n.startswith("seg-") and n.endswith(".zst"))
-    except FileNotFoundError:
+    except OSError:  # missing, or a path through a file: no segments here
         return []
     return [os.path.join(d, n) for n in names]
 
