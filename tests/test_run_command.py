@@ -191,3 +191,25 @@ def test_prometheus_port_in_use_names_the_port_and_the_flag(tmp_path):
     again = omnitrace_run(["--run-dir", str(d), "--exporter", "prometheus", "--prometheus-port", "0",
                            "--", "true"])
     assert again.returncode == 0, again.stderr
+
+
+def test_no_arguments_is_usage_on_stderr_and_exit_2():
+    r = subprocess.run([sys.executable, "-m", "omnitrace"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == "" and "usage: omnitrace COMMAND" in r.stderr
+    h = subprocess.run([sys.executable, "-m", "omnitrace", "--help"], capture_output=True, text=True,
+                       timeout=60)
+    assert h.returncode == 0 and "usage: omnitrace COMMAND" in h.stdout
+
+
+def test_serve_help_starts_nothing(tmp_path):
+    d = tmp_path / "run"
+    res = omnitrace_run(["--run-dir", str(d), "serve", "--help"])
+    assert res.returncode == 0 and "usage: omnitrace serve" in res.stdout
+    assert not d.exists()  # no agent, no run directory
+
+
+def test_a_failing_command_is_reported_as_failed(tmp_path):
+    res = omnitrace_run(["--run-dir", str(tmp_path / "run"), "--", sys.executable, "-c",
+                         "raise SystemExit(3)"])
+    assert res.returncode == 3
+    assert "the command failed (exit status 3)" in res.stderr and "done;" not in res.stderr

@@ -246,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         print("omnitrace run: no command given (omnitrace run [options] -- COMMAND ...)",
               file=sys.stderr)
         return 2
+    if cmd[0] == "serve" and any(a in ("-h", "--help") for a in cmd[1:]):
+        # help for `serve` starts nothing: no agent, no run directory
+        return subprocess.call(serve_command(cmd[1:])[0])
     try:
         cfg = _validate(ns)
     except UsageError as exc:
@@ -301,7 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     if rc < 0:
         rc = 128 - rc  # killed by a signal: report it the way a shell does
     _stop_agent(agent, rc, cfg)
-    print(f"omnitrace run: done; see `omnitrace report {cfg.run_dir}`", file=sys.stderr)
+    if rc == 0:
+        print(f"omnitrace run: done; see `omnitrace report {cfg.run_dir}`", file=sys.stderr)
+    else:
+        print(f"omnitrace run: the command failed (exit status {rc}); what it recorded is in "
+              f"{cfg.run_dir} (`omnitrace report {cfg.run_dir}`)", file=sys.stderr)
     return rc
 
 
