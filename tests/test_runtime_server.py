@@ -248,6 +248,14 @@ def test_bad_input_is_400(server, body, needle):
     assert needle in msg and "\n" not in msg
 
 
+def test_oversized_body_is_413_as_json(server):
+    from omnitrace.runtime.api import MAX_BODY_BYTES
+    status, raw, headers = post(server, b"{" + b" " * MAX_BODY_BYTES + b"}", f"{TAG}-big")
+    assert status == 413, raw[:200]
+    assert headers.get("Content-Type", "").startswith("application/json")
+    assert "larger than" in json.loads(raw)["error"]["message"]
+
+
 @pytest.mark.timeout(60)
 def test_bad_request_id_and_duplicates(server):
     status, raw, _ = post(server, chat_body(2), "bad/id")

@@ -303,6 +303,9 @@ def parse_request(body: Any, limits: config_mod.Limits) -> tuple[int, int, str]:
     return prompt, max_tokens, model
 
 
+MAX_BODY_BYTES = 16 << 20  # a request body larger than this is refused (413)
+
+
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
 
@@ -314,7 +317,7 @@ class Api:
         self.model_name = pipeline.cfg.name
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=16 << 20)
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
@@ -341,6 +344,8 @@ class Api:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError as e:
             return _error(400, f"body: invalid JSON ({e})")
+        except web.HTTPRequestEntityTooLarge:  # as JSON, like every other error
+            return _error(413, f"body: larger than {MAX_BODY_BYTES} bytes")
         try:
             prompt, max_tokens, model = parse_request(body, p.cfg.limits)
         except BadRequest as e:
