@@ -12,6 +12,7 @@ import os
 import sys
 
 import numpy as np
+import orjson
 
 from omnitrace import eventlog, otlp
 from omnitrace.spantable import SpanBuilder
@@ -46,7 +47,7 @@ def iter_spans(run_dir: str):
     log = eventlog.read_event_log(run_dir)
     if log is None:
         raise eventlog.EventLogError(f"{run_dir}: no event log (events/) in this run directory")
-    run_id = _run_id(run_dir, log)
+    run_id = _run_id(run_dir)
     builder = SpanBuilder(log.rings)
     builder.ring_changed()
     for idx in log.died:
@@ -60,10 +61,15 @@ def iter_spans(run_dir: str):
     yield run_id, conv.convert(f.spans, f.emits)
 
 
-def _run_id(run_dir: str, log: eventlog.EventLog) -> str:
-    from omnitrace.analyze.rundir import _load_json
-    rj = _load_json(os.path.join(run_dir, "run.json"), "run.json", log.warnings) or {}
-    return str(rj.get("run_id") or os.path.basename(os.path.normpath(run_dir)))
+def _run_id(run_dir: str) -> str:
+    """run.json's run id (the resource attribute the live exporter sent), else the folder."""
+    try:
+        with open(os.path.join(run_dir, "run.json"), "rb") as f:
+            rj = orjson.loads(f.read())
+    except (OSError, orjson.JSONDecodeError):
+        rj = None
+    rid = rj.get("run_id") if isinstance(rj, dict) else None
+    return str(rid or os.path.basename(os.path.normpath(run_dir)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,6 +54,16 @@ def resource_attrs(run_id: str, proc: tuple) -> dict:
             "omnitrace.run.id": run_id}
 
 
+def emit_events(emits: np.ndarray) -> dict[tuple[int, int, int], list]:
+    """``omni.emit`` span events of stage spans, by (request, stage, replica)."""
+    by_stage: dict[tuple[int, int, int], list] = {}
+    for req, stage, replica, t, packet, modality in emits.tolist():
+        by_stage.setdefault((req, stage, replica), []).append(
+            (cv.EVENT_EMIT, t, {cv.ATTR_PACKET_INDEX: packet,
+                                cv.ATTR_MODALITY: _MODALITY.get(modality, str(modality))}))
+    return by_stage
+
+
 class SpanConverter:
     """Span-table rows -> :class:`OtlpSpan` objects (only where spans leave omnitrace:
     a Python object per span is the cost the live record path avoids)."""
@@ -77,11 +87,7 @@ class SpanConverter:
             self._occ.clear()
 
     def convert(self, table: np.ndarray, emits: np.ndarray) -> list[OtlpSpan]:
-        by_stage: dict[tuple, list] = {}
-        for req, stage, replica, t, packet, modality in emits.tolist():
-            by_stage.setdefault((req, stage, replica), []).append(
-                (cv.EVENT_EMIT, t, {cv.ATTR_PACKET_INDEX: packet,
-                                    cv.ATTR_MODALITY: _MODALITY.get(modality, str(modality))}))
+        by_stage = emit_events(emits)
         out = []
         names, reasons, requests, rings = stt.NAMES, stt.REASONS, self.requests, self.rings
         procs: dict[int, tuple] = {}
@@ -147,6 +153,7 @@ class SpanConverter:
 
 
 # ----------------------------------------------------------------------------- OTLP/JSON
+_ERROR_STATUS = '{"code":2}'  # STATUS_CODE_ERROR
 _KEY_HEAD: dict[str, str] = {}
 _STR: dict[str, str] = {}
 
@@ -201,7 +208,7 @@ def encode_json(spans: list[OtlpSpan], resource: Callable[[tuple], dict]) -> byt
             f'"name":{_json_str(s.name)},"kind":1,'
             f'"startTimeUnixNano":"{s.start}","endTimeUnixNano":"{s.end}",'
             f'"attributes":[{_attrs(s.attrs)}],{events}'
-            f'"status":{"{" + chr(34) + "code" + chr(34) + ":2}" if s.error else "{}"},"flags":256}}')
+            f'"status":{_ERROR_STATUS if s.error else "{}"},"flags":256}}')
     scope = orjson.dumps({"name": "omnitrace.agent", "version": __version__}).decode()
     return ('{"resourceSpans":[' + ",".join(
         f'{{"resource":{{"attributes":[{_attrs(resource(proc))}]}},'

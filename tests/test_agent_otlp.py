@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 
 from omnitrace import conventions as cv

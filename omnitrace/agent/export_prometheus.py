@@ -60,11 +60,12 @@ class _Child:
     """One label set's buckets: :meth:`observe` for one value, :meth:`observe_many` for a
     feed's worth at once (the agent's MetricsView)."""
 
-    __slots__ = ("bounds", "counts", "sum", "exemplars")
+    __slots__ = ("bounds", "_bounds_np", "counts", "sum", "exemplars")
 
     def __init__(self, bounds: list) -> None:
         n = len(bounds)
         self.bounds = bounds
+        self._bounds_np = np.asarray(bounds, dtype=np.float64)
         self.counts = [0] * (n + 1)  # last = +Inf
         self.sum = 0.0
         self.exemplars: list[tuple[str, float] | None] = [None] * (n + 1)
@@ -83,7 +84,7 @@ class _Child:
         (``exemplar_of(keys[i])``, a trace id computed only for those few values)."""
         if not len(values):
             return
-        idx = np.searchsorted(self._bounds_np(), values, "left")
+        idx = np.searchsorted(self._bounds_np, values, "left")
         for i, c in enumerate(np.bincount(idx, minlength=len(self.counts)).tolist()):
             if c:
                 self.counts[i] += c
@@ -92,15 +93,6 @@ class _Child:
             buckets, rev = np.unique(idx[::-1], return_index=True)
             for b, pos in zip(buckets.tolist(), (len(idx) - 1 - rev).tolist()):
                 self.exemplars[b] = (exemplar_of(int(keys[pos])), float(values[pos]))
-
-    def _bounds_np(self) -> np.ndarray:
-        arr = _BOUNDS_NP.get(id(self.bounds))
-        if arr is None:
-            arr = _BOUNDS_NP[id(self.bounds)] = np.asarray(self.bounds, dtype=np.float64)
-        return arr
-
-
-_BOUNDS_NP: dict[int, np.ndarray] = {}
 
 
 class HistogramSet:

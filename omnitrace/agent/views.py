@@ -16,6 +16,7 @@ import numpy as np
 
 from omnitrace import conventions as cv
 from omnitrace import spantable as stt
+from omnitrace.agent import export_otlp
 from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.spantable import Feed
 
@@ -111,8 +112,6 @@ class OtlpView:
     HOLD_MAX_SPANS = 200_000  # spans held for sampling decisions; past it, oldest go unsent
 
     def __init__(self, exporters: list, converter, head_every: int = 10) -> None:
-        from omnitrace.agent import export_otlp
-        self._export_otlp = export_otlp
         self.exporters = exporters
         self.converter = converter
         self.head_every = head_every
@@ -132,7 +131,7 @@ class OtlpView:
 
     def _send(self, spans: list) -> None:
         if spans:
-            readable = [self._export_otlp.to_readable(s, self.resources) for s in spans]
+            readable = [export_otlp.to_readable(s, self.resources) for s in spans]
             for exp in self.exporters:
                 exp.submit(readable)
 

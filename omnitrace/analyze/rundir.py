@@ -333,9 +333,6 @@ def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] 
         run.warnings.append(f"{label}: {bad} malformed line(s)/span(s) skipped")
 
 
-_MODALITY = {int(v): v.name.lower() for v in cv.Modality}
-
-
 def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
                      skip: frozenset[str] = frozenset(), chunks_before_ttfp: bool = False
                      ) -> tuple[list[Span], int]:
@@ -346,12 +343,9 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     import numpy as np
 
     from omnitrace import spantable as stt
+    from omnitrace.otlp import emit_events
     names = stt.NAMES
-    by_stage: dict[tuple, list] = {}
-    for req, stage, replica, t, packet, modality in emits.tolist():
-        by_stage.setdefault((req, stage, replica), []).append(
-            (cv.EVENT_EMIT, t, {cv.ATTR_PACKET_INDEX: packet,
-                                cv.ATTR_MODALITY: _MODALITY.get(modality, str(modality))}))
+    by_stage = emit_events(emits)
     keep = np.ones(len(table), bool)
     skipped = 0
     if skip:

@@ -385,17 +385,17 @@ class Api:
                 if op == "text":
                     n_text += 1
                     data = chunk("text", item[1])
-                    t_write = time.perf_counter_ns()
+                    t_write = time.perf_counter_ns() if n_text == 1 else 0
                     await resp.write(data)
                     sent += len(data)
-                    if n_text == 1:
+                    if t_write:
                         record.emit(_EV_FIRST_TEXT, rid, _API, -1, 0, 0, t_write)
                 elif op == "audio":
                     data = chunk("audio", base64.b64encode(item[1]).decode())
-                    t_write = time.perf_counter_ns()
+                    t_write = 0 if first_audio else time.perf_counter_ns()
                     await resp.write(data)
                     sent += len(data)
-                    if not first_audio:
+                    if t_write:
                         first_audio = True
                         record.emit(_EV_FIRST_AUDIO, rid, _API, -1, 0, 0, t_write)
                 elif op == "done":
