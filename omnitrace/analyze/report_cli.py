@@ -36,15 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"omnitrace report: cannot read run directory: {e}", file=sys.stderr)
         return 2
-    if args.json == "-":
-        sys.stdout.buffer.write(orjson.dumps(rep, option=orjson.OPT_INDENT_2) + b"\n")
-    else:
-        from omnitrace.render.console import render
-        print(render(rep, limit=args.limit))
-        if args.json:
-            with open(args.json, "wb") as f:
-                f.write(orjson.dumps(rep, option=orjson.OPT_INDENT_2))
-            print(f"\nJSON report: {args.json}")
+    # files first, the console last: a reader that stops early (`| head`) loses no file
+    if args.json and args.json != "-":
+        with open(args.json, "wb") as f:
+            f.write(orjson.dumps(rep, option=orjson.OPT_INDENT_2))
     if args.html:
         from omnitrace.render.html import write_html
         try:
@@ -52,7 +47,14 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:
             print(f"omnitrace report: cannot write {args.html}: {e}", file=sys.stderr)
             return 2
-        if args.json != "-":
+    if args.json == "-":
+        sys.stdout.buffer.write(orjson.dumps(rep, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        from omnitrace.render.console import render
+        print(render(rep, limit=args.limit))
+        if args.json:
+            print(f"\nJSON report: {args.json}")
+        if args.html:
             print(f"HTML report: {args.html}")
     # No measured request attributed: the report is printed but the exit code says so.
     return 0 if rep["window"]["attributed"] else 3
