@@ -140,9 +140,15 @@ LATENCY_BUCKETS_S = (
 SIZE_BUCKETS_BYTES = tuple(float(4 ** i) for i in range(5, 15))  # 1 KiB .. 256 MiB
 DEPTH_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
+# Prometheus labels, aligned with vLLM-Omni's own metrics (``stage``, ``replica`` on stage
+# series; ``from_stage``, ``to_stage`` on transfer series) so panels can join the two.
 LABEL_STAGE = "stage"
 LABEL_REPLICA = "replica"
-LABEL_STAGE_PAIR = "stage_pair"
+LABEL_FROM_STAGE = "from_stage"
+LABEL_TO_STAGE = "to_stage"
+LABEL_CATEGORY = "category"
+LABEL_STAGE_NAME = "stage_name"
+LABEL_STATUS = "status"
 
 # --------------------------------------------------------------------------- environment
 ENV_RUN_ID = "OMNITRACE_RUN_ID"  # set by `omnitrace run`; recording is off without it

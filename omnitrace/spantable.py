@@ -200,8 +200,11 @@ class Feed:
 
     spans: np.ndarray
     emits: np.ndarray
-    # first text / first audio as they arrive: (kind, req, replica, seconds since arrival)
-    firsts: list[tuple[int, int, int, float]] = field(default_factory=list)
+    # first text / first audio as they arrive:
+    # (kind, req, replica, seconds since arrival, unix ns of the event)
+    firsts: list[tuple[int, int, int, float, int]] = field(default_factory=list)
+    arrivals: list[int] = field(default_factory=list)  # requests that arrived
+    ends: list[tuple[int, int]] = field(default_factory=list)  # (req, status) that ended
 
 
 class SpanBuilder:
@@ -245,6 +248,8 @@ class SpanBuilder:
     def feed(self, ev: np.ndarray, now: float = 0.0) -> Feed:
         """Pair ``ev`` (EVENT_DTYPE rows) with what is waiting; returns finished spans."""
         firsts: list = []
+        arrivals: list = []
+        ends: list = []
         if len(ev):
             if int(ev["ring"].max()) >= len(self._pids):
                 self._ring_arrays(int(ev["ring"].max()))
@@ -259,7 +264,7 @@ class SpanBuilder:
         by_kind = _ByKind(ev)
         small = by_kind.in_time_order((E.REQUEST_ARRIVE, E.STAGE_EMIT))
         if len(small):
-            self._request_events(small, now, firsts)
+            self._request_events(small, now, firsts, arrivals, ends)
         if len(ev) and self.reqs:
             self._seen(np.unique(ev["req"]).tolist(), now)
         parts = [self._pair_chunks(by_kind)]
@@ -270,7 +275,7 @@ class SpanBuilder:
         emits = np.array(self._emits, EMIT_DTYPE) if self._emits else np.empty(0, EMIT_DTYPE)
         self._emits = []
         self._count(spans)
-        return Feed(spans, emits, firsts)
+        return Feed(spans, emits, firsts, arrivals, ends)
 
     def _count(self, spans: np.ndarray) -> None:
         self.spans_built += len(spans)
@@ -287,7 +292,8 @@ class SpanBuilder:
         np.maximum.at(self.last_t, ev["req"].astype(np.int64), ev["t"])
 
     # ------------------------------------------------------------------ requests, stages
-    def _request_events(self, ev: np.ndarray, now: float, firsts: list) -> None:
+    def _request_events(self, ev: np.ndarray, now: float, firsts: list, arrivals: list,
+                        ends: list) -> None:
         reqs = self.reqs
         replicas = self._replicas
         for t, a, req, _chunk, kind, stage, b, ring in ev.tolist():
@@ -320,18 +326,22 @@ class SpanBuilder:
                 continue
             st.ring, st.replica = ring, int(replicas[ring])
             if kind == E.REQUEST_ARRIVE:
+                if st.arrive is None:
+                    arrivals.append(req)
                 st.arrive, st.prompt, st.max_tokens = t, a, b
             elif kind == E.REQUEST_FIRST_TEXT:
                 if st.first_text is None:
                     st.first_text = t
                     if st.arrive is not None:
-                        firsts.append((kind, req, st.replica, (t - st.arrive) / 1e9))
+                        firsts.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
             elif kind == E.REQUEST_FIRST_AUDIO:
                 if st.first_audio is None:
                     st.first_audio = t
                     if st.arrive is not None:
-                        firsts.append((kind, req, st.replica, (t - st.arrive) / 1e9))
+                        firsts.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
             elif kind == E.REQUEST_END:
+                if st.end is None:
+                    ends.append((req, a))
                 st.end, st.status = t, a
                 self._request_row(req, st, R_NONE)
                 if self._complete(st):

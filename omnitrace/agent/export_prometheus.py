@@ -25,7 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from omnitrace import conventions as cv
 
-LABELS = (cv.LABEL_STAGE, cv.LABEL_REPLICA, cv.LABEL_STAGE_PAIR)
+LABELS = (cv.LABEL_STAGE, cv.LABEL_REPLICA, cv.LABEL_FROM_STAGE, cv.LABEL_TO_STAGE)
 
 # conventions name -> (prometheus name, help, buckets, otlp unit)
 HISTOGRAMS: dict[str, tuple[str, str, tuple, str]] = {
@@ -157,6 +157,35 @@ class Metrics:
                                     ("exporter", "outcome"), registry=self.registry)
         self.queue = Gauge("omnitrace_agent_open_requests", "Requests the agent holds state for.",
                            registry=self.registry)
+        r = self.registry
+        # live views of the requests (agent.views.RequestView, AttributionView)
+        self.attribution = Counter(
+            "omnitrace_ttfp_attribution_seconds",
+            "TTFP of attributed requests, by the stage and category on their critical path "
+            "(stage -1 = API server); divide by omnitrace_requests_attributed_total for the mean.",
+            (cv.LABEL_STAGE, cv.LABEL_CATEGORY), registry=r)
+        self.attributed = Counter("omnitrace_requests_attributed",
+                                  "Requests whose TTFP was attributed.", registry=r)
+        self.hol = Counter("omnitrace_head_of_line_blocked_seconds",
+                           "Time on requests' critical paths spent in a stage's FIFO behind "
+                           "other requests' tasks.", (cv.LABEL_STAGE,), registry=r)
+        self.started = Counter("omnitrace_requests_started", "Requests that arrived at the API server.",
+                               registry=r)
+        self.finished = Counter("omnitrace_requests_finished", "Requests that ended, by status.",
+                                (cv.LABEL_STATUS,), registry=r)
+        self.in_flight = Gauge("omnitrace_requests_in_flight", "Requests arrived and not yet ended.",
+                               registry=r)
+        self.stage_info = Gauge("omnitrace_stage_info",
+                                "1 per stage process: its stage id, replica and name (for joins).",
+                                (cv.LABEL_STAGE, cv.LABEL_REPLICA, cv.LABEL_STAGE_NAME), registry=r)
+        self.lag = Gauge("omnitrace_agent_lag_seconds",
+                         "How long recorded events have waited for the live views.", registry=r)
+        self.skipped = Counter("omnitrace_agent_view_events_skipped",
+                               "Events recorded but not seen by the live views (they fell behind "
+                               "or failed).", registry=r)
+        self.sampled_out = Counter("omnitrace_agent_spans_sampled_out",
+                                   "Spans not exported live because tail sampling left them out.",
+                                   registry=r)
         self.server = None
         self.port = 0
 
@@ -224,7 +253,9 @@ class Metrics:
                 metric.sum.is_monotonic = True
                 for s in family.samples:
                     if s.name.endswith("_total"):
+                        value = ({"as_double": float(s.value)} if family.name.endswith("_seconds")
+                                 else {"as_int": int(s.value)})
                         dp = metric.sum.data_points.add(start_time_unix_nano=start_ns,
-                                                        time_unix_nano=now_ns, as_int=int(s.value))
+                                                        time_unix_nano=now_ns, **value)
                         dp.attributes.extend(kv(k, v) for k, v in s.labels.items())
         return req

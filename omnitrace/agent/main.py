@@ -42,6 +42,7 @@ from omnitrace.agent.collect import Collector, RingSource
 from omnitrace.agent.config import AgentConfig
 from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.agent.rundir import RunDir
+from omnitrace.agent.attribution_view import AttributionView, RequestView
 from omnitrace.agent.views import MetricsView, OtlpView, View
 from omnitrace.otlp import SpanConverter
 from omnitrace.spantable import SpanBuilder
@@ -76,7 +77,9 @@ class Agent:
         self.rings: dict[int, dict] = {}  # ring index -> description (as in the event log)
         self.builder = SpanBuilder(self.rings)
         self.metrics = Metrics()
-        self.views: list[View] = [MetricsView(self.metrics, self.requests.strings)]
+        self.views: list[View] = [MetricsView(self.metrics, self.requests.strings),
+                                  RequestView(self.metrics),
+                                  AttributionView(self.metrics, self.requests.strings, self.rings)]
         self.exporters: list[export_otlp.QueuedExporter] = []
         self.metric_pushers: list[export_otlp.MetricsPusher] = []
         self.processes: dict[int, dict] = {}
@@ -307,6 +310,9 @@ class Agent:
             if isinstance(item, dict):  # ring description
                 self.rings[idx] = item
                 self.builder.ring_changed()
+                if item.get("role") == "stage":
+                    self.metrics.stage_info.labels(str(item.get("stage")), str(item.get("replica", 0)),
+                                                   item.get("process") or "").set(1)
                 continue
             parts.append(eventlog.to_events(item, idx, self.collector.offset_ns))
             n += len(item)
@@ -319,6 +325,7 @@ class Agent:
             self._oldest_pending = time.monotonic()
         if parts:
             backlog = time.monotonic() - self._oldest_pending if self.pending_events else 0.0
+            self.metrics.lag.set(backlog)
             self.max_view_backlog_s = max(self.max_view_backlog_s, backlog)
             self.max_view_backlog_events = max(self.max_view_backlog_events, n + self.pending_events)
             ev = np.concatenate(parts) if len(parts) > 1 else parts[0]
@@ -387,6 +394,14 @@ class Agent:
         self.rundir.write_agent(c)
 
     def _export_counters(self, c: dict) -> None:
+        """Counters kept as plain ints by other threads and views -> Prometheus counters."""
+        for counter, key, value in ((self.metrics.skipped, "skipped", self.view_events_skipped),
+                                    (self.metrics.sampled_out, "sampled_out",
+                                     c["views"].get("spans_not_exported", 0))):
+            prev = self._last_export_counts.get((key, ""), 0)
+            if value > prev:
+                counter.inc(value - prev)
+                self._last_export_counts[(key, "")] = value
         for kind, vals in c["exporters"].items():
             for outcome in ("exported", "failed", "dropped"):
                 key = (kind, outcome)

@@ -74,8 +74,8 @@ class MetricsView:
                 rows = spans[key == k]
                 name, stage, peer, replica = (k >> 48, ((k >> 32) & 0xFFFF) - 1,
                                               ((k >> 16) & 0xFFFF) - 1, k & 0xFFFF)
-                pair = cv.stage_pair(stage, peer) if name in _PRODUCER else cv.stage_pair(peer, stage)
-                labels = (str(stage), str(replica), pair)
+                src, dst = (stage, peer) if name in _PRODUCER else (peer, stage)
+                labels = (str(stage), str(replica), str(src), str(dst))
                 for metric, col, scale, exemplar in _CHUNK_METRICS[name]:
                     if col is None:
                         values = (rows["end"] - rows["start"]) * scale
@@ -86,9 +86,9 @@ class MetricsView:
                     self.metrics.hist.child(metric, labels).observe_many(
                         values.astype(np.float64), self.trace_hex if exemplar else None,
                         rows["req"] if exemplar else None)
-        for kind, req, replica, seconds in feed.firsts:
+        for kind, req, replica, seconds, _t in feed.firsts:
             metric = cv.METRIC_TTFP if kind == cv.Ev.REQUEST_FIRST_AUDIO else cv.METRIC_TTFT
-            self.metrics.hist.observe(metric, seconds, (str(cv.API_STAGE), str(replica), ""),
+            self.metrics.hist.observe(metric, seconds, (str(cv.API_STAGE), str(replica), "", ""),
                                       self.trace_hex(req))
 
     def close(self, deadline_s: float) -> None:

@@ -1,0 +1,141 @@
+"""Live TTFP attribution and request counts: the views a load-test dashboard reads.
+
+:class:`AttributionView` holds each open request's spans from its arrival until its
+``omni.request`` span is built (it ended), then runs the report's own critical-path walk
+(:func:`omnitrace.analyze.attribution.attribute`) on exactly the rows the report would
+use (chunk spans that began before the first audio packet; ``spans_from_table`` with
+``chunks_before_ttfp``) and adds the result to
+``omnitrace_ttfp_attribution_seconds_total{stage,category}``. So a panel shows, while the
+load runs, the same per-category sums ``omnitrace report`` prints afterwards.
+
+What it holds is bounded by the requests in flight: chunk spans that begin after a
+request's first packet are dropped as they arrive (attribution never walks them), rows of
+requests it did not see arrive are never held, and a request is released
+:attr:`SETTLE_S` after its root span (so a stage span drained a moment later still counts).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from omnitrace import conventions as cv
+from omnitrace import spantable as stt
+from omnitrace.agent.export_prometheus import Metrics
+from omnitrace.analyze import attribution as at
+from omnitrace.analyze.rundir import spans_from_table
+from omnitrace.spantable import Feed
+
+_STATUS = {int(s): s.name.lower() for s in cv.Status}
+
+
+class RequestView:
+    """Requests started, finished (by status) and in flight."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.open: set[int] = set()
+
+    def feed(self, feed: Feed) -> None:
+        if feed.arrivals:
+            self.metrics.started.inc(len(feed.arrivals))
+            self.open.update(feed.arrivals)
+        for req, status in feed.ends:
+            self.metrics.finished.labels(_STATUS.get(status, str(status))).inc()
+            self.open.discard(req)
+        if len(feed.spans):  # requests the builder gave up on (timeouts) are not in flight
+            roots = feed.spans["req"][feed.spans["name"] == stt.N_REQUEST]
+            if len(roots):
+                self.open.difference_update(roots.tolist())
+        self.metrics.in_flight.set(len(self.open))
+
+    def close(self, deadline_s: float) -> None:
+        pass
+
+    def counters(self) -> dict:
+        return {}
+
+
+class AttributionView:
+    SETTLE_S = 1.0
+
+    def __init__(self, metrics: Metrics, requests: list[str], rings: dict[int, dict]) -> None:
+        self.metrics = metrics
+        self.requests = requests
+        self.rings = rings
+        self.arrived: set[int] = set()
+        self.ttfp: dict[int, int] = {}  # req -> unix ns of its first audio packet
+        self.held: list[np.ndarray] = []
+        self.emits: list[np.ndarray] = []
+        self.ended: dict[int, float] = {}  # req -> monotonic time its root span was seen
+        self.attributed = 0
+        self.not_attributed = 0  # ended without a first packet, or the walk found no path
+
+    def feed(self, feed: Feed) -> None:
+        self.arrived.update(feed.arrivals)
+        for kind, req, _replica, _s, t in feed.firsts:
+            if kind == cv.Ev.REQUEST_FIRST_AUDIO:
+                self.ttfp[req] = t
+        spans = feed.spans
+        if len(spans) and self.arrived:
+            reqs = spans["req"].astype(np.int64)
+            keep = np.isin(reqs, np.fromiter(self.arrived, np.int64, len(self.arrived)))
+            chunk = spans["name"] >= stt.N_SNAPSHOT
+            if chunk.any() and self.ttfp:
+                limit = np.array([self.ttfp.get(r, np.iinfo(np.int64).max) for r in reqs.tolist()],
+                                 np.int64)
+                keep &= ~chunk | (spans["start"] <= limit)
+            if keep.any():
+                self.held.append(spans[keep])
+            roots = spans[(spans["name"] == stt.N_REQUEST) & keep]
+            now = time.monotonic()
+            for req in roots["req"].tolist():
+                self.ended.setdefault(req, now)
+        if len(feed.emits):
+            self.emits.append(feed.emits)
+        due = [r for r, t in self.ended.items() if time.monotonic() - t >= self.SETTLE_S]
+        if due:
+            self._attribute(due)
+
+    def _attribute(self, reqs: list[int]) -> None:
+        table = (np.concatenate(self.held) if len(self.held) > 1 else
+                 self.held[0] if self.held else np.zeros(0, stt.SPAN_DTYPE))
+        emits = (np.concatenate(self.emits) if len(self.emits) > 1 else
+                 self.emits[0] if self.emits else np.empty(0, stt.EMIT_DTYPE))
+        ids = np.asarray(reqs, np.int64)
+        mine = np.isin(table["req"], ids)
+        mine_e = np.isin(emits["req"], ids)
+        self.held = [table[~mine]] if (~mine).any() else []
+        self.emits = [emits[~mine_e]] if (~mine_e).any() else []
+        spans, _ = spans_from_table(table[mine], emits[mine_e], self.requests, self.rings,
+                                    chunks_before_ttfp=True)
+        totals: dict[tuple[int, str], int] = {}
+        hol: dict[int, int] = {}
+        for r in at.index_requests(spans).values():
+            a = at.attribute(r)
+            if a is None:
+                self.not_attributed += 1
+                continue
+            self.attributed += 1
+            self.metrics.attributed.inc()
+            for key, ns in a.totals().items():
+                totals[key] = totals.get(key, 0) + ns
+                if key[1] == at.FIFO_BLOCKED:
+                    hol[key[0]] = hol.get(key[0], 0) + ns
+        for (stage, cat), ns in totals.items():
+            self.metrics.attribution.labels(str(stage), cat).inc(ns / 1e9)
+        for stage, ns in hol.items():
+            self.metrics.hol.labels(str(stage)).inc(ns / 1e9)
+        for r in reqs:
+            self.ended.pop(r, None)
+            self.ttfp.pop(r, None)
+            self.arrived.discard(r)
+
+    def close(self, deadline_s: float) -> None:
+        if self.ended:
+            self._attribute(list(self.ended))
+
+    def counters(self) -> dict:
+        return {"requests_attributed": self.attributed,
+                "requests_not_attributed": self.not_attributed,
+                "attribution_requests_held": len(self.arrived)}

@@ -1,0 +1,87 @@
+"""Live TTFP attribution (the agent's counters) agrees with the report's walk over the
+run's record, and the live request counters agree with the bench.
+
+Real reference pipeline under real load (`omnitrace run` around serve_and_bench); the
+agent's final metrics message (metrics.jsonl, the same registry Prometheus scrapes) is
+compared with `analyze.attribution` run on the event log afterwards.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from omnitrace.analyze import attribution as at
+from omnitrace.analyze.rundir import load_run
+from report_util import run_pipeline
+
+N = 12
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("live") / "run")
+    run_pipeline(d, ["--concurrency", "6", "--num-prompts", str(N), "--input-len", "300",
+                     "--output-len", "24", "--seed", "3"], serve_args="--snapshot recursive")
+    return d
+
+
+def _final_metrics(run_dir: str) -> dict[str, list[dict]]:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        last = json.loads(f.read().splitlines()[-1])
+    out: dict[str, list[dict]] = {}
+    for rm in last["resourceMetrics"]:
+        for sm in rm["scopeMetrics"]:
+            for m in sm["metrics"]:
+                if "sum" in m:
+                    out[m["name"]] = m["sum"].get("dataPoints", [])
+    return out
+
+
+def _labels(dp: dict) -> dict:
+    return {a["key"]: next(iter(a["value"].values())) for a in dp.get("attributes", [])}
+
+
+def test_live_attribution_equals_report_walk(run_dir):
+    metrics = _final_metrics(run_dir)
+    live: dict[tuple[str, str], float] = {}
+    for dp in metrics["omnitrace.ttfp.attribution.seconds"]:
+        lab = _labels(dp)
+        live[(lab["stage"], lab["category"])] = float(dp["asDouble"])
+    attributed = int(metrics["omnitrace.requests.attributed"][0]["asInt"])
+
+    run = load_run([run_dir], skip_warmup=False)
+    offline: dict[tuple[str, str], float] = {}
+    n = 0
+    for r in at.index_requests(run.spans).values():
+        a = at.attribute(r)
+        if a is None:
+            continue
+        n += 1
+        for (stage, cat), ns in a.totals().items():
+            offline[(str(stage), cat)] = offline.get((str(stage), cat), 0.0) + ns / 1e9
+    # every request of the run (warm-up included) was attributed live and offline
+    assert n >= N and attributed == n
+    assert set(live) == set(offline)
+    total = sum(offline.values())
+    for key, v in offline.items():
+        assert abs(live[key] - v) <= 0.01 * max(v, 1e-9) + 1e-9, (key, live[key], v)
+    assert abs(sum(live.values()) - total) <= 0.01 * total
+    # head-of-line counter = the fifo_blocked category, per stage
+    hol = {_labels(dp)["stage"]: float(dp["asDouble"])
+           for dp in metrics.get("omnitrace.head.of.line.blocked.seconds", [])}
+    for (stage, cat), v in offline.items():
+        if cat == at.FIFO_BLOCKED:
+            assert abs(hol.get(stage, 0.0) - v) <= 0.01 * v + 1e-9
+
+
+def test_live_request_counters(run_dir):
+    metrics = _final_metrics(run_dir)
+    started = int(metrics["omnitrace.requests.started"][0]["asInt"])
+    finished = {_labels(dp)["status"]: int(dp["asInt"]) for dp in metrics["omnitrace.requests.finished"]}
+    with open(os.path.join(run_dir, "bench.json")) as f:
+        bench = json.load(f)
+    sent = len(bench["requests"])  # measured and warm-up requests, all served
+    assert started == sent
+    assert finished == {"ok": sent}
