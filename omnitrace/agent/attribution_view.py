@@ -82,8 +82,12 @@ class AttributionView:
             keep = np.isin(reqs, np.fromiter(self.arrived, np.int64, len(self.arrived)))
             chunk = spans["name"] >= stt.N_SNAPSHOT
             if chunk.any() and self.ttfp:
-                limit = np.array([self.ttfp.get(r, np.iinfo(np.int64).max) for r in reqs.tolist()],
-                                 np.int64)
+                known = np.fromiter(self.ttfp, np.int64, len(self.ttfp))
+                order = np.argsort(known)
+                known, at_ns = known[order], np.fromiter(self.ttfp.values(), np.int64,
+                                                         len(self.ttfp))[order]
+                pos = np.minimum(np.searchsorted(known, reqs), len(known) - 1)
+                limit = np.where(known[pos] == reqs, at_ns[pos], np.iinfo(np.int64).max)
                 keep &= ~chunk | (spans["start"] <= limit)
             if keep.any():
                 self.held.append(spans[keep])
