@@ -25,6 +25,10 @@ class Ev(IntEnum):
     REQUEST_FIRST_TEXT = 12
     REQUEST_FIRST_AUDIO = 13  # first audio packet written to the client
     REQUEST_END = 14  # a = status (Status), b = bytes sent to the client
+    # API marks that split the API's share of TTFP (analyze.attribution categories)
+    REQUEST_PARSED = 15  # body read and validated (REQUEST_ARRIVE is stamped at handler entry)
+    PACKET_RECEIVED = 16  # the first audio packet left the stage pipe (API reader thread)
+    PACKET_RESUMED = 17  # the request's stream handler resumed with its first audio packet
 
     # stage scheduler thread (per request)
     STAGE_ADD = 20  # request reached the stage's waiting queue; a = waiting depth
@@ -90,6 +94,14 @@ SPAN_WAIT_SCHEDULE = "omni.chunk.wait_schedule"  # ready -> scheduled on the con
 EVENT_TTFT = "omni.ttft"
 EVENT_TTFP = "omni.ttfp"
 EVENT_EMIT = "omni.emit"
+# API marks, events of omni.request (see Ev.REQUEST_PARSED ...), by event kind
+EVENT_API_PARSED = "omni.api.parsed"
+EVENT_API_DISPATCHED = "omni.api.dispatched"
+EVENT_API_PACKET_RECEIVED = "omni.api.packet_received"
+EVENT_API_PACKET_RESUMED = "omni.api.packet_resumed"
+API_MARKS = {int(Ev.REQUEST_PARSED): EVENT_API_PARSED, int(Ev.REQUEST_DISPATCH): EVENT_API_DISPATCHED,
+             int(Ev.PACKET_RECEIVED): EVENT_API_PACKET_RECEIVED,
+             int(Ev.PACKET_RESUMED): EVENT_API_PACKET_RESUMED}
 
 # --------------------------------------------------------------------------- attributes
 ATTR_REQUEST_ID = "omni.request.id"
@@ -115,7 +127,7 @@ ATTR_PACKET_INDEX = "omni.packet.index"  # on omni.emit span events
 ATTR_MODALITY = "omni.modality"  # on omni.emit span events: text | audio
 ATTR_ROLE = "omni.role"  # resource attribute: api | stage | bench | other
 ATTR_INCOMPLETE = "omni.incomplete"  # span closed by the agent without its end event
-ATTR_INCOMPLETE_REASON = "omni.incomplete.reason"  # writer-died | run-ended | timeout
+ATTR_INCOMPLETE_REASON = "omni.incomplete.reason"  # writer-died | run-ended | timeout | consumer-never-scheduled
 
 SERVICE_NAME = "omnitrace"
 

@@ -55,9 +55,14 @@ def resource_attrs(run_id: str, proc: tuple) -> dict:
 
 
 def emit_events(emits: np.ndarray) -> dict[tuple[int, int, int], list]:
-    """``omni.emit`` span events of stage spans, by (request, stage, replica)."""
+    """``omni.emit`` span events of stage spans and the API marks of request spans (stage
+    ``API_STAGE``), by (request, stage, replica)."""
     by_stage: dict[tuple[int, int, int], list] = {}
     for req, stage, replica, t, packet, modality in emits.tolist():
+        if modality == -1:  # an API mark of the request span: packet is its event kind
+            by_stage.setdefault((req, stage, replica), []).append(
+                (cv.API_MARKS.get(packet, f"omni.api.{packet}"), t, {}))
+            continue
         by_stage.setdefault((req, stage, replica), []).append(
             (cv.EVENT_EMIT, t, {cv.ATTR_PACKET_INDEX: packet,
                                 cv.ATTR_MODALITY: _MODALITY.get(modality, str(modality))}))
@@ -110,6 +115,7 @@ class SpanConverter:
                     events.append((cv.EVENT_TTFT, t1, {}))
                 if t2:
                     events.append((cv.EVENT_TTFP, t2, {}))
+                events.extend(by_stage.get((req, cv.API_STAGE, replica), ()))
                 sid, parent = cv.span_id_for(rid, cv.SPAN_REQUEST), None
             elif name == stt.N_STAGE or name == stt.N_QUEUE:
                 attrs = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage,

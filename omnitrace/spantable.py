@@ -3,7 +3,8 @@ export, `omnitrace export` and `omnitrace report` all use :class:`SpanBuilder`).
 
 Input: ``eventlog.EVENT_DTYPE`` rows (any number of rings, any cut of time) fed in
 order of arrival; output: a :data:`SPAN_DTYPE` table per feed, one row per finished span,
-and the ``omni.emit`` events of finished stage spans (:data:`EMIT_DTYPE`). Nothing here
+and the ``omni.emit`` events of finished stage spans (:data:`EMIT_DTYPE`; rows of stage
+``API_STAGE`` are the request span's API marks, ``conventions.API_MARKS``). Nothing here
 builds a Python object per chunk event: chunk pairs are matched with sorts and binary
 searches over integer keys; only request and stage events (a few per request per stage,
 plus one emit per output packet) go through a Python loop.
@@ -53,8 +54,9 @@ NAMES = (cv.SPAN_REQUEST, cv.SPAN_STAGE, cv.SPAN_STAGE_QUEUE, cv.SPAN_SNAPSHOT, 
 CHUNK_NAMES = frozenset((N_SNAPSHOT, N_FIFO, N_PROCESS, N_PUT, N_GET, N_POLL, N_WAIT))
 
 # incomplete-span reasons (``reason`` column); 0 = complete
-REASONS = ("", "writer-died", "run-ended", "unfinished", "timeout")
-R_NONE, R_WRITER_DIED, R_RUN_ENDED, R_UNFINISHED, R_TIMEOUT = range(len(REASONS))
+REASONS = ("", "writer-died", "run-ended", "unfinished", "timeout", "consumer-never-scheduled")
+(R_NONE, R_WRITER_DIED, R_RUN_ENDED, R_UNFINISHED, R_TIMEOUT,
+ R_NEVER_SCHEDULED) = range(len(REASONS))
 
 # One finished span. v1/v2 by name: request: prompt tokens, max tokens (-1 = unknown);
 # snapshot: strategy; fifo: ahead, blocked_ns; process/put/get:
@@ -77,7 +79,8 @@ _PAIRS = ((N_SNAPSHOT, E.SNAPSHOT_BEGIN, E.SNAPSHOT_END),
           (N_PUT, E.PUT_BEGIN, E.PUT_END),
           (N_GET, E.GET_BEGIN, E.GET_END),
           (N_WAIT, E.CHUNK_READY, E.CHUNK_SCHEDULED))
-_REQUEST_KINDS = (E.REQUEST_ARRIVE, E.REQUEST_DISPATCH, E.REQUEST_FIRST_TEXT,
+_MARK_KINDS = frozenset(cv.API_MARKS)  # API marks: request-span events, via the emit rows
+_REQUEST_KINDS = (*(E(k) for k in sorted(_MARK_KINDS)), E.REQUEST_ARRIVE, E.REQUEST_FIRST_TEXT,
                   E.REQUEST_FIRST_AUDIO, E.REQUEST_END)
 _STAGE_KINDS = (E.STAGE_ADD, E.STAGE_SCHEDULE, E.STAGE_FINISH, E.STAGE_EMIT)
 _CHUNK_KINDS = tuple(k for _, b, e in _PAIRS for k in (b, e))
@@ -180,7 +183,8 @@ class _Stage:
 
 class _Req:
     __slots__ = ("arrive", "end", "first_text", "first_audio", "prompt", "max_tokens",
-                 "status", "ring", "replica", "stages", "done", "complete_at", "last_seen")
+                 "status", "ring", "replica", "stages", "done", "complete_at", "last_seen",
+                 "marks")
 
     def __init__(self) -> None:
         self.arrive = self.end = self.first_text = self.first_audio = None
@@ -192,6 +196,7 @@ class _Req:
         self.done = False
         self.complete_at: float | None = None
         self.last_seen = 0.0
+        self.marks: list[tuple[int, int]] = []  # (t, kind) of API marks
 
 
 @dataclass
@@ -346,7 +351,8 @@ class SpanBuilder:
                 self._request_row(req, st, R_NONE)
                 if self._complete(st):
                     st.complete_at = now
-            # REQUEST_DISPATCH: kept in the event log only; the stage span shows the hand-off
+            elif kind in _MARK_KINDS:
+                st.marks.append((t, kind))
 
     def _seen(self, reqs: list[int], now: float) -> None:
         """Any event of a request keeps it alive; one after its END re-checks whether it
@@ -378,6 +384,9 @@ class SpanBuilder:
                            st.status, cv.API_STAGE, -2, st.replica, req, -1, st.ring, start, max(end, start),
                            st.prompt, st.max_tokens, st.first_text or 0, st.first_audio or 0,
                            0, 0, 0))
+        # API marks travel as emit rows of stage API_STAGE: packet = event kind, modality -1
+        self._emits.extend((req, cv.API_STAGE, st.replica, t, k, -1) for t, k in st.marks)
+        st.marks = []
 
     def _queue_row(self, req: int, stage: int, replica: int, sg: _Stage, reason: int) -> None:
         if sg.queue_done or (sg.add is None and (reason == R_NONE or sg.sched is None)):
@@ -644,6 +653,8 @@ class SpanBuilder:
         reason = codes[np.minimum(ev["req"].astype(np.int64), len(codes) - 1)]
         dead = np.isin(self._pids[ev["ring"]], np.fromiter(self.dead_pids, np.int64))
         rows["reason"] = np.where(dead, R_WRITER_DIED, reason)
+        if name == N_WAIT and begun:  # ready, never taken into a step: nobody died
+            rows["reason"] = R_NEVER_SCHEDULED
         return rows
 
     def open_requests(self) -> int:

@@ -145,7 +145,7 @@ class _Req:
     __slots__ = ("id", "trace_id", "root_id", "arrive", "end", "first_text", "first_audio",
                  "prompt_tokens", "max_tokens", "status", "api_proc", "api_replica",
                  "stages", "prod", "put_end", "get_begin", "occ", "cons", "trace_hex", "last_wall", "last_mono", "complete_at", "done",
-                 "sids", "hashers", "rid_text")
+                 "sids", "hashers", "rid_text", "marks")
 
     def __init__(self, rid: str) -> None:
         self.id = rid
@@ -153,6 +153,7 @@ class _Req:
         self.trace_hex = f"{self.trace_id:032x}"  # exemplar label, formatted once
         self.rid_text: str | None = None  # request-id attribute as OTLP/JSON, on first chunk span
         self.root_id = cv.span_id_for(rid, cv.SPAN_REQUEST)
+        self.marks: list = []  # API marks (conventions.API_MARKS): request-span events
         self.arrive = self.end = self.first_text = self.first_audio = None
         self.prompt_tokens = self.max_tokens = None
         self.status = 0
@@ -362,7 +363,7 @@ class Assembler:
                 self._consumer(st, kind, stage, chunk, a, b, wall, proc, replica)
             elif _STAGE_ADD <= kind <= _STAGE_EMIT:
                 self._stage(st, kind, stage, a, b, wall, proc, replica, proc_name)
-            elif _REQUEST_ARRIVE <= kind <= _REQUEST_END:
+            elif _REQUEST_ARRIVE <= kind <= _REQUEST_END or kind in cv.API_MARKS:
                 self._request(st, kind, a, b, wall, proc, replica)
             else:
                 self.unknown_events += 1
@@ -391,7 +392,8 @@ class Assembler:
         elif kind == _REQUEST_END:
             st.end, st.status = wall, a
             self._emit_request(st, None)
-        # REQUEST_DISPATCH: kept in the events only; the stage span shows the hand-off
+        elif kind in cv.API_MARKS:
+            st.marks.append((cv.API_MARKS[kind], wall, {}))
 
     def _emit_request(self, st: _Req, reason: str | None) -> None:
         if st.done or (st.arrive is None and reason is None):
@@ -409,6 +411,7 @@ class Assembler:
             events.append((cv.EVENT_TTFT, st.first_text, {}))
         if st.first_audio is not None:
             events.append((cv.EVENT_TTFP, st.first_audio, {}))
+        events.extend(st.marks)
         self._span(cv.SPAN_REQUEST, st, st.root_id, None, start, end, attrs,
                    st.api_proc or (0, "api", cv.API_STAGE, 0, ""), events,
                    error=st.status != cv.Status.OK, reason=reason)
@@ -655,6 +658,8 @@ class Assembler:
         attrs = self._chunk_attrs(st, stage, peer, chunk, ch.replica)
         attrs[cv.ATTR_STAGE_PAIR] = pair
         complete = reason is None
+        if name == cv.SPAN_WAIT_SCHEDULE and b0 is not None and e0 is None and reason is not None:
+            reason = "consumer-never-scheduled"  # ready, never taken into a step
         if name == cv.SPAN_FIFO:
             if b0 is not None:
                 attrs[cv.ATTR_FIFO_AHEAD] = b0[1]
@@ -711,7 +716,8 @@ class Assembler:
               reason: str | None = None) -> None:
         if reason is not None:
             attrs[cv.ATTR_INCOMPLETE] = True
-            attrs[cv.ATTR_INCOMPLETE_REASON] = "writer-died" if proc[0] in self.dead_pids else reason
+            attrs[cv.ATTR_INCOMPLETE_REASON] = ("writer-died" if proc[0] in self.dead_pids
+                                                and reason != "consumer-never-scheduled" else reason)
             self.incomplete_spans += 1
         self.spans_built += 1
         self.on_span(Span(name, st.trace_id, sid, parent, start, end, attrs, proc, events, error))

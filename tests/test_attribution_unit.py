@@ -12,7 +12,7 @@ from omnitrace.analyze.rundir import load_run
 from otlp_fixture import US, line, three_stage_request, write_run
 
 EXPECTED_US = {
-    (-1, "remainder"): 110,  # 10 dispatch + 100 delivery
+    (-1, "dispatch"): 10, (-1, "deliver"): 100,  # no API marks in this trace: not split further
     (0, "queue"): 10, (0, "compute"): 80, (0, "snapshot"): 10, (0, "fifo_blocked"): 30,
     (0, "fifo_own"): 10, (0, "process"): 10, (0, "put"): 10,
     (1, "poll_lag"): 5, (1, "get"): 5, (1, "wait_schedule"): 20, (1, "compute"): 100,

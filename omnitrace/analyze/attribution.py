@@ -3,8 +3,9 @@
 Rule (the analytical core; also in docs/bench-and-report.md). For one request, from its
 `omni.request` start (arrival, A) to its `omni.ttfp` event (T), walk BACKWARD:
 
-1. T <- the first audio `omni.emit` of the last stage (E): [E, T] is `remainder`
-   (stage -> API delivery), charged to the API.
+1. T <- the first audio `omni.emit` of the last stage (E): [E, T] is the API's delivery,
+   split by the request span's API marks into `deliver` (E -> the packet left the stage
+   pipe), `loop_lag` (-> the stream handler resumed with it) and `sse_write` (-> T).
 2. In the emitting stage S, the step that produced the output at time t started computing
    when S had the input it needed. The gating input is **the latest input chunk whose
    `omni.chunk.wait_schedule` ended (chunk taken into a step) at or before t** for this
@@ -17,8 +18,8 @@ Rule (the analytical core; also in docs/bench-and-report.md). For one request, f
    split into `fifo_blocked` (= omni.fifo.blocked_ns, capped at the residence) and
    `fifo_own` (the rest), P `snapshot`. Then t = P's snapshot begin and S = P; go to 2.
 4. A stage with no input chunk before t (stage 0): [scheduled, t] is `compute`, its
-   `omni.stage.queue` (add -> scheduled) is `queue`, and [A, add] is `remainder`
-   (API -> stage dispatch), charged to the API.
+   `omni.stage.queue` (add -> scheduled) is `queue`, and [A, add] is the API's `parse`
+   (A -> body parsed) and `dispatch` (-> the first stage's scheduler has it).
 
 The intervals tile [A, T]: a span that overlaps the part already walked is clamped to it,
 and any gap between consecutive spans becomes an explicit `remainder` of the stage whose
@@ -32,6 +33,8 @@ from typing import Iterable
 from omnitrace import conventions as cv
 from omnitrace.analyze.rundir import Span
 
+PARSE = "parse"
+DISPATCH = "dispatch"
 QUEUE = "queue"
 COMPUTE = "compute"
 SNAPSHOT = "snapshot"
@@ -42,10 +45,34 @@ PUT = "put"
 POLL_LAG = "poll_lag"
 GET = "get"
 WAIT_SCHEDULE = "wait_schedule"
+DELIVER = "deliver"
+LOOP_LAG = "loop_lag"
+SSE_WRITE = "sse_write"
 REMAINDER = "remainder"
-# Path order (arrival -> first packet within one stage hop), used for stable display.
-CATEGORIES = (QUEUE, WAIT_SCHEDULE, COMPUTE, SNAPSHOT, FIFO_BLOCKED, FIFO_OWN, PROCESS, PUT,
-              POLL_LAG, GET, REMAINDER)
+# THE category list, in path order (arrival -> first packet), with the one-line meaning
+# every output shows next to it (report --json `categories`, console legend, HTML hover).
+DESCRIPTIONS = {
+    PARSE: "API: reading and validating the request body (arrival -> parsed)",
+    DISPATCH: "API -> first stage: handing the request over until the stage's scheduler has it",
+    QUEUE: "waiting in the stage scheduler's queue before admission into a batch",
+    WAIT_SCHEDULE: "input chunk received, waiting for the consumer's scheduler to take it into a step",
+    COMPUTE: "the stage computing: from its gating input taken into a step to the output it made",
+    SNAPSHOT: "copying the live request for the async chunk (save_async snapshot)",
+    FIFO_BLOCKED: "chunk task in the producer's FIFO while the sender worked on OTHER requests' "
+                  "tasks (head-of-line blocking)",
+    FIFO_OWN: "rest of the FIFO residence: the sender busy with this request's tasks, waiting for "
+              "the GIL or waking up",
+    PROCESS: "the sender building the chunk payload",
+    PUT: "writing the chunk to shared memory",
+    POLL_LAG: "from the producer's put end until the consumer's receiver poll found the chunk",
+    GET: "the consumer's receiver reading the chunk from shared memory",
+    DELIVER: "stage -> API: the emitted packet crossing the process pipe to the API server",
+    LOOP_LAG: "API event loop busy: the packet waited for the loop to run its callback and "
+              "resume the stream",
+    SSE_WRITE: "API: encoding the packet (base64 WAV in JSON) and handing it to the socket",
+    REMAINDER: "time between recorded spans that no hook covers (should be near 0)",
+}
+CATEGORIES = tuple(DESCRIPTIONS)
 
 _PRODUCER = (cv.SPAN_SNAPSHOT, cv.SPAN_FIFO, cv.SPAN_PROCESS, cv.SPAN_PUT)
 _CONSUMER = (cv.SPAN_POLL, cv.SPAN_GET, cv.SPAN_WAIT_SCHEDULE)
@@ -81,6 +108,7 @@ class RequestSpans:
     # consumer stage -> wait_schedule spans
     scheduled: dict[int, list[Span]] = field(default_factory=dict)
     incomplete: int = 0
+    never_scheduled: int = 0  # wait_schedule spans whose end never came: not walked
 
 
 @dataclass
@@ -115,6 +143,9 @@ def index_requests(spans: Iterable[Span]) -> dict[str, RequestSpans]:
         n = s.name
         if s.incomplete and n not in _PRODUCER and n not in _CONSUMER:
             r.incomplete += 1  # chunk spans are counted from the run's chunk table
+        if n == cv.SPAN_WAIT_SCHEDULE and s.incomplete:
+            r.never_scheduled += 1  # ready, never taken into a step: no interval to walk
+            continue
         if n in _PRODUCER:
             r.producer.setdefault((s.stage, s.peer, s.chunk), {}).setdefault(n, []).append(s)
         elif n in _CONSUMER:
@@ -167,6 +198,7 @@ class _Walker:
         self.cursor = ttfp
         self.segs: list[Segment] = []
         self.last_stage = cv.API_STAGE
+        self.origin = False  # the walk reached the first stage's queue (arrival -> add known)
 
     def push(self, start: int, end: int, stage: int, cat: str, detail: str = "") -> None:
         end = min(end, self.cursor)
@@ -181,10 +213,20 @@ class _Walker:
             self.cursor = start
         self.last_stage = stage
 
-    def finish(self) -> list[Segment]:
+    def finish(self, parsed: int | None = None, dispatched: int | None = None) -> list[Segment]:
         if self.cursor > self.arrival:
-            self.segs.append(Segment(self.arrival, self.cursor, cv.API_STAGE, REMAINDER, "dispatch"))
-            self.cursor = self.arrival
+            if self.origin:  # [arrival, first stage's add]: parse, then dispatch
+                api = cv.API_STAGE
+                if dispatched is not None and self.arrival <= dispatched <= self.cursor:
+                    self.push(dispatched, self.cursor, api, DISPATCH, "to stage")
+                if parsed is not None and self.arrival <= parsed <= self.cursor:
+                    self.push(parsed, self.cursor, api, DISPATCH, "submit")
+                    self.push(self.arrival, parsed, api, PARSE)
+                else:
+                    self.push(self.arrival, self.cursor, api, DISPATCH)
+            else:
+                self.segs.append(Segment(self.arrival, self.cursor, cv.API_STAGE, REMAINDER, "unwalked"))
+                self.cursor = self.arrival
         return list(reversed(self.segs))
 
 
@@ -207,7 +249,14 @@ def attribute(r: RequestSpans) -> Attribution | None:
         t = ttfp
     else:
         stage, t = emit
-        w.push(t, ttfp, cv.API_STAGE, REMAINDER, "delivery")
+        api = cv.API_STAGE
+        recv = event_time(r.request, cv.EVENT_API_PACKET_RECEIVED)
+        resumed = event_time(r.request, cv.EVENT_API_PACKET_RESUMED)
+        if resumed is not None and t <= resumed <= ttfp:
+            w.push(resumed, ttfp, api, SSE_WRITE)
+        if recv is not None and t <= recv <= w.cursor:
+            w.push(recv, w.cursor, api, LOOP_LAG)
+        w.push(t, w.cursor, api, DELIVER)
     seen: set[tuple[int, int, int]] = set()
     for _ in range(_MAX_HOPS):
         if stage is None:
@@ -219,9 +268,11 @@ def attribute(r: RequestSpans) -> Attribution | None:
             if q is not None:
                 w.push(q.end, t, stage, COMPUTE)
                 w.push(q.start, q.end, stage, QUEUE)
+                w.origin = True
             elif stage in r.stages:
                 missing.append(f"{cv.SPAN_STAGE_QUEUE}[{stage}]")
                 w.push(r.stages[stage].start, t, stage, COMPUTE)
+                w.origin = True
             break
         seen.add(key)
         hops.append(key)
@@ -277,7 +328,9 @@ def attribute(r: RequestSpans) -> Attribution | None:
             missing.append(f"{cv.SPAN_SNAPSHOT}[{prod}->{cons}#{c}]")
         t = w.cursor
         stage = prod
-    return Attribution(r.rid, arrival, ttfp, w.finish(), list(reversed(hops)), missing, stale)
+    segs = w.finish(event_time(r.request, cv.EVENT_API_PARSED),
+                    event_time(r.request, cv.EVENT_API_DISPATCHED))
+    return Attribution(r.rid, arrival, ttfp, segs, list(reversed(hops)), missing, stale)
 
 
 def _latest(spans: list[Span] | None, t: int) -> Span | None:

@@ -71,9 +71,11 @@ class Run:
     # every chunk span, columnar (spantable.SPAN_DTYPE; req/by* index chunk_requests): the
     # per-stage statistics read these; ``spans`` holds objects only for what attribution
     # walks (request, stage and queue spans, chunk spans that began before their TTFP)
+    # (warm-up rows included: a warm-up task can block a measured request in a FIFO)
     chunks: Any = None
     chunk_requests: list[str] = field(default_factory=lambda: [""])
     span_count: int = 0
+    stage_deaths: list[tuple[int, int]] = field(default_factory=list)  # (stage, unix ns) STAGE_DIED
 
 
 def _value(v: dict[str, Any]) -> Any:
@@ -384,6 +386,7 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
                 events.append((cv.EVENT_TTFT, t1, {}))
             if t2:
                 events.append((cv.EVENT_TTFP, t2, {}))
+            events.extend(by_stage.get((req, cv.API_STAGE, replica), ()))  # API marks
             append(Span(names[name], rid, cv.API_STAGE, -2, -1, start, end, replica,
                         incomplete=reason != 0, events=events, attrs=attrs))
         else:
@@ -449,6 +452,8 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     run.warnings.extend(f"{label}{w}" for w in log.warnings)
     run.torn_records += log.torn_records
     run.events += len(log.events)
+    died = log.events[log.events["kind"] == cv.Ev.STAGE_DIED]
+    run.stage_deaths.extend(zip(died["stage"].tolist(), died["t"].tolist()))
     builder = SpanBuilder(log.rings)
     builder.ring_changed()
     for idx in log.died:
@@ -463,10 +468,7 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     run.spans.extend(spans)
     run.skipped_spans += skipped
     run.span_count += len(table) - skipped
-    if skip:
-        skip_ids = np.array([i for i, r in enumerate(log.requests.strings) if r in skip], np.int64)
-        table = table[~np.isin(table["req"], skip_ids)]
-    add_chunks(run, table, log.requests.strings)
+    add_chunks(run, table, log.requests.strings)  # warm-up rows too: they can be culprits
     return True
 
 

@@ -11,8 +11,9 @@ from omnitrace.analyze.attribution import CATEGORIES
 from omnitrace.render.console import render as render_text
 
 # One colour per category, the same in every plot.
-COLORS = dict(zip(CATEGORIES, ("#8c564b", "#17becf", "#1f77b4", "#ff7f0e", "#d62728", "#e377c2",
-                               "#9467bd", "#2ca02c", "#bcbd22", "#7f7f7f", "#c7c7c7")))
+COLORS = dict(zip(CATEGORIES, ("#393b79", "#6b6ecf", "#8c564b", "#17becf", "#1f77b4", "#ff7f0e",
+                               "#d62728", "#e377c2", "#9467bd", "#2ca02c", "#bcbd22", "#98df8a",
+                               "#637939", "#e7ba52", "#ad494a", "#c7c7c7")))
 HEATMAP_TOP = 30
 
 

@@ -30,6 +30,8 @@ from omnitrace.runtime.stage import stage_main
 _EV_ARRIVE, _EV_DISPATCH = int(Ev.REQUEST_ARRIVE), int(Ev.REQUEST_DISPATCH)
 _EV_FIRST_TEXT, _EV_FIRST_AUDIO = int(Ev.REQUEST_FIRST_TEXT), int(Ev.REQUEST_FIRST_AUDIO)
 _EV_END, _EV_DIED = int(Ev.REQUEST_END), int(Ev.STAGE_DIED)
+_EV_PARSED, _EV_RECEIVED = int(Ev.REQUEST_PARSED), int(Ev.PACKET_RECEIVED)
+_EV_RESUMED = int(Ev.PACKET_RESUMED)
 _API = -1
 _REQ_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")  # it names /dev/shm segments
 PROMPT_TOKENS_FIELDS = ("omnitrace_prompt_tokens", "prompt_tokens")
@@ -43,12 +45,13 @@ class BadRequest(ValueError):
 class Flight:
     """One request in flight: the stream's queue and which stages have finished it."""
 
-    __slots__ = ("rid", "queue", "finished", "prompt_tokens", "max_tokens")
+    __slots__ = ("rid", "queue", "finished", "prompt_tokens", "max_tokens", "audio_seen")
 
     def __init__(self, rid: str, prompt_tokens: int, max_tokens: int) -> None:
         self.rid, self.prompt_tokens, self.max_tokens = rid, prompt_tokens, max_tokens
         self.queue: asyncio.Queue[tuple] = asyncio.Queue()
         self.finished: set[int] = set()
+        self.audio_seen = False  # first audio packet marked as received from the stage
 
 
 class Pipeline:
@@ -171,6 +174,7 @@ class Pipeline:
         while True:
             try:
                 msgs = [self.out_q.get()]
+                t_recv = time.perf_counter_ns()  # the burst left the stage pipe
                 while len(msgs) < 256:
                     try:
                         msgs.append(self.out_q.get_nowait())
@@ -188,16 +192,20 @@ class Pipeline:
                 self._ready_evt.set()
             if self.loop is not None and not self.loop.is_closed():
                 try:
-                    self.loop.call_soon_threadsafe(self._dispatch, msgs)
+                    self.loop.call_soon_threadsafe(self._dispatch, msgs, t_recv)
                 except RuntimeError:
                     return
 
-    def _dispatch(self, msgs: list[tuple]) -> None:
+    def _dispatch(self, msgs: list[tuple], t_recv: int = 0) -> None:
         for m in msgs:
             op = m[0]
             if op in ("text", "audio"):
                 fl = self.flights.get(m[1])
                 if fl is not None:
+                    if op == "audio" and not fl.audio_seen:
+                        # stage emit -> here: the pipe; here -> now: the event loop's lag
+                        fl.audio_seen = True
+                        record.emit(_EV_RECEIVED, fl.rid, _API, -1, 0, 0, t_recv)
                     fl.queue.put_nowait((op, m[3]))
             elif op == "error":
                 fl = self.flights.get(m[1])
@@ -315,6 +323,7 @@ class Api:
     def __init__(self, pipeline: Pipeline) -> None:
         self.p = pipeline
         self.model_name = pipeline.cfg.name
+        self.write_delay_s = pipeline.cfg.api.inject_write_delay_ms / 1e3
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -335,6 +344,7 @@ class Api:
             {"id": self.model_name, "object": "model", "owned_by": "omnitrace"}]})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        t_arrive = time.perf_counter_ns()  # TTFP counts from here: parsing is the API's share
         p = self.p
         if p.dead:
             return _error(503, p.dead, "server_error")
@@ -358,7 +368,9 @@ class Api:
             return _error(409, f"x-request-id: {rid!r} is already in flight")
         if len(p.flights) >= p.capacity:
             return _error(503, f"server busy: {len(p.flights)} requests in flight", "server_error")
-        record.emit(_EV_ARRIVE, rid, _API, -1, prompt, max_tokens)
+        t_parsed = time.perf_counter_ns()
+        record.emit(_EV_ARRIVE, rid, _API, -1, prompt, max_tokens, t_arrive)
+        record.emit(_EV_PARSED, rid, _API, -1, 0, 0, t_parsed)
         fl = p.submit(rid, prompt, max_tokens)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache", "x-request-id": rid})
@@ -391,6 +403,10 @@ class Api:
                     if t_write:
                         record.emit(_EV_FIRST_TEXT, rid, _API, -1, 0, 0, t_write)
                 elif op == "audio":
+                    if not first_audio:
+                        record.emit(_EV_RESUMED, rid, _API, -1, 0, 0)  # loop lag ends here
+                        if self.write_delay_s:
+                            time.sleep(self.write_delay_s)  # injected slow callback (tests)
                     data = chunk("audio", base64.b64encode(item[1]).decode())
                     t_write = 0 if first_audio else time.perf_counter_ns()
                     await resp.write(data)

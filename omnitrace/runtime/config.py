@@ -85,11 +85,19 @@ class Limits:
 
 
 @dataclass
+class ApiConfig:
+    # fault injection (tests): the API blocks its event loop this long before writing each
+    # request's first audio packet (a slow callback on the SSE write path)
+    inject_write_delay_ms: float = 0.0
+
+
+@dataclass
 class PipelineConfig:
     name: str
     stages: list[StageConfig]
     limits: Limits = field(default_factory=Limits)
     audio: AudioConfig = field(default_factory=AudioConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
     path: str = ""
 
     def consumer_of(self, stage_id: int) -> int | None:
@@ -195,7 +203,7 @@ def _stage(raw: Any, i: int) -> StageConfig:
 def from_dict(raw: Any, path: str = "") -> PipelineConfig:
     """Validate a parsed config; raises PipelineConfigError naming the first bad field."""
     d = _mapping(raw, "pipeline")
-    _unknown(d, {"name", "stages", "limits", "audio"}, "pipeline")
+    _unknown(d, {"name", "stages", "limits", "audio", "api"}, "pipeline")
     stages_raw = d.get("stages")
     if not isinstance(stages_raw, list) or not stages_raw:
         raise _err("stages", f"must be a non-empty list, got {stages_raw!r}")
@@ -238,10 +246,13 @@ def from_dict(raw: Any, path: str = "") -> PipelineConfig:
     _unknown(au_d, {"sample_rate", "samples_per_frame"}, "audio")
     audio = AudioConfig(_pos_int(au_d, "sample_rate", "audio", 24000),
                         _pos_int(au_d, "samples_per_frame", "audio", 480))
+    api_d = _mapping(d.get("api"), "api")
+    _unknown(api_d, {"inject_write_delay_ms"}, "api")
+    api = ApiConfig(_nonneg_num(api_d, "inject_write_delay_ms", "api", 0.0))
     name = d.get("name", os.path.splitext(os.path.basename(path))[0] or "pipeline")
     if not isinstance(name, str):
         raise _err("name", f"must be a string, got {name!r}")
-    return PipelineConfig(name=name, stages=stages, limits=limits, audio=audio, path=path)
+    return PipelineConfig(name=name, stages=stages, limits=limits, audio=audio, api=api, path=path)
 
 
 def load(path: str | None = None) -> PipelineConfig:
@@ -268,4 +279,4 @@ def to_dict(cfg: PipelineConfig) -> dict:
         d.pop("stage_id")
         stages.append(d)
     return {"name": cfg.name, "stages": stages, "limits": asdict(cfg.limits),
-            "audio": asdict(cfg.audio)}
+            "audio": asdict(cfg.audio), "api": asdict(cfg.api)}
