@@ -101,15 +101,37 @@ def _foreign_pipeline_running() -> bool:
     return False
 
 
+# Processes a module- or session-scoped fixture keeps running across tests (a server under
+# load): their new segments belong to the fixture, judged when it stops them.
+LONG_LIVED: set[int] = set()
+
+
+def _descends_from(pid: int, roots: set[int]) -> bool:
+    seen = set()
+    while pid and pid not in seen:
+        if pid in roots:
+            return True
+        seen.add(pid)
+        pid = _parent(pid)
+    return False
+
+
 def _foreign(name: str, foreign_pipeline: bool = False) -> bool:
-    """Not this session's to judge: named after a live process that is neither this one
-    nor one of its descendants, or a chunk segment while another pipeline runs."""
+    """Not this test's to judge: named after a live process that is neither this one
+    nor one of its descendants, or one a long-lived fixture owns, or a chunk segment while
+    another pipeline runs."""
     pid = _owner_pid(name)
     if pid is None:
-        return foreign_pipeline and bool(CHUNK_RE.match(name))
+        return (foreign_pipeline or bool(LONG_LIVED)) and bool(CHUNK_RE.match(name))
     if pid == os.getpid() or not os.path.exists(f"/proc/{pid}"):
         return False
-    return not _ours(pid)
+    return not _ours(pid) or _descends_from(pid, LONG_LIVED)
+
+
+@pytest.fixture(scope="session")
+def long_lived_processes() -> set[int]:
+    """Register the pid of a process a fixture keeps alive across tests (``.add(pid)``)."""
+    return LONG_LIVED
 
 
 def _leaked_segments(before: set[str]) -> list[str]:

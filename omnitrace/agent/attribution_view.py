@@ -58,6 +58,7 @@ class RequestView:
 
 class AttributionView:
     SETTLE_S = 1.0
+    TOP_CULPRITS = 10
 
     def __init__(self, metrics: Metrics, requests: list[str], rings: dict[int, dict]) -> None:
         self.metrics = metrics
@@ -70,6 +71,9 @@ class AttributionView:
         self.ended: dict[int, float] = {}  # req -> monotonic time its root span was seen
         self.attributed = 0
         self.not_attributed = 0  # ended without a first packet, or the walk found no path
+        # (stage, culprit request id) -> critical-path ns others waited behind its tasks
+        self.culprit_ns: dict[tuple[int, str], float] = {}
+        self.culprit_victims: dict[tuple[int, str], set[str]] = {}
 
     def feed(self, feed: Feed) -> None:
         self.arrived.update(feed.arrivals)
@@ -126,6 +130,7 @@ class AttributionView:
                 totals[key] = totals.get(key, 0) + ns
                 if key[1] == at.FIFO_BLOCKED:
                     hol[key[0]] = hol.get(key[0], 0) + ns
+            self._culprits(r, a)
         for (stage, cat), ns in totals.items():
             self.metrics.attribution.labels(str(stage), cat).inc(ns / 1e9)
         for stage, ns in hol.items():
@@ -135,11 +140,40 @@ class AttributionView:
             self.ttfp.pop(r, None)
             self.arrived.discard(r)
 
+    def _culprits(self, r: at.RequestSpans, a: at.Attribution) -> None:
+        """Credit each critical-path FIFO wait behind other requests to those requests
+        (the FIFO span's culprits, evenly): the live "who blocked whom" leaderboard."""
+        for seg in a.segments:
+            if seg.category != at.FIFO_BLOCKED:
+                continue
+            for (prod, _cons, _c), names in r.producer.items():
+                if prod != seg.stage:
+                    continue
+                f = next((x for x in names.get(cv.SPAN_FIFO, ()) if x.start <= seg.start < x.end
+                          and x.blocked_by), None)
+                if f is not None:
+                    share = seg.dur / len(f.blocked_by)
+                    for who in f.blocked_by:
+                        key = (seg.stage, who)
+                        self.culprit_ns[key] = self.culprit_ns.get(key, 0) + share
+                        self.culprit_victims.setdefault(key, set()).add(r.rid)
+                    break
+        if len(self.culprit_ns) > 4 * self.TOP_CULPRITS + 1000:  # bounded: keep the leaders
+            top = sorted(self.culprit_ns, key=self.culprit_ns.get, reverse=True)[:4 * self.TOP_CULPRITS]
+            self.culprit_ns = {k: self.culprit_ns[k] for k in top}
+            self.culprit_victims = {k: self.culprit_victims[k] for k in top}
+
+    def top_culprits(self) -> list[dict]:
+        top = sorted(self.culprit_ns, key=self.culprit_ns.get, reverse=True)[:self.TOP_CULPRITS]
+        return [{"stage": st, "culprit": who, "blocked_s": round(self.culprit_ns[(st, who)] / 1e9, 6),
+                 "victims": len(self.culprit_victims[(st, who)])} for st, who in top]
+
     def close(self, deadline_s: float) -> None:
         if self.ended:
             self._attribute(list(self.ended))
 
     def counters(self) -> dict:
-        return {"requests_attributed": self.attributed,
+        return {"head_of_line_top_culprits": self.top_culprits(),
+                "requests_attributed": self.attributed,
                 "requests_not_attributed": self.not_attributed,
                 "attribution_requests_held": len(self.arrived)}

@@ -1,0 +1,179 @@
+"""`omnitrace top [RUN_DIR | URL]`: the load test, live, in a terminal.
+
+Refreshing tables and sparklines of request rate, TTFP p50/p99, where TTFP goes (live
+attribution), FIFO residence and depth per stage, the head-of-line leaderboard and the
+recorder's and exporters' losses. On a terminal it redraws in place (alternate screen) and
+exits on ``q`` or Ctrl-C; otherwise (a pipe, a file) it prints plain tables, one per
+refresh, ``-n`` times.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import sys
+import time
+from collections import deque
+
+from omnitrace.top import model
+from omnitrace.top.source import DEFAULT_URL, RunDirSource, Sample, SourceError, open_source
+
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    vals = [x for x in values if x is not None]
+    if not vals:
+        return ""
+    hi = max(vals) or 1.0
+    return "".join(_SPARK[min(len(_SPARK) - 1, int(x / hi * (len(_SPARK) - 1)))] if x is not None else " "
+                   for x in values)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f}"
+
+
+def render(v: model.View, history: dict[str, deque], width: int = 100) -> str:
+    out = []
+    when = f"last {v.window_s:.1f} s" if v.window_s else "whole run"
+    out.append(f"omnitrace top — {v.source} — {when}" + (f" — {v.note}" if v.note else ""))
+    out.append("")
+    if v.window_s:
+        flow = f"{v.started_per_s:6.2f}/s in  {v.finished_per_s:6.2f}/s out"
+    else:
+        flow = f"{v.started:.0f} in  {v.finished:.0f} out"
+    out.append(f"requests  {flow}  in flight {v.in_flight:.0f}  failed {v.failed:.0f}   "
+               f"{sparkline(list(history['rate']))}")
+    out.append(f"TTFP      p50 {_ms(v.ttfp[0]):>8} ms  p99 {_ms(v.ttfp[1]):>8} ms   "
+               f"{sparkline(list(history['ttfp_p99']))}")
+    out.append(f"TTFT      p50 {_ms(v.ttft[0]):>8} ms  p99 {_ms(v.ttft[1]):>8} ms")
+    out.append("")
+    out.append(f"Where TTFP goes ({v.attributed:.0f} requests attributed; mean ms per request)")
+    if v.attribution:
+        out.append(f"  {'stage':<14} {'category':<14} {'ms':>9} {'share':>7}")
+        for stage, cat, ms, share in v.attribution[:10]:
+            bar = "█" * max(1, int(share * 30))
+            out.append(f"  {stage:<14} {cat:<14} {ms:9.2f} {share * 100:6.1f}% {bar}")
+    else:
+        out.append("  (no request finished in this window)")
+    out.append("")
+    out.append("FIFO residence per stage")
+    if v.fifo:
+        out.append(f"  {'stage':<14} {'p50 ms':>9} {'p99 ms':>9} {'depth p99':>10} "
+                   f"{'blocked':>8} {'tasks/s' if v.window_s else 'tasks':>9}")
+        for st, (p50, p99, depth, blocked, tps) in v.fifo.items():
+            d = "-" if depth is None else f"{depth:.0f}"
+            out.append(f"  {st:<14} {p50:9.3f} {p99:9.3f} {d:>10} {blocked * 100:7.1f}% {tps:9.1f}")
+    else:
+        out.append("  (no FIFO task yet)")
+    if v.snapshot:
+        out.append("  snapshot p50/p99 ms: " + ", ".join(f"{st} {a:.3f}/{b:.3f}"
+                                                        for st, (a, b) in v.snapshot.items()))
+    out.append("")
+    out.append("Head-of-line: whose tasks others' first packets waited behind")
+    if v.culprits:
+        for c in v.culprits[:5]:
+            out.append(f"  {c['stage']:<14} {c['culprit'][:40]:<40} {c['blocked_s'] * 1e3:9.2f} ms "
+                       f"over {c['victims']} request(s)")
+    else:
+        out.append("  (none yet; the leaderboard needs a run directory)" if v.source.startswith("http")
+                   else "  (none yet)")
+    out.append("")
+    out.append(f"recorder: events {v.events:.0f}, dropped {v.dropped:.0f}   agent lag {v.lag_s:.2f} s   "
+               f"exporters lost {v.export_lost:.0f} spans, sampled out {v.sampled_out:.0f}")
+    return "\n".join(line[:width] for line in out)
+
+
+class _Keys:
+    """Single keys from a terminal without echo (q quits), restored on exit."""
+
+    def __init__(self) -> None:
+        import termios
+        import tty
+        self.fd = sys.stdin.fileno()
+        self.saved = termios.tcgetattr(self.fd)
+        tty.setcbreak(self.fd)
+
+    def wait(self, timeout: float) -> str:
+        r, _, _ = select.select([self.fd], [], [], timeout)
+        return os.read(self.fd, 16).decode(errors="ignore") if r else ""
+
+    def restore(self) -> None:
+        import termios
+        termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="omnitrace top", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("source", nargs="?", default=DEFAULT_URL,
+                   help="a run directory, or the agent's metrics URL")
+    p.add_argument("-i", "--interval", type=float, default=2.0, help="seconds between refreshes")
+    p.add_argument("-n", "--iterations", type=int, default=argparse.SUPPRESS,
+                   help="refreshes before exiting (on a terminal: until q / Ctrl-C; otherwise 1)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.interval <= 0:
+        print("omnitrace top: --interval must be > 0", file=sys.stderr)
+        return 2
+    try:
+        src = open_source(args.source)
+    except SourceError as exc:
+        print(f"omnitrace top: {exc}", file=sys.stderr)
+        return 2
+    tty = sys.stdout.isatty() and sys.stdin.isatty()
+    iterations = getattr(args, "iterations", None if tty else 1)
+    if iterations is not None and iterations < 1:
+        print("omnitrace top: --iterations must be >= 1", file=sys.stderr)
+        return 2
+    history = {"rate": deque(maxlen=40), "ttfp_p99": deque(maxlen=40)}
+    prev: Sample | None = None
+    if isinstance(src, RunDirSource):  # a finished run: rates between its last two messages
+        try:
+            samples = src.file_samples()
+            prev = samples[0] if len(samples) > 1 else None
+        except SourceError:
+            pass
+    keys = _Keys() if tty else None
+    if tty:
+        sys.stdout.write("\x1b[?1049h\x1b[?25l")  # alternate screen, hide cursor
+    shown = 0
+    try:
+        while iterations is None or shown < iterations:
+            try:
+                cur = src.read()
+                if prev is not None and prev.live != cur.live:
+                    prev = None
+                v = model.build(cur, prev, src.label)
+                history["rate"].append(v.started_per_s)
+                history["ttfp_p99"].append(v.ttfp[1])
+                text = render(v, history, os.get_terminal_size().columns if tty else 120)
+                if cur.live or prev is None:
+                    prev = cur
+            except SourceError as exc:
+                if not tty:
+                    print(f"omnitrace top: {exc}", file=sys.stderr)
+                    return 1
+                text = f"omnitrace top — {src.label}\n\n{exc} (retrying; q quits)"
+            shown += 1
+            if tty:
+                sys.stdout.write("\x1b[H\x1b[2J" + text.replace("\n", "\r\n") + "\r\n\r\n(q quits)")
+                sys.stdout.flush()
+                if keys.wait(args.interval).lower().startswith("q"):
+                    break
+            else:
+                print(text + "\n", flush=True)
+                if iterations is None or shown < iterations:
+                    time.sleep(args.interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if tty:
+            keys.restore()
+            sys.stdout.write("\x1b[?25h\x1b[?1049l")
+            sys.stdout.flush()
+    return 0

@@ -1,0 +1,204 @@
+"""Where `omnitrace top` reads from: the agent's Prometheus endpoint, or a run directory.
+
+A :class:`Sample` is one reading of the agent's registry: counters and gauges by
+``(name, labels)``, histograms as (bounds, cumulative counts, sum). Two readings make
+rates. Sources:
+
+* a URL: the agent's ``/metrics`` (Prometheus text format, parsed by prometheus_client's
+  own parser);
+* a run directory: its live endpoint (``run.json`` ``prometheus_endpoint``) while the run
+  is going; otherwise the agent's last two ``metrics.jsonl`` messages (OTLP JSON, written
+  every few seconds and at the end), and ``agent.json`` for the head-of-line leaderboard,
+  drops and lag.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from omnitrace.agent.export_prometheus import HISTOGRAMS
+
+Labels = tuple[tuple[str, str], ...]
+DEFAULT_URL = "http://127.0.0.1:9464/metrics"
+# metrics.jsonl names (OTLP) -> Prometheus names
+_OTLP_HIST = {name: prom for name, (prom, _, _, _) in HISTOGRAMS.items()}
+
+
+class SourceError(Exception):
+    """The source cannot be read (one line for the user)."""
+
+
+@dataclass
+class Histogram:
+    bounds: list[float]  # finite upper bounds; the last bucket is +Inf
+    cumulative: list[float]  # len(bounds) + 1
+    sum: float = 0.0
+
+    @property
+    def count(self) -> float:
+        return self.cumulative[-1] if self.cumulative else 0.0
+
+
+@dataclass
+class Sample:
+    t: float  # seconds (monotonic for live sources, unix for files)
+    values: dict[tuple[str, Labels], float] = field(default_factory=dict)
+    hists: dict[tuple[str, Labels], Histogram] = field(default_factory=dict)
+    agent: dict[str, Any] = field(default_factory=dict)  # agent.json, when there is one
+    live: bool = True
+    note: str = ""  # e.g. "run ended"
+
+    def series(self, name: str) -> dict[Labels, float]:
+        return {lab: v for (n, lab), v in self.values.items() if n == name}
+
+    def total(self, name: str) -> float:
+        return sum(self.series(name).values())
+
+
+def _labels(d: dict[str, str]) -> Labels:
+    return tuple(sorted(d.items()))
+
+
+def parse_prometheus(text: str, t: float) -> Sample:
+    s = Sample(t)
+    for fam in text_string_to_metric_families(text):
+        if fam.type == "histogram":
+            per: dict[Labels, dict] = {}
+            for smp in fam.samples:
+                lab = {k: v for k, v in smp.labels.items() if k != "le"}
+                h = per.setdefault(_labels(lab), {"b": [], "sum": 0.0})
+                if smp.name.endswith("_bucket"):
+                    h["b"].append((float(smp.labels["le"]), smp.value))
+                elif smp.name.endswith("_sum"):
+                    h["sum"] = smp.value
+            for lab, h in per.items():
+                b = sorted(h["b"])
+                s.hists[(fam.name, lab)] = Histogram([x for x, _ in b if x != float("inf")],
+                                                     [c for _, c in b], h["sum"])
+            continue
+        for smp in fam.samples:
+            if smp.name.endswith("_created"):
+                continue
+            s.values[(smp.name, _labels(smp.labels))] = smp.value
+    return s
+
+
+def _otlp_value(attrs: list[dict]) -> Labels:
+    return _labels({a["key"]: str(next(iter(a["value"].values()))) for a in attrs or ()})
+
+
+def parse_otlp(msg: dict, t: float) -> Sample:
+    """One metrics.jsonl line (ExportMetricsServiceRequest as JSON) -> Sample."""
+    s = Sample(t, live=False)
+    for rm in msg.get("resourceMetrics", ()):
+        for sm in rm.get("scopeMetrics", ()):
+            for m in sm.get("metrics", ()):
+                name = m.get("name", "")
+                if "histogram" in m and name in _OTLP_HIST:
+                    for dp in m["histogram"].get("dataPoints", ()):
+                        counts = [float(c) for c in dp.get("bucketCounts", ())]
+                        cum, acc = [], 0.0
+                        for c in counts:
+                            acc += c
+                            cum.append(acc)
+                        s.hists[(_OTLP_HIST[name], _otlp_value(dp.get("attributes")))] = Histogram(
+                            [float(b) for b in dp.get("explicitBounds", ())], cum, float(dp.get("sum", 0)))
+                elif "sum" in m:
+                    prom = name.replace(".", "_") + "_total"
+                    for dp in m["sum"].get("dataPoints", ()):
+                        v = dp.get("asDouble", dp.get("asInt", 0))
+                        s.values[(prom, _otlp_value(dp.get("attributes")))] = float(v)
+    return s
+
+
+class UrlSource:
+    def __init__(self, url: str) -> None:
+        self.url = url if "://" in url else f"http://{url}"
+        if not self.url.rstrip("/").endswith("/metrics"):
+            self.url = self.url.rstrip("/") + "/metrics"
+        self.label = self.url
+
+    def read(self) -> Sample:
+        try:
+            with urllib.request.urlopen(self.url, timeout=2.0) as r:
+                text = r.read().decode()
+        except (urllib.error.URLError, OSError) as exc:
+            raise SourceError(f"cannot read {self.url}: {getattr(exc, 'reason', exc)}") from None
+        return parse_prometheus(text, time.monotonic())
+
+
+class RunDirSource:
+    def __init__(self, path: str) -> None:
+        if not os.path.isfile(os.path.join(path, "run.json")):
+            raise SourceError(f"{path}: not a run directory (no run.json)")
+        self.path = path
+        self.label = path
+
+    def _json(self, name: str) -> dict:
+        try:
+            with open(os.path.join(self.path, name)) as f:
+                d = json.load(f)
+            return d if isinstance(d, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def read(self) -> Sample:
+        run = self._json("run.json")
+        agent = self._json("agent.json")
+        endpoint = run.get("prometheus_endpoint")
+        if run.get("status") == "running" and endpoint:
+            try:
+                s = UrlSource(endpoint).read()
+                s.agent = agent
+                return s
+            except SourceError:
+                pass  # ending, or the endpoint is not reachable from here: the files
+        s = self.file_samples(run)[-1]
+        s.agent = agent
+        return s
+
+    def file_samples(self, run: dict | None = None) -> list[Sample]:
+        """The last two metrics.jsonl messages (rates between them), oldest first."""
+        path = os.path.join(self.path, "metrics.jsonl")
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - (8 << 20)))
+                lines = [ln for ln in f.read().splitlines() if ln.startswith(b"{")]
+        except OSError:
+            lines = []
+        out = []
+        for ln in lines[-2:]:
+            try:
+                msg = json.loads(ln)
+            except ValueError:
+                continue
+            t = 0.0
+            for rm in msg.get("resourceMetrics", ()):
+                for sm in rm.get("scopeMetrics", ()):
+                    for m in sm.get("metrics", ()):
+                        for kind in ("sum", "histogram"):
+                            for dp in m.get(kind, {}).get("dataPoints", ()):
+                                t = max(t, int(dp.get("timeUnixNano", 0)) / 1e9)
+            out.append(parse_otlp(msg, t))
+        if not out:
+            raise SourceError(f"{self.path}: no metrics yet (metrics.jsonl is empty)")
+        run = run if run is not None else self._json("run.json")
+        if run.get("status") != "running":
+            out[-1].note = f"run {run.get('status', 'ended')}"
+        return out
+
+
+def open_source(spec: str) -> UrlSource | RunDirSource:
+    if spec.startswith(("http://", "https://")) or (":" in spec and not os.path.exists(spec)):
+        return UrlSource(spec)
+    if os.path.isdir(spec):
+        return RunDirSource(spec)
+    raise SourceError(f"{spec}: neither a run directory nor a URL")
