@@ -1,0 +1,322 @@
+"""The dashboards, provisioning and compose file, checked without a Grafana: Grafana's own
+published types (npm @grafana/schema, type-checked with tsc), every query through
+`promtool check rules`, the conventions (no datasource UIDs, $__rate_interval), and the
+compose/provisioning wiring against omnitrace's defaults."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from tests.dashboard_util import (DASH_DIR, GRAFANA_DIR, VLLM_METRIC, VLLM_OMNI_ROW, dashboard_files,
+                                  load, panels, prometheus_queries)
+
+SCHEMA_DIR = os.path.join(DASH_DIR, "schema-check")
+TSC = os.path.join(SCHEMA_DIR, "node_modules", ".bin", "tsc")
+PROMTOOL = shutil.which("promtool")
+PROVISIONING = os.path.join(DASH_DIR, "provisioning")
+COMPOSE = os.path.join(DASH_DIR, "compose.yaml")
+
+# panel type -> (module under @grafana/schema's panel configs, its Options/FieldConfig names)
+PANEL_CFG = {t: f"@grafana/schema/dist/esm/raw/composable/{t}/panelcfg/x/{n}PanelCfg_types.gen"
+             for t, n in (("timeseries", "TimeSeries"), ("heatmap", "Heatmap"), ("bargauge", "BarGauge"),
+                          ("text", "Text"), ("table", "Table"))}
+
+
+def test_dashboards_are_generated_from_generate_py():
+    r = subprocess.run([sys.executable, os.path.join(DASH_DIR, "generate.py"), "--check"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert [os.path.basename(p) for p in dashboard_files()] == ["omnitrace-overview.json",
+                                                                 "omnitrace-request.json"]
+
+
+def _ts_source(dashboards: list[tuple[str, dict]]) -> str:
+    """A TypeScript module asserting, with `satisfies`, that each dashboard is a
+    Dashboard, each panel a Panel (checked alone, so unknown keys are errors), and each
+    panel's options and custom field config its panel type's generated types. JSON string
+    literals stand for Grafana's string enums through Loose<T>."""
+    lines = ["import type { Dashboard, Panel, RowPanel, VariableModel } from '@grafana/schema';"]
+    for i, (t, mod) in enumerate(sorted(PANEL_CFG.items())):
+        lines.append(f"import type * as P{i} from '{mod}';")
+    lines.append("type Loose<T> = T extends string ? `${T}` : T extends number | boolean | null | undefined ? T"
+                 " : T extends (infer U)[] ? Loose<U>[] : { [K in keyof T]: Loose<T[K]> };")
+    mods = {t: f"P{i}" for i, (t, _) in enumerate(sorted(PANEL_CFG.items()))}
+    for d, (name, dash) in enumerate(dashboards):
+        lines.append(f"// {name}")
+        lines.append(f"export const dash{d} = {json.dumps(dash)} satisfies Loose<Dashboard>;")
+        for v, var in enumerate(dash["templating"]["list"]):
+            lines.append(f"export const dash{d}_var{v} = {json.dumps(var)} satisfies Loose<VariableModel>;")
+        for _, p in panels(dash):
+            pid = f"dash{d}_panel{p['id']}"
+            lines.append(f"export const {pid} = {json.dumps(p)} satisfies Loose<Panel>;")
+            if p["type"] in mods:
+                m = mods[p["type"]]
+                lines.append(f"export const {pid}_options = {json.dumps(p['options'])} "
+                             f"satisfies Loose<{m}.Options>;")
+                custom = p.get("fieldConfig", {}).get("defaults", {}).get("custom")
+                if custom is not None:
+                    lines.append(f"export const {pid}_custom = {json.dumps(custom)} "
+                                 f"satisfies Loose<{m}.FieldConfig>;")
+        for p in dash["panels"]:
+            if p["type"] == "row":
+                lines.append(f"export const dash{d}_row{p['id']} = {json.dumps(p)} satisfies Loose<RowPanel>;")
+    return "\n".join(lines) + "\n"
+
+
+def _tsc(tmp_path, dashboards: list[tuple[str, dict]]) -> subprocess.CompletedProcess:
+    (tmp_path / "node_modules").symlink_to(os.path.join(SCHEMA_DIR, "node_modules"))
+    (tmp_path / "check.ts").write_text(_ts_source(dashboards))
+    (tmp_path / "tsconfig.json").write_text(json.dumps({"compilerOptions": {
+        "strict": True, "noEmit": True, "module": "nodenext", "moduleResolution": "nodenext",
+        "target": "es2022", "skipLibCheck": True}, "files": ["check.ts"]}))
+    return subprocess.run([TSC, "-p", str(tmp_path / "tsconfig.json")], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+
+
+needs_tsc = pytest.mark.skipif(not os.path.exists(TSC), reason="run `npm ci` in dashboards/schema-check "
+                                                                "(.ci/run does)")
+
+
+@needs_tsc
+def test_dashboards_satisfy_grafana_schema(tmp_path):
+    dashes = [(os.path.basename(p), load(p)) for p in dashboard_files()]
+    r = _tsc(tmp_path, dashes)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+@needs_tsc
+def test_schema_check_catches_a_broken_dashboard(tmp_path):
+    """The check above can fail: a panel without its gridPos width, a legend placement
+    Grafana does not know, and a key no panel has are each reported."""
+    dash = load(dashboard_files()[0])
+    ts = [p for _, p in panels(dash) if p["type"] == "timeseries"]
+    del ts[0]["gridPos"]["w"]
+    ts[1]["options"]["legend"]["placement"] = "middle"
+    ts[2]["colour"] = "red"
+    r = _tsc(tmp_path, [("broken", dash)])
+    assert r.returncode != 0
+    out = r.stdout + r.stderr
+    assert "'w'" in out and '"middle"' in out and "colour" in out, out[-3000:]
+
+
+def test_datasources_are_variables_and_rates_use_rate_interval():
+    for path in dashboard_files():
+        dash = load(path)
+        variables = {v["name"]: v for v in dash["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource"
+        assert {"run", "datasource"} <= set(variables)
+        refs = []
+
+        def walk(node):
+            if isinstance(node, dict):
+                if "datasource" in node and isinstance(node["datasource"], dict):
+                    refs.append(node["datasource"])
+                for v in node.values():
+                    walk(v)
+            elif isinstance(node, list):
+                for v in node:
+                    walk(v)
+        walk(dash)
+        assert refs
+        for ref in refs:
+            if ref.get("type") == "grafana":  # the built-in annotation source
+                continue
+            m = re.fullmatch(r"\$\{(\w+)\}", ref.get("uid", ""))
+            assert m, f"{path}: hard-coded datasource {ref}"
+            assert variables[m.group(1)]["type"] == "datasource"
+            assert variables[m.group(1)]["query"] == ref["type"], ref
+        text = json.dumps(dash)
+        for rng in re.findall(r"\[([^\]]*)\]\)", "".join(
+                t.get("expr", "") for _, p in panels(dash) for t in p.get("targets", []))):
+            assert rng == "$__rate_interval", f"{path}: range [{rng}] instead of $__rate_interval"
+        assert "$__rate_interval" in text
+
+
+def test_omnitrace_panels_cover_the_issue_and_vllm_omni_panels_are_their_own_row():
+    queries = prometheus_queries()
+    omni = [q for q in queries if not q.vllm_omni_only]
+    vllm = [q for q in queries if q.vllm_omni_only]
+    assert vllm and omni
+    for q in queries:
+        assert bool(VLLM_METRIC.search(q.expr)) == q.vllm_omni_only, (q.panel, q.expr)
+        if q.vllm_omni_only:
+            assert q.panel.startswith("vLLM-Omni: "), q.panel
+    text = " ".join(q.expr for q in omni)
+    for metric in ("omnitrace_requests_started_total", "omnitrace_requests_in_flight",
+                   "omnitrace_request_ttfp_seconds_bucket", "omnitrace_request_ttft_seconds_bucket",
+                   "omnitrace_ttfp_attribution_seconds_total", "omnitrace_requests_attributed_total",
+                   "omnitrace_head_of_line_blocked_seconds_total", "omnitrace_fifo_residence_seconds_bucket",
+                   "omnitrace_fifo_blocked_seconds_bucket", "omnitrace_fifo_depth_bucket",
+                   "omnitrace_snapshot_duration_seconds", "omnitrace_transfer_put_duration_seconds_bucket",
+                   "omnitrace_transfer_get_duration_seconds_bucket", "omnitrace_transfer_size_bytes_sum",
+                   "omnitrace_events_dropped_total", "omnitrace_agent_lag_seconds",
+                   "omnitrace_agent_export_spans_total", "omnitrace_agent_spans_sampled_out_total",
+                   "omnitrace_stage_info"):
+        assert metric in text, metric
+    for metric in ("audio_ttfp_s", "audio_rtf", "transfer_tx_s", "transfer_rx_s", "transfer_in_flight_s",
+                   "transfer_size_bytes", "num_requests_waiting"):
+        assert any(metric in q.expr for q in vllm), metric
+    # the latency panels carry exemplars (they open the trace)
+    ex = {q.panel for q in omni if q.exemplar}
+    assert any("TTFP" in p for p in ex) and any("FIFO residence" in p for p in ex)
+    overview = load(os.path.join(GRAFANA_DIR, "omnitrace-overview.json"))
+    assert {v["name"] for v in overview["templating"]["list"]} >= {"datasource", "run", "stage", "replica"}
+    heat = [p for _, p in panels(overview) if p["type"] == "heatmap"]
+    assert heat and all(t.get("format") == "heatmap" for p in heat for t in p["targets"])
+    assert any(p["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "percent"
+               for _, p in panels(overview) if p["type"] == "timeseries"), "no stacked-share panel"
+    assert [r for r, _ in panels(overview)].count(VLLM_OMNI_ROW) == len({q.panel for q in vllm})
+
+
+def test_request_dashboard_opens_a_trace_from_jaeger_or_tempo():
+    dash = load(os.path.join(GRAFANA_DIR, "omnitrace-request.json"))
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["trace_id"]["type"] == variables["request_id"]["type"] == "textbox"
+    tr = [p for _, p in panels(dash) if p["type"] == "traces"]
+    assert {p["datasource"]["type"] for p in tr} == {"jaeger", "tempo"}
+    assert all(p["targets"][0]["query"] == "$trace_id" for p in tr)
+    tempo_search = [t for _, p in panels(dash) for t in p.get("targets", [])
+                    if t["datasource"]["type"] == "tempo" and "$request_id" in t.get("query", "")]
+    assert tempo_search and "span.omni.request.id" in tempo_search[0]["query"]
+    from omnitrace import conventions as cv
+    assert cv.ATTR_REQUEST_ID == "omni.request.id" and cv.SPAN_REQUEST in tempo_search[0]["query"]
+    assert any("omnitrace_ttfp_attribution_seconds_total" in t.get("expr", "")
+               for _, p in panels(dash) for t in p.get("targets", []))
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="Debian prometheus (promtool) not installed")
+def test_every_query_passes_promtool(tmp_path):
+    queries = prometheus_queries()
+    rules = {"groups": [{"name": "dashboards", "rules": [
+        {"record": f"dash:query_{i}", "expr": q.expr} for i, q in enumerate(queries)]}]}
+    for q in queries:
+        assert "$" not in q.expr, (q.panel, q.expr)
+    f = tmp_path / "rules.yml"
+    f.write_text(yaml.safe_dump(rules))
+    r = subprocess.run([PROMTOOL, "check", "rules", str(f)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"SUCCESS: {len(queries)} rules found" in r.stdout
+    # and promtool does reject a broken one
+    f.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [
+        {"record": "dash:bad", "expr": queries[0].expr[:-1]}]}]}))
+    r = subprocess.run([PROMTOOL, "check", "rules", str(f)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+
+
+# --------------------------------------------------------------------------- compose + provisioning
+def _yaml(path: str):
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def _port(url: str) -> int:
+    return urlsplit(url if "://" in url else f"http://{url}").port
+
+
+def _published(service: dict) -> dict[int, int]:
+    """container port -> host port."""
+    out = {}
+    for p in service.get("ports", []):
+        host, _, cont = str(p).rpartition(":")
+        out[int(cont.split("/")[0])] = int(host.rpartition(":")[2])
+    return out
+
+
+def test_compose_and_provisioning_agree_with_omnitrace_defaults():
+    from omnitrace.agent.config import AgentConfig
+    from omnitrace.agent.export_otlp import make_exporter
+
+    compose = _yaml(COMPOSE)
+    services = compose["services"]
+    assert {"otel-collector", "jaeger", "tempo", "prometheus", "grafana"} <= set(services)
+    # every file a service mounts exists, relative to the compose file
+    for name, svc in services.items():
+        for vol in svc.get("volumes", []):
+            src = vol.split(":")[0]
+            if src.startswith("."):
+                assert os.path.exists(os.path.join(DASH_DIR, src)), f"{name}: {src} missing"
+
+    def mounted(service: str, target: str) -> str:
+        for vol in services[service]["volumes"]:
+            src, dst = vol.split(":")[:2]
+            if dst == target:
+                return os.path.join(DASH_DIR, src)
+        raise AssertionError(f"{service} mounts nothing at {target}")
+
+    # Prometheus scrapes the agent's default endpoint, with exemplar storage on
+    prom = services["prometheus"]
+    assert prom.get("network_mode") == "host"  # the agent binds 127.0.0.1 on the host
+    assert "--enable-feature=exemplar-storage" in prom["command"]
+    cfg_flag = next(c for c in prom["command"] if c.startswith("--config.file="))
+    prom_cfg_path = mounted("prometheus", cfg_flag.split("=", 1)[1])
+    prom_cfg = _yaml(prom_cfg_path)
+    targets = [t for job in prom_cfg["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]]
+    default_port = AgentConfig.__dataclass_fields__["prometheus_port"].default
+    default_addr = AgentConfig.__dataclass_fields__["prometheus_addr"].default
+    assert f"{default_addr}:{default_port}" in targets
+    if PROMTOOL:
+        r = subprocess.run([PROMTOOL, "check", "config", prom_cfg_path], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+    prom_port = _port(next(c for c in prom["command"] if c.startswith("--web.listen-address=")).split("=")[1])
+
+    # the collector takes OTLP where omnitrace's exporters send by default (4317 gRPC, 4318 HTTP)
+    grpc_exp, http_exp = make_exporter("otlp-grpc", None, None), make_exporter("otlp-http", None, None)
+    try:
+        default_ports = {_port(grpc_exp._endpoint), _port(http_exp._endpoint)}
+    finally:
+        grpc_exp.shutdown()
+        http_exp.shutdown()
+    assert default_ports == {4317, 4318}
+    coll = services["otel-collector"]
+    coll_cfg = _yaml(mounted("otel-collector", next(
+        c for c in coll["command"] if c.startswith("--config=")).split("=", 1)[1]))
+    protos = coll_cfg["receivers"]["otlp"]["protocols"]
+    recv_ports = {_port(protos["grpc"]["endpoint"]), _port(protos["http"]["endpoint"])}
+    pub = _published(coll)
+    assert {pub[p] for p in recv_ports} == default_ports
+    # ...and sends the traces on to Jaeger and Tempo, and the agent's OTLP metrics somewhere
+    pipes = coll_cfg["service"]["pipelines"]
+    assert set(pipes["traces"]["exporters"]) == {"otlp/jaeger", "otlp/tempo"}
+    assert "metrics" in pipes
+    for name in pipes["traces"]["exporters"]:
+        host, port = coll_cfg["exporters"][name]["endpoint"].rsplit(":", 1)
+        assert host in services
+        if host == "tempo":
+            tempo = _yaml(mounted("tempo", next(c for c in services["tempo"]["command"]
+                                              if c.startswith("-config.file=")).split("=", 1)[1]))
+            assert _port(tempo["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"]) == int(port)
+        else:
+            assert int(port) == 4317  # Jaeger's OTLP gRPC receiver
+
+    # Grafana: the datasources the dashboards name, the exemplar links, the dashboards folder
+    graf = services["grafana"]
+    assert graf.get("network_mode") == "host"
+    ds_files = os.listdir(mounted("grafana", "/etc/grafana/provisioning") + "/datasources")
+    ds = [d for f in ds_files for d in _yaml(os.path.join(PROVISIONING, "datasources", f))["datasources"]]
+    by_type = {d["type"]: d for d in ds}
+    assert set(by_type) == {"prometheus", "jaeger", "tempo"}
+    assert by_type["prometheus"].get("isDefault") is True
+    assert _port(by_type["prometheus"]["url"]) == prom_port
+    assert _port(by_type["jaeger"]["url"]) == _published(services["jaeger"])[16686]
+    assert _port(by_type["tempo"]["url"]) == _published(services["tempo"])[
+        _yaml(mounted("tempo", "/etc/tempo.yaml"))["server"]["http_listen_port"]]
+    uids = {d["uid"] for d in ds}
+    dests = by_type["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
+    assert {d["datasourceUid"] for d in dests if "datasourceUid" in d} == {by_type["jaeger"]["uid"],
+                                                                          by_type["tempo"]["uid"]}
+    assert all(d["name"] == "trace_id" for d in dests)  # the agent's exemplar label
+    assert any("/d/omnitrace-request" in d.get("url", "") for d in dests)
+    assert by_type["prometheus"]["jsonData"]["timeInterval"] == prom_cfg["global"]["scrape_interval"]
+    providers = _yaml(os.path.join(PROVISIONING, "dashboards", "omnitrace.yaml"))["providers"]
+    path = providers[0]["options"]["path"]
+    host_dir = mounted("grafana", path)
+    assert os.path.samefile(host_dir, GRAFANA_DIR)
