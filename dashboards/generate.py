@@ -253,8 +253,11 @@ def overview() -> Json:
     L.add(timeseries("Head-of-line blocking per stage (seconds per request)",
                      "FIFO time on requests' critical paths spent behind other requests' tasks, "
                      "per attributed request.",
-                     [prom(f"sum by (stage) (rate(omnitrace_head_of_line_blocked_seconds_total"
-                           f'{{{RUN}, stage=~"$stage"}}{RI})) / {ATTRIBUTED}', "stage {{stage}}")], "s"), w=12)
+                     [prom("(" + zero_if_absent(
+                         f"sum by (stage) (rate(omnitrace_head_of_line_blocked_seconds_total"
+                         f'{{{RUN}, stage=~"$stage"}}{RI}))',
+                         f'rate(omnitrace_ttfp_attribution_seconds_total{{{RUN}, stage=~"$stage"}}{RI})',
+                         "stage") + f") / {ATTRIBUTED}", "stage {{stage}}")], "s"), w=12)
     L.add(bargauge("TTFP attribution now (mean seconds per request)",
                    "Latest value of the attribution, largest first: where TTFP goes right now.",
                    [prom(attribution(), "{{stage_name}} ({{stage}}) {{category}}")], "s"), w=12)

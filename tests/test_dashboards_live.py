@@ -1,0 +1,237 @@
+"""The dashboards against a live load test: the reference pipeline under
+`omnitrace run --exporter prometheus,otlp-grpc serve`, `omnitrace bench` loading it, a real
+Prometheus (Debian package, exemplar storage, 1 s scrape) scraping the agent, and a real
+OTLP gRPC receiver (official stubs) taking the spans.
+
+* every omnitrace panel's query (variables substituted as Grafana would) returns data
+  through Prometheus's HTTP API; the vLLM-Omni-only panels are listed and skipped;
+* exemplars lead to traces: Prometheus's exemplar API returns trace ids for the TTFP and
+  FIFO residence histograms, and each is a trace the OTLP exporter delivered;
+* `promtool check metrics` on a live scrape prints nothing.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+
+import pytest
+
+from omnitrace import conventions as cv
+from tests.agent_util import clean_env
+from tests.dashboard_util import prometheus_queries, variable_queries
+from tests.otlp_receiver import Store, free_port, start_grpc
+
+PROMETHEUS = shutil.which("prometheus")
+PROMTOOL = shutil.which("promtool")
+pytestmark = pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None,
+                                reason="Debian prometheus (with promtool) not installed")
+DEADLINE_S = 180  # generous: other work shares the machine; every wait polls
+
+
+def _get(url: str, accept: str | None = None, timeout: float = 5.0) -> bytes:
+    req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read()
+
+
+def _api(pport: int, path: str, **params) -> list | dict:
+    url = f"http://127.0.0.1:{pport}/api/v1/{path}?" + urllib.parse.urlencode(params, doseq=True)
+    body = json.loads(_get(url))
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def _wait(what, timeout: float = DEADLINE_S, step: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = what()
+        if got or time.monotonic() >= deadline:
+            return got
+        time.sleep(step)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory, long_lived_processes):
+    tmp = tmp_path_factory.mktemp("dash")
+    port, mport, pport = free_port(), free_port(), free_port()
+    store = Store()
+    grpc_server, gport = start_grpc(store)
+    (tmp / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n  - job_name: omnitrace\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{mport}']}}]\n")
+    prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{pport}",
+                             "--log.level=warn", "--enable-feature=exemplar-storage"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    err = open(tmp / "run.err", "wb")  # noqa: SIM115 (closed in finally)
+    proc = subprocess.Popen([sys.executable, "-m", "omnitrace", "run", "--run-dir", str(tmp / "run"),
+                             "--exporter", "prometheus,otlp-grpc", "--prometheus-port", str(mport),
+                             "--otlp-endpoint", f"127.0.0.1:{gport}", "--otlp-timeout", "5",
+                             "serve", "--port", str(port)],
+                            env=clean_env(), stdout=subprocess.DEVNULL, stderr=err)
+    long_lived_processes.add(proc.pid)
+    bench = None
+
+    def up() -> bool:
+        try:
+            _get(f"http://127.0.0.1:{port}/health", timeout=1)
+            return True
+        except OSError:
+            assert proc.poll() is None, (tmp / "run.err").read_text()[-2000:]
+            return False
+    try:
+        assert _wait(up, 90, 0.3), "the pipeline did not come up"
+        # steady load for the whole module; concurrency 8 so FIFOs queue (head-of-line)
+        bench = subprocess.Popen([sys.executable, "-m", "omnitrace", "bench", "--base-url",
+                                  f"http://127.0.0.1:{port}", "--concurrency", "8", "--num-prompts", "4000",
+                                  "--input-len", "300", "--output-len", "40", "--no-progress",
+                                  "--out", str(tmp / "bench.json")],
+                                 env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        yield {"pport": pport, "mport": mport, "store": store, "start": time.time()}
+    finally:
+        if bench is not None and bench.poll() is None:
+            bench.send_signal(signal.SIGINT)
+            try:
+                bench.wait(30)
+            except subprocess.TimeoutExpired:
+                bench.kill()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        long_lived_processes.discard(proc.pid)
+        err.close()
+        prom.send_signal(signal.SIGTERM)
+        try:
+            prom.wait(20)
+        except subprocess.TimeoutExpired:
+            prom.kill()
+        grpc_server.stop(0)
+
+
+def _finite(result: list) -> list:
+    """Samples with a number (histogram_quantile of an empty window is NaN)."""
+    return [r for r in result if math.isfinite(float(r["value"][1]))]
+
+
+def test_every_omnitrace_panel_returns_data(live):
+    queries = prometheus_queries()
+    omni = [q for q in queries if not q.vllm_omni_only]
+    skipped = sorted({(q.dashboard, q.panel) for q in queries if q.vllm_omni_only})
+    print("\nvLLM-Omni-only panels (need vLLM-Omni's --log-stats metrics), not evaluated here:")
+    for d, p in skipped:
+        print(f"  {d}: {p}")
+    assert skipped and omni
+
+    got: dict[int, list] = {}
+
+    def all_answered() -> bool:
+        for i, q in enumerate(omni):
+            if i not in got:
+                res = _finite(_api(live["pport"], "query", query=q.expr)["result"])
+                if res:
+                    got[i] = res
+        return len(got) == len(omni)
+    _wait(all_answered, step=1.0)
+    empty = [f"{q.dashboard}: {q.panel} [{q.ref}]: {q.expr}" for i, q in enumerate(omni) if i not in got]
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+
+    # what a user reads off them: stages by name, the categories of the report, FIFOs per stage
+    by_panel = defaultdict(list)
+    for i, q in enumerate(omni):
+        by_panel[q.panel].extend(got[i])
+    attr = by_panel["TTFP attribution: mean seconds per request"]
+    names = {r["metric"].get("stage_name") for r in attr}
+    assert {"api", "thinker", "talker", "code2wav"} <= names, names
+    assert "compute" in {r["metric"]["category"] for r in attr}
+    assert all(float(r["value"][1]) >= 0 for r in attr)
+    assert {r["metric"]["stage"] for r in by_panel["FIFO residence p50 / p99 per stage"]} == {"0", "1"}
+    pairs = {(r["metric"]["from_stage"], r["metric"]["to_stage"])
+             for r in by_panel["Transfer bytes per second per stage pair"]}
+    assert pairs == {("0", "1"), ("1", "2")}
+    ttfp = by_panel["TTFP p50 / p99"]
+    assert all(0 < float(r["value"][1]) < 60 for r in ttfp)
+
+    # the variables' label_values() queries list values too
+    for dash, name, selector, label in variable_queries():
+        series = _api(live["pport"], "series", **{"match[]": selector})
+        values = {s.get(label) for s in series} - {None}
+        assert values, f"{dash}: variable {name}: no {label} values for {selector}"
+        if name == "stage":
+            assert {"-1", "0", "1", "2"} <= values
+
+
+def _exemplars(pport: int, metric: str, start: float) -> dict[str, list[float]]:
+    """trace id -> exemplar values, for the bucket series of ``metric``."""
+    data = _api(pport, "query_exemplars", query=metric, start=f"{start - 60:.3f}", end=f"{time.time() + 5:.3f}")
+    out: dict[str, list[float]] = defaultdict(list)
+    for series in data:
+        for ex in series["exemplars"]:
+            out[ex["labels"]["trace_id"]].append(float(ex["value"]))
+    return out
+
+
+def test_exemplars_lead_to_delivered_traces(live):
+    pport, store = live["pport"], live["store"]
+    found = {}
+    for metric in ("omnitrace_request_ttfp_seconds_bucket", "omnitrace_fifo_residence_seconds_bucket"):
+        found[metric] = _wait(lambda: _exemplars(pport, metric, live["start"]))  # noqa: B023
+        assert found[metric], f"no exemplars for {metric}"
+    wanted = set().union(*found.values())
+    for tid in wanted:
+        assert len(tid) == 32 and int(tid, 16)
+
+    def delivered() -> dict[str, list]:
+        by_trace = defaultdict(list)
+        for _, s in store.spans():
+            tid = s.trace_id.hex()
+            if tid in wanted:
+                by_trace[tid].append(s)
+        roots = {t for t, spans in by_trace.items() if any(s.name == cv.SPAN_REQUEST for s in spans)}
+        return by_trace if roots >= wanted else {}
+    by_trace = _wait(delivered)
+    missing = wanted - {t for t, spans in (by_trace or {}).items()
+                        if any(s.name == cv.SPAN_REQUEST for s in spans)}
+    assert not missing, f"exemplar trace ids with no delivered omni.request trace: {sorted(missing)[:5]}"
+
+    # each trace is that request's: the root span's request id hashes to the trace id
+    for tid, spans in by_trace.items():
+        root = next(s for s in spans if s.name == cv.SPAN_REQUEST)
+        rid = next(kv.value.string_value for kv in root.attributes if kv.key == cv.ATTR_REQUEST_ID)
+        assert f"{cv.trace_id_for(rid):032x}" == tid
+    # a FIFO exemplar is one of that trace's FIFO spans: its value is the span's duration
+    for tid, values in found["omnitrace_fifo_residence_seconds_bucket"].items():
+        durations = [(s.end_time_unix_nano - s.start_time_unix_nano) / 1e9
+                     for s in by_trace[tid] if s.name == cv.SPAN_FIFO]
+        for v in values:
+            assert any(abs(d - v) <= 1e-6 + 1e-6 * v for d in durations), (tid, v, durations)
+    # a TTFP exemplar's trace carries the first-audio-packet event
+    for tid in found["omnitrace_request_ttfp_seconds_bucket"]:
+        root = next(s for s in by_trace[tid] if s.name == cv.SPAN_REQUEST)
+        assert cv.EVENT_TTFP in {e.name for e in root.events}
+
+
+def test_promtool_check_metrics_is_clean_on_a_live_scrape(live):
+    url = f"http://127.0.0.1:{live['mport']}/metrics"
+    # once requests have been attributed, every family the dashboards read has series
+    body = _wait(lambda: (b := _get(url)) if b"omnitrace_ttfp_attribution_seconds_total{" in b else b"")
+    assert body, "no attribution series on the endpoint"
+    r = subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == b"" and r.stderr == b"", (r.stdout + r.stderr).decode()[-3000:]
+    # the check does speak up: the same scrape with a counter missing its _total suffix
+    bad = body.replace(b"omnitrace_requests_started_total", b"omnitrace_requests_started_count_x")
+    bad = bad.replace(b"# TYPE omnitrace_requests_started counter",
+                      b"# TYPE omnitrace_requests_started_count_x counter")
+    r = subprocess.run([PROMTOOL, "check", "metrics"], input=bad, capture_output=True, timeout=60)
+    assert r.stdout + r.stderr, "promtool check metrics flagged nothing on a bad counter name"
