@@ -146,6 +146,7 @@ def test_every_omnitrace_panel_returns_data(live):
     _wait(all_answered, step=1.0)
     empty = [f"{q.dashboard}: {q.panel} [{q.ref}]: {q.expr}" for i, q in enumerate(omni) if i not in got]
     assert not empty, "panels without data:\n" + "\n".join(empty)
+    print(f"{len(omni)} omnitrace queries of {len({(q.dashboard, q.panel) for q in omni})} panels answered")
 
     # what a user reads off them: stages by name, the categories of the report, FIFOs per stage
     by_panel = defaultdict(list)
@@ -216,6 +217,8 @@ def test_exemplars_lead_to_delivered_traces(live):
                      for s in by_trace[tid] if s.name == cv.SPAN_FIFO]
         for v in values:
             assert any(abs(d - v) <= 1e-6 + 1e-6 * v for d in durations), (tid, v, durations)
+    print(f"\nexemplar trace ids followed to delivered traces: "
+          f"{ {m.split('_bucket')[0]: len(ids) for m, ids in found.items()} }")
     # a TTFP exemplar's trace carries the first-audio-packet event
     for tid in found["omnitrace_request_ttfp_seconds_bucket"]:
         root = next(s for s in by_trace[tid] if s.name == cv.SPAN_REQUEST)
@@ -225,7 +228,10 @@ def test_exemplars_lead_to_delivered_traces(live):
 def test_promtool_check_metrics_is_clean_on_a_live_scrape(live):
     url = f"http://127.0.0.1:{live['mport']}/metrics"
     # once requests have been attributed, every family the dashboards read has series
-    body = _wait(lambda: (b := _get(url)) if b"omnitrace_ttfp_attribution_seconds_total{" in b else b"")
+    def attributed() -> bytes:
+        body = _get(url)
+        return body if b"omnitrace_ttfp_attribution_seconds_total{" in body else b""
+    body = _wait(attributed)
     assert body, "no attribution series on the endpoint"
     r = subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True, timeout=60)
     assert r.returncode == 0 and r.stdout == b"" and r.stderr == b"", (r.stdout + r.stderr).decode()[-3000:]
