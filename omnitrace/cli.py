@@ -6,6 +6,7 @@ import sys
 
 # subcommand -> (module with `main(argv) -> int`, one-line help)
 COMMANDS = {
+    "loadtest": ("omnitrace.loadtest", "serve, load, stop, report in one command; --ab compares two deployments"),
     "run": ("omnitrace.inject.run_command", "run a command (or `serve`) with every Python process instrumented"),
     "serve": ("omnitrace.runtime.serve", "start the reference pipeline server without instrumentation"),
     "agent": ("omnitrace.agent.main", "the agent process (started by `omnitrace run`)"),

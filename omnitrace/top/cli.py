@@ -15,6 +15,7 @@ import sys
 import time
 from collections import deque
 
+from omnitrace.clihelp import DefaultsFormatter
 from omnitrace.top import model
 from omnitrace.top.source import DEFAULT_URL, RunDirSource, Sample, SourceError, open_source
 
@@ -106,7 +107,7 @@ class _Keys:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omnitrace top", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=DefaultsFormatter)
     p.add_argument("source", nargs="?", default=DEFAULT_URL,
                    help="a run directory, or the agent's metrics URL")
     p.add_argument("-i", "--interval", type=float, default=2.0, help="seconds between refreshes")

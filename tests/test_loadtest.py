@@ -1,0 +1,101 @@
+"""`omnitrace loadtest`: one command from nothing to the report, Ctrl-C at any point, and
+the A/B mode on the seed scenario (scaled): real servers, real load, real reports."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from report_util import _env
+
+SMALL = ["--concurrency", "4", "--num-prompts", "8", "--input-len", "200", "--output-len", "12"]
+
+
+def _loadtest(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "omnitrace", "loadtest", *args], capture_output=True,
+                          text=True, timeout=timeout, env=_env())
+
+
+def test_loadtest_one_command_to_the_report(tmp_path):
+    d = str(tmp_path / "lt")
+    r = _loadtest(["--run-dir", d, *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == d  # the run directory is the last line
+    assert "Attribution of TTFP" in r.stdout
+    bench = json.load(open(os.path.join(d, "bench.json")))
+    assert bench["status"] == "complete"
+    assert sum(1 for x in bench["requests"] if not x.get("warmup")) == 8
+    assert os.path.getsize(os.path.join(d, "report.html")) > 10_000
+    run = json.load(open(os.path.join(d, "run.json")))
+    assert run["status"] in ("ok", "done", "completed") or run["exit_code"] == 0, run
+    # the run directory is the usual one: report and compare work on it
+    rep = subprocess.run([sys.executable, "-m", "omnitrace", "report", d, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0 and json.loads(rep.stdout)["window"]["attributed"] == 8
+
+
+def test_loadtest_ctrl_c_leaves_a_loadable_run(tmp_path):
+    d = str(tmp_path / "lt")
+    proc = subprocess.Popen([sys.executable, "-m", "omnitrace", "loadtest", "--run-dir", d,
+                             "--concurrency", "4", "--num-prompts", "5000", "--input-len", "200",
+                             "--output-len", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(), start_new_session=True)
+    try:
+        # wait until the load is running (the bench has finished some requests)
+        deadline = time.monotonic() + 120
+        events = os.path.join(d, "events")
+        while time.monotonic() < deadline and not (os.path.isdir(events) and os.listdir(events)):
+            time.sleep(0.3)
+        time.sleep(3)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert "interrupted" in err and d in err and "Traceback" not in err
+    rep = subprocess.run([sys.executable, "-m", "omnitrace", "report", d, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert rep.returncode in (0, 3), rep.stderr
+    body = json.loads(rep.stdout)
+    assert body["recorder"]["events"] > 0 if "events" in body["recorder"] else True
+    bench = json.load(open(os.path.join(d, "bench.json")))
+    assert bench["status"] == "interrupted" and bench["requests"]
+
+
+def test_loadtest_ab_seed_scenario(tmp_path):
+    """`--ab "--snapshot recursive" "--snapshot copy" --repeats 2`, scaled to minutes on 2
+    cores: the thinker's snapshot category falls with a CI that excludes zero, and the
+    per-chunk snapshot cost falls >= 10x in every B run against every A run."""
+    d = str(tmp_path / "ab")
+    r = _loadtest(["--run-dir", d, "--ab", "--snapshot recursive", "--snapshot copy", "--pattern", "AB",
+                   "--repeats", "2", "--concurrency", "8", "--num-prompts", "16", "--input-len", "2500",
+                   "--output-len", "12"], timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = sorted(os.listdir(d))
+    assert [x for x in runs if x[:2].isdigit()] == ["01-A", "02-B", "03-A", "04-B"]
+    res = json.load(open(os.path.join(d, "compare.json")))
+    snap = next(x for x in res["rows"] if x["stage"] == "0:thinker" and x["category"] == "snapshot")
+    assert snap["significant"] and snap["ci_high_ms"] < 0, snap
+    verdict = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("0:thinker snapshot")]
+    assert verdict and verdict[0].split()[2].startswith("-"), r.stdout
+    assert os.path.getsize(os.path.join(d, "compare.html")) > 10_000
+    assert r.stdout.strip().splitlines()[-1] == d
+    per_chunk = {}
+    for x in ("01-A", "02-B", "03-A", "04-B"):
+        rep = json.loads(subprocess.run([sys.executable, "-m", "omnitrace", "report", os.path.join(d, x),
+                                         "--json"], capture_output=True, text=True, timeout=120).stdout)
+        per_chunk[x] = next(s for s in rep["snapshot"] if s["stage_id"] == 0)["p50_us"]
+    assert min(per_chunk["01-A"], per_chunk["03-A"]) >= 10 * max(per_chunk["02-B"], per_chunk["04-B"]), per_chunk
+
+
+def test_loadtest_bad_input_is_one_line(tmp_path):
+    for args in (["--ab", "x", "y", "--pattern", "ABC"], ["--num-prompts", "0"],
+                 ["--base-url", "http://127.0.0.1:1"], ["--serve", "'unclosed"], ["--no-such-option"]):
+        r = _loadtest(["--run-dir", str(tmp_path / "x"), *args], timeout=60)
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert not os.path.exists(tmp_path / "x")  # nothing started, nothing written
