@@ -56,7 +56,9 @@ def test_report_aggregates_and_sum_error_zero(tmp_path):
     assert abs(sum(a["share"] for a in rep["attribution"]) - 1.0) < 1e-9
     blocked = [a for a in rep["attribution"] if a["category"] == "fifo_blocked"][0]
     assert abs(blocked["mean_ms"] - 0.030) < 1e-9
-    assert rep["head_of_line"][0]["blocked_ms"] > 0
+    # the fixture's requests never overlap in time: a blocked_by attribute alone is no wall
+    # time spent behind another request's task (tests/test_report_hol.py builds one that is)
+    assert rep["head_of_line"] == [] and rep["head_of_line_victims"] == []
     assert {f["stage_id"] for f in rep["fifo"]} == {0, 1}
 
 

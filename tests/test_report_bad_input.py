@@ -45,7 +45,8 @@ def test_bench_only_run_dir_all_failed(tmp_path):
         {"id": "x", "warmup": False, "error": "connection failed: Connection refused"}]}))
     r = _report(str(d))
     assert r.returncode == 3
-    assert "events/ missing" in r.stdout and "no trace at all" in r.stdout
+    assert "events/ missing" in r.stdout and "1 measured request(s) FAILED: 1 connection failed" in r.stdout
+    assert "no trace at all" not in r.stdout  # a failure, not a tracing gap
 
 
 def test_drops_are_announced_first(tmp_path):

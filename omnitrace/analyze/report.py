@@ -9,10 +9,17 @@ import numpy as np
 from omnitrace import __version__
 from omnitrace import conventions as cv
 from omnitrace.analyze import attribution as at
-from omnitrace.analyze.rundir import Run, Span
-from omnitrace.analyze.stats import NS_TO_MS, NS_TO_US, median, summary
+from omnitrace.analyze import components, failures, headofline, waterfall
+from omnitrace.analyze.rundir import Run
+from omnitrace.analyze.select import Selection
+from omnitrace.analyze.stats import NS_TO_MS, median, summary
 
-WATERFALLS = 10  # slowest requests kept with full segments in the HTML
+WATERFALLS = 10  # slowest requests given a waterfall in the HTML (and --request ID ones)
+TOP_CATEGORIES = 4  # per-request console line: the largest categories
+HOL_NOTE = ("blocked_ms: wall time before the victim's first packet during which at least one of "
+            "its critical-path chunks waited in a FIFO while the sender worked on the culprit's "
+            "task (union over chunks: never more than the victim's TTFP); chunk_time_sum_ms: the "
+            "same waits added per chunk (overlaps counted once per chunk)")
 
 
 def stage_label(stage: int, names: dict[int, str]) -> str:
@@ -62,14 +69,30 @@ def _agent_counters(run: Run) -> dict[str, Any]:
             "views_failed": views_failed}
 
 
-def _measured(run: Run, reqs: dict[str, at.RequestSpans],
-              level: int | None = None) -> tuple[set[str], str, dict[str, dict]]:
+def _first_seen(run: Run, reqs: dict[str, at.RequestSpans]) -> dict[str, int]:
+    """Request id -> its arrival, or (no API request) its first chunk span's start."""
+    out = {rid: r.request.start for rid, r in reqs.items() if r.request is not None}
+    C = run.chunks
+    if C is not None and len(C):
+        first = np.full(len(run.chunk_requests), np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(first, C["req"].astype(np.int64), C["start"])
+        for i, rid in enumerate(run.chunk_requests):
+            if i and rid not in out and first[i] != np.iinfo(np.int64).max:
+                out[rid] = int(first[i])
+    return out
+
+
+def _measured(run: Run, first_seen: dict[str, int], level: int | None,
+              sel: Selection) -> tuple[set[str], str, dict[str, dict]]:
     """Ids of measured (non-warm-up) requests, how they were chosen, and bench rows by id."""
     b = run.bench
     rows: dict[str, dict] = {}
     if not b:
-        run.warnings.append("no bench.json: every traced request is analysed (warm-up not excluded)")
-        return set(reqs), "all traced requests (no bench.json)", rows
+        if sel.active:
+            return sel.apply(first_seen), f"no bench.json: {sel.describe()}", rows
+        run.warnings.append("no bench.json: every traced request is analysed (warm-up not excluded; "
+                            "select with --requests PREFIX, --window START:END, --warmup N)")
+        return set(first_seen), "all traced requests (no bench.json)", rows
     for r in b.get("requests", []) or []:
         if isinstance(r, dict) and r.get("id"):
             rows[str(r["id"])] = r
@@ -83,116 +106,52 @@ def _measured(run: Run, reqs: dict[str, at.RequestSpans],
     elif len(levels) > 1:
         run.warnings.append(f"bench swept concurrency {levels}: all levels are aggregated together; "
                             "use --concurrency C for one level")
-    hit = measured & set(reqs)
-    if hit:
-        return hit, "bench.json request ids (warm-up excluded)", rows
+    how = "bench.json request ids (warm-up excluded)"
+    if sel.active:
+        measured &= sel.apply({i: first_seen.get(i, int(rows[i].get("start_unix_ns") or 0))
+                               for i in measured})
+        how += f"; {sel.describe()}"
+    hit = measured & set(first_seen)
+    if hit or not measured:
+        return measured, how, rows
     windows = [w for w in (b.get("levels") or []) if isinstance(w, dict) and w.get("measured_window")]
     if windows:
-        sel: set[str] = set()
+        picked: set[str] = set()
         for lv in windows:
             mw = lv["measured_window"]
             lo, hi = int(mw.get("start_unix_ns", 0)), int(mw.get("end_unix_ns", 0))
-            sel |= {rid for rid, r in reqs.items() if r.request and lo <= r.request.start <= hi}
+            picked |= {rid for rid, t in first_seen.items() if lo <= t <= hi}
         run.warnings.append("bench.json request ids not found in the traces: measured window "
                             "selected by time instead")
-        return sel, "bench.json measured window (by time)", rows
-    return set(), "bench.json (no measured requests)", rows
+        return picked, "bench.json measured window (by time)", rows
+    return measured, how, rows
 
 
-def _by_stage(spans: list[Span], key) -> dict[Any, list[Span]]:
-    out: dict[Any, list[Span]] = {}
-    for s in spans:
-        out.setdefault(key(s), []).append(s)
-    return out
-
-
-def _chunk_stats(run: Run, measured: set[str], names: dict[int, str]) -> tuple:
-    """Per-stage FIFO, snapshot and transfer figures and the head-of-line table, from the
-    run's chunk span table (all chunk spans, not only those attribution walked)."""
-    from omnitrace import spantable as stt
-    C = run.chunks
-    if C is None or not len(C):
-        return [], [], [], [], 0
-    ids = np.array([i for i, r in enumerate(run.chunk_requests) if r in measured], np.int64)
-    C = C[np.isin(C["req"], ids)]
-    dur = C["end"] - C["start"]
-    fifo = []
-    F = C["name"] == stt.N_FIFO
-    for st in np.unique(C["stage"][F]).tolist():
-        m = F & (C["stage"] == st)
-        d = dur[m]
-        res = summary(d, NS_TO_MS)
-        blk = summary(np.minimum(C["v2"][m], d), NS_TO_MS)
-        depth = C["v1"][m] + 1
-        depth = depth[depth >= 0]
-        fifo.append({"stage": stage_label(st, names), "stage_id": st, "count": res["count"],
-                     "residence_p50_ms": res["p50"], "residence_p99_ms": res["p99"],
-                     "residence_max_ms": res["max"], "blocked_p50_ms": blk["p50"],
-                     "blocked_p99_ms": blk["p99"],
-                     "depth_mean": float(depth.mean()) if len(depth) else None,
-                     "depth_max": int(depth.max()) if len(depth) else None,
-                     "residence_ms": (d * NS_TO_MS).tolist()})
-    snapshot = []
-    S = C["name"] == stt.N_SNAPSHOT
-    for st in np.unique(C["stage"][S]).tolist():
-        sm = summary(dur[S & (C["stage"] == st)], NS_TO_US)
-        snapshot.append({"stage": stage_label(st, names), "stage_id": st, "count": sm["count"],
-                         "mean_us": sm["mean"], "p50_us": sm["p50"], "p99_us": sm["p99"],
-                         "max_us": sm["max"]})
-    P, G = C["name"] == stt.N_PUT, C["name"] == stt.N_GET
-    producer = np.where(P, C["stage"], C["peer"])
-    consumer = np.where(P, C["peer"], C["stage"])
-    transfer = []
-    pairs = sorted({cv.stage_pair(p, c) for p, c in zip(producer[P | G].tolist(), consumer[P | G].tolist())})
-    for pair in pairs:
-        p, c = (int(x) for x in pair.split("->"))
-        row: dict[str, Any] = {"pair": pair}
-        for sel, tag in ((P, "put"), (G, "get")):
-            m = sel & (producer == p) & (consumer == c)
-            sm = summary(dur[m], NS_TO_US)
-            nbytes, total = int(C["v1"][m].sum()), int(dur[m].sum())
-            n = int(m.sum())
-            row[tag] = {"count": sm["count"], "p50_us": sm["p50"], "p99_us": sm["p99"],
-                        "mean_bytes": nbytes / n if n else 0.0,
-                        "bandwidth_mb_s": (nbytes / 1e6) / (total / 1e9) if total > 0 else None}
-        transfer.append(row)
-    # head of line: victim x culprit, blocked time split evenly among listed culprits
-    B = F & (C["v2"] > 0) & (C["by0"] > 0)
-    hol_rows = []
-    if B.any():
-        rows = C[B]
-        n_by = (rows["by0"] > 0).astype(np.int64) + (rows["by1"] > 0) + (rows["by2"] > 0)
-        share = np.minimum(rows["v2"], dur[B]) / n_by * NS_TO_MS
-        vic, cul, sh = [], [], []
-        for col in ("by0", "by1", "by2"):
-            m = rows[col] > 0
-            vic.append(rows["req"][m].astype(np.int64))
-            cul.append(rows[col][m].astype(np.int64))
-            sh.append(share[m])
-        vic, cul, sh = np.concatenate(vic), np.concatenate(cul), np.concatenate(sh)
-        key = vic * (len(run.chunk_requests) + 1) + cul
-        uniq, inv = np.unique(key, return_inverse=True)
-        total = np.bincount(inv, weights=sh)
-        times = np.bincount(inv)
-        reqs = run.chunk_requests
-        base = len(reqs) + 1
-        hol_rows = [{"victim": reqs[k // base], "culprit": reqs[k % base], "blocked_ms": float(t),
-                     "times": int(n)} for k, t, n in zip(uniq.tolist(), total.tolist(), times.tolist())]
-        hol_rows.sort(key=lambda r: (-r["blocked_ms"], r["victim"], r["culprit"]))
-    return fifo, snapshot, transfer, hol_rows, int(np.count_nonzero(C["reason"]))
-
-
-def build_report(run: Run, per_request_segments: bool = True, level: int | None = None) -> dict[str, Any]:
+def build_report(run: Run, per_request_segments: bool = True, level: int | None = None,
+                 select: Selection | None = None, waterfalls: int = WATERFALLS,
+                 waterfall_ids: list[str] | None = None) -> dict[str, Any]:
     was = gc.isenabled()
     gc.disable()  # as in load_run: many small acyclic objects
     try:
-        return _build_report(run, per_request_segments, level)
+        return _build_report(run, per_request_segments, level, select or Selection(), waterfalls,
+                             list(waterfall_ids or ()))
     finally:
         if was:
             gc.enable()
 
 
-def _build_report(run: Run, per_request_segments: bool, level: int | None) -> dict[str, Any]:
+def _bench_settings(run: Run) -> dict[str, Any] | None:
+    """The load's settings, for `compare` (which warns when two sides differ)."""
+    b = run.bench
+    if not b or not isinstance(b.get("args"), dict):
+        return None
+    keep = ("concurrency", "num_prompts", "warmup", "input_len", "output_len", "range_ratio",
+            "model", "endpoint", "extra_body")
+    return {k: b["args"].get(k) for k in keep if k in b["args"]}
+
+
+def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: Selection,
+                  n_waterfalls: int, waterfall_ids: list[str]) -> dict[str, Any]:
     reqs = at.index_requests(run.spans)
     names: dict[int, str] = {}
     for r in reqs.values():
@@ -200,20 +159,40 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None) -> di
             n = sp.attrs.get(cv.ATTR_STAGE_NAME) if sp.attrs else None
             if n:
                 names.setdefault(st, str(n))
-    measured, how, bench_rows = _measured(run, reqs, level)
+
+    def label(stage: int) -> str:
+        return stage_label(stage, names)
+
+    def died_label(stage: int) -> str:
+        return f"{stage} ({names[stage]})" if stage in names else str(stage)
+
+    first_seen = _first_seen(run, reqs)
+    measured, how, bench_rows = _measured(run, first_seen, level, sel)
     recorder = _agent_counters(run)
+    has_api = any(r.request is not None for r in reqs.values())
+
+    # ---- failures: by cause, before anything is called missing
+    bench_measured = measured & set(bench_rows)
+    traced_status = {rid: (int(reqs[rid].request.attrs.get(cv.ATTR_STATUS, 0) or 0), reqs[rid].request.end)
+                     for rid in measured if rid in reqs and reqs[rid].request is not None
+                     and rid not in bench_rows}
+    fails = failures.summarize((bench_rows[i] for i in sorted(bench_measured)), traced_status,
+                               run.stage_deaths, died_label)
+    failed_ids = set(fails.pop("failed_ids"))
 
     atts: list[at.Attribution] = []
     no_ttfp: list[str] = []
     for rid in sorted(measured):
-        a = at.attribute(reqs[rid]) if rid in reqs else None
-        if a is None:
-            no_ttfp.append(rid)
-        else:
+        r = reqs.get(rid)
+        if r is None or r.request is None:
+            continue  # no API request (component-level run) or no trace: counted below
+        a = at.attribute(r)
+        if a is not None:
             atts.append(a)
-    bench_measured = {i for i, r in bench_rows.items() if not r.get("warmup")
-                      and (level is None or r.get("concurrency") == level)}
-    untraced = sorted(bench_measured - set(reqs)) if bench_rows else []
+        elif rid not in failed_ids:
+            no_ttfp.append(rid)
+    traced = set(first_seen)
+    untraced = sorted(i for i in bench_measured - traced if i not in failed_ids)
 
     # ---- per request
     requests: list[dict[str, Any]] = []
@@ -232,16 +211,14 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None) -> di
             "ttfp_ms": a.ttfp_ns * NS_TO_MS,
             "client_ttfp_ms": client_ms,
             "sum_error_ns": err,
-            "categories_ms": {f"{stage_label(s, names)}/{c}": v * NS_TO_MS
-                              for (s, c), v in sorted(tot.items())},
+            "categories_ms": {f"{label(s)}/{c}": v * NS_TO_MS for (s, c), v in sorted(tot.items())},
             "hops": [f"{p}->{c}#{k}" for p, c, k in a.hops],
             "missing_spans": a.missing,
             "unrecorded_tasks": [f"{p}->{c}#{k}" for p, c, k in a.unrecorded_tasks],
         }
         if per_request_segments:
             row["segments"] = [[(g.start - a.arrival) * NS_TO_MS, g.dur * NS_TO_MS,
-                                stage_label(g.stage, names), g.category, g.detail]
-                               for g in a.segments]
+                                label(g.stage), g.category, g.detail] for g in a.segments]
         requests.append(row)
 
     # ---- aggregate per stage and category (zeros included so means add up to mean TTFP)
@@ -252,16 +229,53 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None) -> di
     agg = []
     for k in keys:
         s = summary([t.get(k, 0) for t in totals], NS_TO_MS)
-        agg.append({"stage": stage_label(k[0], names), "stage_id": k[0], "category": k[1],
+        agg.append({"stage": label(k[0]), "stage_id": k[0], "category": k[1],
                     "mean_ms": s["mean"], "p50_ms": s["p50"], "p99_ms": s["p99"],
                     "share": (s["mean"] / (mean_ttfp * NS_TO_MS)) if mean_ttfp else 0.0})
 
-    # ---- FIFO, snapshot, transfer, head of line over all chunks of measured requests
-    fifo, snapshot, transfer, hol_rows, chunk_incomplete = _chunk_stats(run, measured, names)
+    # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
+    C = components.select(run.chunks, run.chunk_requests, measured)
+    fifo, snapshot, transfer = components.figures(C, label)
+    chunk_incomplete = components.incomplete(C)
+
+    # ---- head of line, in wall time, over the critical-path chunks of attributed requests
+    cidx = {rid: i for i, rid in enumerate(run.chunk_requests)}
+    all_chunks = run.chunks if run.chunks is not None else np.zeros(0, C.dtype)
+    busy = headofline.sender_busy(all_chunks) if len(all_chunks) else {}
+    victims = [headofline.Victim(cidx[a.rid], a.arrival, a.ttfp, a.hops) for a in atts if a.rid in cidx]
+    hol_rows, hol_victims = [], []
+    ttfp_of = {a.rid: a.ttfp_ns * NS_TO_MS for a in atts}
+    for b in headofline.blocked(victims, all_chunks, busy) if victims else ():
+        vid = run.chunk_requests[b.req]
+        if b.wall_ns > 0:
+            hol_victims.append({"victim": vid, "ttfp_ms": ttfp_of[vid], "blocked_ms": b.wall_ns * NS_TO_MS,
+                                "chunk_time_sum_ms": b.chunk_ns * NS_TO_MS, "culprits": len(b.by_culprit)})
+        for c, (wall, chunk_ns, tasks) in b.by_culprit.items():
+            hol_rows.append({"victim": vid, "culprit": run.chunk_requests[c], "blocked_ms": wall * NS_TO_MS,
+                             "chunk_time_sum_ms": chunk_ns * NS_TO_MS, "tasks": tasks,
+                             "victim_ttfp_ms": ttfp_of[vid]})
+    hol_rows.sort(key=lambda r: (-r["blocked_ms"], r["victim"], r["culprit"]))
+    hol_victims.sort(key=lambda r: (-r["blocked_ms"], r["victim"]))
+
+    # ---- waterfalls: the slowest N and any asked for by id
+    wf_ids = [r["id"] for r in requests[:n_waterfalls]] + [i for i in waterfall_ids]
+    by_rid = {a.rid: a for a in atts}
+    order = np.argsort(all_chunks["req"], kind="stable") if len(all_chunks) else np.zeros(0, np.int64)
+    sorted_req = all_chunks["req"][order] if len(all_chunks) else np.zeros(0, np.uint32)
+    wfs = []
+    warnings = list(run.warnings)
+    for rid in dict.fromkeys(wf_ids):
+        a = by_rid.get(rid)
+        if a is None:
+            warnings.append(f"--request {rid}: not an attributed measured request (no waterfall)")
+            continue
+        i = cidx.get(rid, -1)
+        lo, hi = np.searchsorted(sorted_req, [i, i + 1]) if i >= 0 else (0, 0)
+        wfs.append(waterfall.build(a, reqs[rid], all_chunks[order[lo:hi]], busy, run.chunk_requests,
+                                   label, i))
 
     server = [a.ttfp_ns * NS_TO_MS for a in atts]
     client = [r["client_ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
-    warnings = list(run.warnings)
     if recorder["never_drained"]:
         warnings.insert(0, f"THE AGENT DIED: {recorder['never_drained']} events were never drained "
                            "from the rings; requests they belong to are incomplete")
@@ -285,33 +299,52 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None) -> di
     if recorder["dropped"] > 0:
         warnings.insert(0, f"RECORDER DROPPED {recorder['dropped']} EVENTS: some spans are missing; "
                            "attribution of affected requests is incomplete")
+    for d in fails["stage_deaths"]:
+        warnings.insert(0, f"STAGE {d['stage']} DIED during the run (recorded by the API server)")
+    if fails["failed"]:
+        parts = [f"{c['count']} {c['cause']} ("
+                 + ", ".join(f"{n} {h}" for h, n in sorted(c["how"].items(), key=lambda x: -x[1])) + ")"
+                 for c in fails["causes"]]
+        warnings.insert(len(fails["stage_deaths"]),
+                        f"{fails['failed']} measured request(s) FAILED: " + "; ".join(parts))
     if no_ttfp:
         warnings.append(f"{len(no_ttfp)} measured request(s) have no first audio packet in the trace "
-                        "(failed, cut off, or still running): not attributed")
+                        "and no recorded failure (cut off or still running): not attributed")
     if untraced:
-        warnings.append(f"{len(untraced)} measured bench request(s) have no trace at all")
-    if not atts:
+        warnings.append(f"{len(untraced)} measured bench request(s) succeeded but have no trace at all")
+    if not has_api and measured:
+        warnings.append("no API requests in this run (component-level run): per-stage snapshot, FIFO "
+                        "and transfer figures only, no TTFP attribution")
+    elif not atts:
         warnings.append("no measured request could be attributed")
     unrec = sum(len(a.unrecorded_tasks) for a in atts)
     if unrec:
         warnings.append(f"{unrec} critical-path hop(s) lack the producing task's own snapshot/FIFO/process "
                         "spans (the trace holds only an earlier task under the same chunk index): that "
                         "time is counted as the producer's compute")
-    incomplete = sum(reqs[r].incomplete for r in measured if r in reqs) + chunk_incomplete
+    incomplete = sum(reqs[r].incomplete for r in measured if r in reqs)
     if incomplete:
-        warnings.append(f"{incomplete} span(s) of measured requests were closed by the agent without "
-                        "their end event (omni.incomplete)")
+        warnings.append(f"{incomplete} request/stage span(s) of measured requests were closed by the agent "
+                        "without their end event (omni.incomplete)")
+    if chunk_incomplete:
+        warnings.append("chunk spans without their end event, left out of every figure: "
+                        + ", ".join(f"{n} {k}" for k, n in sorted(chunk_incomplete.items())))
     return {
         "omnitrace_version": __version__,
         "runs": [{"path": p} for p in run.paths],
         "run": [{k: rj.get(k) for k in ("run_id", "status", "command", "host", "started_unix_ns",
                                           "ended_unix_ns", "exit_code")} for rj in run.run_json],
+        "bench": _bench_settings(run),
         "warnings": warnings,
         "recorder": recorder,
         "window": {"selection": how, "measured": len(measured), "attributed": len(atts),
-                   "no_first_packet": len(no_ttfp), "traced_requests": len(reqs),
+                   "failed": fails["failed"], "no_first_packet": len(no_ttfp),
+                   "untraced": len(untraced), "traced_requests": len(traced),
+                   "api_requests": has_api,
                    "spans": run.span_count, "spans_skipped_warmup": run.skipped_spans},
+        "failures": fails,
         "stages": {str(k): v for k, v in sorted(names.items())},
+        "categories": [{"category": c, "description": d} for c, d in at.DESCRIPTIONS.items()],
         "ttfp": {"server_ms": summary(server), "client_ms": summary(client),
                  "client_minus_server_median_ms": median(diffs),
                  "client_minus_server_ms": summary(diffs),
@@ -320,6 +353,10 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None) -> di
         "fifo": fifo,
         "snapshot": snapshot,
         "transfer": transfer,
+        "incomplete_chunk_spans": chunk_incomplete,
         "head_of_line": hol_rows,
+        "head_of_line_victims": hol_victims,
+        "head_of_line_note": HOL_NOTE,
         "requests": requests,
+        "waterfalls": wfs,
     }

@@ -6,8 +6,9 @@ import sys
 
 import orjson
 
-from omnitrace.analyze.report import build_report
+from omnitrace.analyze.report import WATERFALLS, build_report
 from omnitrace.analyze.rundir import RunDirError, load_run
+from omnitrace.analyze.select import Selection, SelectionError, parse_window
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,14 +23,33 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=None, metavar="C",
                    help="only the bench level at concurrency C (a sweep is otherwise aggregated)")
     p.add_argument("--limit", type=int, default=20, help="rows of per-request and head-of-line tables")
+    sel = p.add_argument_group("request selection (a client other than `omnitrace bench`: no bench.json)")
+    sel.add_argument("--requests", metavar="PREFIX", help="only requests whose id starts with PREFIX")
+    sel.add_argument("--window", metavar="START:END",
+                     help="only requests arriving START..END seconds after the first one (either may be empty)")
+    sel.add_argument("--warmup", type=int, default=0, metavar="N",
+                     help="exclude the first N selected requests (by arrival) as warm-up")
+    p.add_argument("--request", action="append", default=[], metavar="ID",
+                   help="also draw this request's waterfall in the HTML (repeatable)")
+    p.add_argument("--waterfalls", type=int, default=WATERFALLS, metavar="N",
+                   help=f"waterfalls of the N slowest requests in the HTML (default {WATERFALLS})")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.warmup < 0 or args.waterfalls < 0 or args.limit < 0:
+        p.error("--warmup, --waterfalls and --limit must not be negative")
+    try:
+        sel = Selection(args.requests or None, parse_window(args.window) if args.window else None,
+                        args.warmup)
+    except SelectionError as e:
+        p.error(str(e))
     try:
         run = load_run(args.runs)
-        rep = build_report(run, level=args.concurrency)
+        rep = build_report(run, level=args.concurrency, select=sel, waterfalls=args.waterfalls,
+                           waterfall_ids=args.request)
     except RunDirError as e:
         print(f"omnitrace report: {e}", file=sys.stderr)
         return 2
@@ -56,5 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nJSON report: {args.json}")
         if args.html:
             print(f"HTML report: {args.html}")
-    # No measured request attributed: the report is printed but the exit code says so.
-    return 0 if rep["window"]["attributed"] else 3
+    # Nothing measured to show: the report is printed but the exit code says so. A run
+    # without API requests (component level) is fine when it has per-stage figures.
+    component = not rep["window"]["api_requests"] and (rep["fifo"] or rep["snapshot"] or rep["transfer"])
+    return 0 if rep["window"]["attributed"] or component else 3

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+TOP = 3  # categories per request line
+
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def fmt(v: Any) -> str:
@@ -31,8 +33,8 @@ def render(rep: dict[str, Any], limit: int = 20) -> str:
         out.append(f"run {r.get('run_id')}  status={r.get('status')}  exit={r.get('exit_code')}")
     w = rep["window"]
     out.append(f"measured window: {w['measured']} requests ({w['selection']}); attributed "
-               f"{w['attributed']}; no first packet {w['no_first_packet']}; traced {w['traced_requests']}; "
-               f"spans {w['spans']}")
+               f"{w['attributed']}; failed {w.get('failed', 0)}; no first packet {w['no_first_packet']}; "
+               f"traced {w['traced_requests']}; spans {w['spans']}")
     out.append("recorder: " + (f"events={rec['events']} dropped={rec['dropped']} spans_built="
                                f"{rec['spans_built']}" if rec["known"] else "counters unknown (no agent.json)")
                + "".join(f" {k}={rec[k]}" for k in ("never_drained", "not_recorded", "torn_records")
@@ -57,11 +59,23 @@ def render(rep: dict[str, Any], limit: int = 20) -> str:
             d = t["client_minus_server_ms"]
             out.append(f"client - server TTFP (HTTP overhead): median {t['client_minus_server_median_ms']:.3f} ms, "
                        f"p99 {d['p99']:.3f} ms")
+    fl = rep.get("failures") or {}
+    if fl.get("failed"):
+        out.append("\nFailed measured requests, by cause")
+        out.append(table(["cause", "requests", "how the client saw it", "example"],
+                         [[c["cause"], c["count"], ", ".join(f"{n} {h}" for h, n in c["how"].items()),
+                           c["example"][:60]] for c in fl["causes"]]))
     if rep["attribution"]:
         out.append("\nAttribution of TTFP (critical path, per stage and category)")
         out.append(table(["stage", "category", "mean ms", "p50 ms", "p99 ms", "share"],
                          [[a["stage"], a["category"], a["mean_ms"], a["p50_ms"], a["p99_ms"],
                            f"{a['share'] * 100:.1f}%"] for a in rep["attribution"]]))
+        used = {a["category"] for a in rep["attribution"]}
+        desc = [c for c in rep.get("categories", []) if c["category"] in used]
+        if desc:
+            width = max(len(c["category"]) for c in desc)
+            out.append("categories:")
+            out += [f"  {c['category'].ljust(width)}  {c['description']}" for c in desc]
     if rep["fifo"]:
         out.append("\nFIFO residence (producer stage)")
         out.append(table(["stage", "chunks", "p50 ms", "p99 ms", "max ms", "blocked p50", "blocked p99",
@@ -83,16 +97,21 @@ def render(rep: dict[str, Any], limit: int = 20) -> str:
                            x["get"]["p99_us"], x["get"]["bandwidth_mb_s"], x["put"]["mean_bytes"]]
                           for x in rep["transfer"]]))
     if rep["head_of_line"]:
-        out.append("\nHead-of-line blocking (victim waited behind culprit in a FIFO), top pairs")
-        out.append(table(["victim", "culprit", "blocked ms", "times"],
-                         [[h["victim"], h["culprit"], h["blocked_ms"], h["times"]]
+        out.append("\nHead-of-line blocking before the first packet (wall time), top victim x culprit pairs")
+        out.append(table(["victim", "culprit", "blocked ms", "victim TTFP ms", "culprit tasks"],
+                         [[h["victim"], h["culprit"], h["blocked_ms"], h["victim_ttfp_ms"], h["tasks"]]
                           for h in rep["head_of_line"][:limit]]))
+        out.append("blocked ms: time before the victim's first packet during which one of its "
+                   "critical-path chunks\nwaited in a FIFO while the sender worked on the culprit's "
+                   "task (never more than the TTFP)")
     if rep["requests"]:
         shown = rep["requests"][:limit]
         out.append(f"\nPer request critical path (slowest {len(shown)} of {len(rep['requests'])}; "
-                   "--limit N / --json for all), ms")
+                   f"largest {TOP} categories; --json for all), ms")
+        rows = []
         for r in shown:
-            parts = "  ".join(f"{k}={v:.2f}" for k, v in r["categories_ms"].items() if v >= 0.005)
-            cl = f" client={r['client_ttfp_ms']:.2f}" if r["client_ttfp_ms"] is not None else ""
-            out.append(f"{r['id']}  TTFP={r['ttfp_ms']:.2f}{cl}  {parts}")
+            top = sorted(r["categories_ms"].items(), key=lambda kv: -kv[1])[:TOP]
+            rows.append([r["id"], r["ttfp_ms"], r["client_ttfp_ms"]]
+                        + [f"{k} {v:.1f}" for k, v in top] + [""] * (TOP - len(top)))
+        out.append(table(["request", "TTFP", "client"] + [f"#{i + 1}" for i in range(TOP)], rows))
     return "\n".join(out)

@@ -1,0 +1,105 @@
+"""Per-stage component figures from the run's chunk span table: FIFO residence, snapshot
+cost, put/get per stage pair. They need no API requests, so runs of the real vLLM-Omni
+adapter pair under a harness have them too, and `compare` compares them.
+
+Spans closed without their end event (``reason`` != 0) are left out of every figure and
+counted by span and reason instead: their durations end at an arbitrary moment.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from omnitrace import conventions as cv
+from omnitrace import spantable as stt
+from omnitrace.analyze.stats import NS_TO_MS, NS_TO_US, summary
+
+
+def select(chunks: Any, chunk_requests: list[str], ids: set[str]) -> np.ndarray:
+    """Rows of the requests in ``ids``."""
+    if chunks is None or not len(chunks):
+        return np.zeros(0, stt.SPAN_DTYPE)
+    want = np.array([i for i, r in enumerate(chunk_requests) if r in ids], np.int64)
+    return chunks[np.isin(chunks["req"], want)]
+
+
+def incomplete(C: np.ndarray) -> dict[str, int]:
+    """'span name: reason' -> count of the spans closed without their end event."""
+    out: dict[str, int] = {}
+    bad = C[C["reason"] != 0]
+    if len(bad):
+        keys, counts = np.unique(bad["name"].astype(np.int64) * 64 + bad["reason"], return_counts=True)
+        for k, n in zip(keys.tolist(), counts.tolist()):
+            out[f"{stt.NAMES[k // 64]}: {stt.REASONS[k % 64]}"] = int(n)
+    return out
+
+
+def samples(C: np.ndarray) -> dict[tuple[str, str], np.ndarray]:
+    """(group, metric) -> per-chunk values, for `compare`: ("stage 0", "fifo residence ms"),
+    ("stage 0", "snapshot us"), ("0->1", "put us"), ... (complete spans only)."""
+    C = C[C["reason"] == 0]
+    dur = (C["end"] - C["start"]).astype(np.float64)
+    out: dict[tuple[str, str], np.ndarray] = {}
+    for code, metric, scale in ((stt.N_FIFO, "fifo residence ms", NS_TO_MS),
+                                (stt.N_SNAPSHOT, "snapshot us", NS_TO_US)):
+        m = C["name"] == code
+        for st in np.unique(C["stage"][m]).tolist():
+            out[(f"stage {st}", metric)] = dur[m & (C["stage"] == st)] * scale
+        if code == stt.N_FIFO:
+            for st in np.unique(C["stage"][m]).tolist():
+                sel = m & (C["stage"] == st)
+                out[(f"stage {st}", "fifo blocked ms")] = np.minimum(C["v2"][sel], dur[sel]) * NS_TO_MS
+    for code, metric in ((stt.N_PUT, "put us"), (stt.N_GET, "get us")):
+        m = C["name"] == code
+        prod = C["stage"] if code == stt.N_PUT else C["peer"]
+        cons = C["peer"] if code == stt.N_PUT else C["stage"]
+        for p, c in sorted(set(zip(prod[m].tolist(), cons[m].tolist()))):
+            out[(cv.stage_pair(p, c), metric)] = dur[m & (prod == p) & (cons == c)] * NS_TO_US
+    return out
+
+
+def figures(C: np.ndarray, label: Callable[[int], str]) -> tuple[list, list, list]:
+    """(fifo, snapshot, transfer) rows of the report."""
+    C = C[C["reason"] == 0]
+    dur = C["end"] - C["start"]
+    fifo = []
+    F = C["name"] == stt.N_FIFO
+    for st in np.unique(C["stage"][F]).tolist():
+        m = F & (C["stage"] == st)
+        d = dur[m]
+        res = summary(d, NS_TO_MS)
+        blk = summary(np.minimum(C["v2"][m], d), NS_TO_MS)
+        depth = C["v1"][m] + 1
+        depth = depth[depth >= 0]
+        fifo.append({"stage": label(st), "stage_id": st, "count": res["count"],
+                     "residence_p50_ms": res["p50"], "residence_p99_ms": res["p99"],
+                     "residence_max_ms": res["max"], "blocked_p50_ms": blk["p50"],
+                     "blocked_p99_ms": blk["p99"],
+                     "depth_mean": float(depth.mean()) if len(depth) else None,
+                     "depth_max": int(depth.max()) if len(depth) else None,
+                     "residence_ms": (d * NS_TO_MS).tolist()})
+    snapshot = []
+    S = C["name"] == stt.N_SNAPSHOT
+    for st in np.unique(C["stage"][S]).tolist():
+        sm = summary(dur[S & (C["stage"] == st)], NS_TO_US)
+        snapshot.append({"stage": label(st), "stage_id": st, "count": sm["count"],
+                         "mean_us": sm["mean"], "p50_us": sm["p50"], "p99_us": sm["p99"],
+                         "max_us": sm["max"]})
+    P, G = C["name"] == stt.N_PUT, C["name"] == stt.N_GET
+    producer = np.where(P, C["stage"], C["peer"])
+    consumer = np.where(P, C["peer"], C["stage"])
+    transfer = []
+    pairs = sorted({(p, c) for p, c in zip(producer[P | G].tolist(), consumer[P | G].tolist())})
+    for p, c in pairs:
+        row: dict[str, Any] = {"pair": cv.stage_pair(p, c)}
+        for sel, tag in ((P, "put"), (G, "get")):
+            m = sel & (producer == p) & (consumer == c)
+            sm = summary(dur[m], NS_TO_US)
+            nbytes, total = int(C["v1"][m].sum()), int(dur[m].sum())
+            n = int(m.sum())
+            row[tag] = {"count": sm["count"], "p50_us": sm["p50"], "p99_us": sm["p99"],
+                        "mean_bytes": nbytes / n if n else 0.0,
+                        "bandwidth_mb_s": (nbytes / 1e6) / (total / 1e9) if total > 0 else None}
+        transfer.append(row)
+    return fifo, snapshot, transfer

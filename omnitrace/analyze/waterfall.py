@@ -1,0 +1,68 @@
+"""One request's waterfall, from arrival to first packet: every span per stage on one time
+axis, the critical path, and for each FIFO wait the other requests whose tasks kept the
+sender busy meanwhile (what a trace viewer cannot show: those tasks are in other traces).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from omnitrace import spantable as stt
+from omnitrace.analyze import attribution as at
+from omnitrace.analyze.headofline import Busy
+from omnitrace.analyze.stats import NS_TO_MS
+
+MAX_CULPRIT_TASKS = 24  # per FIFO wait, the longest overlaps
+
+
+def _short(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def build(a: at.Attribution, r: at.RequestSpans, rows: np.ndarray, busy: Busy,
+          requests: list[str], label: Callable[[int], str], req_index: int) -> dict[str, Any]:
+    """``rows``: the request's chunk span rows; ``req_index`` its index in ``requests``."""
+    t0, end = a.arrival, a.ttfp
+
+    def ms(t: int) -> float:
+        return (t - t0) * NS_TO_MS
+
+    spans: list[list] = []
+    for st, sp in sorted(r.stages.items()):
+        if sp.start <= end:
+            spans.append([label(st), "stage", -1, ms(sp.start), ms(min(sp.end, end)), False, False])
+    for st, sp in sorted(r.queues.items()):
+        if sp.start <= end:
+            spans.append([label(st), "queue", -1, ms(sp.start), ms(min(sp.end, end)), True, False])
+    path = {(p, c, k) for p, c, k in a.hops}
+    rows = rows[rows["start"] <= end]
+    waits = []
+    for name, stage, peer, chunk, replica, start, stop, reason, req in zip(
+            rows["name"].tolist(), rows["stage"].tolist(), rows["peer"].tolist(),
+            rows["chunk"].tolist(), rows["replica"].tolist(), rows["start"].tolist(),
+            rows["end"].tolist(), rows["reason"].tolist(), rows["req"].tolist()):
+        producer = name in (stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PROCESS, stt.N_PUT)
+        key = (stage, peer, chunk) if producer else (peer, stage, chunk)
+        spans.append([label(stage), _short(stt.NAMES[name]), chunk, ms(start), ms(min(stop, end)),
+                      key in path, bool(reason)])
+        if name == stt.N_FIFO and not reason and stop > start:
+            snd = busy.get((stage, replica))
+            if snd is None:
+                continue
+            s0, e0, who = snd
+            lo = int(np.searchsorted(e0, start, "right"))
+            hi = int(np.searchsorted(s0, stop, "left"))
+            tasks = [(max(s, start), min(e, stop), w) for s, e, w in
+                     zip(s0[lo:hi].tolist(), e0[lo:hi].tolist(), who[lo:hi].tolist())
+                     if w != req_index and min(e, stop) > max(s, start)]
+            tasks.sort(key=lambda x: x[0] - x[1])
+            waits.append({"stage": label(stage), "chunk": chunk, "start_ms": ms(start),
+                          "end_ms": ms(stop), "on_path": key in path,
+                          "busy": [[ms(s), ms(e), requests[w]] for s, e, w in
+                                   sorted(tasks[:MAX_CULPRIT_TASKS])],
+                          "busy_tasks": len(tasks)})
+    return {"id": a.rid, "ttfp_ms": a.ttfp_ns * NS_TO_MS, "arrival_unix_ns": a.arrival,
+            "spans": spans,
+            "path": [[ms(g.start), g.dur * NS_TO_MS, label(g.stage), g.category] for g in a.segments],
+            "waits": waits}

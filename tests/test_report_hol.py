@@ -1,0 +1,82 @@
+"""Head-of-line blocking in wall time, on a hand-built schedule: three chunks of one victim
+wait in the thinker's FIFO at once while the sender works on two other requests' tasks."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from omnitrace import conventions as cv
+from omnitrace.analyze import headofline
+from otlp_fixture import chunk_spans, line, span, write_run
+
+
+def _victim() -> list[dict]:
+    """Victim v: arrival 0, first packet 1000 us; thinker chunks 0, 1, 2 wait in the FIFO
+    over [101, 400], [111, 450], [121, 500]; the talker's gating chunk is 2."""
+    out = [
+        span(cv.SPAN_REQUEST, "v", 0, 2000, stage=-1, events=[(cv.EVENT_TTFP, 1000, {})]),
+        span(cv.SPAN_STAGE, "v", 10, 1900, stage=0, **{cv.ATTR_STAGE_NAME: "thinker"}),
+        span(cv.SPAN_STAGE_QUEUE, "v", 10, 20, stage=0),
+        span(cv.SPAN_STAGE, "v", 15, 1900, stage=1, **{cv.ATTR_STAGE_NAME: "talker"},
+             events=[(cv.EVENT_EMIT, 900, {"omni.emit.modality": "audio"})]),
+        span(cv.SPAN_STAGE_QUEUE, "v", 15, 16, stage=1),
+    ]
+    for c, (fifo_end, ws_end) in enumerate(((400, 420), (450, 470), (500, 600))):
+        s = 100 + 10 * c
+        e = fifo_end
+        out += chunk_spans("v", 0, 1, c, (s, s + 1), (s + 1, e), (e, e + 5), (e + 5, e + 10),
+                           (e + 10, e + 12), (e + 12, e + 15), (e + 15, ws_end),
+                           blocked_us=230, blocked_by=["y", "x"])
+    return out
+
+
+def _culprit(rid: str, enq: float, deq: float, put_end: float) -> list[dict]:
+    """Another request's thinker task: the sender is busy with it over [deq, put_end]."""
+    return [span(cv.SPAN_SNAPSHOT, rid, enq - 1, enq, stage=0, peer=1, chunk=0),
+            span(cv.SPAN_FIFO, rid, enq, deq, stage=0, peer=1, chunk=0),
+            span(cv.SPAN_PROCESS, rid, deq, deq + 10, stage=0, peer=1, chunk=0,
+                 **{cv.ATTR_TRANSFER_BYTES: 1000}),
+            span(cv.SPAN_PUT, rid, deq + 10, put_end, stage=0, peer=1, chunk=0,
+                 **{cv.ATTR_TRANSFER_BYTES: 1000})]
+
+
+def test_wall_time_is_the_union_split_among_culprits(tmp_path):
+    # sender: x busy [150, 250], y busy [250, 380]; v's own tasks from 400 on
+    d = write_run(str(tmp_path / "r"), [line(_victim() + _culprit("x", 140, 150, 250)
+                                            + _culprit("y", 145, 250, 380))])
+    r = subprocess.run([sys.executable, "-m", "omnitrace", "report", d, "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    (req,) = rep["requests"]
+    assert req["hops"] == ["0->1#2"] and abs(req["ttfp_ms"] - 1.0) < 1e-9
+    pairs = {(h["victim"], h["culprit"]): h for h in rep["head_of_line"]}
+    assert set(pairs) == {("v", "x"), ("v", "y")}
+    # hand-computed: every chunk waited through both tasks; the moment counts once
+    assert abs(pairs[("v", "x")]["blocked_ms"] - 0.100) < 1e-9
+    assert abs(pairs[("v", "y")]["blocked_ms"] - 0.130) < 1e-9
+    assert pairs[("v", "x")]["tasks"] == 1 and pairs[("v", "y")]["tasks"] == 1
+    (victim,) = rep["head_of_line_victims"]
+    assert abs(victim["blocked_ms"] - 0.230) < 1e-9 and victim["blocked_ms"] <= victim["ttfp_ms"]
+    # the per-chunk sum, kept and labelled, counts the same 230 us three times
+    assert abs(victim["chunk_time_sum_ms"] - 0.690) < 1e-9
+    assert "never more than" in rep["head_of_line_note"]
+
+
+def test_only_critical_path_waits_before_the_first_packet_count(tmp_path):
+    """x keeps the sender busy before v's chunks exist, z while v's chunk 3 (after the gating
+    chunk 2, not on the critical path) waits: neither blocked v's first packet."""
+    spans = _victim() + chunk_spans("v", 0, 1, 3, (699, 700), (700, 1200), (1200, 1205),
+                                    (1205, 1210), (1210, 1212), (1212, 1215), (1215, 1300))
+    d = write_run(str(tmp_path / "r"), [line(spans + _culprit("x", 30, 40, 90)
+                                             + _culprit("z", 790, 800, 1100))])
+    rep = json.loads(subprocess.run([sys.executable, "-m", "omnitrace", "report", d, "--json"],
+                                    capture_output=True, text=True, timeout=60).stdout)
+    assert rep["requests"][0]["hops"] == ["0->1#2"]
+    assert rep["head_of_line"] == [] and rep["head_of_line_victims"] == []
+
+
+def test_two_senders_blocked_at_once_split_evenly():
+    total, share = headofline._union_split([(0, 10, 1), (5, 15, 2), (5, 10, 1)])
+    assert total == 15 and share == {1: 7.5, 2: 7.5}
