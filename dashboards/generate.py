@@ -185,7 +185,7 @@ def ds_var(name: str, label: str, plugin: str) -> Json:
 
 def query_var(name: str, label: str, query: str) -> Json:
     return {"name": name, "label": label, "type": "query", "datasource": PROM,
-            "query": {"query": query, "refId": f"var-{name}", "qryType": 1},
+            "query": query,
             "current": {"text": ["All"], "value": ["$__all"]}, "hide": 0, "includeAll": True, "multi": True,
             "allValue": ".*", "options": [], "refresh": 2, "regex": "", "sort": 3}
 
@@ -243,8 +243,8 @@ def overview() -> Json:
     L.add(timeseries("TTFP attribution: share per stage x category",
                      "Each completed request's TTFP split along its critical path by stage and cause "
                      "(the categories of `omnitrace report`); stacked to 100%.",
-                     [prom(attribution(), "{{stage_name}} ({{stage}}) {{category}}")], "percentunit",
-                     stack="percent"), w=12, h=10)
+                     [prom(attribution(), "{{stage_name}} ({{stage}}) {{category}}")], "s",
+                     stack="percent"), w=12, h=10)  # the axis is in %, the tooltip in seconds
     L.add(timeseries("TTFP attribution: mean seconds per request",
                      "The same split in seconds per attributed request; the stack sums to the mean TTFP "
                      "of the requests completed in the window.",
@@ -304,7 +304,7 @@ def overview() -> Json:
                          prom(zero_if_absent(f"sum by (stage) (rate(omnitrace_events_dropped_total"
                                              f"{{{STAGE}}}{RI}))", recorded, "stage"),
                               "dropped stage {{stage}}"),
-                     ], "short"), w=8)
+                     ], "short"), w=6)
     L.add(timeseries("Agent lag", "How far the live views are behind the newest recorded event.",
                      [prom(f"max(omnitrace_agent_lag_seconds{{{RUN}}})", "lag")], "s"), w=4)
     L.add(timeseries("Events the live views skipped per second",
@@ -317,9 +317,9 @@ def overview() -> Json:
                          prom(f"sum by (exporter, outcome) (rate(omnitrace_agent_export_spans_total{{{RUN}}}{RI}))",
                               "{{exporter}} {{outcome}}"),
                          prom(f"sum(rate(omnitrace_agent_spans_sampled_out_total{{{RUN}}}{RI}))", "sampled out"),
-                     ], "short"), w=8)
+                     ], "short"), w=6)
     L.add(timeseries("Requests the agent holds state for", "Open requests in the agent's span builder.",
-                     [prom(f"sum(omnitrace_agent_open_requests{{{RUN}}})", "open")], "short"), w=8)
+                     [prom(f"sum(omnitrace_agent_open_requests{{{RUN}}})", "open")], "short"), w=4)
 
     L.row(VLLM_OMNI_ROW)
     L.add(timeseries("vLLM-Omni: audio TTFP p50 / p99", "vLLM-Omni's own audio TTFP (vllm_omni:audio_ttfp_s).",
@@ -368,6 +368,14 @@ Beside it: where TTFP went for the run's requests, for comparison."""
 def request() -> Json:
     L = Layout()
     L.add(text("How to open a request", REQUEST_HELP), w=24, h=5)
+    L.add(trace_table("Traces of request $request_id (Tempo, TraceQL)",
+                      "Search on the request id attribute of the root span.", TEMPO,
+                      {"queryType": "traceql", "limit": 20, "tableType": "traces",
+                       "query": '{ span.omni.request.id = "$request_id" && name = "omni.request" }'}), w=12)
+    L.add(trace_table("Traces of request $request_id (Jaeger search)", "Search by tag on the omnitrace service.",
+                      JAEGER, {"queryType": "search", "service": "omnitrace",
+                               "operation": "omni.request", "tags": "omni.request.id=$request_id",
+                               "limit": 20}), w=12)
     L.add(traces("Trace (Jaeger)", "The trace with id $trace_id from Jaeger.", JAEGER,
                  {"query": "$trace_id"}), w=15, h=16)
     L.add(bargauge("The run's TTFP attribution (mean seconds per request)",
@@ -378,14 +386,6 @@ def request() -> Json:
     L.add(timeseries("The run's TTFP p50 / p99",
                      "Exemplars (dots) are other requests' traces: click one to open it.",
                      quantiles("omnitrace_request_ttfp_seconds", "", "TTFP", sel=RUN), "s"), w=9, h=16)
-    L.add(trace_table("Traces of request $request_id (Tempo, TraceQL)",
-                      "Search on the request id attribute of the root span.", TEMPO,
-                      {"queryType": "traceql", "limit": 20, "tableType": "traces",
-                       "query": '{ span.omni.request.id = "$request_id" && name = "omni.request" }'}), w=12)
-    L.add(trace_table("Traces of request $request_id (Jaeger search)", "Search by tag on the omnitrace service.",
-                      JAEGER, {"queryType": "search", "service": "omnitrace",
-                               "operation": "omni.request", "tags": "omni.request.id=$request_id",
-                               "limit": 20}), w=12)
     return dashboard("omnitrace-request", "omnitrace / Request trace",
                      "One request's trace across stages (Jaeger or Tempo) beside the run's live TTFP "
                      "attribution.",
