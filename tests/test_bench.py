@@ -31,6 +31,8 @@ def _serve(mode: str) -> tuple[int, list[dict], threading.Event]:
         if mode == "stream_error":
             await resp.write(b'data: {"error": {"message": "stage 1 died"}}\n\n')
             return resp
+        if mode == "slow":
+            await asyncio.sleep(0.3)
         await resp.write(b": ping\n\n")
         await asyncio.sleep(0.01)
         await resp.write(b'data: {"modality":"text","choices":[{"delta":{"content":"hi"}}],'
@@ -104,6 +106,9 @@ def test_http_and_stream_errors_are_labelled(tmp_path):
             assert "failed" in r.stderr and needle in r.stderr
             d = json.loads(out.read_text())
             assert len(d["requests"]) == 5 and all(needle in x["error"] for x in d["requests"])
+            # every level ran, but a run where requests failed is not "complete"
+            assert d["status"] == "complete-with-errors" and d["levels"][0]["summary"]["failed"] == 3
+            assert "complete-with-errors: 5/5 requests failed" in r.stdout
         finally:
             stop.set()
 
@@ -115,3 +120,38 @@ def test_refused_connection(tmp_path):
     assert "connection failed" in r.stderr
     d = json.loads(out.read_text())
     assert d["status"] == "failed" and d["levels"][0]["aborted"]
+
+
+def test_interrupted_bench_keeps_the_level_it_was_in(tmp_path):
+    """Ctrl-C mid-level: the finished requests stay a level with its summary and measured
+    window, marked interrupted; requests in flight are rows that failed as cancelled."""
+    import os
+    import signal
+    import time
+    port, seen, stop = _serve("slow")
+    out = tmp_path / "bench.json"
+    proc = subprocess.Popen([sys.executable, "-m", "omnitrace", "bench", "--base-url",
+                             f"http://127.0.0.1:{port}", "--out", str(out), "--no-progress",
+                             "--concurrency", "2", "--warmup", "1", "--num-prompts", "200"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(seen) < 8 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert len(seen) >= 8, "the bench never got going"
+        os.kill(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stop.set()
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    d = json.loads(out.read_text())
+    assert d["status"] == "interrupted"
+    (lv,) = d["levels"]
+    assert lv["interrupted"] and lv["concurrency"] == 2 and lv["warmup_ids"]
+    assert lv["summary"]["ok"] >= 5 and lv["measured_window"]["start_unix_ns"] < lv["measured_window"]["end_unix_ns"]
+    cancelled = [r for r in d["requests"] if r["error"] == "cancelled: bench interrupted"]
+    assert 1 <= len(cancelled) <= 2 and len(d["requests"]) < 201
+    assert "INTERRUPTED" in stdout and "TTFP" in stdout

@@ -4,7 +4,9 @@ Writes ``bench.json`` into ``$OMNITRACE_RUN_DIR`` (set by ``omnitrace run``) or 
 per-request rows (id = the x-request-id sent, so rows join to traces) and, per concurrency
 level, ``measured_window`` {start_unix_ns, end_unix_ns} and the warm-up ids that analysis
 excludes. The file is rewritten after every level, so an interrupted sweep keeps what it
-measured, labelled ``status: "interrupted"``.
+measured, labelled ``status: "interrupted"`` (the level cut short included, marked
+``interrupted``). ``status: "complete"`` only when every request of every level succeeded;
+``complete-with-errors`` when every level ran but some requests failed.
 """
 from __future__ import annotations
 
@@ -80,7 +82,8 @@ def _doc(args: argparse.Namespace, levels: list[LevelResult], partial: list[Requ
         "omnitrace_version": __version__, "status": status, "base_url": args.base_url,
         "args": {k: v for k, v in vars(args).items() if k not in ("no_progress",)},
         "levels": [{"concurrency": lv.concurrency, "measured_window": lv.measured_window,
-                    "warmup_ids": lv.warmup_ids, "aborted": lv.aborted, "summary": _level_summary(lv)}
+                    "warmup_ids": lv.warmup_ids, "aborted": lv.aborted,
+                    "interrupted": lv.interrupted, "summary": _level_summary(lv)}
                    for lv in levels],
         "requests": rows,
     }
@@ -93,6 +96,14 @@ def _write(path: str | None, doc: dict[str, Any]) -> None:
     with open(tmp, "wb") as f:
         f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     os.replace(tmp, path)  # a reader never sees a half-written bench.json
+
+
+def _cut_level(c: int, done: list[RequestResult]) -> LevelResult:
+    """The level Ctrl-C cut short, from the requests that finished (or were cancelled):
+    its measured window runs from the first measured request to the interruption."""
+    starts = [r.start_unix_ns for r in done if not r.warmup and r.start_unix_ns]
+    window = {"start_unix_ns": min(starts), "end_unix_ns": time.time_ns()} if starts else None
+    return LevelResult(c, [r.id for r in done if r.warmup], list(done), window, interrupted=True)
 
 
 def _print_summary(levels: list[LevelResult]) -> None:
@@ -110,7 +121,8 @@ def _print_summary(levels: list[LevelResult]) -> None:
         s = _level_summary(lv)
         print(f"c={lv.concurrency}: {s['ok']}/{s['requests']} ok, {s['request_rate']:.2f} req/s"
               + (f", {s['failed']} failed: {'; '.join(s['errors'])}" if s["failed"] else "")
-              + (f" [ABORTED: {lv.aborted}]" if lv.aborted else ""))
+              + (f" [ABORTED: {lv.aborted}]" if lv.aborted else "")
+              + (" [INTERRUPTED: partial level]" if lv.interrupted else ""))
 
 
 def _run_interruptible(coro, grace_s: float = 2.0):
@@ -166,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     levels: list[LevelResult] = []
     partial: list[RequestResult] = []
     status = "complete"
+    c = conc[0]
     try:
         for c in conc:
             total = (c if args.warmup is None else args.warmup) + args.num_prompts
@@ -189,14 +202,22 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         status = "interrupted"
         print("\nomnitrace bench: interrupted; partial results kept", file=sys.stderr)
+        if partial:
+            levels.append(_cut_level(c, partial))
+            partial = []
+    every = [r for lv in levels for r in lv.results]
+    errors = [r for r in every if r.error]
+    if status == "complete" and errors:
+        status = "complete-with-errors"
     _write(out, _doc(args, levels, partial, status))
     if levels:
         _print_summary(levels)
     if out:
-        print(f"bench results: {out} ({status})")
+        print(f"bench results: {out} ({status}"
+              + (f": {len(errors)}/{len(every)} requests failed" if errors else "") + ")")
     measured = [r for lv in levels for r in lv.results if not r.warmup]
     failed = [r for r in measured if r.error]
-    if status != "complete" or not measured:
+    if status not in ("complete", "complete-with-errors") or not measured:
         if levels and levels[-1].aborted:
             print(f"omnitrace bench: {args.base_url}: {levels[-1].aborted}", file=sys.stderr)
         return 1

@@ -44,6 +44,7 @@ class LevelResult:
     results: list[RequestResult]
     measured_window: dict[str, int] | None
     aborted: str | None = None
+    interrupted: bool = False  # cut short by Ctrl-C: the requests that finished by then
 
 
 def _len(rng: random.Random, n: int, ratio: float) -> int:
@@ -70,8 +71,14 @@ async def run_level(spec: LoadSpec, concurrency: int, rng: random.Random,
         return RequestResult(rid, concurrency, warm, ilen, olen), body
 
     async def one(session: aiohttp.ClientSession, res: RequestResult, body: dict[str, Any]) -> RequestResult:
-        async with sem:
-            await send(session, url, body, res)
+        try:
+            async with sem:
+                await send(session, url, body, res)
+        except asyncio.CancelledError:
+            if res.start_unix_ns and on_done:  # sent, then the bench was interrupted: a row
+                res.error = "cancelled: bench interrupted"
+                on_done(res)
+            raise
         if on_done:
             on_done(res)
         return res
