@@ -215,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     if out:
         print(f"bench results: {out} ({status}"
               + (f": {len(errors)}/{len(every)} requests failed" if errors else "") + ")")
+    else:  # nothing to join the traces with later: say so rather than drop it silently
+        print(f"bench results: not written ({status}; not under `omnitrace run` and no --out: "
+              "pass --out FILE, e.g. RUN_DIR/bench.json, so `omnitrace report` can tell "
+              "warm-up from measured requests)", file=sys.stderr)
     measured = [r for lv in levels for r in lv.results if not r.warmup]
     failed = [r for r in measured if r.error]
     if status not in ("complete", "complete-with-errors") or not measured:

@@ -428,9 +428,20 @@ class Api:
                     sent += len(data)
                     break
             await resp.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
-            status = int(Status.CANCELLED)  # the client went away: abort in every stage
+        except ConnectionResetError:
+            # the client went away mid-stream: abort in every stage, one line, no traceback
+            # (re-raised, aiohttp would log the whole stack as a server error)
+            status = int(Status.CANCELLED)
             p.abort(rid)
+            print(f"omnitrace serve: request {rid}: client disconnected after {sent} bytes", flush=True)
+            return resp
+        except asyncio.CancelledError:
+            # the client went away (aiohttp cancels the handler) or the server is stopping
+            status = int(Status.CANCELLED)
+            p.abort(rid)
+            if not p.stopping:
+                print(f"omnitrace serve: request {rid}: client disconnected after {sent} bytes",
+                      flush=True)
             raise
         finally:
             if status == int(Status.ERROR) and not p.stopping and rid in p.flights and not p.dead:

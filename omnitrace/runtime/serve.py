@@ -70,8 +70,8 @@ async def _serve(args: argparse.Namespace, cfg: config.PipelineConfig) -> int:
         site = web.TCPSite(runner, args.host, args.port, shutdown_timeout=5.0)
         await site.start()
     except OSError as e:
-        print(f"omnitrace serve: error: cannot listen on {args.host}:{args.port}: {e.strerror}",
-              file=sys.stderr)
+        print(f"omnitrace serve: error: cannot listen on {args.host}:{args.port}: "
+              f"{e.strerror or 'address already in use'} (choose another with --port)", file=sys.stderr)
         await runner.cleanup()
         await loop.run_in_executor(None, pipeline.stop)
         return 1
