@@ -120,9 +120,10 @@ def live(tmp_path_factory, long_lived_processes):
         grpc_server.stop(0)
 
 
-def _finite(result: list) -> list:
-    """Samples with a number (histogram_quantile of an empty window is NaN)."""
-    return [r for r in result if math.isfinite(float(r["value"][1]))]
+def _query(pport: int, expr: str) -> list:
+    """The instant vector's samples that carry a number (histogram_quantile of an empty
+    window is NaN)."""
+    return [r for r in _api(pport, "query", query=expr)["result"] if math.isfinite(float(r["value"][1]))]
 
 
 def test_every_omnitrace_panel_returns_data(live):
@@ -134,35 +135,35 @@ def test_every_omnitrace_panel_returns_data(live):
         print(f"  {d}: {p}")
     assert skipped and omni
 
-    got: dict[int, list] = {}
+    answered: set[int] = set()
 
     def all_answered() -> bool:
-        for i, q in enumerate(omni):
-            if i not in got:
-                res = _finite(_api(live["pport"], "query", query=q.expr)["result"])
-                if res:
-                    got[i] = res
-        return len(got) == len(omni)
+        answered.update(i for i, q in enumerate(omni) if i not in answered and _query(live["pport"], q.expr))
+        return len(answered) == len(omni)
     _wait(all_answered, step=1.0)
-    empty = [f"{q.dashboard}: {q.panel} [{q.ref}]: {q.expr}" for i, q in enumerate(omni) if i not in got]
+    empty = [f"{q.dashboard}: {q.panel} [{q.ref}]: {q.expr}" for i, q in enumerate(omni) if i not in answered]
     assert not empty, "panels without data:\n" + "\n".join(empty)
     print(f"{len(omni)} omnitrace queries of {len({(q.dashboard, q.panel) for q in omni})} panels answered")
 
-    # what a user reads off them: stages by name, the categories of the report, FIFOs per stage
-    by_panel = defaultdict(list)
-    for i, q in enumerate(omni):
-        by_panel[q.panel].extend(got[i])
-    attr = by_panel["TTFP attribution: mean seconds per request"]
-    names = {r["metric"].get("stage_name") for r in attr}
-    assert {"api", "thinker", "talker", "code2wav"} <= names, names
-    assert "compute" in {r["metric"]["category"] for r in attr}
-    assert all(float(r["value"][1]) >= 0 for r in attr)
-    assert {r["metric"]["stage"] for r in by_panel["FIFO residence p50 / p99 per stage"]} == {"0", "1"}
-    pairs = {(r["metric"]["from_stage"], r["metric"]["to_stage"])
-             for r in by_panel["Transfer bytes per second per stage pair"]}
-    assert pairs == {("0", "1"), ("1", "2")}
-    ttfp = by_panel["TTFP p50 / p99"]
-    assert all(0 < float(r["value"][1]) < 60 for r in ttfp)
+    # what a user reads off them, once every stage has reported (the first answer may
+    # predate the later stages' first chunks): stages by name, the report's categories,
+    # FIFOs per producing stage, transfers per stage pair
+    def panel(title: str) -> list:
+        return [r for q in omni if q.panel == title
+                for r in _query(live["pport"], q.expr)]
+
+    def labels(title: str, *keys: str) -> set:
+        return {tuple(r["metric"].get(k) for k in keys) for r in panel(title)}
+    attr = "TTFP attribution: mean seconds per request"
+    expect = {(attr, ("stage_name",)): {("api",), ("thinker",), ("talker",), ("code2wav",)},
+              (attr, ("category",)): {("compute",)},
+              ("FIFO residence p50 / p99 per stage", ("stage",)): {("0",), ("1",)},
+              ("Transfer bytes per second per stage pair", ("from_stage", "to_stage")): {("0", "1"), ("1", "2")}}
+    for (title, keys), want in expect.items():
+        seen = _wait(lambda: (v if want <= (v := labels(title, *keys)) else set()), step=1.0)  # noqa: B023
+        assert want <= seen, (title, keys, labels(title, *keys))
+    assert all(float(r["value"][1]) >= 0 for r in panel(attr))
+    assert all(0 < float(r["value"][1]) < 60 for r in panel("TTFP p50 / p99"))
 
     # the variables' label_values() queries list values too
     for dash, name, selector, label in variable_queries():
