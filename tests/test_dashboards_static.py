@@ -230,9 +230,13 @@ def _published(service: dict) -> dict[int, int]:
     return out
 
 
-def test_compose_and_provisioning_agree_with_omnitrace_defaults():
+def test_compose_and_provisioning_agree_with_omnitrace_defaults(monkeypatch):
     from omnitrace.agent.config import AgentConfig
     from omnitrace.agent.export_otlp import make_exporter
+
+    for k in list(os.environ):  # the exporters' own defaults, not this shell's settings
+        if k.startswith("OTEL_EXPORTER_OTLP"):
+            monkeypatch.delenv(k)
 
     compose = _yaml(COMPOSE)
     services = compose["services"]
