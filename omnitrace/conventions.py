@@ -29,6 +29,9 @@ class Ev(IntEnum):
     REQUEST_PARSED = 15  # body read and validated (REQUEST_ARRIVE is stamped at handler entry)
     PACKET_RECEIVED = 16  # the first audio packet left the stage pipe (API reader thread)
     PACKET_RESUMED = 17  # the request's stream handler resumed with its first audio packet
+    # the caller's W3C trace context (omnitrace.tracecontext: fields and encoding)
+    REQUEST_TRACE_HI = 18  # a = trace id bits 127..64
+    REQUEST_TRACE_LO = 19  # a = trace id bits 63..0; chunk, b = parent span id low, high 32 bits
 
     # stage scheduler thread (per request)
     STAGE_ADD = 20  # request reached the stage's waiting queue; a = waiting depth
