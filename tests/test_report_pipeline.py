@@ -47,6 +47,11 @@ def test_categories_sum_to_ttfp_and_match_client(run_dir):
     assert ("0:thinker", "queue") in cats and ("0:thinker", "put") in cats
     assert {f["stage"] for f in rep["fifo"]} == {"0:thinker", "1:talker"}
     assert {t["pair"] for t in rep["transfer"]} == {"0->1", "1->2"}
+    # head of line in wall time: never more than the victim's TTFP
+    for v in rep["head_of_line_victims"]:
+        assert 0 < v["blocked_ms"] <= v["ttfp_ms"] and v["blocked_ms"] <= v["chunk_time_sum_ms"] + 1e-9, v
+    for h in rep["head_of_line"]:
+        assert h["blocked_ms"] <= h["victim_ttfp_ms"], h
 
 
 def test_console_report(run_dir):
@@ -81,12 +86,27 @@ def test_html_renders_in_chromium(run_dir, tmp_path):
             n_bars = page.evaluate("document.querySelectorAll('#attribution .trace.bars').length")
             n_heat = page.evaluate("document.querySelectorAll('#hol .hm, #hol image').length")
             n_water = page.evaluate("document.querySelectorAll('#waterfall .point').length")
+            # the slowest request's own waterfall: critical path, spans per stage, sender busy
+            n_req_bars = page.evaluate("document.querySelectorAll('#request-0 .point').length")
+            rows = page.evaluate("Array.from(document.querySelectorAll('#request-0 .ytick text'))"
+                                 ".map(t => t.textContent)")
+            legend = page.inner_text("#legend")
+            # hovering a bar of the attribution plot shows what its category means
+            page.locator("#attribution .trace.bars .point path").first.hover(force=True)
+            page.wait_for_timeout(300)
+            hover = page.evaluate("document.querySelector('#attribution .hoverlayer').textContent")
             page.screenshot(path=str(shot), full_page=True)
+            page.locator("#request-0").screenshot(path=str(tmp_path / "request.png"))
         finally:
             browser.close()
     assert errors == []
-    assert n_plots == 4 and n_bars >= 5 and n_heat >= 1 and n_water >= 20
-    assert shot.stat().st_size > 50_000
+    assert n_plots == 4 + min(N, 10) and n_bars >= 5 and n_heat >= 1 and n_water >= 20
+    assert n_req_bars >= 20 and "critical path" in rows and "0:thinker fifo" in rows
+    assert "0:thinker sender busy (other requests)" in rows or "1:talker sender busy (other requests)" in rows
+    assert "head-of-line blocking" in legend and "sse_write" in legend
+    from omnitrace.analyze.attribution import DESCRIPTIONS
+    assert any(d[:40] in hover for d in DESCRIPTIONS.values()), hover
+    assert shot.stat().st_size > 50_000 and (tmp_path / "request.png").stat().st_size > 20_000
     keep = os.environ.get("OMNITRACE_TEST_SCREENSHOT")
     if keep:
         shutil.copy(shot, keep)
@@ -147,3 +167,26 @@ def test_agent_killed_mid_run(tmp_path):
     assert "status=agent-killed" in r.stdout and "results are partial" in r.stdout
     # the events it never drained are counted from the rings' cursors, not "dropped=0"
     assert "were never drained" in r.stdout and "never_drained=" in r.stdout
+
+
+def test_waterfall_of_any_request_by_id(run_dir, tmp_path):
+    from playwright.sync_api import sync_playwright
+    fastest = report_json(run_dir)["requests"][-1]["id"]
+    html = tmp_path / "one.html"
+    r = subprocess.run([sys.executable, "-m", "omnitrace", "report", run_dir, "--html", str(html),
+                        "--waterfalls", "0", "--request", fastest, "--request", "no-such-id"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "--request no-such-id: not an attributed measured request" in r.stdout
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(html.as_uri())
+            page.wait_for_function("document.querySelectorAll('#request-0 .point').length >= 10",
+                                   timeout=30000)
+            title = page.evaluate("document.querySelector('#request-0 .gtitle').textContent")
+            n = page.evaluate("document.querySelectorAll('[id^=request-]').length")
+        finally:
+            browser.close()
+    assert fastest in title and n == 1

@@ -40,6 +40,19 @@ def test_recursive_vs_copy(tmp_path):
           f"{snap['copy']['mean_us']:.1f} us")
     print(f"stage-0 FIFO residence p99: recursive {fifo['recursive']['residence_p99_ms']:.2f} ms, "
           f"copy {fifo['copy']['residence_p99_ms']:.2f} ms")
-    for r in reps.values():
+    for k, r in reps.items():
         assert r["window"]["attributed"] == 32 and r["ttfp"]["sum_error_max_ns"] == 0
+        # head of line in wall time: every victim's blocked time within its TTFP at c=32
+        assert r["head_of_line_victims"], "c=32: some request waited behind another in a FIFO"
+        for v in r["head_of_line_victims"]:
+            assert v["blocked_ms"] <= v["ttfp_ms"], v
+        mean = r["ttfp"]["server_ms"]["mean"]
+        rem = sum(a["mean_ms"] for a in r["attribution"] if a["category"] == "remainder")
+        api_rem = sum(a["mean_ms"] for a in r["attribution"] if a["category"] == "remainder" and a["stage"] == "api")
+        worst = max(r["head_of_line_victims"], key=lambda v: v["blocked_ms"] / v["ttfp_ms"])
+        print(f"{k}: mean TTFP {mean:.1f} ms; remainder {rem:.3f} ms ({rem / mean:.2%}), api remainder "
+              f"{api_rem:.3f} ms; API share: " + ", ".join(
+                  f"{a['category']} {a['mean_ms']:.2f}" for a in r["attribution"] if a["stage"] == "api")
+              + f"; worst victim blocked {worst['blocked_ms']:.1f} of {worst['ttfp_ms']:.1f} ms")
+        assert rem <= 0.01 * mean
     assert ratio >= 10

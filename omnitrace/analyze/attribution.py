@@ -19,7 +19,8 @@ Rule (the analytical core; also in docs/bench-and-report.md). For one request, f
    `fifo_own` (the rest), P `snapshot`. Then t = P's snapshot begin and S = P; go to 2.
 4. A stage with no input chunk before t (stage 0): [scheduled, t] is `compute`, its
    `omni.stage.queue` (add -> scheduled) is `queue`, and [A, add] is the API's `parse`
-   (A -> body parsed) and `dispatch` (-> the first stage's scheduler has it).
+   (A -> body parsed) and `dispatch` (-> handed to the stage queues), then the stage's
+   own `dispatch` (its inbox, until its scheduler loop takes the request: after a step).
 
 The intervals tile [A, T]: a span that overlaps the part already walked is clamped to it,
 and any gap between consecutive spans becomes an explicit `remainder` of the stage whose
@@ -53,7 +54,8 @@ REMAINDER = "remainder"
 # every output shows next to it (report --json `categories`, console legend, HTML hover).
 DESCRIPTIONS = {
     PARSE: "API: reading and validating the request body (arrival -> parsed)",
-    DISPATCH: "API -> first stage: handing the request over until the stage's scheduler has it",
+    DISPATCH: "request handed to the first stage: the API's queue put (api row), then its wait in "
+              "the stage's inbox until the scheduler loop takes it (stage row: a running step delays it)",
     QUEUE: "waiting in the stage scheduler's queue before admission into a batch",
     WAIT_SCHEDULE: "input chunk received, waiting for the consumer's scheduler to take it into a step",
     COMPUTE: "the stage computing: from its gating input taken into a step to the output it made",
@@ -198,7 +200,7 @@ class _Walker:
         self.cursor = ttfp
         self.segs: list[Segment] = []
         self.last_stage = cv.API_STAGE
-        self.origin = False  # the walk reached the first stage's queue (arrival -> add known)
+        self.origin: int | None = None  # first stage, once the walk reached its queue
 
     def push(self, start: int, end: int, stage: int, cat: str, detail: str = "") -> None:
         end = min(end, self.cursor)
@@ -215,10 +217,10 @@ class _Walker:
 
     def finish(self, parsed: int | None = None, dispatched: int | None = None) -> list[Segment]:
         if self.cursor > self.arrival:
-            if self.origin:  # [arrival, first stage's add]: parse, then dispatch
+            if self.origin is not None:  # [arrival, first stage's add]: parse, then dispatch
                 api = cv.API_STAGE
                 if dispatched is not None and self.arrival <= dispatched <= self.cursor:
-                    self.push(dispatched, self.cursor, api, DISPATCH, "to stage")
+                    self.push(dispatched, self.cursor, self.origin, DISPATCH, "inbox")
                 if parsed is not None and self.arrival <= parsed <= self.cursor:
                     self.push(parsed, self.cursor, api, DISPATCH, "submit")
                     self.push(self.arrival, parsed, api, PARSE)
@@ -268,11 +270,11 @@ def attribute(r: RequestSpans) -> Attribution | None:
             if q is not None:
                 w.push(q.end, t, stage, COMPUTE)
                 w.push(q.start, q.end, stage, QUEUE)
-                w.origin = True
+                w.origin = stage
             elif stage in r.stages:
                 missing.append(f"{cv.SPAN_STAGE_QUEUE}[{stage}]")
                 w.push(r.stages[stage].start, t, stage, COMPUTE)
-                w.origin = True
+                w.origin = stage
             break
         seen.add(key)
         hops.append(key)

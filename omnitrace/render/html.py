@@ -4,10 +4,12 @@ from __future__ import annotations
 import html
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from omnitrace.analyze.attribution import CATEGORIES
+from omnitrace.analyze.attribution import CATEGORIES, DESCRIPTIONS
+from omnitrace.render import waterfall_fig
 from omnitrace.render.console import render as render_text
 
 # One colour per category, the same in every plot.
@@ -15,6 +17,12 @@ COLORS = dict(zip(CATEGORIES, ("#393b79", "#6b6ecf", "#8c564b", "#17becf", "#1f7
                                "#d62728", "#e377c2", "#9467bd", "#2ca02c", "#bcbd22", "#98df8a",
                                "#637939", "#e7ba52", "#ad494a", "#c7c7c7")))
 HEATMAP_TOP = 30
+# Stages told apart by bar pattern where colour already means the category.
+PATTERNS = ("", "/", "x", ".", "\\", "+", "-", "|")
+
+
+def _pattern(stage: str, stages: list[str]) -> str:
+    return PATTERNS[stages.index(stage) % len(PATTERNS)] if stage in stages else ""
 
 
 def _attribution_fig(rep: dict[str, Any]) -> go.Figure:
@@ -25,19 +33,34 @@ def _attribution_fig(rep: dict[str, Any]) -> go.Figure:
         if vals:
             fig.add_bar(name=cat, x=stages, y=[vals.get(s, 0.0) for s in stages],
                         marker_color=COLORS[cat],
-                        hovertemplate="%{x} " + cat + ": %{y:.3f} ms<extra></extra>")
+                        hovertemplate=("%{x} <b>" + cat + "</b>: %{y:.3f} ms<br>"
+                                       + html.escape(DESCRIPTIONS[cat]) + "<extra></extra>"))
     fig.update_layout(barmode="stack", title="Mean TTFP attribution per stage (ms; bars sum to mean TTFP)",
                       yaxis_title="ms", xaxis_title="stage")
     return fig
 
 
 def _residence_fig(rep: dict[str, Any]) -> go.Figure:
+    """Heavy-tailed, over decades: log-spaced bins, the SAME bins for every stage, and each
+    stage's share of its chunks per bin (so stages with different chunk counts compare)."""
     fig = go.Figure()
-    for f in rep["fifo"]:
-        fig.add_histogram(x=f["residence_ms"], name=f"stage {f['stage']}", opacity=0.65, nbinsx=60)
-    # Log count axis: residence is heavy-tailed and the tail is what matters.
-    fig.update_layout(barmode="overlay", title="FIFO residence per producer stage (log count)",
-                      xaxis_title="residence (ms)", yaxis_title="chunks", yaxis_type="log")
+    vals = [np.asarray(f["residence_ms"], np.float64) for f in rep["fifo"]]
+    pos = np.concatenate([v[v > 0] for v in vals]) if vals else np.zeros(0)
+    if not len(pos):
+        return fig
+    lo, hi = np.floor(np.log10(pos.min())), np.ceil(np.log10(pos.max()))
+    edges = np.logspace(lo, max(hi, lo + 1), int(max(hi - lo, 1) * 8) + 1)
+    for f, v in zip(rep["fifo"], vals):
+        counts, _ = np.histogram(np.clip(v, edges[0], edges[-1]), edges)
+        share = counts / max(len(v), 1) * 100
+        fig.add_scatter(x=edges, y=np.append(share, share[-1]), mode="lines", line_shape="hv",
+                        name=f"stage {f['stage']} ({len(v)} chunks)", fill="tozeroy", opacity=0.6,
+                        hovertemplate="from %{x:.3g} ms: %{y:.1f}% of chunks<extra></extra>")
+    ticks = [10.0 ** e for e in range(int(lo), int(max(hi, lo + 1)) + 1)]
+    fig.update_layout(title="FIFO residence per producer stage (same log-spaced bins for every stage)",
+                      xaxis=dict(title="residence (ms, log scale)", type="log", tickvals=ticks,
+                                 ticktext=[f"{t:g}" for t in ticks]),
+                      yaxis_title="% of the stage's chunks")
     return fig
 
 
@@ -56,27 +79,47 @@ def _hol_fig(rep: dict[str, Any]) -> go.Figure:
         if r["victim"] in vi and r["culprit"] in ci:
             z[vi[r["victim"]]][ci[r["culprit"]]] += r["blocked_ms"]
     fig = go.Figure(go.Heatmap(z=z, x=cs, y=vs, colorscale="Reds", colorbar_title="ms",
-                               hovertemplate="victim %{y}<br>culprit %{x}<br>%{z:.3f} ms<extra></extra>"))
-    fig.update_layout(title=f"Head-of-line blocking: victim x culprit (top {HEATMAP_TOP}, ms)",
-                      xaxis_title="culprit (task ahead in the FIFO)", yaxis_title="victim")
+                               hovertemplate=("victim %{y}<br>culprit %{x}<br>%{z:.3f} ms before the "
+                                              "victim's first packet<extra></extra>")))
+    fig.update_layout(title=f"Head-of-line blocking before the first packet, wall time (ms; top "
+                            f"{HEATMAP_TOP} victims x culprits; never more than the victim's TTFP)",
+                      xaxis_title="culprit (its task kept the sender busy)", yaxis_title="victim")
     return fig
 
 
 def _waterfall_fig(rep: dict[str, Any], n: int = 10) -> go.Figure:
+    """The slowest requests' critical paths: colour = category, pattern = stage."""
     reqs = [r for r in rep["requests"] if r.get("segments")][:n]
-    fig = go.Figure()
-    seen: set[str] = set()
+    stages = list(dict.fromkeys(seg[2] for r in reqs for seg in r["segments"]))
+    groups: dict[tuple[str, str], list] = {}
     for r in reversed(reqs):
         for start, dur, stage, cat, detail in r["segments"]:
-            fig.add_bar(y=[r["id"]], x=[dur], base=[start], orientation="h", name=cat,
-                        legendgroup=cat, showlegend=cat not in seen, marker_color=COLORS.get(cat),
-                        hovertemplate=(f"{html.escape(r['id'])}<br>stage {stage} {cat} {detail}<br>"
-                                       "start %{base:.3f} ms, %{x:.3f} ms<extra></extra>"))
-            seen.add(cat)
+            groups.setdefault((stage, cat), []).append((r["id"], start, dur, detail))
+    fig = go.Figure()
+    for (stage, cat), bars in sorted(groups.items(), key=lambda kv: (stages.index(kv[0][0]),
+                                                                      CATEGORIES.index(kv[0][1]))):
+        fig.add_bar(y=[b[0] for b in bars], x=[b[2] for b in bars], base=[b[1] for b in bars],
+                    orientation="h", name=f"{stage} {cat}", legendgroup=stage,
+                    legendgrouptitle_text=f"stage {stage}",
+                    marker=dict(color=COLORS.get(cat), pattern_shape=_pattern(stage, stages),
+                                line=dict(color="#333", width=0.5)),
+                    customdata=[[b[3], DESCRIPTIONS.get(cat, "")] for b in bars],
+                    hovertemplate=(f"%{{y}}<br><b>{html.escape(stage)} {cat}</b> %{{customdata[0]}}<br>"
+                                   "%{customdata[1]}<br>start %{base:.3f} ms, %{x:.3f} ms<extra></extra>"))
     fig.update_layout(barmode="overlay", title=f"Critical path of the {len(reqs)} slowest requests "
-                      "(ms from arrival to first audio packet)", xaxis_title="ms since arrival",
+                      "(colour = category, pattern = stage; ms from arrival to first audio packet)",
+                      xaxis_title="ms since arrival", yaxis=dict(automargin=True),
                       height=max(350, 60 + 40 * len(reqs)))
     return fig
+
+
+def _legend_html(rep: dict[str, Any]) -> str:
+    """Every category the report uses, with its colour and one-line meaning."""
+    used = {a["category"] for a in rep["attribution"]}
+    items = "".join(f'<dt><span class="sw" style="background:{COLORS.get(c["category"], "#999")}">'
+                    f'</span>{html.escape(c["category"])}</dt><dd>{html.escape(c["description"])}</dd>'
+                    for c in rep.get("categories", []) if c["category"] in used)
+    return f'<dl class="legend" id="legend">{items}</dl>' if items else ""
 
 
 def figures(rep: dict[str, Any]) -> list[tuple[str, go.Figure | None]]:
@@ -86,14 +129,17 @@ def figures(rep: dict[str, Any]) -> list[tuple[str, go.Figure | None]]:
         ("residence", _residence_fig(rep) if rep["fifo"] else None),
         ("hol", _hol_fig(rep) if rep["head_of_line"] else None),
         ("waterfall", _waterfall_fig(rep) if rep["requests"] else None),
-    ]
+    ] + [(f"request-{i}", waterfall_fig.figure(wf, COLORS)) for i, wf in enumerate(rep.get("waterfalls", []))]
 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
 .warn{background:#fff3cd;border:1px solid #e0b000;padding:.6em;margin:.3em 0}
 .drop{background:#f8d7da;border:1px solid #c00;padding:.6em;font-weight:bold}
 pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}
-.plot{margin:1em 0;border:1px solid #ddd}.empty{color:#777;font-style:italic}"""
+.plot{margin:1em 0;border:1px solid #ddd}.empty{color:#777;font-style:italic}
+.legend{display:grid;grid-template-columns:max-content auto;gap:.2em 1em;font-size:13px}
+.legend dt{font-family:monospace}.legend dd{margin:0}
+.sw{display:inline-block;width:.9em;height:.9em;margin-right:.4em;vertical-align:middle}"""
 
 
 def to_html(rep: dict[str, Any]) -> str:
@@ -104,9 +150,13 @@ def to_html(rep: dict[str, Any]) -> str:
             parts.append(f'<div class="empty" id="{fid}">no data for {fid}</div>')
             continue
         fig.update_layout(template="plotly_white", margin=dict(l=60, r=20, t=50, b=50))
+        if fid == "request-0":
+            parts.append("<h2>Waterfalls: arrival to first packet, per request</h2>")
         parts.append('<div class="plot">' + pio.to_html(
             fig, full_html=False, include_plotlyjs=first, div_id=fid,
             config={"displaylogo": False, "responsive": True}) + "</div>")
+        if fid == "attribution":
+            parts.append(_legend_html(rep))
         first = False
     if first:  # no figure at all: still ship nothing external
         parts.append('<div class="empty">nothing to plot: no measured request was attributed</div>')
