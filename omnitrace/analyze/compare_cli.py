@@ -4,6 +4,11 @@ with bootstrap confidence intervals.
 Each side may hold several runs (e.g. ABBA order, separate deployments). The bootstrap is
 hierarchical: resample runs, then requests within each drawn run, so the interval includes
 run-to-run variation and not only request-to-request noise.
+
+Component figures (per stage: FIFO residence and blocked time, snapshot cost; per stage
+pair: put and get) are compared the same way, chunks in place of requests, so runs without
+API requests (the real vLLM-Omni classes under a harness) compare too. Sides whose bench
+settings differ (concurrency, lengths, prompts, ...) are compared with a warning.
 """
 from __future__ import annotations
 
@@ -14,30 +19,66 @@ from typing import Any
 import numpy as np
 import orjson
 
-from omnitrace.analyze.report import build_report
+from omnitrace.analyze import components
+from omnitrace.analyze.report import build_report, measured_ids
 from omnitrace.analyze.rundir import RunDirError, load_run
 from omnitrace.render.console import table
 
 TTFP = ("all", "ttfp")
+BOOT_SAMPLES = 4000  # per run and component: a seeded subsample keeps the bootstrap fast
 
 
-def _side(paths: list[str]) -> list[dict[tuple[str, str], np.ndarray]]:
-    """Per run: (stage, category) -> per-request ms (zeros where absent), plus TTFP."""
-    out = []
+class Side:
+    def __init__(self) -> None:
+        self.ttfp: list[dict[tuple[str, str], np.ndarray]] = []  # per run with API requests
+        self.comp: list[dict[tuple[str, str], np.ndarray]] = []  # per run
+        self.bench: list[dict[str, Any] | None] = []
+        self.no_api: list[str] = []
+
+
+def _side(paths: list[str]) -> Side:
+    """Per run: (stage, category) -> per-request ms (zeros where absent), plus TTFP; and
+    (group, metric) -> per-chunk component values."""
+    side = Side()
     for p in paths:
-        rep = build_report(load_run([p]), per_request_segments=False)
+        run = load_run([p])
+        rep = build_report(run, per_request_segments=False, waterfalls=0)
+        comp = components.samples(components.select(run.chunks, run.chunk_requests, measured_ids(run)))
         reqs = rep["requests"]
+        if not reqs and not comp:
+            raise RunDirError(f"{p}: no measured request could be attributed and no per-stage figures")
+        side.comp.append(comp)
+        side.bench.append(rep["bench"])
         if not reqs:
-            raise RunDirError(f"{p}: no measured request could be attributed")
+            side.no_api.append(p)
+            continue
         keys = {tuple(k.split("/", 1)) for r in reqs for k in r["categories_ms"]}
-        run = {k: np.array([r["categories_ms"].get("/".join(k), 0.0) for r in reqs]) for k in keys}
-        run[TTFP] = np.array([r["ttfp_ms"] for r in reqs])
-        out.append(run)
+        cats = {k: np.array([r["categories_ms"].get("/".join(k), 0.0) for r in reqs]) for k in keys}
+        cats[TTFP] = np.array([r["ttfp_ms"] for r in reqs])
+        side.ttfp.append(cats)
+    return side
+
+
+def _settings_warnings(a: Side, b: Side) -> list[str]:
+    """Bench settings that differ between (or within) the two sides."""
+    keys = sorted({k for s in a.bench + b.bench if s for k in s})
+    out = []
+    for k in keys:
+        va = [json_value(s.get(k)) if s else "-" for s in a.bench]
+        vb = [json_value(s.get(k)) if s else "-" for s in b.bench]
+        if len(set(va + vb)) > 1:
+            out.append(f"bench setting {k!r} differs: A {', '.join(va)} vs B {', '.join(vb)}")
     return out
 
 
+def json_value(v: Any) -> str:
+    return orjson.dumps(v).decode()
+
+
 def _boot(runs: list[dict], key: tuple[str, str], rng: np.random.Generator, n: int) -> np.ndarray:
-    arrays = [r.get(key, np.zeros(len(r[TTFP]))) for r in runs]
+    arrays = [r.get(key, np.zeros(len(r[TTFP]))) if TTFP in r else r.get(key, np.zeros(1)) for r in runs]
+    arrays = [x if len(x) else np.zeros(1) for x in arrays]
+    arrays = [rng.choice(x, BOOT_SAMPLES, replace=False) if len(x) > BOOT_SAMPLES else x for x in arrays]
     res = np.empty(n)
     for i in range(n):
         pick = rng.integers(0, len(arrays), len(arrays))
@@ -45,21 +86,38 @@ def _boot(runs: list[dict], key: tuple[str, str], rng: np.random.Generator, n: i
     return res
 
 
-def compare(a: list[str], b: list[str], n_boot: int = 2000, seed: int = 0, conf: float = 0.95) -> dict[str, Any]:
-    ra, rb = _side(a), _side(b)
-    keys = sorted({k for r in ra + rb for k in r if k != TTFP})
-    rng = np.random.default_rng(seed)
+def _rows(ra: list[dict], rb: list[dict], keys: list, rng: np.random.Generator, n_boot: int,
+          conf: float, names: tuple[str, str, str, str]) -> list[dict[str, Any]]:
     lo_q, hi_q = (1 - conf) / 2 * 100, (1 + conf) / 2 * 100
+    g, m, va, vb = names
     rows = []
-    for k in [TTFP] + keys:
-        ma = float(np.mean([r.get(k, np.zeros(1)).mean() for r in ra]))
-        mb = float(np.mean([r.get(k, np.zeros(1)).mean() for r in rb]))
+    for k in keys:
+        ma = float(np.mean([r[k].mean() if len(r.get(k, ())) else 0.0 for r in ra]))
+        mb = float(np.mean([r[k].mean() if len(r.get(k, ())) else 0.0 for r in rb]))
         d = _boot(rb, k, rng, n_boot) - _boot(ra, k, rng, n_boot)
         lo, hi = np.percentile(d, [lo_q, hi_q])
-        rows.append({"stage": k[0], "category": k[1], "a_ms": ma, "b_ms": mb, "delta_ms": mb - ma,
-                     "ci_low_ms": float(lo), "ci_high_ms": float(hi),
-                     "significant": bool(lo > 0 or hi < 0)})
-    return {"a": a, "b": b, "confidence": conf, "bootstrap": n_boot, "rows": rows}
+        rows.append({g: k[0], m: k[1], va: ma, vb: mb, "delta": mb - ma,
+                     "ci_low": float(lo), "ci_high": float(hi), "significant": bool(lo > 0 or hi < 0)})
+    return rows
+
+
+def compare(a: list[str], b: list[str], n_boot: int = 2000, seed: int = 0, conf: float = 0.95) -> dict[str, Any]:
+    sa, sb = _side(a), _side(b)
+    rng = np.random.default_rng(seed)
+    warnings = _settings_warnings(sa, sb)
+    rows: list[dict[str, Any]] = []
+    if sa.ttfp and sb.ttfp:
+        keys = sorted({k for r in sa.ttfp + sb.ttfp for k in r if k != TTFP})
+        rows = _rows(sa.ttfp, sb.ttfp, [TTFP] + keys, rng, n_boot, conf, ("stage", "category", "a_ms", "b_ms"))
+        for r in rows:  # the TTFP table's historical key names
+            r["delta_ms"], r["ci_low_ms"], r["ci_high_ms"] = r.pop("delta"), r.pop("ci_low"), r.pop("ci_high")
+    if sa.no_api or sb.no_api:
+        warnings.append("runs without API requests (component level: no TTFP attribution): "
+                        + " ".join(sa.no_api + sb.no_api))
+    ckeys = sorted({k for r in sa.comp + sb.comp for k in r})
+    comp = _rows(sa.comp, sb.comp, ckeys, rng, n_boot, conf, ("group", "metric", "a", "b"))
+    return {"a": a, "b": b, "confidence": conf, "bootstrap": n_boot, "warnings": warnings,
+            "rows": rows, "components": comp}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,9 +144,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(res, option=orjson.OPT_INDENT_2) + b"\n")
         return 0
-    print(f"A: {' '.join(a)}\nB: {' '.join(b)}\n{int(res['confidence'] * 100)}% bootstrap CI "
-          f"(runs, then requests, resampled {res['bootstrap']}x); * = CI excludes 0")
-    print(table(["stage", "category", "A ms", "B ms", "B-A ms", "CI low", "CI high", ""],
-                [[r["stage"], r["category"], r["a_ms"], r["b_ms"], r["delta_ms"], r["ci_low_ms"],
-                  r["ci_high_ms"], "*" if r["significant"] else ""] for r in res["rows"]]))
+    print(f"A: {' '.join(a)}\nB: {' '.join(b)}")
+    for w in res["warnings"]:
+        print(f"warning: {w}")
+    print(f"{int(res['confidence'] * 100)}% bootstrap CI (runs, then requests or chunks, resampled "
+          f"{res['bootstrap']}x); * = CI excludes 0")
+    if res["rows"]:
+        print("\nTTFP attribution")
+        print(table(["stage", "category", "A ms", "B ms", "B-A ms", "CI low", "CI high", ""],
+                    [[r["stage"], r["category"], r["a_ms"], r["b_ms"], r["delta_ms"], r["ci_low_ms"],
+                      r["ci_high_ms"], "*" if r["significant"] else ""] for r in res["rows"]]))
+    if res["components"]:
+        print("\nComponents (mean per chunk)")
+        print(table(["stage / pair", "metric", "A", "B", "B-A", "CI low", "CI high", ""],
+                    [[r["group"], r["metric"], r["a"], r["b"], r["delta"], r["ci_low"], r["ci_high"],
+                      "*" if r["significant"] else ""] for r in res["components"]]))
     return 0

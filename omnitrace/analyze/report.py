@@ -127,6 +127,12 @@ def _measured(run: Run, first_seen: dict[str, int], level: int | None,
     return measured, how, rows
 
 
+def measured_ids(run: Run, level: int | None = None, select: Selection | None = None) -> set[str]:
+    """The request ids a report on ``run`` measures (for `compare`'s component figures)."""
+    reqs = at.index_requests(run.spans)
+    return _measured(run, _first_seen(run, reqs), level, select or Selection())[0]
+
+
 def build_report(run: Run, per_request_segments: bool = True, level: int | None = None,
                  select: Selection | None = None, waterfalls: int = WATERFALLS,
                  waterfall_ids: list[str] | None = None) -> dict[str, Any]:

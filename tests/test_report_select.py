@@ -1,0 +1,85 @@
+"""Runs without bench.json (a foreign client): requests selected by id prefix, arrival
+window and warm-up count; and chunk waits that never ended are marked, not walked."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from omnitrace import conventions as cv
+from omnitrace import spantable as stt
+from omnitrace.conventions import Ev
+from omnitrace.eventlog import EVENT_DTYPE
+from otlp_fixture import line, span, three_stage_request, write_run
+from test_attribution_unit import EXPECTED_US, US
+
+
+def _report(*args: str) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "omnitrace", "report", *args], capture_output=True,
+                       text=True, timeout=60)
+    assert "Traceback" not in r.stderr + r.stdout
+    return r
+
+
+def _two_clients(tmp_path) -> str:
+    """Client a sends a0..a5 (one per ms from t=0), client b sends b0..b5 from t=20 ms."""
+    lines = [line(three_stage_request(f"a{i}", off=i * 1000)) for i in range(6)]
+    lines += [line(three_stage_request(f"b{i}", off=20_000 + i * 1000)) for i in range(6)]
+    return write_run(str(tmp_path / "r"), lines)
+
+
+def test_requests_by_prefix_window_and_warmup(tmp_path):
+    d = _two_clients(tmp_path)
+    ids = lambda *a: sorted(r["id"] for r in json.loads(_report(d, "--json", *a).stdout)["requests"])
+    assert ids() == sorted([f"a{i}" for i in range(6)] + [f"b{i}" for i in range(6)])
+    assert ids("--requests", "b") == [f"b{i}" for i in range(6)]
+    assert ids("--requests", "a", "--warmup", "2") == [f"a{i}" for i in range(2, 6)]
+    # arrivals 0..10 ms after the first one: client a only; 2.5 ms on: a3 onwards and b
+    assert ids("--window", "0:0.010") == [f"a{i}" for i in range(6)]  # seconds
+    assert ids("--window", "0.0025:", "--requests", "a") == ["a3", "a4", "a5"]
+    rep = json.loads(_report(d, "--json", "--requests", "a", "--warmup", "1").stdout)
+    assert rep["window"]["selection"] == "no bench.json: ids starting 'a', first 1 excluded as warm-up"
+    assert not any("warm-up not excluded" in w for w in rep["warnings"])
+
+
+def test_bad_window_is_one_line_exit_2(tmp_path):
+    d = _two_clients(tmp_path)
+    for bad in ("10", "x:y", "5:1"):
+        r = _report(d, "--window", bad)
+        assert r.returncode == 2 and "--window" in r.stderr, r.stderr
+
+
+def test_never_scheduled_wait_is_marked_not_writer_died():
+    """CHUNK_READY on the consumer, never CHUNK_SCHEDULED, then every process exits: the
+    consumer's scheduler never took the chunk; its writer did not die mid-span."""
+    rings = {0: {"pid": 7, "replica": 0, "role": "stage", "stage": 1, "process": "talker"}}
+    b = stt.SpanBuilder(dict(rings))
+    b.ring_changed()
+    ev = np.zeros(3, EVENT_DTYPE)
+    for i, (kind, chunk, t) in enumerate(((Ev.CHUNK_READY, 0, 10), (Ev.CHUNK_SCHEDULED, 0, 20),
+                                          (Ev.CHUNK_READY, 1, 30))):
+        ev[i] = (t, 0, 1, chunk, kind, 1, 0, 0)
+    done = b.feed(ev).spans
+    b.process_died(7)
+    left = b.flush().spans
+    assert [stt.REASONS[r] for r in done["reason"]] == [""]
+    assert [(stt.NAMES[n], stt.REASONS[r]) for n, r in zip(left["name"], left["reason"])] == [
+        (cv.SPAN_WAIT_SCHEDULE, "consumer-never-scheduled")]
+
+
+def test_never_ended_wait_is_not_walked_and_counted(tmp_path):
+    """An incomplete wait_schedule (ends where the agent closed it, before the codec chunk's
+    snapshot) would otherwise gate the talker's output: it is left out, and counted."""
+    spans = three_stage_request("w") + [span(cv.SPAN_WAIT_SCHEDULE, "w", 210, 250, stage=1, peer=0,
+                                             chunk=5, **{cv.ATTR_INCOMPLETE: True})]
+    d = write_run(str(tmp_path / "r"), [line(spans)])
+    rep = json.loads(_report(d, "--json").stdout)
+    (req,) = rep["requests"]
+    assert req["hops"] == ["0->1#0", "1->2#0"]
+    got = {tuple(k.split("/", 1)): round(v * 1e6 / US) for k, v in req["categories_ms"].items()}
+    names = {-1: "api", 0: "0:thinker", 1: "1:talker", 2: "2:code2wav"}
+    assert got == {(names[s], c): v for (s, c), v in EXPECTED_US.items()}
+    assert rep["incomplete_chunk_spans"] == {"omni.chunk.wait_schedule: writer-died": 1}
+    assert any("omni.chunk.wait_schedule" in w for w in rep["warnings"])
