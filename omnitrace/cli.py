@@ -13,6 +13,7 @@ COMMANDS = {
     "bench": ("omnitrace.bench.cli", "load-test a /v1/chat/completions stream"),
     "report": ("omnitrace.analyze.report_cli", "per-stage TTFP attribution of a run directory"),
     "compare": ("omnitrace.analyze.compare_cli", "A/B comparison of runs with confidence intervals"),
+    "flame": ("omnitrace.flame_cli", "flame graphs of a --flame run, per stage or linked to spans"),
     "export": ("omnitrace.export_cli", "every span of a run as OTLP/JSON lines or to an OTLP endpoint"),
     "top": ("omnitrace.top.cli", "the load test live in a terminal: rates, TTFP, attribution, FIFOs"),
 }

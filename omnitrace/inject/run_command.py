@@ -75,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--patches", action="append", default=[], metavar="DIR",
                    help="your own hook definitions (TARGET/VERSIONS/HOOKS modules, see "
                         "docs/vllm-omni.md), tried before the built-in ones; repeatable")
+    from omnitrace.profile.flags import add_flame_options
+    add_flame_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER)
     return p
 
@@ -190,6 +192,7 @@ def _clear_run(run_dir: str) -> None:
             pass
     for path in eventlog.segments(run_dir):
         os.unlink(path)
+    shutil.rmtree(os.path.join(run_dir, "profiles"), ignore_errors=True)  # --flame's
 
 
 def _resolve_command(cmd: list[str]) -> tuple[list[str], dict[str, str], int | None]:
@@ -249,9 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     if cmd[0] == "serve" and any(a in ("-h", "--help") for a in cmd[1:]):
         # help for `serve` starts nothing: no agent, no run directory
         return subprocess.call(serve_command(cmd[1:])[0])
+    from omnitrace.profile import flags as flame_flags
     try:
         cfg = _validate(ns)
-    except UsageError as exc:
+        flame = flame_flags.flame_config(ns, cfg.run_dir)
+    except (UsageError, flame_flags.FlameConfigError) as exc:
         print(f"omnitrace run: {exc}", file=sys.stderr)
         return 2
     full_cmd, extra_env, status = _resolve_command(cmd)
@@ -281,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                                            [p for p in env.get(ENV_PATCHES, "").split(os.pathsep) if p])
     env.update(plugin_env(env))
 
-    try:
-        child = subprocess.Popen(full_cmd, env=env)
+    try:  # --flame: the profile runner starts the command under py-spy
+        child = subprocess.Popen(flame_flags.wrap(flame, full_cmd), env=env)
     except OSError as exc:
         print(f"omnitrace run: {full_cmd[0]}: {exc.strerror}", file=sys.stderr)
         rc = 127 if isinstance(exc, FileNotFoundError) else 126
@@ -304,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     if rc < 0:
         rc = 128 - rc  # killed by a signal: report it the way a shell does
     _stop_agent(agent, rc, cfg)
+    flame_flags.finish(flame)  # profiles/: after the agent's last drain (it names the processes)
     if rc == 0:
         print(f"omnitrace run: done; see `omnitrace report {cfg.run_dir}`", file=sys.stderr)
     else:

@@ -42,6 +42,9 @@ def _instrument() -> None:
     except (OSError, ValueError, IndexError):
         name = ""
     record.set_process_info(name=name[:64])
+    if os.environ.get("OMNITRACE_FLAME"):  # --flame: a clock for py-spy, or pyinstrument
+        from omnitrace.profile import inproc
+        inproc.start()
     try:
         from omnitrace.inject import patching
     except ImportError:

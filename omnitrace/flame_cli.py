@@ -1,0 +1,176 @@
+"""`omnitrace flame RUN`: flame graphs of a run recorded with `omnitrace run --flame`.
+
+Without a selection it lists the run's profiles (and the missing ones, with why). With
+``--category`` (and optionally ``--stage``, ``--thread``, ``--request``) it keeps only the
+samples taken on the working thread while the chosen spans were open
+(``omnitrace.profile.linked``), and writes them as speedscope JSON and an SVG flame graph.
+With only ``--stage``/``--thread`` it draws that process / thread over the whole run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import numpy as np
+import orjson
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"omnitrace flame: {message} (see omnitrace flame --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from omnitrace.profile.linked import CATEGORIES, THREADS
+    p = _Parser(prog="omnitrace flame", description=__doc__.split("\n")[0])
+    p.add_argument("run_dir", metavar="RUN")
+    p.add_argument("--stage", help="api, a stage name (thinker) or id (0, stage0)")
+    p.add_argument("--thread", choices=THREADS, help="the thread whose samples to keep (default: "
+                   "the one that does the category's work)")
+    p.add_argument("--category", choices=CATEGORIES,
+                   help="keep the samples inside these spans' intervals (attribution categories)")
+    p.add_argument("--request", metavar="ID", help="only this request's spans (x-request-id)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="FILE.svg and FILE.speedscope.json (default: flame-<selection> in the "
+                        "current directory)")
+    p.add_argument("--top", type=int, default=12, help="functions listed on the console")
+    p.add_argument("--json", action="store_true", help="the summary as JSON on stdout")
+    return p
+
+
+def _outputs(out: str | None, label: str) -> tuple[str, str]:
+    base = out or f"flame-{label}"
+    for ext in (".svg", ".speedscope.json", ".json"):
+        if base.endswith(ext):
+            base = base[:-len(ext)]
+            break
+    return base + ".svg", base + ".speedscope.json"
+
+
+def _top(stacks: dict[tuple[str, ...], float], n: int) -> list[tuple[str, float, float]]:
+    """(function, inclusive share, self share), by self share."""
+    total = sum(stacks.values()) or 1.0
+    incl: dict[str, float] = {}
+    self_: dict[str, float] = {}
+    for stack, sec in stacks.items():
+        for label in set(stack):
+            incl[label] = incl.get(label, 0.0) + sec
+        if stack:
+            self_[stack[-1]] = self_.get(stack[-1], 0.0) + sec
+    leaf_first = sorted(incl, key=lambda k: (-self_.get(k, 0.0), -incl[k]))[:n]
+    return [(k, incl[k] / total, self_.get(k, 0.0) / total) for k in leaf_first]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from omnitrace.profile import linked, render
+    from omnitrace.profile.store import collapsed
+    run = args.run_dir
+    if not os.path.isdir(run):
+        print(f"omnitrace flame: {run}: not a run directory", file=sys.stderr)
+        return 2
+    try:
+        store = linked.profiles_store(run)
+    except linked.SelectError as exc:
+        print(f"omnitrace flame: {exc}", file=sys.stderr)
+        return 2
+    index = _index(run)
+    if args.category is None and args.stage is None and args.thread is None:
+        return _list(run, index, store, args.json)
+    summary: dict[str, Any] = {"run": run, "category": args.category, "stage": args.stage,
+                               "thread": args.thread, "request": args.request}
+    try:
+        if args.category is not None:
+            iv, rt = linked.intervals(run, args.category, args.stage, args.request, args.thread)
+            idx = linked.select(store, iv)
+            summary.update(spans=iv.spans, intervals=int(len(iv.start)),
+                           interval_s=round(float((iv.end - iv.start).sum()) / 1e9, 6), notes=iv.notes)
+        else:
+            idx = _whole(run, store, args.stage, args.thread)
+    except linked.SelectError as exc:
+        print(f"omnitrace flame: {exc}", file=sys.stderr)
+        return 2
+    label = "-".join(x for x in (args.stage, args.category, args.thread, args.request) if x)
+    stacks = collapsed(store, idx)
+    svg_path, ss_path = _outputs(args.output, label)
+    title = f"omnitrace flame: {label}"
+    sub = (f"{len(idx)} samples at {1e9 / store.period_ns:.0f} Hz"
+           + (f" in {summary['spans']} spans' intervals ({summary['interval_s']:.3f} s)"
+              if args.category else ""))
+    with open(svg_path, "w", encoding="utf-8") as f:
+        f.write(render.svg(stacks, title, sub))
+    with open(ss_path, "wb") as f:
+        f.write(orjson.dumps(render.speedscope([(label, stacks)], title)))
+    summary.update(samples=int(len(idx)), seconds=round(len(idx) * store.period_ns / 1e9, 3),
+                   svg=svg_path, speedscope=ss_path,
+                   top=[{"function": k, "inclusive": round(i, 4), "self": round(s, 4)}
+                        for k, i, s in _top(stacks, args.top)])
+    if args.json:
+        sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    print(f"{title}: {sub}")
+    for note in summary.get("notes") or ():
+        print(f"  note: {note}")
+    if not len(idx):
+        print("  no samples in these intervals (spans shorter than the sampling period, or the "
+              "window/thread has no profile)")
+    print(f"  {'self':>6} {'incl':>6}  function")
+    for row in summary["top"]:
+        print(f"  {row['self'] * 100:5.1f}% {row['inclusive'] * 100:5.1f}%  {row['function']}")
+    print(f"wrote {svg_path} and {ss_path}")
+    return 0
+
+
+def _index(run: str) -> dict:
+    try:
+        with open(os.path.join(run, "profiles", "index.json"), "rb") as f:
+            return orjson.loads(f.read())
+    except (OSError, orjson.JSONDecodeError):
+        return {"profiles": [], "missing": []}
+
+
+def _whole(run: str, store: Any, stage: str | None, thread: str | None) -> np.ndarray:
+    """A stage's process (or one of its threads) over the whole profile."""
+    from omnitrace.profile import linked
+    st = store.stretches
+    mask = np.ones(len(st), bool)
+    if stage is not None or thread is not None:
+        _, rt = linked.load_events(run, set())
+        pids = {int(i.get("pid", 0)) for i in rt.rings.values()}
+        if stage is not None:
+            sid = linked.resolve_stage(stage, rt)
+            pids = {int(i.get("pid", 0)) for i in rt.rings.values() if int(i.get("stage", -9)) == sid}
+        mask &= np.isin(st["pid"], np.fromiter(pids, np.int64, len(pids)))
+        if thread is not None:
+            k = linked.THREADS.index(thread)
+            tids = {rt.thread_of(p, k) for p in pids} - {None}
+            mask &= np.isin(st["tid"], np.fromiter(tids, np.int64, len(tids)))
+    idx, _ = store.samples(mask)
+    return idx
+
+
+def _list(run: str, index: dict, store: Any, as_json: bool) -> int:
+    if as_json:
+        sys.stdout.write(orjson.dumps(index, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    print(f"profiles of {run} (py-spy {index.get('rate', '?')} Hz, {index.get('mode', '?')}, "
+          f"window {index.get('window', 'run')}):")
+    for p in index.get("profiles", []):
+        extra = f" [{p['note']}]" if p.get("note") else ""
+        print(f"  {p['name']:<12} pid {p['pid']:<7} {p.get('tool', '?'):<12} {p.get('seconds', 0):8.1f} s "
+              f"profiles/{p['name']}.svg{extra}")
+    for m in index.get("missing", []):
+        print(f"  {m['name']:<12} pid {m['pid']:<7} MISSING: {m['reason']}")
+    for c in index.get("clock", []):
+        if c.get("calibrated"):
+            print(f"  clock (chunk {c['chunk']}): samples placed within {c['uncertainty_ms']:.3f} ms "
+                  f"({c['agreeing']}/{c['clock_samples']} clock samples agree)")
+        else:
+            print(f"  clock (chunk {c['chunk']}): not calibrated ({c.get('error', 'no clock samples')})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

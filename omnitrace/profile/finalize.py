@@ -1,0 +1,310 @@
+"""After the run: py-spy chunks (and pyinstrument sessions) -> ``profiles/``.
+
+* each chunk is parsed and its clock calibrated against the runner's clock thread
+  (``chrometrace.calibrate``), then cut to its own time slot (rotation overlaps chunks);
+* times go to unix ns with the event log's own offset, so samples and spans share one clock;
+* processes are named from what the agent saw in their rings (``processes.jsonl``): the API
+  server is ``api``, a stage its stage name (``thinker``), or ``stage{S}`` for vLLM-Omni's
+  ``StageEngineCoreProc_stage{S}_replica{R}``; other processes (the bench, the runner,
+  helpers) are not kept;
+* ``--flame-window measured`` keeps only the bench's measured window(s);
+* writes ``samples.npz`` (every stack with its time, pid and native thread id: what
+  `omnitrace flame` selects from), per profile ``NAME.speedscope.json`` and ``NAME.svg``,
+  and ``index.json`` (what is there, what is missing and why, the clock's precision).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from typing import Any
+
+import numpy as np
+import orjson
+
+from omnitrace.profile import chrometrace as ct
+from omnitrace.profile import clock, render
+from omnitrace.profile.config import PROFILES_DIR, RAW_DIR
+from omnitrace.profile.runner import CUTOVER_S
+from omnitrace.profile.store import FILE as SAMPLES_FILE
+from omnitrace.profile.store import ROUND_DTYPE, Store, collapsed
+
+INDEX = "index.json"
+KEPT_ROLES = ("api", "stage")
+_VLLM_STAGE = re.compile(r"StageEngineCoreProc_stage(\d+)_replica(\d+)")
+_SIMPLE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,40}")
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, "rb") as f:
+            return orjson.loads(f.read())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
+def log_offset(run_dir: str) -> int | None:
+    """The event log's unix-minus-perf_counter offset (its first HEADER block)."""
+    import zstandard
+
+    from omnitrace import eventlog
+    segs = eventlog.segments(run_dir)
+    if not segs:
+        return None
+    try:
+        with open(segs[0], "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as r:
+            head = r.read(eventlog.BLOCK.size)
+            kind, _, length = eventlog.BLOCK.unpack(head)
+            if kind != eventlog.HEADER:
+                return None
+            return int(orjson.loads(r.read(length))["offset_ns"])
+    except (OSError, ValueError, KeyError, zstandard.ZstdError):
+        return None
+
+
+def profile_name(proc: dict) -> str:
+    if proc.get("role") == "api":
+        return "api" if not proc.get("replica") else f"api-replica{proc['replica']}"
+    stage, replica = int(proc.get("stage", -1)), int(proc.get("replica") or 0)
+    name = str(proc.get("name") or "")
+    m = _VLLM_STAGE.fullmatch(name)
+    if m or not _SIMPLE.fullmatch(name) or name == "api":
+        base = f"stage{stage}"
+    else:
+        base = name
+    return base if not replica else f"{base}-replica{replica}"
+
+
+def _processes(run_dir: str) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+    try:
+        with open(os.path.join(run_dir, "processes.jsonl"), "rb") as f:
+            for line in f:
+                try:
+                    p = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(p, dict) and p.get("role") in KEPT_ROLES:
+                    out[int(p["pid"])] = p
+    except OSError:
+        pass
+    return out
+
+
+def _windows(run_dir: str) -> list[tuple[int, int]]:
+    bench = _read_json(os.path.join(run_dir, "bench.json")) or {}
+    out = []
+    for lv in bench.get("levels") or ():
+        w = (lv or {}).get("measured_window") or {}
+        if w.get("start_unix_ns") and w.get("end_unix_ns"):
+            out.append((int(w["start_unix_ns"]), int(w["end_unix_ns"])))
+    return out
+
+
+def _clip(st: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    st = st[(st["end"] > lo) & (st["t"] < hi)].copy()
+    # a stretch cut at the slot's start begins at its next (expanded) sample, not before
+    st["t"] = np.maximum(st["t"], lo)
+    st["end"] = np.minimum(st["end"], hi)
+    return st[st["end"] > st["t"]]
+
+
+def load_chunks(run_dir: str, runner: dict, offset_unix: int, frames: ct.Frames
+                ) -> tuple[np.ndarray, np.ndarray, dict, list[dict]]:
+    """Every process's chunks: stretches and rounds in unix ns, each chunk cut to its own
+    slot (rotation overlaps a process's chunks); (stretches, rounds as ROUND_DTYPE, threads,
+    clock notes per chunk). The clock threads' own samples are dropped once used."""
+    raw = os.path.join(run_dir, RAW_DIR)
+    by_pid: dict[int, list[dict]] = {}
+    for c in runner.get("chunks") or ():
+        if c.get("ready_ns"):
+            by_pid.setdefault(int(c["pid"]), []).append(c)
+    parts, rparts, threads, notes, pending = [], [], {}, [], []
+    offsets: list[int] = []  # calibrated (py-spy zero - its start), for chunks without a clock
+    for pid, chunks in sorted(by_pid.items()):
+        chunks.sort(key=lambda c: c["index"])
+        try:
+            flips = np.fromfile(os.path.join(raw, f"clock-{pid}.bin"), dtype="<i8")
+        except (OSError, ValueError):
+            flips = np.zeros(0, np.int64)
+        for i, c in enumerate(chunks):
+            path = os.path.join(raw, c["path"])
+            if not os.path.exists(path):
+                notes.append({"pid": pid, "chunk": c["index"], "error": c.get("error") or "chunk file missing"})
+                continue
+            chunk = ct.parse(path, frames)
+            cal = ct.calibrate(chunk, frames, pid, flips, clock.PREFIX, clock.K, int(c["started_ns"]))
+            note: dict[str, Any] = {"pid": pid, "chunk": c["index"]}
+            if cal is not None and cal.agreeing >= 0.5 * cal.observations:
+                off = cal.offset_ns
+                offsets.append(off - int(c["started_ns"]))
+                note.update(calibrated=True, uncertainty_ms=round(cal.uncertainty_ns / 1e6, 4),
+                            clock_samples=cal.observations, agreeing=cal.agreeing)
+            else:
+                off = None
+                note.update(calibrated=False, error="no clock switches from this process (killed "
+                            "before exit?)" if not len(flips) else "clock samples disagree")
+            notes.append(note)
+            lo = -(1 << 62) if i == 0 else int(c["ready_ns"] + CUTOVER_S * 1e9)
+            hi = (1 << 62) if i + 1 == len(chunks) else int(chunks[i + 1]["ready_ns"] + CUTOVER_S * 1e9)
+            pending.append((chunk, off, int(c["started_ns"]), lo, hi, note))
+    typical = int(np.median(offsets)) if offsets else 0
+    for chunk, off, started, lo, hi, note in pending:
+        if off is None:  # py-spy's zero: its start plus the typical start-up delay of the others
+            off = started + typical
+            note["assumed_offset_ms"] = round(typical / 1e6, 3)
+        keep = np.array([chunk.threads.get((int(p), int(t))) != clock.THREAD
+                         for p, t in zip(chunk.stretches["pid"], chunk.stretches["tid"])], bool)
+        st = chunk.stretches[keep] if len(chunk.stretches) else chunk.stretches
+        shift = off + offset_unix
+        st["t"] = st["t"] * 1000 + shift
+        st["end"] = st["end"] * 1000 + shift
+        rnd = chunk.rounds * 1000 + shift
+        lo_u, hi_u = lo + offset_unix if lo > -(1 << 62) else lo, hi + offset_unix if hi < (1 << 62) else hi
+        parts.append(_clip(st, lo_u, hi_u))
+        rnd = rnd[(rnd >= lo_u) & (rnd < hi_u)]
+        r = np.zeros(len(rnd), ROUND_DTYPE)
+        r["t"], r["pid"] = rnd, int(chunk.stretches["pid"][0]) if len(chunk.stretches) else 0
+        rparts.append(r)
+        threads.update({k: v for k, v in chunk.threads.items() if v != clock.THREAD})
+    st = np.concatenate(parts) if parts else np.zeros(0, ct.STRETCH_DTYPE)
+    rnd = np.concatenate(rparts) if rparts else np.zeros(0, ROUND_DTYPE)
+    return st, np.sort(rnd, order=["pid", "t"]), threads, notes
+
+
+def finalize(run_dir: str) -> dict:
+    """Write profiles/ from profiles/raw/; returns the index (also written as index.json)."""
+    pdir = os.path.join(run_dir, PROFILES_DIR)
+    raw = os.path.join(run_dir, RAW_DIR)
+    runner = _read_json(os.path.join(raw, "runner.json")) or {}
+    offset = log_offset(run_dir)
+    if offset is None:
+        offset = int(runner.get("offset_ns") or 0)
+    rate = int(runner.get("rate") or 100)
+    frames = ct.Frames()
+    st, rnd, threads, notes = load_chunks(run_dir, runner, offset, frames)
+    procs = _processes(run_dir)
+    cfg = runner.get("config") or {}
+    windows = _windows(run_dir) if cfg.get("window") == "measured" else []
+    index: dict[str, Any] = {"tool": "py-spy", "rate": rate, "mode": runner.get("mode"),
+                             "window": cfg.get("window", "run"), "clock": notes,
+                             "profiles": [], "missing": [], "samples": SAMPLES_FILE}
+    if cfg.get("window") == "measured":
+        if windows:
+            st = np.concatenate([_clip(st, lo, hi) for lo, hi in windows])
+            inside = np.zeros(len(rnd), bool)
+            for lo, hi in windows:
+                inside |= (rnd["t"] >= lo) & (rnd["t"] < hi)
+            rnd = rnd[inside]
+            index["windows_unix_ns"] = windows
+        else:
+            index["window_note"] = "no measured window in bench.json: the whole run is kept"
+    st = st[np.isin(st["pid"], np.fromiter(procs, np.int64, len(procs)))] if len(st) else st
+    store = Store(st, rnd, frames.frames, frames.stacks, int(1e9 // rate),
+                  {k: v for k, v in threads.items() if k[0] in procs})
+    os.makedirs(pdir, exist_ok=True)
+    store.save(os.path.join(pdir, SAMPLES_FILE))
+    names: dict[int, str] = {}
+    used: set[str] = set()
+    for pid, p in sorted(procs.items(), key=lambda kv: (kv[1].get("stage", -1), kv[0])):
+        name = profile_name(p)
+        if name in used:
+            name = f"{name}-{pid}"
+        used.add(name)
+        names[pid] = name
+    inproc = _inproc_profiles(raw)
+    for pid, name in names.items():
+        p = procs[pid]
+        entry = {"name": name, "role": p.get("role"), "stage": p.get("stage"), "replica": p.get("replica"),
+                 "pid": pid, "process": p.get("name")}
+        mask = st["pid"] == pid
+        if mask.any():
+            stacks, tlist = _by_thread(store, mask)
+            _write(pdir, name, stacks, tlist, f"{name} (pid {pid})", f"py-spy {rate} Hz")
+            entry.update(tool="py-spy", seconds=round(sum(stacks.values()), 3),
+                         threads=[{"tid": t, "name": n} for t, n in tlist])
+            index["profiles"].append(entry)
+            if pid in inproc:
+                _write_inproc(pdir, f"{name}.pyinstrument", inproc.pop(pid), index, entry)
+        elif pid in inproc:
+            _write_inproc(pdir, name, inproc.pop(pid), index, entry)
+            entry["note"] = "pyinstrument (py-spy could not sample: " + str(runner.get("error")) + ")"
+        else:
+            why = runner.get("error") or (runner.get("failed") or {}).get(str(pid)) or (
+                "py-spy took no sample of it (it ended before py-spy attached, or it was not "
+                "announced: a forked child, or started without the bootstrap)")
+            if runner.get("error") and not inproc:
+                why += "; the in-process fallback wrote no profile (killed before exit?)"
+            if not runner:
+                why = "the profile runner wrote nothing (killed?)"
+            index["missing"].append({**entry, "reason": why})
+    _write_json(os.path.join(pdir, INDEX), index)
+    if not os.environ.get("OMNITRACE_FLAME_KEEP_RAW"):
+        shutil.rmtree(raw, ignore_errors=True)
+    return index
+
+
+def _by_thread(store: Store, mask: np.ndarray) -> tuple[render.Collapsed, list[tuple[int, str]]]:
+    """A process's stacks by thread, each stretch weighted by its duration: unbiased for the
+    time per stack (a change is seen one sampling gap late, at entry and exit alike), and
+    it counts the samples py-spy took but did not write (no thread changed)."""
+    idx = np.flatnonzero(mask)
+    st = store.stretches
+    weights = (st["end"][idx] - st["t"][idx]) / 1e9
+    pid = int(store.stretches["pid"][idx[0]]) if len(idx) else 0
+    tids = store.stretches["tid"][idx]
+    order = np.unique(tids).tolist()
+    tlist = [(t, store.threads.get((pid, t), "")) for t in order]
+    labels = [f"thread {n or '?'} ({t})" for t, n in tlist]
+    root = np.searchsorted(np.array(order), tids)
+    return collapsed(store, idx, weights, root=root, root_labels=labels), tlist
+
+
+def _write(pdir: str, name: str, stacks: render.Collapsed, tlist: list[tuple[int, str]],
+           title: str, sub: str) -> None:
+    # speedscope: one profile per thread (its root frame is the thread)
+    per: dict[str, render.Collapsed] = {}
+    for stack, sec in stacks.items():
+        per.setdefault(stack[0], {})[stack[1:]] = sec
+    doc = render.speedscope(sorted(per.items()), title)
+    _write_json(os.path.join(pdir, f"{name}.speedscope.json"), doc)
+    total = sum(stacks.values())
+    with open(os.path.join(pdir, f"{name}.svg"), "w", encoding="utf-8") as f:
+        f.write(render.svg(stacks, title, f"{sub}; {total:.1f} s of thread time, {len(tlist)} threads"))
+
+
+def _inproc_profiles(raw: str) -> dict[int, str]:
+    out = {}
+    try:
+        names = os.listdir(raw)
+    except OSError:
+        return out
+    for n in names:
+        m = re.fullmatch(r"pyinstrument-(\d+)\.json", n)
+        if m:
+            out[int(m.group(1))] = os.path.join(raw, n)
+    return out
+
+
+def _write_inproc(pdir: str, name: str, path: str, index: dict, entry: dict) -> None:
+    from omnitrace.profile.inproc import load_collapsed
+    try:
+        stacks, doc = load_collapsed(path)
+    except Exception as exc:  # a torn session file: say so, keep the rest
+        index.setdefault("notes", []).append(f"{name}: pyinstrument session unreadable ({exc})")
+        return
+    _write_json(os.path.join(pdir, f"{name}.speedscope.json"), doc)
+    with open(os.path.join(pdir, f"{name}.svg"), "w", encoding="utf-8") as f:
+        f.write(render.svg(stacks, f"{name} (pid {entry['pid']})", "pyinstrument, async mode"
+                           if name.startswith("api") else "pyinstrument (main thread)"))
+    entry.setdefault("extra", []).append(name)
+    if "tool" not in entry:
+        entry.update(tool="pyinstrument", seconds=round(sum(stacks.values()), 3))
+        index["profiles"].append(entry)
+
+
+def _write_json(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(obj))
+    os.replace(tmp, path)

@@ -1,0 +1,153 @@
+"""What a `--flame` run does inside each of its Python processes (from the bootstrap,
+``sitecustomize``, when ``OMNITRACE_FLAME`` is set):
+
+* with py-spy: start the clock thread (``omnitrace.profile.clock``) and announce this
+  process to the profile runner (one datagram with the pid), which starts a py-spy for it;
+  at exit save the clock's switches (``profiles/raw/clock-<pid>.bin``);
+* pyinstrument where py-spy cannot help, as ``OMNITRACE_FLAME_INPROC`` says:
+
+* ``api`` (``--flame-api pyinstrument``): the API server's asyncio loop. The profiler
+  starts on the thread that names the process the API server (``record.set_process_info(
+  role="api")``, called before the loop runs), in pyinstrument's async mode: the loop's
+  time is charged to the coroutines it runs, and the awaits of the coroutine that was
+  current when it started (the server's main task) to that coroutine.
+* ``all`` (py-spy could not attach): every process profiles its main thread from start-up;
+  at exit only the API server and stage processes keep their profile.
+
+At exit the session is saved as ``profiles/raw/pyinstrument-<pid>.json`` for the
+finalizer. pyinstrument costs 1.5-5x on the profiled thread (a setprofile hook per call):
+a diagnosis tool, not for overhead-sensitive runs.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+from typing import Any
+
+from omnitrace.profile.config import ENV_FLAME, ENV_FLAME_INPROC, ENV_FLAME_SOCKET, FlameConfig
+
+INTERVAL_S = 0.001
+_state: dict[str, Any] = {"profiler": None}
+
+
+_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver")
+
+
+def _raw_path(name: str) -> str | None:
+    try:
+        cfg = FlameConfig.from_json(os.environ[ENV_FLAME])
+    except (KeyError, ValueError):
+        return None
+    return os.path.join(cfg.raw_dir, name)
+
+
+def _out_path() -> str | None:
+    return _raw_path(f"pyinstrument-{os.getpid()}.json")
+
+
+def _helper() -> bool:
+    """multiprocessing's resource tracker and fork server: never a stage or the API."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            cmd = f.read()
+    except OSError:
+        return False
+    return any(h in cmd for h in _HELPERS)
+
+
+def _sample() -> None:
+    """Start the clock, then ask the runner for a py-spy (it samples from now on)."""
+    import socket
+
+    from omnitrace.profile.clock import Clock
+    clock = Clock()
+    clock.start()
+    path = _raw_path(f"clock-{os.getpid()}.bin")
+
+    def save() -> None:
+        clock.stop.set()
+        if path is not None:
+            try:
+                clock.save(path)
+            except OSError:
+                pass
+
+    atexit.register(save)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(str(os.getpid()).encode(), "\0" + os.environ[ENV_FLAME_SOCKET])
+    except OSError:
+        pass  # the runner is gone: nothing samples this process
+
+
+def _begin() -> None:
+    if _state["profiler"] is not None:
+        return
+    from pyinstrument import Profiler
+    prof = Profiler(interval=INTERVAL_S, async_mode="enabled")
+    prof.start()
+    _state["profiler"] = prof
+    atexit.register(_save)
+
+
+def _save() -> None:
+    prof = _state.pop("profiler", None)
+    if prof is None:
+        return
+    from omnitrace import record
+    try:
+        session = prof.stop()
+    except Exception:
+        return
+    if record.process_info().role not in ("api", "stage"):
+        return  # a helper, the bench, ...: not a profile anyone asked for
+    path = _out_path()
+    if path is not None:
+        try:
+            session.save(path)
+        except OSError:
+            pass
+
+
+def start() -> None:
+    """Called by the bootstrap in every Python process of a --flame run."""
+    if os.environ.get(ENV_FLAME_SOCKET) and not _helper():
+        _sample()
+    mode = os.environ.get(ENV_FLAME_INPROC)
+    if mode == "all":
+        _begin()
+    elif mode == "api":
+        from omnitrace import record
+        orig = record.set_process_info
+
+        def set_process_info(role: str | None = None, *args: Any, **kwargs: Any) -> None:
+            orig(role, *args, **kwargs)
+            if role == "api":
+                _begin()
+
+        record.set_process_info = set_process_info  # type: ignore[assignment]
+
+
+def load_collapsed(path: str) -> tuple[dict[tuple[str, ...], float], dict]:
+    """A saved pyinstrument session -> (collapsed stacks in seconds, speedscope document)."""
+    import orjson
+    from pyinstrument.renderers import SpeedscopeRenderer
+    from pyinstrument.session import Session
+
+    session = Session.load(path)
+    out: dict[tuple[str, ...], float] = {}
+    root = session.root_frame()
+
+    def walk(frame: Any, path: tuple[str, ...]) -> None:
+        label = f"{frame.function} ({os.path.basename(frame.file_path or '')})" \
+            if frame.file_path else str(frame.function)
+        here = path if frame.function == "[self]" else path + (label,)  # [self]: its parent's time
+        if not frame.children:
+            out[here or (label,)] = out.get(here or (label,), 0.0) + float(frame.time)
+        for child in frame.children:
+            walk(child, here)
+
+    if root is not None:
+        walk(root, ())
+    doc = orjson.loads(SpeedscopeRenderer().render(session))
+    return out, doc

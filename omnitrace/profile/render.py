@@ -1,0 +1,135 @@
+"""Collapsed stacks -> speedscope JSON and a flame-graph SVG.
+
+The SVG is written here rather than by py-spy (``--format flamegraph``) because py-spy
+draws only what it recorded itself, while omnitrace draws *selections* of samples (a
+stage, a thread, the intervals of some spans); no maintained Python package renders
+collapsed stacks to SVG. It is plain SVG (a ``<title>`` tooltip per frame, no script), so
+it shows offline anywhere, embedded in the HTML report included.
+"""
+from __future__ import annotations
+
+import hashlib
+import html
+from typing import Iterable
+
+Collapsed = dict[tuple[str, ...], float]  # stack of frame labels (root first) -> seconds
+
+SCHEMA = "https://www.speedscope.app/file-format-schema.json"
+
+
+def speedscope(profiles: Iterable[tuple[str, Collapsed]], name: str) -> dict:
+    """A speedscope file with one sampled profile per (name, collapsed stacks); weights in
+    milliseconds. Identical stacks are merged (the file stays bounded by distinct stacks;
+    the timestamped samples are in samples.npz)."""
+    frames: list[dict] = []
+    index: dict[str, int] = {}
+    out = []
+    for pname, stacks in profiles:
+        samples, weights = [], []
+        for stack, sec in sorted(stacks.items()):
+            ids = []
+            for label in stack:
+                i = index.get(label)
+                if i is None:
+                    i = index[label] = len(frames)
+                    fname, _, file = label.partition(" (")
+                    frames.append({"name": fname, "file": file[:-1]} if file else {"name": label})
+                ids.append(i)
+            samples.append(ids)
+            weights.append(round(sec * 1e3, 3))
+        total = round(sum(weights), 3)
+        out.append({"type": "sampled", "name": pname, "unit": "milliseconds", "startValue": 0,
+                    "endValue": total, "samples": samples, "weights": weights})
+    return {"$schema": SCHEMA, "shared": {"frames": frames}, "profiles": out, "name": name,
+            "activeProfileIndex": 0, "exporter": "omnitrace"}
+
+
+class _Node:
+    __slots__ = ("name", "total", "children")
+
+    def __init__(self, name: str) -> None:
+        self.name, self.total, self.children = name, 0.0, {}
+
+
+def _tree(stacks: Collapsed) -> _Node:
+    root = _Node("all")
+    for stack, sec in stacks.items():
+        root.total += sec
+        node = root
+        for label in stack:
+            child = node.children.get(label)
+            if child is None:
+                child = node.children[label] = _Node(label)
+            child.total += sec
+            node = child
+    return root
+
+
+def _color(name: str) -> str:
+    h = hashlib.md5(name.encode()).digest()
+    return f"rgb({205 + h[0] % 50},{80 + h[1] % 130},{h[2] % 55})"  # flamegraph.pl's warm hues
+
+
+def svg(stacks: Collapsed, title: str, subtitle: str = "", width: int = 1200,
+        min_px: float = 0.5) -> str:
+    """A flame graph (root at the bottom); frames narrower than ``min_px`` are left out."""
+    root = _tree(stacks)
+    row, pad_top, pad_bot = 16, 44, 8
+    rects: list[tuple[float, float, int, _Node]] = []
+    depth_max = 0
+
+    def walk(node: _Node, x: float, depth: int) -> None:
+        nonlocal depth_max
+        w = node.total / root.total * width if root.total else 0.0
+        if w < min_px:
+            return
+        rects.append((x, w, depth, node))
+        depth_max = max(depth_max, depth)
+        cx = x
+        for child in sorted(node.children.values(), key=lambda n: n.name):
+            walk(child, cx, depth + 1)
+            cx += child.total / root.total * width
+
+    if root.total > 0:
+        walk(root, 0.0, 0)
+    height = pad_top + (depth_max + 1) * row + pad_bot
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="omnitrace-flame" width="{width}" '
+           f'height="{height}" viewBox="0 0 {width} {height}" font-family="Verdana,sans-serif" '
+           f'font-size="11" data-total-s="{root.total:.6f}">',
+           f'<rect width="100%" height="100%" fill="#fafafa"/>',
+           f'<text x="{width / 2}" y="18" text-anchor="middle" font-size="15">{html.escape(title)}</text>',
+           f'<text x="{width / 2}" y="34" text-anchor="middle" fill="#555">{html.escape(subtitle)}</text>']
+    if not rects:
+        out.append(f'<text x="{width / 2}" y="{pad_top + 12}" text-anchor="middle" fill="#777">'
+                   'no samples</text>')
+    for x, w, depth, node in rects:
+        y = height - pad_bot - (depth + 1) * row
+        pct = node.total / root.total * 100
+        label = html.escape(node.name)
+        tip = f"{label} — {node.total * 1e3:.1f} ms ({pct:.2f}%)"
+        fill = "#d0d0d0" if depth == 0 else _color(node.name)
+        text = ""
+        if w > 30:
+            chars = int((w - 6) / 6.5)
+            shown = node.name if len(node.name) <= chars else node.name[:max(chars - 2, 1)] + ".."
+            text = f'<text x="{x + 3:.1f}" y="{y + 11.5}">{html.escape(shown)}</text>'
+        out.append(f'<g><title>{tip}</title><rect x="{x:.2f}" y="{y}" width="{w:.2f}" '
+                   f'height="{row - 1}" fill="{fill}" rx="2"/>{text}</g>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def share(stacks: Collapsed, frame_name: str) -> float:
+    """Fraction of the weight whose stack contains a frame whose function is ``frame_name``
+    (a label ``name (file)`` matches on ``name``, or on the last dotted part of it)."""
+    total = sum(stacks.values())
+    if not total:
+        return 0.0
+    hit = 0.0
+    for stack, sec in stacks.items():
+        for label in stack:
+            fn = label.partition(" (")[0]
+            if fn == frame_name or fn.rsplit(".", 1)[-1] == frame_name:
+                hit += sec
+                break
+    return hit / total

@@ -1,0 +1,314 @@
+"""`python -m omnitrace.profile.runner --config JSON -- COMMAND ...`: run COMMAND with
+every Python process it spawns sampled by py-spy, from its start to its end.
+
+`omnitrace run --flame` starts this in place of the command. Each Python process of the
+run announces itself from the bootstrap (``omnitrace.profile.inproc``: one datagram on
+this runner's socket) and this runner at once starts ``py-spy record --pid PID --idle
+--threads --format chrometrace`` for it, one py-spy per process. (One ``--subprocesses``
+py-spy for the tree would be simpler, but it collects every process before stamping a
+sample: with a few busy processes on 2 cores its stamps trail the reads by up to 10+ ms,
+too coarse to put a sample inside a 150 us span; one py-spy per process stamps within
+~0.1 ms.)
+
+py-spy stamps samples in microseconds since its own start, an instant no other process
+can read, so each process also runs a clock thread (``omnitrace.profile.clock``) whose
+switches, on CLOCK_MONOTONIC, pin that zero (``chrometrace.calibrate``).
+
+Every ``FlameConfig.rotate_s`` a process gets a fresh py-spy and the old one stops once the
+new one samples: py-spy keeps its chrometrace in memory until it exits, rotation bounds it.
+If py-spy cannot attach at all (no ptrace permission, a tool that fails: checked before the
+command starts) the run goes on with one warning line, and the API server and stage
+processes profile their main thread in-process with pyinstrument instead.
+
+Exit status: the command's (128+N when it was killed by signal N, as a shell reports it).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import orjson
+
+from omnitrace.profile.config import ENV_FLAME, ENV_FLAME_INPROC, ENV_FLAME_SOCKET, FlameConfig
+from omnitrace.record import clock_offset_ns
+
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 120.0
+PREFLIGHT_TIMEOUT_S = 30.0
+PYSPY_NICE = -20
+CUTOVER_S = 0.5  # a rotated process is sampled by both py-spys at least this long
+
+
+def _prompt() -> None:
+    """In py-spy's child before exec: a high CPU weight (its threads inherit it), so it
+    wakes on time and stamps each sample right after reading it even when the pipeline
+    keeps every core busy. Without the right (no CAP_SYS_NICE) it runs as it is."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, PYSPY_NICE)
+    except OSError:
+        pass
+
+
+def _why(text: str, tool: str, code: int | None) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "py-spy>" not in ln
+             and not ln.strip()[:1].isdigit() and not ln.startswith("Stack backtrace")]
+    msg = lines[0] if lines else ""
+    if "ermission denied" in text or "Operation not permitted" in text:
+        return (f"no ptrace permission ({msg}); run as root or grant CAP_SYS_PTRACE "
+                "(docker: --cap-add SYS_PTRACE)")
+    return msg or f"{tool} exited with status {code}"
+
+
+class PySpy:
+    """One ``py-spy record`` of one process into one chrometrace chunk."""
+
+    def __init__(self, cfg: FlameConfig, pid: int, index: int) -> None:
+        self.cfg, self.pid, self.index = cfg, pid, index
+        base = os.path.join(cfg.raw_dir, f"pyspy-{pid}-{index:03d}")
+        self.path, self.err_path = base + ".json", base + ".log"
+        self.proc: subprocess.Popen | None = None
+        self.started_ns = self.ready_ns = self.stopped_ns = 0
+        self.error: str | None = None
+
+    def argv(self) -> list[str]:
+        # --idle: every thread in every sample. chrometrace writes a thread's stack only
+        # when it changes, so a thread left out of a sample would keep its last stack; for
+        # the same reason no --gil. --threads: each stack's root names the native thread id.
+        args = [self.cfg.tool, "record", "--idle", "--threads", "--format", "chrometrace",
+                "--rate", str(self.cfg.rate), "--pid", str(self.pid), "-o", self.path]
+        if self.cfg.mode == "nonblocking":
+            args.append("--nonblocking")
+        return args
+
+    def start(self) -> bool:
+        """Start and wait until it samples; False (and ``error``) if it cannot."""
+        self.started_ns = time.perf_counter_ns()
+        try:
+            with open(self.err_path, "wb") as err:
+                self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                             stderr=err, start_new_session=True, preexec_fn=_prompt)
+        except OSError as exc:
+            self.error = f"cannot run {self.cfg.tool!r}: {exc.strerror or exc}"
+            return False
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        buf = b""
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if ready:
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                buf += chunk
+                if b"Sampling process" in buf:
+                    self.ready_ns = time.perf_counter_ns()
+                    threading.Thread(target=self._drain, daemon=True).start()
+                    return True
+            elif self.proc.poll() is not None:
+                break
+        self._kill()
+        try:
+            with open(self.err_path, "rb") as f:
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            text = ""
+        self.error = _why(text + buf.decode("utf-8", "replace"), self.cfg.tool, self.proc.returncode) \
+            if self.proc.returncode is not None else f"{self.cfg.tool} did not start sampling"
+        return False
+
+    def _drain(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        try:
+            while self.proc.stdout.read(4096):
+                pass
+        except (OSError, ValueError):
+            pass
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGINT: py-spy stops sampling and writes the chunk (waited for by ``wait``)."""
+        if not self.alive():
+            return
+        self.stopped_ns = time.perf_counter_ns()
+        try:
+            self.proc.send_signal(signal.SIGINT)  # type: ignore[union-attr]
+        except ProcessLookupError:
+            pass
+
+    def wait(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            self.error = f"{self.cfg.tool} did not write its chunk within {STOP_TIMEOUT_S:.0f} s"
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def meta(self) -> dict[str, Any]:
+        return {"pid": self.pid, "index": self.index, "path": os.path.basename(self.path),
+                "started_ns": self.started_ns, "ready_ns": self.ready_ns,
+                "stopped_ns": self.stopped_ns, "error": self.error}
+
+
+class Supervisor(threading.Thread):
+    """Starts a py-spy for each process that announces itself; rotates them."""
+
+    def __init__(self, cfg: FlameConfig) -> None:
+        super().__init__(name="omnitrace-flame", daemon=True)
+        self.cfg = cfg
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.address = f"\0omnitrace-flame-{os.getpid()}-{secrets.token_hex(4)}"  # abstract: no file
+        self.sock.bind(self.address)
+        self.current: dict[int, PySpy] = {}
+        self.chunks: list[PySpy] = []
+        self.failed: dict[int, str] = {}
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        starters: list[threading.Thread] = []
+        while not self.done.is_set():
+            ready, _, _ = select.select([self.sock], [], [], 1.0)
+            if ready:
+                data = self.sock.recv(64)
+                try:
+                    pid = int(data)
+                except ValueError:
+                    continue
+                if pid not in self.current and pid not in self.failed:
+                    t = threading.Thread(target=self._begin, args=(pid,), daemon=True)
+                    t.start()
+                    starters.append(t)
+            self._rotate()
+        for t in starters:
+            t.join(READY_TIMEOUT_S)
+
+    def _begin(self, pid: int, index: int = 0) -> PySpy | None:
+        spy = PySpy(self.cfg, pid, index)
+        with self.lock:
+            if index == 0:
+                self.current[pid] = spy
+            self.chunks.append(spy)
+        if not spy.start():
+            with self.lock:
+                if index == 0 and os.path.exists(f"/proc/{pid}"):
+                    self.failed[pid] = spy.error or "py-spy could not attach"
+            return None
+        return spy
+
+    def _rotate(self) -> None:
+        now = time.perf_counter_ns()
+        with self.lock:
+            due = [s for s in self.current.values()
+                   if s.alive() and s.ready_ns and now - s.ready_ns >= self.cfg.rotate_s * 1e9]
+        for old in due:
+            new = self._begin(old.pid, old.index + 1)
+            if new is None:
+                continue
+            with self.lock:
+                self.current[old.pid] = new
+            time.sleep(CUTOVER_S)
+            old.stop()
+
+    def finish(self) -> list[PySpy]:
+        self.done.set()
+        self.join()
+        with self.lock:
+            chunks = list(self.chunks)
+        for c in chunks:
+            c.stop()
+        for c in chunks:
+            c.wait()
+        self.sock.close()
+        return chunks
+
+
+def preflight(cfg: FlameConfig) -> str | None:
+    """Can the tool sample a process of ours? (``py-spy dump`` of this one.) None if so."""
+    try:
+        r = subprocess.run([cfg.tool, "dump", "--pid", str(os.getpid())], capture_output=True,
+                           timeout=PREFLIGHT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        return f"cannot run {cfg.tool!r}: {exc.strerror or exc}"
+    except subprocess.TimeoutExpired:
+        return f"{cfg.tool} dump did not answer within {PREFLIGHT_TIMEOUT_S:.0f} s"
+    if r.returncode != 0:
+        return _why((r.stderr + r.stdout).decode("utf-8", "replace"), cfg.tool, r.returncode)
+    return None
+
+
+def _write_json(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(obj))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 4 or argv[0] != "--config" or argv[2] != "--":
+        print("usage: python -m omnitrace.profile.runner --config JSON -- COMMAND ...", file=sys.stderr)
+        return 2
+    cfg = FlameConfig.from_json(argv[1])
+    cmd = argv[3:]
+    os.makedirs(cfg.raw_dir, exist_ok=True)
+    env = dict(os.environ)
+    env[ENV_FLAME] = cfg.to_json()
+    status: dict[str, Any] = {"tool": cfg.tool, "mode": cfg.mode, "rate": cfg.rate,
+                              "config": orjson.loads(cfg.to_json()), "offset_ns": clock_offset_ns()}
+    sup: Supervisor | None = None
+    why = preflight(cfg)
+    if why is None:
+        sup = Supervisor(cfg)
+        sup.start()
+        env[ENV_FLAME_SOCKET] = sup.address[1:]
+        if cfg.api == "pyinstrument":
+            env[ENV_FLAME_INPROC] = "api"
+    else:
+        status["error"] = why
+        env[ENV_FLAME_INPROC] = "all"
+        print(f"omnitrace run: warning: flame graphs: py-spy cannot sample ({why}); the API server "
+              "and stage processes profile their main thread in-process with pyinstrument instead "
+              "(slower, no sender/receiver threads)", file=sys.stderr, flush=True)
+    try:
+        child: subprocess.Popen | None = subprocess.Popen(cmd, env=env)
+    except OSError as exc:
+        print(f"omnitrace run: {cmd[0]}: {exc.strerror}", file=sys.stderr)
+        child = None
+
+    def forward(signum: int, _frame: object) -> None:
+        if child is not None:
+            try:
+                child.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, forward)
+    rc = 127 if child is None else child.wait()
+    if rc < 0:
+        rc = 128 - rc
+    chunks = sup.finish() if sup is not None else []
+    status["chunks"] = [c.meta() for c in chunks]
+    status["failed"] = {str(k): v for k, v in (sup.failed.items() if sup else ())}
+    _write_json(os.path.join(cfg.raw_dir, "runner.json"), status)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
