@@ -107,6 +107,12 @@ API_MARKS = {int(Ev.REQUEST_PARSED): EVENT_API_PARSED, int(Ev.REQUEST_DISPATCH):
              int(Ev.PACKET_RESUMED): EVENT_API_PACKET_RESUMED}
 
 # --------------------------------------------------------------------------- attributes
+# Upstream-proposed names (vLLM-Omni RFC #3995 / PR #4670, "OpenTelemetry tracing across
+# stages", not merged as of 2026-11): set beside omnitrace's own on every stage-scoped span,
+# so omnitrace spans line up with vLLM-Omni's own stage spans once those exist.
+ATTR_VLLM_OMNI_STAGE_ID = "vllm_omni.stage.id"
+ATTR_VLLM_OMNI_STAGE_NAME = "vllm_omni.stage.name"
+ATTR_VLLM_OMNI_REPLICA_ID = "vllm_omni.stage.replica_id"
 ATTR_REQUEST_ID = "omni.request.id"
 ATTR_STAGE_ID = "omni.stage.id"
 ATTR_STAGE_NAME = "omni.stage.name"

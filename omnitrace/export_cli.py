@@ -56,6 +56,7 @@ def iter_spans(run_dir: str):
     ev = log.events[np.argsort(log.events["t"], kind="stable")]
     for i in range(0, len(ev), BATCH_EVENTS):
         f = builder.feed(ev[i:i + BATCH_EVENTS])
+        conv.add_contexts(f.contexts)
         yield run_id, conv.convert(f.spans, f.emits)
     f = builder.flush()
     yield run_id, conv.convert(f.spans, f.emits)

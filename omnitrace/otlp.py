@@ -73,15 +73,31 @@ class SpanConverter:
     """Span-table rows -> :class:`OtlpSpan` objects (only where spans leave omnitrace:
     a Python object per span is the cost the live record path avoids)."""
 
+    MAX_CONTEXTS = 1 << 18
+
     def __init__(self, requests: list[str], rings: dict[int, dict], run_id: str = "") -> None:
         self.requests, self.rings, self.run_id = requests, rings, run_id
         self._trace: dict[int, int] = {}
+        # req -> (trace id, the caller's span id) from traceparent; kept past forget(): a
+        # request's last spans may be built after its root span (bounded, oldest dropped)
+        self._ctx: dict[int, tuple[int, int]] = {}
         self._occ: dict[tuple, int] = {}
+
+    def add_contexts(self, contexts) -> None:
+        """(req, trace id, parent span id) of requests that arrived with a traceparent:
+        their spans join the caller's trace, ``omni.request`` under the caller's span.
+        Call with each feed's ``contexts`` before converting its spans."""
+        for req, trace, parent in contexts:
+            self._ctx[req] = (trace, parent)
+        if len(self._ctx) > self.MAX_CONTEXTS:
+            for req in list(self._ctx)[:len(self._ctx) - self.MAX_CONTEXTS]:
+                del self._ctx[req]
 
     def trace_id(self, req: int) -> int:
         t = self._trace.get(req)
         if t is None:
-            t = self._trace[req] = cv.trace_id_for(self.requests[req])
+            ctx = self._ctx.get(req)
+            t = self._trace[req] = ctx[0] if ctx else cv.trace_id_for(self.requests[req])
         return t
 
     def forget(self, reqs) -> None:
@@ -116,10 +132,13 @@ class SpanConverter:
                 if t2:
                     events.append((cv.EVENT_TTFP, t2, {}))
                 events.extend(by_stage.get((req, cv.API_STAGE, replica), ()))
-                sid, parent = cv.span_id_for(rid, cv.SPAN_REQUEST), None
+                sid, parent = cv.span_id_for(rid, cv.SPAN_REQUEST), (self._ctx.get(req) or (0, None))[1]
             elif name == stt.N_STAGE or name == stt.N_QUEUE:
+                sname = proc[4] or f"stage{stage}"
                 attrs = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage,
-                         cv.ATTR_STAGE_NAME: proc[4] or f"stage{stage}", cv.ATTR_REPLICA: replica}
+                         cv.ATTR_STAGE_NAME: sname, cv.ATTR_REPLICA: replica,
+                         cv.ATTR_VLLM_OMNI_STAGE_ID: stage, cv.ATTR_VLLM_OMNI_STAGE_NAME: sname,
+                         cv.ATTR_VLLM_OMNI_REPLICA_ID: replica}
                 if name == stt.N_STAGE:
                     sid = cv.span_id_for(rid, cv.SPAN_STAGE, stage, replica)
                     parent = cv.span_id_for(rid, cv.SPAN_REQUEST)
@@ -131,7 +150,9 @@ class SpanConverter:
                 producer = name in (stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PROCESS, stt.N_PUT)
                 attrs = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage,
                          cv.ATTR_PEER_STAGE_ID: peer, cv.ATTR_CHUNK_INDEX: chunk,
-                         cv.ATTR_REPLICA: replica,
+                         cv.ATTR_REPLICA: replica, cv.ATTR_VLLM_OMNI_STAGE_ID: stage,
+                         cv.ATTR_VLLM_OMNI_STAGE_NAME: proc[4] or f"stage{stage}",
+                         cv.ATTR_VLLM_OMNI_REPLICA_ID: replica,
                          cv.ATTR_STAGE_PAIR: cv.stage_pair(stage, peer) if producer
                          else cv.stage_pair(peer, stage)}
                 if name == stt.N_FIFO:

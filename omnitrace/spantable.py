@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omnitrace import conventions as cv
+from omnitrace import tracecontext
 from omnitrace.eventlog import EVENT_DTYPE
 
 E = cv.Ev
@@ -81,7 +82,7 @@ _PAIRS = ((N_SNAPSHOT, E.SNAPSHOT_BEGIN, E.SNAPSHOT_END),
           (N_WAIT, E.CHUNK_READY, E.CHUNK_SCHEDULED))
 _MARK_KINDS = frozenset(cv.API_MARKS)  # API marks: request-span events, via the emit rows
 _REQUEST_KINDS = (*(E(k) for k in sorted(_MARK_KINDS)), E.REQUEST_ARRIVE, E.REQUEST_FIRST_TEXT,
-                  E.REQUEST_FIRST_AUDIO, E.REQUEST_END)
+                  E.REQUEST_FIRST_AUDIO, E.REQUEST_END, E.REQUEST_TRACE_HI, E.REQUEST_TRACE_LO)
 _STAGE_KINDS = (E.STAGE_ADD, E.STAGE_SCHEDULE, E.STAGE_FINISH, E.STAGE_EMIT)
 _CHUNK_KINDS = tuple(k for _, b, e in _PAIRS for k in (b, e))
 _SENDER_KINDS = (E.FIFO_DEQUEUE, E.PROCESS_END, E.PUT_END)
@@ -184,7 +185,7 @@ class _Stage:
 class _Req:
     __slots__ = ("arrive", "end", "first_text", "first_audio", "prompt", "max_tokens",
                  "status", "ring", "replica", "stages", "done", "complete_at", "last_seen",
-                 "marks")
+                 "marks", "trace_hi")
 
     def __init__(self) -> None:
         self.arrive = self.end = self.first_text = self.first_audio = None
@@ -197,6 +198,7 @@ class _Req:
         self.complete_at: float | None = None
         self.last_seen = 0.0
         self.marks: list[tuple[int, int]] = []  # (t, kind) of API marks
+        self.trace_hi: int | None = None  # the caller's trace id, high half (tracecontext)
 
 
 @dataclass
@@ -209,6 +211,8 @@ class Feed:
     # (kind, req, replica, seconds since arrival, unix ns of the event)
     firsts: list[tuple[int, int, int, float, int]] = field(default_factory=list)
     arrivals: list[int] = field(default_factory=list)  # requests that arrived
+    # the caller's trace context of requests that carried one: (req, trace id, parent span id)
+    contexts: list[tuple[int, int, int]] = field(default_factory=list)
     ends: list[tuple[int, int]] = field(default_factory=list)  # (req, status) that ended
 
 
@@ -255,6 +259,7 @@ class SpanBuilder:
         firsts: list = []
         arrivals: list = []
         ends: list = []
+        contexts: list = []
         if len(ev):
             if int(ev["ring"].max()) >= len(self._pids):
                 self._ring_arrays(int(ev["ring"].max()))
@@ -269,7 +274,7 @@ class SpanBuilder:
         by_kind = _ByKind(ev)
         small = by_kind.in_time_order((E.REQUEST_ARRIVE, E.STAGE_EMIT))
         if len(small):
-            self._request_events(small, now, firsts, arrivals, ends)
+            self._request_events(small, now, firsts, arrivals, ends, contexts)
         if len(ev) and self.reqs:
             self._seen(np.unique(ev["req"]).tolist(), now)
         parts = [self._pair_chunks(by_kind)]
@@ -280,7 +285,7 @@ class SpanBuilder:
         emits = np.array(self._emits, EMIT_DTYPE) if self._emits else np.empty(0, EMIT_DTYPE)
         self._emits = []
         self._count(spans)
-        return Feed(spans, emits, firsts, arrivals, ends)
+        return Feed(spans, emits, firsts, arrivals=arrivals, ends=ends, contexts=contexts)
 
     def _count(self, spans: np.ndarray) -> None:
         self.spans_built += len(spans)
@@ -298,7 +303,7 @@ class SpanBuilder:
 
     # ------------------------------------------------------------------ requests, stages
     def _request_events(self, ev: np.ndarray, now: float, firsts: list, arrivals: list,
-                        ends: list) -> None:
+                        ends: list, contexts: list) -> None:
         reqs = self.reqs
         replicas = self._replicas
         for t, a, req, _chunk, kind, stage, b, ring in ev.tolist():
@@ -344,6 +349,11 @@ class SpanBuilder:
                     st.first_audio = t
                     if st.arrive is not None:
                         firsts.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
+            elif kind == E.REQUEST_TRACE_HI:
+                st.trace_hi = a
+            elif kind == E.REQUEST_TRACE_LO:
+                if st.trace_hi is not None:
+                    contexts.append((req, *tracecontext.decode(st.trace_hi, a, _chunk, b)))
             elif kind == E.REQUEST_END:
                 if st.end is None:
                     ends.append((req, a))

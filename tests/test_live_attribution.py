@@ -85,3 +85,40 @@ def test_live_request_counters(run_dir):
     sent = len(bench["requests"])  # measured and warm-up requests, all served
     assert started == sent
     assert finished == {"ok": sent}
+
+
+@pytest.mark.parametrize("cuts", [1, 13, 200])
+def test_view_on_the_record_in_any_cut_equals_the_walk(run_dir, cuts):
+    """The view itself, fed the run's record in time order in `cuts` pieces (as the agent
+    feeds it, but deterministic): its counters equal the report's walk exactly."""
+    import numpy as np
+
+    from omnitrace import eventlog
+    from omnitrace.agent.attribution_view import AttributionView
+    from omnitrace.agent.export_prometheus import Metrics
+    from omnitrace.spantable import SpanBuilder
+
+    log = eventlog.read_event_log(run_dir)
+    ev = np.sort(log.events, order="t", kind="stable")
+    builder = SpanBuilder(log.rings)
+    builder.ring_changed()
+    metrics = Metrics()
+    view = AttributionView(metrics, log.requests.strings, log.rings)
+    view.SETTLE_S = 0.0
+    for part in np.array_split(ev, cuts):
+        view.feed(builder.feed(part, 0.0))
+    view.feed(builder.flush())
+    view.close(1.0)
+    live = {(s.labels["stage"], s.labels["category"]): s.value
+            for fam in metrics.registry.collect() if fam.name == "omnitrace_ttfp_attribution_seconds"
+            for s in fam.samples if s.name.endswith("_total")}
+    run = load_run([run_dir], skip_warmup=False)
+    offline: dict[tuple[str, str], float] = {}
+    for r in at.index_requests(run.spans).values():
+        a = at.attribute(r)
+        for (stage, cat), ns in (a.totals().items() if a else ()):
+            offline[(str(stage), cat)] = offline.get((str(stage), cat), 0.0) + ns / 1e9
+    assert view.attributed == sum(1 for r in at.index_requests(run.spans).values() if at.attribute(r))
+    assert set(live) == set(offline)
+    for k, v in offline.items():
+        assert live[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k

@@ -10,8 +10,9 @@ load runs, the same per-category sums ``omnitrace report`` prints afterwards.
 
 What it holds is bounded by the requests in flight: chunk spans that begin after a
 request's first packet are dropped as they arrive (attribution never walks them), rows of
-requests it did not see arrive are never held, and a request is released
-:attr:`SETTLE_S` after its root span (so a stage span drained a moment later still counts).
+a request not seen arriving within :attr:`UNKNOWN_S` are dropped (counted), a run without
+API hooks holds nothing, and a request is released :attr:`SETTLE_S` after its root span
+(so a stage span drained a moment later still counts).
 """
 from __future__ import annotations
 
@@ -59,31 +60,45 @@ class RequestView:
 class AttributionView:
     SETTLE_S = 1.0
     TOP_CULPRITS = 10
+    UNKNOWN_S = 10.0  # rows of a request not seen arriving are dropped after this long
+    DONE_MEMORY = 1 << 12  # attributed requests remembered, so their late rows are dropped
 
     def __init__(self, metrics: Metrics, requests: list[str], rings: dict[int, dict]) -> None:
         self.metrics = metrics
         self.requests = requests
         self.rings = rings
         self.arrived: set[int] = set()
+        self.any_arrival = False  # a run without API hooks has none: nothing to attribute
+        self.unknown: dict[int, float] = {}  # held rows, arrival not seen yet: first seen
+        self.done: dict[int, None] = {}  # attributed (insertion-ordered, bounded)
         self.ttfp: dict[int, int] = {}  # req -> unix ns of its first audio packet
         self.held: list[np.ndarray] = []
         self.emits: list[np.ndarray] = []
         self.ended: dict[int, float] = {}  # req -> monotonic time its root span was seen
         self.attributed = 0
         self.not_attributed = 0  # ended without a first packet, or the walk found no path
+        self.rows_dropped = 0  # rows of requests never seen arriving (UNKNOWN_S)
         # (stage, culprit request id) -> critical-path ns others waited behind its tasks
         self.culprit_ns: dict[tuple[int, str], float] = {}
         self.culprit_victims: dict[tuple[int, str], set[str]] = {}
 
     def feed(self, feed: Feed) -> None:
-        self.arrived.update(feed.arrivals)
+        now = time.monotonic()
+        if feed.arrivals:
+            self.any_arrival = True
+            self.arrived.update(feed.arrivals)
+            for r in feed.arrivals:
+                self.unknown.pop(r, None)
         for kind, req, _replica, _s, t in feed.firsts:
             if kind == cv.Ev.REQUEST_FIRST_AUDIO:
                 self.ttfp[req] = t
         spans = feed.spans
-        if len(spans) and self.arrived:
+        if len(spans) and self.any_arrival:
             reqs = spans["req"].astype(np.int64)
-            keep = np.isin(reqs, np.fromiter(self.arrived, np.int64, len(self.arrived)))
+            # the API ring may be drained a little after a stage's: a request's first
+            # spans can come before its arrival; they are held UNKNOWN_S for it
+            keep = ~np.isin(reqs, np.fromiter(self.done, np.int64, len(self.done))) if self.done \
+                else np.ones(len(spans), bool)
             chunk = spans["name"] >= stt.N_SNAPSHOT
             if chunk.any() and self.ttfp:
                 known = np.fromiter(self.ttfp, np.int64, len(self.ttfp))
@@ -94,18 +109,24 @@ class AttributionView:
                 limit = np.where(known[pos] == reqs, at_ns[pos], np.iinfo(np.int64).max)
                 keep &= ~chunk | (spans["start"] <= limit)
             if keep.any():
-                self.held.append(spans[keep])
-            roots = spans[(spans["name"] == stt.N_REQUEST) & keep]
-            now = time.monotonic()
-            for req in roots["req"].tolist():
-                self.ended.setdefault(req, now)
-        if len(feed.emits):
+                kept = spans[keep]
+                self.held.append(kept)
+                for r in np.unique(kept["req"]).tolist():
+                    if r not in self.arrived and r not in self.unknown:
+                        self.unknown[r] = now
+                for req in kept["req"][kept["name"] == stt.N_REQUEST].tolist():
+                    self.ended.setdefault(req, now)
+        if len(feed.emits) and self.any_arrival:
             self.emits.append(feed.emits)
-        due = [r for r, t in self.ended.items() if time.monotonic() - t >= self.SETTLE_S]
+        stale = [r for r, t in self.unknown.items() if now - t >= self.UNKNOWN_S]
+        if stale:
+            self._drop(stale)
+        due = [r for r, t in self.ended.items() if now - t >= self.SETTLE_S]
         if due:
             self._attribute(due)
 
-    def _attribute(self, reqs: list[int]) -> None:
+    def _take(self, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Remove and return the held span rows and emit rows of ``reqs``."""
         table = (np.concatenate(self.held) if len(self.held) > 1 else
                  self.held[0] if self.held else np.zeros(0, stt.SPAN_DTYPE))
         emits = (np.concatenate(self.emits) if len(self.emits) > 1 else
@@ -115,7 +136,18 @@ class AttributionView:
         mine_e = np.isin(emits["req"], ids)
         self.held = [table[~mine]] if (~mine).any() else []
         self.emits = [emits[~mine_e]] if (~mine_e).any() else []
-        spans, _ = spans_from_table(table[mine], emits[mine_e], self.requests, self.rings,
+        return table[mine], emits[mine_e]
+
+    def _drop(self, reqs: list[int]) -> None:
+        rows, _ = self._take(reqs)
+        self.rows_dropped += len(rows)
+        for r in reqs:
+            self.unknown.pop(r, None)
+            self.ended.pop(r, None)
+
+    def _attribute(self, reqs: list[int]) -> None:
+        table, emits = self._take(reqs)
+        spans, _ = spans_from_table(table, emits, self.requests, self.rings,
                                     chunks_before_ttfp=True)
         totals: dict[tuple[int, str], int] = {}
         hol: dict[int, int] = {}
@@ -139,6 +171,10 @@ class AttributionView:
             self.ended.pop(r, None)
             self.ttfp.pop(r, None)
             self.arrived.discard(r)
+            self.unknown.pop(r, None)
+            self.done[r] = None
+        while len(self.done) > self.DONE_MEMORY:
+            del self.done[next(iter(self.done))]
 
     def _culprits(self, r: at.RequestSpans, a: at.Attribution) -> None:
         """Credit each critical-path FIFO wait behind other requests to those requests
@@ -176,4 +212,5 @@ class AttributionView:
         return {"head_of_line_top_culprits": self.top_culprits(),
                 "requests_attributed": self.attributed,
                 "requests_not_attributed": self.not_attributed,
-                "attribution_requests_held": len(self.arrived)}
+                "attribution_requests_held": len(self.arrived),
+                "attribution_rows_dropped": self.rows_dropped}

@@ -136,6 +136,8 @@ class OtlpView:
                 exp.submit(readable)
 
     def feed(self, feed: Feed) -> None:
+        if feed.contexts:
+            self.converter.add_contexts(feed.contexts)
         spans = feed.spans
         if not len(spans):
             return

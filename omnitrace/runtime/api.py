@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from omnitrace import record
+from omnitrace import record, tracecontext
 from omnitrace.conventions import Ev, Status
 from omnitrace.runtime import config as config_mod
 from omnitrace.runtime import shm
@@ -370,6 +370,7 @@ class Api:
             return _error(503, f"server busy: {len(p.flights)} requests in flight", "server_error")
         t_parsed = time.perf_counter_ns()
         record.emit(_EV_ARRIVE, rid, _API, -1, prompt, max_tokens, t_arrive)
+        tracecontext.record_traceparent(rid, request.headers, t_arrive)  # join the caller's trace
         record.emit(_EV_PARSED, rid, _API, -1, 0, 0, t_parsed)
         fl = p.submit(rid, prompt, max_tokens)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
