@@ -178,6 +178,8 @@ class Metrics:
         self.stage_info = Gauge("omnitrace_stage_info",
                                 "1 per stage process: its stage id, replica and name (for joins).",
                                 (cv.LABEL_STAGE, cv.LABEL_REPLICA, cv.LABEL_STAGE_NAME), registry=r)
+        self.run_info = Gauge("omnitrace_run_info", "1: the run this agent records (its id, for "
+                              "dashboards that tell runs apart).", ("run_id",), registry=r)
         self.lag = Gauge("omnitrace_agent_lag_seconds",
                          "How long recorded events have waited for the live views.", registry=r)
         self.skipped = Counter("omnitrace_agent_view_events_skipped",
@@ -188,6 +190,14 @@ class Metrics:
                                    registry=r)
         self.server = None
         self.port = 0
+
+    def stage_seen(self, stage: int, replica: int, name: str) -> None:
+        """A stage process appeared: its info series, and its counters at 0 (a panel's
+        rate() then shows 0, not "no data", for a stage that never drops or blocks)."""
+        st, rep = str(stage), str(replica)
+        self.stage_info.labels(st, rep, name).set(1)
+        self.counters[cv.METRIC_DROPPED].labels(st, rep)
+        self.hol.labels(st)
 
     def count_events(self, ev: np.ndarray, rings: dict[int, dict]) -> None:
         """``omnitrace_events_total`` for a batch of decoded events, per ring's stage."""

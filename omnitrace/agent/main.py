@@ -77,6 +77,7 @@ class Agent:
         self.rings: dict[int, dict] = {}  # ring index -> description (as in the event log)
         self.builder = SpanBuilder(self.rings)
         self.metrics = Metrics()
+        self.metrics.run_info.labels(cfg.run_id).set(1)
         self.views: list[View] = [MetricsView(self.metrics, self.requests.strings),
                                   RequestView(self.metrics),
                                   AttributionView(self.metrics, self.requests.strings, self.rings)]
@@ -311,8 +312,8 @@ class Agent:
                 self.rings[idx] = item
                 self.builder.ring_changed()
                 if item.get("role") == "stage":
-                    self.metrics.stage_info.labels(str(item.get("stage")), str(item.get("replica", 0)),
-                                                   item.get("process") or "").set(1)
+                    self.metrics.stage_seen(int(item.get("stage", 0)), int(item.get("replica", 0)),
+                                            item.get("process") or "")
                 continue
             parts.append(eventlog.to_events(item, idx, self.collector.offset_ns))
             n += len(item)
