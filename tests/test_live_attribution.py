@@ -104,7 +104,7 @@ def test_view_on_the_record_in_any_cut_equals_the_walk(run_dir, cuts):
     builder.ring_changed()
     metrics = Metrics()
     view = AttributionView(metrics, log.requests.strings, log.rings)
-    view.SETTLE_S = 0.0
+    view.SETTLE_S, view.SETTLE_NS = 0.0, 0
     for part in np.array_split(ev, cuts):
         view.feed(builder.feed(part, 0.0))
     view.feed(builder.flush())

@@ -11,8 +11,8 @@ load runs, the same per-category sums ``omnitrace report`` prints afterwards.
 What it holds is bounded by the requests in flight: chunk spans that begin after a
 request's first packet are dropped as they arrive (attribution never walks them), rows of
 a request not seen arriving within :attr:`UNKNOWN_S` are dropped (counted), a run without
-API hooks holds nothing, and a request is released :attr:`SETTLE_S` after its root span
-(so a stage span drained a moment later still counts).
+API hooks holds nothing, and a request is released once the record has moved on past its
+end (:attr:`SETTLE_NS`), so a stage's span drained a moment later still counts.
 """
 from __future__ import annotations
 
@@ -58,7 +58,13 @@ class RequestView:
 
 
 class AttributionView:
+    # A request is walked once the record has moved SETTLE_NS (event time) past its end,
+    # so every ring's events up to then have been drained and fed (a starved drain can
+    # lag a ring behind the API's), and at least SETTLE_S after its root span; or, when
+    # no newer event comes (the load stopped), SETTLE_MAX_S after it.
     SETTLE_S = 1.0
+    SETTLE_NS = 1_000_000_000
+    SETTLE_MAX_S = 10.0
     TOP_CULPRITS = 10
     UNKNOWN_S = 10.0  # rows of a request not seen arriving are dropped after this long
     DONE_MEMORY = 1 << 12  # attributed requests remembered, so their late rows are dropped
@@ -74,7 +80,9 @@ class AttributionView:
         self.ttfp: dict[int, int] = {}  # req -> unix ns of its first audio packet
         self.held: list[np.ndarray] = []
         self.emits: list[np.ndarray] = []
-        self.ended: dict[int, float] = {}  # req -> monotonic time its root span was seen
+        # req -> (monotonic time its root span was seen, its end in unix ns)
+        self.ended: dict[int, tuple[float, int]] = {}
+        self.newest_ns = 0  # the newest event time the view has seen
         self.attributed = 0
         self.not_attributed = 0  # ended without a first packet, or the walk found no path
         self.rows_dropped = 0  # rows of requests never seen arriving (UNKNOWN_S)
@@ -114,14 +122,19 @@ class AttributionView:
                 for r in np.unique(kept["req"]).tolist():
                     if r not in self.arrived and r not in self.unknown:
                         self.unknown[r] = now
-                for req in kept["req"][kept["name"] == stt.N_REQUEST].tolist():
-                    self.ended.setdefault(req, now)
+                roots = kept[kept["name"] == stt.N_REQUEST]
+                for req, end in zip(roots["req"].tolist(), roots["end"].tolist()):
+                    self.ended.setdefault(req, (now, end))
         if len(feed.emits) and self.any_arrival:
             self.emits.append(feed.emits)
         stale = [r for r, t in self.unknown.items() if now - t >= self.UNKNOWN_S]
         if stale:
             self._drop(stale)
-        due = [r for r, t in self.ended.items() if now - t >= self.SETTLE_S]
+        if len(spans):
+            self.newest_ns = max(self.newest_ns, int(spans["end"].max()))
+        due = [r for r, (t, end) in self.ended.items()
+               if now - t >= self.SETTLE_S and self.newest_ns - end >= self.SETTLE_NS
+               or now - t >= self.SETTLE_MAX_S]
         if due:
             self._attribute(due)
 
