@@ -106,7 +106,7 @@ def blocked(victims: Iterable[Victim], chunks: np.ndarray, busy: Busy | None = N
         busy = sender_busy(chunks)
     fifo = chunks[(chunks["reason"] == 0) & (chunks["name"] == stt.N_FIFO)]
     fifo = fifo[np.argsort(fifo["req"], kind="stable")]
-    freq = fifo["req"]
+    freq = np.ascontiguousarray(fifo["req"])  # a strided field view is copied per searchsorted
     out = []
     for v in victims:
         res = Blocked(v.req)
