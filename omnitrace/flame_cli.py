@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             iv, rt = linked.intervals(run, args.category, args.stage, args.request, args.thread)
             idx = linked.select(store, iv)
             summary.update(spans=iv.spans, intervals=int(len(iv.start)),
-                           interval_s=round(float((iv.end - iv.start).sum()) / 1e9, 6), notes=iv.notes)
+                           interval_s=round(linked.covered_ns(iv) / 1e9, 6), notes=iv.notes)
         else:
             idx = _whole(run, store, args.stage, args.thread)
     except linked.SelectError as exc:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-ROUND_GAP_US = 300  # stamps of one round are microseconds apart; rounds ~1/rate apart
+ROUND_GAP_US = 100  # stamps of one round are microseconds apart; rounds ~1/rate apart
 STRETCH_DTYPE = np.dtype([("t", "<i8"), ("end", "<i8"), ("pid", "<i4"), ("tid", "<i8"),
                           ("stack", "<i4")])
 
@@ -241,3 +241,34 @@ def calibrate(chunk: Chunk, frames: Frames, clock_pid: int, flips_ns: np.ndarray
     mid = (int(pos[i]) + int(right)) // 2
     return Calibration(offset_ns=mid, uncertainty_ns=int(right - pos[i]), observations=len(ts),
                        agreeing=best)
+
+
+def consistent_rounds(chunk: Chunk, frames: Frames, pid: int, flips_ns: np.ndarray, prefix: str,
+                      k_funcs: int, offset_ns: int) -> np.ndarray:
+    """Per round of ``chunk``: does its stamp agree with what the clock thread showed in it?
+    py-spy stamps a sample when it handles it, sometimes milliseconds after reading it (its
+    own threads were not scheduled); such a round shows the clock function of an earlier
+    switch than its stamp says. Those rounds keep their stacks (whole-process profiles) but
+    cannot be placed inside spans. Rounds with no clock sample are kept."""
+    F = np.asarray(flips_ns, np.int64)
+    rnd = chunk.rounds
+    ok = np.ones(len(rnd), bool)
+    if len(F) < 2 or not len(rnd):
+        return ok
+    fn = np.full(len(frames.stacks), -1, np.int64)
+    for sid, stack in enumerate(frames.stacks):
+        if stack:
+            name = frames.frames[stack[-1]][0]
+            if name.startswith(prefix) and name[len(prefix):].isdigit():
+                fn[sid] = int(name[len(prefix):])
+    cs = chunk.stretches[chunk.stretches["pid"] == pid]
+    cs = cs[fn[cs["stack"]] >= 0] if len(cs) else cs
+    if not len(cs):
+        return ok
+    cs = cs[np.argsort(cs["t"], kind="stable")]
+    i = np.searchsorted(cs["t"], rnd, "right") - 1
+    inside = (i >= 0) & (rnd < cs["end"][np.maximum(i, 0)])
+    j = np.where(inside, fn[cs["stack"][np.maximum(i, 0)]], -1)
+    k = np.searchsorted(F, rnd * 1000 + offset_ns, "right") - 1
+    ok = (j < 0) | ((k >= 0) & ((k % k_funcs) == j))
+    return ok

@@ -147,9 +147,13 @@ def load_chunks(run_dir: str, runner: dict, offset_unix: int, frames: ct.Frames
             notes.append(note)
             lo = -(1 << 62) if i == 0 else int(c["ready_ns"] + CUTOVER_S * 1e9)
             hi = (1 << 62) if i + 1 == len(chunks) else int(chunks[i + 1]["ready_ns"] + CUTOVER_S * 1e9)
-            pending.append((chunk, off, int(c["started_ns"]), lo, hi, note))
+            good = None
+            if off is not None:
+                good = ct.consistent_rounds(chunk, frames, pid, flips, clock.PREFIX, clock.K, off)
+                note["late_rounds"] = int((~good).sum())
+            pending.append((chunk, off, int(c["started_ns"]), lo, hi, note, good))
     typical = int(np.median(offsets)) if offsets else 0
-    for chunk, off, started, lo, hi, note in pending:
+    for chunk, off, started, lo, hi, note, good in pending:
         if off is None:  # py-spy's zero: its start plus the typical start-up delay of the others
             off = started + typical
             note["assumed_offset_ms"] = round(typical / 1e6, 3)
@@ -159,7 +163,7 @@ def load_chunks(run_dir: str, runner: dict, offset_unix: int, frames: ct.Frames
         shift = off + offset_unix
         st["t"] = st["t"] * 1000 + shift
         st["end"] = st["end"] * 1000 + shift
-        rnd = chunk.rounds * 1000 + shift
+        rnd = (chunk.rounds if good is None else chunk.rounds[good]) * 1000 + shift
         lo_u, hi_u = lo + offset_unix if lo > -(1 << 62) else lo, hi + offset_unix if hi < (1 << 62) else hi
         parts.append(_clip(st, lo_u, hi_u))
         rnd = rnd[(rnd >= lo_u) & (rnd < hi_u)]

@@ -1,9 +1,10 @@
 """What a `--flame` run does inside each of its Python processes (from the bootstrap,
 ``sitecustomize``, when ``OMNITRACE_FLAME`` is set):
 
-* with py-spy: start the clock thread (``omnitrace.profile.clock``) and announce this
-  process to the profile runner (one datagram with the pid), which starts a py-spy for it;
-  at exit save the clock's switches (``profiles/raw/clock-<pid>.bin``);
+* once the process is the API server or a stage, with py-spy: start the clock thread
+  (``omnitrace.profile.clock``) and announce the process to the profile runner (one
+  datagram with the pid), which starts a py-spy for it; at exit save the clock's switches
+  (``profiles/raw/clock-<pid>.bin``);
 * pyinstrument where py-spy cannot help, as ``OMNITRACE_FLAME_INPROC`` says:
 
 * ``api`` (``--flame-api pyinstrument``): the API server's asyncio loop. The profiler
@@ -11,8 +12,8 @@
   role="api")``, called before the loop runs), in pyinstrument's async mode: the loop's
   time is charged to the coroutines it runs, and the awaits of the coroutine that was
   current when it started (the server's main task) to that coroutine.
-* ``all`` (py-spy could not attach): every process profiles its main thread from start-up;
-  at exit only the API server and stage processes keep their profile.
+* ``all`` (py-spy could not attach): the API server and each stage profile the thread
+  that named them (their main thread) from then on.
 
 At exit the session is saved as ``profiles/raw/pyinstrument-<pid>.json`` for the
 finalizer. pyinstrument costs 1.5-5x on the profiled thread (a setprofile hook per call):
@@ -30,9 +31,6 @@ INTERVAL_S = 0.001
 _state: dict[str, Any] = {"profiler": None}
 
 
-_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver")
-
-
 def _raw_path(name: str) -> str | None:
     try:
         cfg = FlameConfig.from_json(os.environ[ENV_FLAME])
@@ -43,16 +41,6 @@ def _raw_path(name: str) -> str | None:
 
 def _out_path() -> str | None:
     return _raw_path(f"pyinstrument-{os.getpid()}.json")
-
-
-def _helper() -> bool:
-    """multiprocessing's resource tracker and fork server: never a stage or the API."""
-    try:
-        with open("/proc/self/cmdline", "rb") as f:
-            cmd = f.read()
-    except OSError:
-        return False
-    return any(h in cmd for h in _HELPERS)
 
 
 def _sample() -> None:
@@ -110,22 +98,27 @@ def _save() -> None:
 
 
 def start() -> None:
-    """Called by the bootstrap in every Python process of a --flame run."""
-    if os.environ.get(ENV_FLAME_SOCKET) and not _helper():
+    """Called by the bootstrap in every Python process of a --flame run. Nothing happens
+    until the process names itself the API server or a stage (``record.set_process_info``,
+    right after its start-up imports): the bench, helpers and tools are never profiled."""
+    from omnitrace import record
+    orig = record.set_process_info
+
+    def set_process_info(role: str | None = None, *args: Any, **kwargs: Any) -> None:
+        orig(role, *args, **kwargs)
+        if role in ("api", "stage") and not _state.get("became"):
+            _state["became"] = True
+            _became(role)
+
+    record.set_process_info = set_process_info  # type: ignore[assignment]
+
+
+def _became(role: str) -> None:
+    if os.environ.get(ENV_FLAME_SOCKET):
         _sample()
     mode = os.environ.get(ENV_FLAME_INPROC)
-    if mode == "all":
+    if mode == "all" or (mode == "api" and role == "api"):
         _begin()
-    elif mode == "api":
-        from omnitrace import record
-        orig = record.set_process_info
-
-        def set_process_info(role: str | None = None, *args: Any, **kwargs: Any) -> None:
-            orig(role, *args, **kwargs)
-            if role == "api":
-                _begin()
-
-        record.set_process_info = set_process_info  # type: ignore[assignment]
 
 
 def load_collapsed(path: str) -> tuple[dict[tuple[str, ...], float], dict]:

@@ -197,14 +197,24 @@ def _subtract(lo: int, hi: int, cuts: list[tuple[int, int]]) -> list[tuple[int, 
     return [(a, b) for a, b in out if b > a]
 
 
+ALL_KINDS = frozenset(int(k) for ks in _KINDS.values() for k in ks)
+
+
 def intervals(run_dir: str, category: str, stage: str | None = None, request: str | None = None,
-              thread: str | None = None) -> tuple[Intervals, RunThreads]:
+              thread: str | None = None, loaded: tuple[np.ndarray, RunThreads] | None = None
+              ) -> tuple[Intervals, RunThreads]:
+    """The intervals of ``category`` (on the thread that did the work, or ``thread``).
+    ``loaded``: events from ``load_events(run_dir, ALL_KINDS)``, to select several times."""
     if category not in _SPANS:
         raise SelectError(f"unknown category {category!r} (choose from {', '.join(CATEGORIES)})")
     if thread is not None and thread not in THREADS:
         raise SelectError(f"unknown thread {thread!r} (choose from {', '.join(THREADS)})")
     kinds = {int(k) for k in _KINDS[category]}
-    ev, rt = load_events(run_dir, kinds)
+    if loaded is None:
+        ev, rt = load_events(run_dir, kinds)
+    else:
+        ev, rt = loaded
+        ev = ev[np.isin(ev["kind"], np.fromiter(kinds, np.int64, len(kinds)))]
     stage_id = resolve_stage(stage, rt) if stage is not None else None
     req_id = None
     if request is not None:
@@ -323,6 +333,16 @@ def select(store: Store, iv: Intervals) -> np.ndarray:
         pos = np.repeat(lo, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
         out.append(idx[pos])
     return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def covered_ns(iv: Intervals) -> int:
+    """Wall time the intervals cover (their union per thread, summed over threads)."""
+    total = 0
+    key = (iv.pid << 32) | iv.tid
+    for k in np.unique(key).tolist():
+        a, b = _union(iv.start[key == k], iv.end[key == k])
+        total += int((b - a).sum())
+    return total
 
 
 def _union(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -11,6 +11,7 @@ import plotly.io as pio
 from omnitrace.analyze.attribution import CATEGORIES, DESCRIPTIONS
 from omnitrace.render import waterfall_fig
 from omnitrace.render.console import render as render_text
+from omnitrace.render.flame_html import flame_section
 
 # One colour per category, the same in every plot.
 COLORS = dict(zip(CATEGORIES, ("#393b79", "#6b6ecf", "#8c564b", "#17becf", "#1f77b4", "#ff7f0e",
@@ -41,22 +42,25 @@ def _attribution_fig(rep: dict[str, Any]) -> go.Figure:
 
 
 def _residence_fig(rep: dict[str, Any]) -> go.Figure:
-    """Heavy-tailed, over decades: log-spaced bins, the SAME bins for every stage, and each
-    stage's share of its chunks per bin (so stages with different chunk counts compare)."""
+    """Heavy-tailed, over decades: log-spaced bins, the SAME bins for every stage (the
+    report's fixed histogram), and each stage's share of its chunks per bin (so stages with
+    different chunk counts compare); the empty decades at either end are not drawn."""
     fig = go.Figure()
-    vals = [np.asarray(f["residence_ms"], np.float64) for f in rep["fifo"]]
-    pos = np.concatenate([v[v > 0] for v in vals]) if vals else np.zeros(0)
-    if not len(pos):
+    hists = [(f, np.asarray(f["residence_hist"]["counts"], np.float64)) for f in rep["fifo"]]
+    if not hists:
         return fig
-    lo, hi = np.floor(np.log10(pos.min())), np.ceil(np.log10(pos.max()))
-    edges = np.logspace(lo, max(hi, lo + 1), int(max(hi - lo, 1) * 8) + 1)
-    for f, v in zip(rep["fifo"], vals):
-        counts, _ = np.histogram(np.clip(v, edges[0], edges[-1]), edges)
-        share = counts / max(len(v), 1) * 100
-        fig.add_scatter(x=edges, y=np.append(share, share[-1]), mode="lines", line_shape="hv",
-                        name=f"stage {f['stage']} ({len(v)} chunks)", fill="tozeroy", opacity=0.6,
-                        hovertemplate="from %{x:.3g} ms: %{y:.1f}% of chunks<extra></extra>")
-    ticks = [10.0 ** e for e in range(int(lo), int(max(hi, lo + 1)) + 1)]
+    edges = np.asarray(rep["fifo"][0]["residence_hist"]["edges_ms"], np.float64)
+    inner = np.sum([c[1:-1] for _, c in hists], axis=0)  # counts[0] / [-1]: outside the edges
+    used = np.flatnonzero(inner)
+    if not len(used):
+        return fig
+    lo, hi = max(0, used[0] - used[0] % 8), min(len(inner), used[-1] + 8 - used[-1] % 8)
+    for f, counts in hists:
+        share = counts[1:-1][lo:hi] / max(counts.sum(), 1) * 100
+        fig.add_scatter(x=edges[lo:hi + 1], y=np.append(share, share[-1]), mode="lines", line_shape="hv",
+                        name=f"stage {f['stage']} ({int(counts.sum())} chunks)", fill="tozeroy",
+                        opacity=0.6, hovertemplate="from %{x:.3g} ms: %{y:.1f}% of chunks<extra></extra>")
+    ticks = [float(t) for t in edges[lo:hi + 1:8]]
     fig.update_layout(title="FIFO residence per producer stage (same log-spaced bins for every stage)",
                       xaxis=dict(title="residence (ms, log scale)", type="log", tickvals=ticks,
                                  ticktext=[f"{t:g}" for t in ticks]),
@@ -169,7 +173,7 @@ def to_html(rep: dict[str, Any]) -> str:
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
             f"<title>omnitrace report {html.escape(run_ids)}</title><style>{_CSS}</style></head><body>"
             f"<h1>omnitrace report: {html.escape(run_ids)}</h1>" + "".join(banners)
-            + "".join(parts) + "<h2>Tables</h2><pre>" + html.escape(render_text(rep, limit=50))
+            + "".join(parts) + flame_section(rep) + "<h2>Tables</h2><pre>" + html.escape(render_text(rep, limit=50))
             + "</pre></body></html>")
 
 

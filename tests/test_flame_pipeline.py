@@ -1,0 +1,234 @@
+"""`omnitrace run --flame` on the real reference pipeline under load, recursive snapshots:
+real stage processes, real py-spy (one per process), real event log.
+
+Must hold (issue 11): every stage and the API server have a profile; the thinker's shows
+the recursive snapshot function; the span-linked flame graph of the thinker's snapshot
+spans is >= 80% inside that function (ground truth: the spans' own intervals); the
+fifo_blocked one on the sender is in its put/processing frames, not idle waits; the
+thread join is exact (native thread ids); the HTML report embeds the flame graphs and
+renders them offline in Chromium.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+from report_util import CHROMIUM, CHROMIUM_ARGS
+
+# the seed scenario's shape (c=32, 2,500-token prompts), shorter: 32 requests, 160 tokens
+BENCH = ["--no-progress", "--concurrency", "32", "--num-prompts", "32", "--warmup", "0",
+         "--input-len", "2500", "--output-len", "160", "--seed", "3"]
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNITRACE_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def flame_run(run_dir: str, bench: list[str], serve: str, *flame_args: str,
+              timeout: float = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "omnitrace", "run", "--run-dir", run_dir, "--flame", *flame_args,
+           "--", sys.executable, "-m", "omnitrace.bench.serve_and_bench", "--serve", serve, "--", *bench]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
+    assert r.returncode == 0, f"omnitrace run failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+def flame(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "omnitrace", "flame", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def share(speedscope_path: str, *functions: str) -> tuple[float, float]:
+    """(share of the weight whose stack holds one of ``functions``, total ms) of a
+    speedscope file, read as a user would: frames by name."""
+    with open(speedscope_path) as f:
+        doc = json.load(f)
+    frames = doc["shared"]["frames"]
+    hit = total = 0.0
+    for prof in doc["profiles"]:
+        for stack, w in zip(prof["samples"], prof["weights"]):
+            total += w
+            if any(frames[i]["name"] in functions for i in stack):
+                hit += w
+    return (hit / total if total else 0.0), total
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("flame") / "run")
+    r = flame_run(d, BENCH, "--snapshot recursive --shm pool")
+    assert "flame graphs in" in r.stderr and "missing" not in r.stderr, r.stderr[-2000:]
+    return d
+
+
+def test_every_stage_and_the_api_have_a_profile(run_dir):
+    pdir = os.path.join(run_dir, "profiles")
+    with open(os.path.join(pdir, "index.json")) as f:
+        index = json.load(f)
+    assert {p["name"] for p in index["profiles"]} == {"api", "thinker", "talker", "code2wav"}
+    assert index["missing"] == []
+    for p in index["profiles"]:
+        assert p["tool"] == "py-spy" and p["seconds"] > 1.0, p
+        with open(os.path.join(pdir, f"{p['name']}.speedscope.json")) as f:
+            doc = json.load(f)
+        assert doc["$schema"].endswith("file-format-schema.json")
+        assert sum(len(x["samples"]) for x in doc["profiles"]) > 10
+        root = ET.parse(os.path.join(pdir, f"{p['name']}.svg")).getroot()
+        assert root.tag.endswith("svg") and len(root.findall(".//{http://www.w3.org/2000/svg}rect")) > 10
+    # the clock put every process's samples on the event log's clock
+    for c in index["clock"]:
+        assert c["calibrated"] and c["agreeing"] >= 0.8 * c["clock_samples"], c
+    names = {t["name"] for p in index["profiles"] if p["name"] == "thinker" for t in p["threads"]}
+    assert {"MainThread", "sender"} <= names and "omnitrace-flame-clock" not in names
+
+
+def test_thinker_profile_shows_the_recursive_snapshot(run_dir):
+    sh, total = share(os.path.join(run_dir, "profiles", "thinker.speedscope.json"), "snapshot_recursive")
+    assert total > 0 and sh > 0.0
+    with open(os.path.join(run_dir, "profiles", "thinker.svg")) as f:
+        assert "snapshot_recursive" in f.read()
+
+
+def test_snapshot_spans_flame_is_the_snapshot_function(run_dir, tmp_path):
+    out = str(tmp_path / "snap")
+    r = flame(run_dir, "--stage", "thinker", "--category", "snapshot", "-o", out, "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["samples"] >= 30, summary  # enough to mean something
+    sh, _ = share(out + ".speedscope.json", "snapshot_recursive")
+    print(f"\nthinker snapshot spans: {summary['samples']} samples, {sh:.1%} in snapshot_recursive")
+    assert sh >= 0.8
+    assert ET.parse(out + ".svg").getroot().tag.endswith("svg")
+
+
+def test_fifo_blocked_sender_flame_is_put_and_processing(run_dir, tmp_path):
+    out = str(tmp_path / "blocked")
+    r = flame(run_dir, "--stage", "thinker", "--category", "fifo_blocked", "--thread", "sender",
+              "-o", out, "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["samples"] >= 30, summary
+    work, _ = share(out + ".speedscope.json", "ShmConnector.put", "HiddenProcessor.process")
+    with open(out + ".speedscope.json") as f:
+        doc = json.load(f)
+    frames = doc["shared"]["frames"]
+    prof = doc["profiles"][0]
+    idle = sum(w for s, w in zip(prof["samples"], prof["weights"])
+               if frames[s[-1]]["name"] == "Condition.wait") / sum(prof["weights"])
+    print(f"\nthinker sender while victims were blocked: {summary['samples']} samples, "
+          f"{work:.1%} put/processing, {idle:.1%} idle waits")
+    assert work >= 0.75 and idle <= 0.15
+
+
+def test_thread_join_is_exact(run_dir):
+    """Every ring's native thread id is the id py-spy sampled under that thread's name."""
+    from omnitrace import eventlog
+    from omnitrace.profile.store import Store
+    store = Store.load(os.path.join(run_dir, "profiles", "samples.npz"))
+    log = eventlog.read_event_log(run_dir)
+    checked = 0
+    for ring in log.rings.values():
+        if ring.get("role") not in ("api", "stage"):
+            continue
+        key = (int(ring["pid"]), int(ring["tid"]))
+        assert store.threads.get(key) == ring["thread"], (ring, store.threads.get(key))
+        has = (store.stretches["pid"] == key[0]) & (store.stretches["tid"] == key[1])
+        assert has.any(), ring
+        checked += 1
+    assert checked >= 7  # api + 3 schedulers + 2 senders + 2 receivers, at least
+
+
+def test_blocked_intervals_are_the_span_builders(run_dir):
+    """The sender busy intervals the fifo_blocked selection uses sum, per FIFO span, to its
+    omni.fifo.blocked_ns exactly."""
+    from omnitrace.profile import linked
+    from omnitrace import spantable as stt
+    ev, rt = linked.load_events(run_dir, {int(k) for k in linked._KINDS["fifo_blocked"]})
+    spans = linked.build_spans(ev, rt)
+    fifo = spans[spans["name"] == stt.N_FIFO]
+    busy = linked.sender_busy(ev, rt.rings)
+    got = []
+    for r in fifo.tolist():
+        rec = dict(zip(stt.SPAN_DTYPE.names, r))
+        b = busy[(int(rt.rings[rec["ring"]]["pid"]), rec["stage"])]
+        got.append(sum(e - s for s, e in linked._overlaps(b, rec["start"], rec["end"], rec["req"], True)))
+    assert len(fifo) > 100 and (fifo["v2"] > 0).sum() > 10
+    assert np.array_equal(np.array(got, np.int64), fifo["v2"])
+
+
+def test_flame_cli_lists_and_refuses_bad_input(run_dir, tmp_path):
+    r = flame(run_dir)
+    assert r.returncode == 0 and "thinker" in r.stdout and "MISSING" not in r.stdout, r.stdout
+    for args, needle in (([run_dir, "--stage", "nope", "--category", "snapshot"], "unknown stage"),
+                         ([run_dir, "--category", "snapshot", "--request", "no-such-id"], "not in this run"),
+                         ([run_dir, "--category", "bogus"], "invalid choice"),
+                         ([str(tmp_path)], "no profiles"),
+                         ([str(tmp_path / "absent")], "not a run directory")):
+        r = flame(*args)
+        assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+        assert "Traceback" not in r.stderr
+
+
+def test_request_selection_is_that_requests_spans(run_dir, tmp_path):
+    with open(os.path.join(run_dir, "bench.json")) as f:
+        rid = json.load(f)["requests"][0]["id"]
+    r = flame(run_dir, "--stage", "thinker", "--category", "snapshot", "--request", rid,
+              "-o", str(tmp_path / "one"), "--json")
+    assert r.returncode == 0, r.stderr
+    one = json.loads(r.stdout)
+    whole = json.loads(flame(run_dir, "--stage", "thinker", "--category", "snapshot", "-o",
+                             str(tmp_path / "all"), "--json").stdout)
+    assert 0 < one["spans"] < whole["spans"] and one["samples"] <= whole["samples"]
+
+
+def test_html_report_embeds_flame_graphs_offline(run_dir, tmp_path):
+    from playwright.sync_api import sync_playwright
+    out = str(tmp_path / "report.html")
+    r = subprocess.run([sys.executable, "-m", "omnitrace", "report", run_dir, "--html", out],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    with open(out, encoding="utf-8") as f:
+        page_html = f.read()
+    from omnitrace.profile.linked import CATEGORIES
+    from report_util import report_json
+    rep = report_json(run_dir)
+    assert "http://" not in page_html.split('id="flame"')[1].split("</section>")[0].replace(
+        "http://www.w3.org/2000/svg", "")  # nothing to fetch
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("request", lambda req: errors.append(f"fetched {req.url}")
+                    if not req.url.startswith(("file:", "data:", "about:")) else None)
+            page.goto("file://" + out)
+            section = page.locator("#flame")
+            section.scroll_into_view_if_needed()
+            graphs = page.locator("#flame svg.omnitrace-flame")
+            titles = [graphs.nth(i).locator("text").first.text_content() for i in range(graphs.count())]
+            for name in ("api", "thinker", "talker", "code2wav"):
+                assert any(t.startswith(name) for t in titles), titles
+            # the report's top categories (a thread works in them), each at its costliest stage
+            best: dict[str, tuple[float, str]] = {}
+            for a in rep["attribution"]:
+                if a["category"] in CATEGORIES and a["mean_ms"] > best.get(a["category"], (0.0, ""))[0]:
+                    best[a["category"]] = (a["mean_ms"], a["stage"].partition(":")[2])
+            top = sorted(best, key=lambda c: -best[c][0])[:3]
+            assert len(top) == 3
+            for cat in top:
+                assert f"{best[cat][1]} {cat}" in titles, (cat, titles)
+            box = graphs.first.bounding_box()
+            assert box and box["width"] > 300 and box["height"] > 60
+            page.screenshot(path=str(tmp_path / "flame.png"), full_page=True)
+            assert not errors, errors
+        finally:
+            browser.close()
