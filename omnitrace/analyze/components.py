@@ -59,6 +59,21 @@ def samples(C: np.ndarray) -> dict[tuple[str, str], np.ndarray]:
     return out
 
 
+# FIFO residence histogram bins, the same for every stage and every run (so stages and
+# runs compare bin by bin): 8 log-spaced bins per decade from 1 us to 100 s, plus an
+# underflow and an overflow bin. A run's JSON holds counts, not one value per task (a
+# 10-minute c=32 run has millions of FIFO tasks).
+RESIDENCE_EDGES_MS = np.logspace(-3, 5, 8 * 8 + 1)
+
+
+def residence_hist(dur_ns: np.ndarray) -> dict[str, Any]:
+    """Counts of ``dur_ns`` in ``RESIDENCE_EDGES_MS`` (``counts[0]`` below the first edge,
+    ``counts[-1]`` above the last)."""
+    counts = np.bincount(np.searchsorted(RESIDENCE_EDGES_MS, dur_ns * NS_TO_MS, "right"),
+                         minlength=len(RESIDENCE_EDGES_MS) + 1)
+    return {"edges_ms": RESIDENCE_EDGES_MS.tolist(), "counts": counts.tolist()}
+
+
 def figures(C: np.ndarray, label: Callable[[int], str]) -> tuple[list, list, list]:
     """(fifo, snapshot, transfer) rows of the report."""
     C = C[C["reason"] == 0]
@@ -78,7 +93,7 @@ def figures(C: np.ndarray, label: Callable[[int], str]) -> tuple[list, list, lis
                      "blocked_p99_ms": blk["p99"],
                      "depth_mean": float(depth.mean()) if len(depth) else None,
                      "depth_max": int(depth.max()) if len(depth) else None,
-                     "residence_ms": (d * NS_TO_MS).tolist()})
+                     "residence_hist": residence_hist(d)})
     snapshot = []
     S = C["name"] == stt.N_SNAPSHOT
     for st in np.unique(C["stage"][S]).tolist():

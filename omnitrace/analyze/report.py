@@ -16,6 +16,7 @@ from omnitrace.analyze.stats import NS_TO_MS, median, summary
 
 WATERFALLS = 10  # slowest requests given a waterfall in the HTML (and --request ID ones)
 TOP_CATEGORIES = 4  # per-request console line: the largest categories
+MAX_HOL_PAIRS = 1000  # head-of-line victim x culprit pairs kept in the report (the largest)
 HOL_NOTE = ("blocked_ms: wall time before the victim's first packet during which at least one of "
             "its critical-path chunks waited in a FIFO while the sender worked on the culprit's "
             "task (union over chunks: never more than the victim's TTFP); chunk_time_sum_ms: the "
@@ -261,6 +262,8 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
                              "chunk_time_sum_ms": chunk_ns * NS_TO_MS, "tasks": tasks,
                              "victim_ttfp_ms": ttfp_of[vid]})
     hol_rows.sort(key=lambda r: (-r["blocked_ms"], r["victim"], r["culprit"]))
+    hol_pairs = len(hol_rows)
+    del hol_rows[MAX_HOL_PAIRS:]  # the largest; a long run has millions of pairs
     hol_victims.sort(key=lambda r: (-r["blocked_ms"], r["victim"]))
 
     # ---- waterfalls: the slowest N and any asked for by id
@@ -361,6 +364,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
         "transfer": transfer,
         "incomplete_chunk_spans": chunk_incomplete,
         "head_of_line": hol_rows,
+        "head_of_line_pairs": hol_pairs,  # all victim x culprit pairs; the list holds the largest
         "head_of_line_victims": hol_victims,
         "head_of_line_note": HOL_NOTE,
         "requests": requests,
