@@ -541,6 +541,8 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
                     run.processes.append(orjson.loads(line))
                 except orjson.JSONDecodeError:
                     pass
+        from omnitrace.profile.finalize import warnings_for  # --flame runs: missing profiles
+        run.warnings.extend(pre + w for w in warnings_for(p))
     skip = frozenset(_warmup_ids(run.bench) if skip_warmup else ())
     for p in paths:
         label = os.path.basename(os.path.normpath(p)) if len(paths) > 1 else ""

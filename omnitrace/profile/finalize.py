@@ -230,18 +230,20 @@ def finalize(run_dir: str) -> dict:
             index["profiles"].append(entry)
             if pid in inproc:
                 _write_inproc(pdir, f"{name}.pyinstrument", inproc.pop(pid), index, entry)
-        elif pid in inproc:
+            continue
+        why = runner.get("error") or (runner.get("failed") or {}).get(str(pid)) or (
+            "py-spy took no sample of it (it ended before py-spy attached, or it was not "
+            "announced: a forked child, or started without the bootstrap)")
+        if not runner:
+            why = "the profile runner wrote nothing (killed?)"
+        missing = {**entry, "reason": why}
+        if pid in inproc:  # the fallback: pyinstrument on the thread that named the process
+            missing["replaced_by"] = "pyinstrument (main thread only)"
             _write_inproc(pdir, name, inproc.pop(pid), index, entry)
-            entry["note"] = "pyinstrument (py-spy could not sample: " + str(runner.get("error")) + ")"
-        else:
-            why = runner.get("error") or (runner.get("failed") or {}).get(str(pid)) or (
-                "py-spy took no sample of it (it ended before py-spy attached, or it was not "
-                "announced: a forked child, or started without the bootstrap)")
-            if runner.get("error") and not inproc:
-                why += "; the in-process fallback wrote no profile (killed before exit?)"
-            if not runner:
-                why = "the profile runner wrote nothing (killed?)"
-            index["missing"].append({**entry, "reason": why})
+            entry["note"] = f"pyinstrument, main thread only: py-spy could not sample ({why})"
+        elif runner.get("error"):
+            missing["reason"] += "; the pyinstrument fallback wrote no profile either (killed before exit?)"
+        index["missing"].append(missing)
     _write_json(os.path.join(pdir, INDEX), index)
     if not os.environ.get("OMNITRACE_FLAME_KEEP_RAW"):
         shutil.rmtree(raw, ignore_errors=True)
@@ -312,3 +314,19 @@ def _write_json(path: str, obj: Any) -> None:
     with open(tmp, "wb") as f:
         f.write(orjson.dumps(obj))
     os.replace(tmp, path)
+
+
+def warnings_for(run_dir: str) -> list[str]:
+    """One line per missing profile of a --flame run (for the report's warnings)."""
+    try:
+        with open(os.path.join(run_dir, PROFILES_DIR, INDEX), "rb") as f:
+            index = orjson.loads(f.read())
+    except (OSError, orjson.JSONDecodeError):
+        return []
+    out = []
+    for m in index.get("missing") or ():
+        line = f"flame graph of {m.get('name')} (pid {m.get('pid')}) missing: {m.get('reason')}"
+        if m.get("replaced_by"):
+            line += f"; {m['replaced_by']} in its place"
+        out.append(line)
+    return out

@@ -69,6 +69,7 @@ def finish(cfg: FlameConfig | None) -> None:
         return
     names = ", ".join(p["name"] for p in index["profiles"]) or "none"
     line = f"omnitrace run: flame graphs in {os.path.join(cfg.run_dir, 'profiles')}: {names}"
-    if index["missing"]:
-        line += "; missing: " + "; ".join(f"{m['name']} ({m['reason']})" for m in index["missing"])
+    if index["missing"]:  # why: in the runner's warning, in index.json, in the report
+        line += (f"; py-spy profile missing for {', '.join(m['name'] for m in index['missing'])} "
+                 "(profiles/index.json says why)")
     print(line, file=sys.stderr)

@@ -61,9 +61,10 @@ def _why(text: str, tool: str, code: int | None) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "py-spy>" not in ln
              and not ln.strip()[:1].isdigit() and not ln.startswith("Stack backtrace")]
     msg = lines[0] if lines else ""
-    if "ermission denied" in text or "Operation not permitted" in text:
-        return (f"no ptrace permission ({msg}); run as root or grant CAP_SYS_PTRACE "
-                "(docker: --cap-add SYS_PTRACE)")
+    low = text.lower()
+    if "permission denied" in low or "operation not permitted" in low:
+        return (f"no ptrace permission ({os.path.basename(tool)}: permission denied); run as root "
+                "or grant CAP_SYS_PTRACE (docker: --cap-add SYS_PTRACE)")
     return msg or f"{tool} exited with status {code}"
 
 
