@@ -296,3 +296,77 @@ def test_vllm_general_plugins_entry_point_alone() -> None:
         assert counts.get((kind, 0)) == 4, (kind, counts)
     for kind in ("GET_END", "CHUNK_READY", "CHUNK_SCHEDULED"):
         assert counts.get((kind, 1)) == 4, (kind, counts)
+
+
+def _serving_venvs() -> list[Any]:
+    """Venvs where vLLM-Omni's serving layer and benchmark client import (the install
+    script's PyPI path records it in the venv's stamp file)."""
+    found = _venvs()
+    ok = [v for v in found if "serving layer yes" in
+          ((v / "omnitrace-install.txt").read_text() if (v / "omnitrace-install.txt").exists() else "")]
+    if not ok:
+        why = (f"no venv with vLLM-Omni's serving layer (have: {', '.join(v.name for v in found) or 'none'}); "
+               "run VLLM_OMNI_TORCH=pypi scripts/install-vllm-omni.sh .venv-vllm 0.30.0")
+        return [pytest.param(None, marks=pytest.mark.skip(reason=why))]
+    return [pytest.param(v, id=v.name) for v in ok]
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("venv", _serving_venvs())
+def test_vllm_bench_serve_cli_drives_omnitrace_run_serve(venv: Path, tmp_path: Path) -> None:
+    """vLLM-Omni's own benchmark CLI (`vllm bench serve --omni --backend openai-chat-omni`)
+    against the instrumented reference server, to completion; the tokenizer is the one
+    mistral_common ships (offline)."""
+    import signal
+    import socket
+
+    tekken = sorted(venv.glob("lib/python*/site-packages/mistral_common/data/tekken_*.json"))
+    assert tekken, "mistral_common ships no tekken tokenizer in this venv"
+    tok = tmp_path / "tokenizer"
+    tok.mkdir()
+    (tok / "tekken.json").write_bytes(tekken[-1].read_bytes())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_dir = tmp_path / "run"
+    server = subprocess.Popen([sys.executable, "-m", "omnitrace", "run", "--run-dir", str(run_dir), "serve",
+                               "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, cwd=ROOT)
+    n, tag = 8, f"vb{os.getpid()}"
+    try:
+        assert server.stdout is not None
+        for line in server.stdout:  # the server says when it listens
+            if "listening on" in line:
+                break
+        else:
+            pytest.fail("omnitrace run serve exited before listening")
+        bench = subprocess.run(
+            [str(venv / "bin" / "vllm"), "bench", "serve", "--omni", "--backend", "openai-chat-omni",
+             "--base-url", f"http://127.0.0.1:{port}", "--endpoint", "/v1/chat/completions",
+             "--model", "qwen3_omni", "--tokenizer", str(tok), "--tokenizer-mode", "mistral",
+             "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "16",
+             "--num-prompts", str(n), "--max-concurrency", "4", "--ignore-eos",
+             "--request-id-prefix", f"{tag}-", "--percentile-metrics", "ttft,audio_ttfp",
+             "--extra-body", '{"modalities": ["text", "audio"]}', "--save-result",
+             "--result-dir", str(tmp_path), "--result-filename", "bench.json"],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.communicate()
+    assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-3000:]
+    assert server.returncode == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert (result["completed"], result["failed"]) == (n, 0), result
+    assert result["num_audio_ttfp_samples"] == n and result["mean_audio_ttfp_ms"] > 0
+    assert result["total_output_tokens"] == n * 16
+    rep = subprocess.run([sys.executable, "-m", "omnitrace", "report", str(run_dir), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    report = json.loads(rep.stdout)
+    assert sorted(r["id"] for r in report["requests"]) == sorted(f"{tag}-{i}" for i in range(n))
+    assert report["window"]["attributed"] == n and report["window"]["failed"] == 0
