@@ -156,8 +156,12 @@ def test_vllm_plugins_env_is_appended_not_replaced() -> None:
 def test_builtin_patch_sets_ship_with_the_package() -> None:
     from omnitrace.inject.patching import load_patch_sets
 
-    sets = {(s.target, s.versions) for s in load_patch_sets()}
-    assert ("vllm-omni", ("0.30.",)) in sets and ("vllm-omni", ("0.32.",)) in sets
+    sets = [s for s in load_patch_sets() if s.target == "vllm-omni"]
+    # one set per supported release line, chosen by PEP 440 specifier (pre-releases included)
+    for version in ("0.26.0", "0.28.0", "0.30.0", "0.32.0rc1"):
+        assert len([s for s in sets if s.matches(version)]) == 1, version
+    for version in ("0.24.0", "0.31.0rc1", "0.33.0rc1", "0.33.0"):
+        assert not [s for s in sets if s.matches(version)], version
 
 
 def test_api_stream_wrapper_stamps_arrival_first_text_first_audio_end(tmp_path: Path) -> None:

