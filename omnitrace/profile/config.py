@@ -17,6 +17,7 @@ DEFAULT_RATE = 100
 ENV_FLAME = "OMNITRACE_FLAME"  # FlameConfig JSON, set for the command's processes
 ENV_FLAME_INPROC = "OMNITRACE_FLAME_INPROC"  # "api" (pyinstrument on the API loop) or "all" (fallback)
 ENV_FLAME_SOCKET = "OMNITRACE_FLAME_SOCKET"  # the runner's socket: each process announces itself
+ENV_FLAME_ROTATE_S = "OMNITRACE_FLAME_ROTATE_S"  # a fresh py-spy per process this often (default 60)
 PROFILES_DIR = "profiles"
 RAW_DIR = os.path.join(PROFILES_DIR, "raw")  # py-spy chunks and the clock, until finalized
 
@@ -45,8 +46,8 @@ class FlameConfig:
                 raise FlameConfigError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
         if not self.tool:
             raise FlameConfigError("--flame-tool: empty")
-        if not self.rotate_s >= 5:
-            raise FlameConfigError(f"flame rotation must be >= 5 s, got {self.rotate_s}")
+        if not self.rotate_s >= 2:
+            raise FlameConfigError(f"{ENV_FLAME_ROTATE_S} must be >= 2 s, got {self.rotate_s}")
         return self
 
     @property

@@ -8,8 +8,8 @@ import os
 import shutil
 import sys
 
-from omnitrace.profile.config import (API_PROFILERS, DEFAULT_RATE, MODES, WINDOWS, FlameConfig,
-                                      FlameConfigError)
+from omnitrace.profile.config import (API_PROFILERS, DEFAULT_RATE, ENV_FLAME_ROTATE_S, MODES, WINDOWS,
+                                      FlameConfig, FlameConfigError)
 
 __all__ = ["FlameConfigError", "add_flame_options", "flame_config", "wrap", "finish"]
 
@@ -44,10 +44,15 @@ def flame_config(ns: argparse.Namespace, run_dir: str) -> FlameConfig | None:
     tool = ns.flame_tool or "py-spy"
     if shutil.which(tool) is None:
         raise FlameConfigError(f"--flame-tool {tool}: not found or not executable")
+    rotate = os.environ.get(ENV_FLAME_ROTATE_S, "60")
+    try:
+        rotate_s = float(rotate)
+    except ValueError:
+        raise FlameConfigError(f"{ENV_FLAME_ROTATE_S}={rotate!r}: not a number of seconds") from None
     return FlameConfig(run_dir=run_dir, rate=DEFAULT_RATE if ns.flame_rate is None else ns.flame_rate,
                        mode=ns.flame_mode or "nonblocking", window=ns.flame_window or "run",
-                       api=ns.flame_api or "py-spy", tool=os.path.abspath(tool) if os.sep in tool else tool
-                       ).validate()
+                       api=ns.flame_api or "py-spy", tool=os.path.abspath(tool) if os.sep in tool else tool,
+                       rotate_s=rotate_s).validate()
 
 
 def wrap(cfg: FlameConfig | None, cmd: list[str]) -> list[str]:
