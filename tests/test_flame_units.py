@@ -48,7 +48,7 @@ TARGET = textwrap.dedent('''
         long_phase(int(rnd.uniform(1e6, 3e6)))
     stop.set(); c.stop.set(); c.join()
     np.save(sys.argv[1] + ".marks.npy", np.array(marks, np.int64))
-    c.save(sys.argv[1] + ".clock.bin")
+    c.path = sys.argv[1] + ".clock.bin"; c.flush()
 ''')
 
 

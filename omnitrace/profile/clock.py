@@ -14,7 +14,6 @@ Cost: one wake-up every ~2 ms (a GIL hand-off each), nothing else.
 from __future__ import annotations
 
 import array
-import os
 import random
 import threading
 import time
@@ -43,13 +42,21 @@ def _named(i: int) -> Callable[[Any, float], None]:
 FUNCS = [_named(i) for i in range(K)]
 
 
-class Clock(threading.Thread):
-    """``flips[k]``: when function ``k % K`` began (perf_counter_ns)."""
+FLUSH_EVERY = 256  # switches (~1.5 s): a process that ends by os._exit (a forked child) loses less
 
-    def __init__(self) -> None:
+
+class Clock(threading.Thread):
+    """``flips[k]``: when function ``k % K`` began (perf_counter_ns). With ``path``, the
+    switches are appended there (raw little-endian int64) as they accumulate and by
+    :meth:`flush` at exit."""
+
+    def __init__(self, path: str | None = None) -> None:
         super().__init__(name=THREAD, daemon=True)
         self.flips = array.array("q")
         self.stop = threading.Event()
+        self.path = path
+        self._written = 0
+        self._lock = threading.Lock()
 
     def run(self) -> None:
         rnd = random.Random()
@@ -57,11 +64,18 @@ class Clock(threading.Thread):
         while not self.stop.is_set():
             FUNCS[k % K](self.flips, rnd.uniform(*HOLD_S))
             k += 1
+            if self.path is not None and k % FLUSH_EVERY == 0:
+                self.flush()
 
-    def save(self, path: str) -> None:
-        """The switches so far, as a raw little-endian int64 array."""
-        data = self.flips.tobytes()
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+    def flush(self) -> None:
+        if self.path is None:
+            return
+        with self._lock:
+            n = len(self.flips)
+            if n > self._written:
+                try:
+                    with open(self.path, "ab") as f:
+                        f.write(self.flips[self._written:n].tobytes())
+                    self._written = n
+                except OSError:
+                    pass

@@ -67,8 +67,10 @@ def profile_name(proc: dict) -> str:
         return "api" if not proc.get("replica") else f"api-replica{proc['replica']}"
     stage, replica = int(proc.get("stage", -1)), int(proc.get("replica") or 0)
     name = str(proc.get("name") or "")
-    m = _VLLM_STAGE.fullmatch(name)
-    if m or not _SIMPLE.fullmatch(name) or name == "api":
+    # the stage's own name (the reference pipeline's), not vLLM-Omni's process name nor
+    # the bootstrap's guess from the command line (python, vllm, a script)
+    if (_VLLM_STAGE.fullmatch(name) or not _SIMPLE.fullmatch(name) or name in ("api", "vllm")
+            or name.startswith("python") or "." in name):
         base = f"stage{stage}"
     else:
         base = name

@@ -3,8 +3,8 @@
 
 * once the process is the API server or a stage, with py-spy: start the clock thread
   (``omnitrace.profile.clock``) and announce the process to the profile runner (one
-  datagram with the pid), which starts a py-spy for it; at exit save the clock's switches
-  (``profiles/raw/clock-<pid>.bin``);
+  datagram with the pid), which starts a py-spy for it; the clock's switches go to
+  ``profiles/raw/clock-<pid>.bin`` as they accumulate and at exit;
 * pyinstrument where py-spy cannot help, as ``OMNITRACE_FLAME_INPROC`` says:
 
 * ``api`` (``--flame-api pyinstrument``): the API server's asyncio loop. The profiler
@@ -48,17 +48,12 @@ def _sample() -> None:
     import socket
 
     from omnitrace.profile.clock import Clock
-    clock = Clock()
+    clock = Clock(_raw_path(f"clock-{os.getpid()}.bin"))
     clock.start()
-    path = _raw_path(f"clock-{os.getpid()}.bin")
 
     def save() -> None:
         clock.stop.set()
-        if path is not None:
-            try:
-                clock.save(path)
-            except OSError:
-                pass
+        clock.flush()
 
     atexit.register(save)
     try:

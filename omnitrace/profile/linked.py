@@ -93,6 +93,13 @@ class RunThreads:
         for idx, info in self.rings.items():
             if int(info.get("pid", 0)) == pid and self.kind.get(idx) == kind:
                 return int(info.get("tid", 0))
+        if THREADS[kind] in ("scheduler", "api") and any(
+                int(i.get("pid", 0)) == pid for i in self.rings.values()):
+            # no ring of its own: vLLM-Omni's hooks stamp the scheduler's snapshot and
+            # enqueue on its thread but record them from the save thread. The scheduler
+            # (EngineCore's busy loop) and the API's event loop are the main thread,
+            # whose native id is the pid.
+            return pid
         return None
 
     def stage_names(self) -> dict[int, str]:
