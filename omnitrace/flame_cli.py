@@ -163,12 +163,21 @@ def _list(run: str, index: dict, store: Any, as_json: bool) -> int:
               f"profiles/{p['name']}.svg{extra}")
     for m in index.get("missing", []):
         print(f"  {m['name']:<12} pid {m['pid']:<7} MISSING: {m['reason']}")
+    by_pid: dict[int, list[dict]] = {}
     for c in index.get("clock", []):
-        if c.get("calibrated"):
-            print(f"  clock (chunk {c['chunk']}): samples placed within {c['uncertainty_ms']:.3f} ms "
-                  f"({c['agreeing']}/{c['clock_samples']} clock samples agree)")
-        else:
-            print(f"  clock (chunk {c['chunk']}): not calibrated ({c.get('error', 'no clock samples')})")
+        by_pid.setdefault(int(c.get("pid", 0)), []).append(c)
+    names = {p["pid"]: p["name"] for p in index.get("profiles", [])}
+    for pid, chunks in sorted(by_pid.items()):
+        ok = [c for c in chunks if c.get("calibrated")]
+        line = f"  clock of {names.get(pid, pid)}: {len(ok)}/{len(chunks)} py-spy chunks calibrated"
+        if ok:
+            agree = [c["agreeing"] / max(c["clock_samples"], 1) for c in ok]
+            line += (f", {min(agree):.0%}-{max(agree):.0%} of clock samples agree, "
+                     f"{sum(c.get('late_rounds', 0) for c in ok)} late-stamped rounds left out of selections")
+        bad = [c for c in chunks if not c.get("calibrated")]
+        if bad:
+            line += f"; not calibrated: {bad[0].get('error', 'no clock samples')}"
+        print(line)
     return 0
 
 

@@ -85,7 +85,7 @@ def test_every_stage_and_the_api_have_a_profile(run_dir):
         assert root.tag.endswith("svg") and len(root.findall(".//{http://www.w3.org/2000/svg}rect")) > 10
     # the clock put every process's samples on the event log's clock
     for c in index["clock"]:
-        assert c["calibrated"] and c["agreeing"] >= 0.8 * c["clock_samples"], c
+        assert c["calibrated"] and c["agreeing"] >= 0.5 * c["clock_samples"], c  # a wrong offset: ~5%
     names = {t["name"] for p in index["profiles"] if p["name"] == "thinker" for t in p["threads"]}
     assert {"MainThread", "sender"} <= names and "omnitrace-flame-clock" not in names
 

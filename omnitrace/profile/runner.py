@@ -183,25 +183,36 @@ class Supervisor(threading.Thread):
 
     def run(self) -> None:
         starters: list[threading.Thread] = []
+        rotation = threading.Thread(target=self._rotation, name="omnitrace-flame-rotation", daemon=True)
+        rotation.start()
         while not self.done.is_set():
-            ready, _, _ = select.select([self.sock], [], [], 1.0)
-            if ready:
-                data = self.sock.recv(64)
-                try:
-                    pid = int(data)
-                except ValueError:
-                    continue
-                if pid not in self.current and pid not in self.failed:
-                    t = threading.Thread(target=self._begin, args=(pid,), daemon=True)
-                    t.start()
-                    starters.append(t)
-            self._rotate()
+            ready, _, _ = select.select([self.sock], [], [], 0.5)
+            if not ready:
+                continue
+            data = self.sock.recv(64)
+            try:
+                pid = int(data)
+            except ValueError:
+                continue
+            with self.lock:
+                known = pid in self.current or pid in self.failed
+            if not known:  # started at once, off this loop: py-spy takes ~0.1 s to attach
+                t = threading.Thread(target=self._begin, args=(pid,), daemon=True)
+                t.start()
+                starters.append(t)
+        rotation.join()
         for t in starters:
             t.join(READY_TIMEOUT_S)
+
+    def _rotation(self) -> None:
+        while not self.done.wait(1.0):
+            self._rotate()
 
     def _begin(self, pid: int, index: int = 0) -> PySpy | None:
         spy = PySpy(self.cfg, pid, index)
         with self.lock:
+            if self.done.is_set():
+                return None
             if index == 0:
                 self.current[pid] = spy
             self.chunks.append(spy)
@@ -223,7 +234,7 @@ class Supervisor(threading.Thread):
                 continue
             with self.lock:
                 self.current[old.pid] = new
-            time.sleep(CUTOVER_S)
+            self.done.wait(CUTOVER_S)
             old.stop()
 
     def finish(self) -> list[PySpy]:
