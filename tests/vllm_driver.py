@@ -44,9 +44,11 @@ def _anchor() -> list[int]:
 
 
 def _cfg(stage: int, proc: str | None, worker_type: str) -> Any:
-    # The only config fields the adapter reads (reference §6).
+    # The only config fields the adapter reads (reference §6). The connector's stage id is
+    # also in its `extra`, where vLLM-Omni's stage config puts it (<= 0.28 read it only there).
     mc = SimpleNamespace(stage_id=stage, async_chunk=True, worker_type=worker_type, max_model_len=8192,
-                         stage_connector_config={"name": "SharedMemoryConnector", "extra": {}},
+                         stage_connector_config={"name": "SharedMemoryConnector",
+                                                 "extra": {"stage_id": stage}},
                          custom_process_next_stage_input_func=proc)
     return SimpleNamespace(model_config=mc, scheduler_config=SimpleNamespace(max_num_seqs=64))
 
