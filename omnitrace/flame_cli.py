@@ -137,7 +137,7 @@ def _whole(run: str, store: Any, stage: str | None, thread: str | None) -> np.nd
     st = store.stretches
     mask = np.ones(len(st), bool)
     if stage is not None or thread is not None:
-        _, rt = linked.load_events(run, set())
+        rt = linked.open_index(run).threads
         pids = {int(i.get("pid", 0)) for i in rt.rings.values()}
         if stage is not None:
             sid = linked.resolve_stage(stage, rt)

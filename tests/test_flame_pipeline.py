@@ -147,21 +147,31 @@ def test_thread_join_is_exact(run_dir):
 
 
 def test_blocked_intervals_are_the_span_builders(run_dir):
-    """The sender busy intervals the fifo_blocked selection uses sum, per FIFO span, to its
-    omni.fifo.blocked_ns exactly."""
-    from omnitrace.profile import linked
+    """The index `omnitrace flame` selects from (profiles/spans.npz) gives, per FIFO span,
+    blocked parts summing to the span builder's omni.fifo.blocked_ns exactly, and own parts
+    that are the rest of the wait."""
+    from omnitrace import eventlog
     from omnitrace import spantable as stt
-    ev, rt = linked.load_events(run_dir, {int(k) for k in linked._KINDS["fifo_blocked"]})
-    spans = linked.build_spans(ev, rt)
-    fifo = spans[spans["name"] == stt.N_FIFO]
-    busy = linked.sender_busy(ev, rt.rings)
-    got = []
-    for r in fifo.tolist():
-        rec = dict(zip(stt.SPAN_DTYPE.names, r))
-        b = busy[(int(rt.rings[rec["ring"]]["pid"]), rec["stage"])]
-        got.append(sum(e - s for s, e in linked._overlaps(b, rec["start"], rec["end"], rec["req"], True)))
-    assert len(fifo) > 100 and (fifo["v2"] > 0).sum() > 10
-    assert np.array_equal(np.array(got, np.int64), fifo["v2"])
+    from omnitrace.profile import linked
+    index = linked.SpanIndex.load(os.path.join(run_dir, "profiles", "spans.npz"))
+    log = eventlog.read_event_log(run_dir)  # the span builder on the whole record: the truth
+    builder = stt.SpanBuilder(log.rings)
+    builder.ring_changed()
+    truth = np.concatenate([builder.feed(log.events).spans, builder.flush().spans])
+    truth = truth[truth["name"] == stt.N_FIFO]
+    fifo = index.spans[index.spans["name"] == stt.N_FIFO]
+    order_t = np.lexsort((truth["chunk"], truth["start"], truth["req"], truth["stage"]))
+    order_i = np.lexsort((fifo["start"], fifo["req"], fifo["stage"]))
+    assert len(fifo) == len(truth) > 100
+    truth, fifo = truth[order_t], fifo[order_i]
+    assert np.array_equal(truth["start"], fifo["start"]) and np.array_equal(truth["end"], fifo["end"])
+    si, start, end = linked.blocked_parts(fifo, index.busy_by_sender(), index.threads.pids(fifo["ring"]))
+    got = np.bincount(si, weights=end - start, minlength=len(fifo)).astype(np.int64)
+    own_si, own_a, own_b = linked.own_parts(fifo, si, start, end)
+    own = np.bincount(own_si, weights=own_b - own_a, minlength=len(fifo)).astype(np.int64)
+    assert (truth["v2"] > 0).sum() > 10
+    assert np.array_equal(got, truth["v2"])
+    assert np.array_equal(got + own, fifo["end"] - fifo["start"])  # blocked + own = the wait
 
 
 def test_flame_cli_lists_and_refuses_bad_input(run_dir, tmp_path):

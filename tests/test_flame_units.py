@@ -83,7 +83,7 @@ def test_pyspy_samples_land_on_our_clock(tmp_path):
         spy.stop()
         spy.wait()
     frames = ct.Frames()
-    chunk = ct.parse(spy.path, frames)
+    chunk = ct.parse(os.path.join(cfg.raw_dir, spy.meta()["path"]), frames)  # compressed when done
     flips = np.fromfile(base + ".clock.bin", dtype="<i8")
     cal = ct.calibrate(chunk, frames, proc.pid, flips, clock.PREFIX, clock.K, started)
     assert cal is not None and cal.agreeing >= 0.9 * cal.observations, cal

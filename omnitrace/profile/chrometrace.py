@@ -78,7 +78,11 @@ def _thread_frame(name: str) -> tuple[int, str] | None:
 
 def parse(path: str, frames: Frames) -> Chunk:
     with open(path, "rb") as f:
-        events = orjson.loads(f.read())
+        data = f.read()
+    if path.endswith(".zst"):  # the runner compresses finished chunks
+        import zstandard
+        data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    events = orjson.loads(data)
     if not isinstance(events, list):
         raise ValueError(f"{path}: not a py-spy chrometrace (a JSON list)")
     stacks: dict[int, list[str | tuple]] = {}  # py-spy tid -> open frames (raw)

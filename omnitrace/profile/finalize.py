@@ -246,6 +246,12 @@ def finalize(run_dir: str) -> dict:
         elif runner.get("error"):
             missing["reason"] += "; the pyinstrument fallback wrote no profile either (killed before exit?)"
         index["missing"].append(missing)
+    try:  # what span-linked selections need, read from the event log once
+        from omnitrace.profile import linked
+        linked.build_index(run_dir).save(os.path.join(pdir, linked.INDEX_FILE))
+        index["spans"] = linked.INDEX_FILE
+    except Exception as exc:  # the profiles stand without it; `omnitrace flame` builds it then
+        index.setdefault("notes", []).append(f"span index not written: {type(exc).__name__}: {exc}")
     _write_json(os.path.join(pdir, INDEX), index)
     if not os.environ.get("OMNITRACE_FLAME_KEEP_RAW"):
         shutil.rmtree(raw, ignore_errors=True)

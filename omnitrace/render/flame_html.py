@@ -58,10 +58,10 @@ def _category_graphs(run_dir: str, rep: dict[str, Any]) -> list[str]:
     if not cats:
         return []
     store = linked.profiles_store(run_dir)
-    loaded = linked.load_events(run_dir, set(linked.ALL_KINDS))
+    index = linked.open_index(run_dir)
     out = []
     for cat, sid, label in cats:
-        iv, _ = linked.intervals(run_dir, cat, str(sid), loaded=loaded)
+        iv, _ = linked.intervals(run_dir, cat, str(sid), index=index)
         idx = linked.select(store, iv)
         sub = (f"{len(idx)} samples on the working thread inside {iv.spans} spans' intervals "
                f"({linked.covered_ns(iv) / 1e9:.3f} s)")
