@@ -1,8 +1,8 @@
 """The vLLM-Omni patches on the REAL vLLM-Omni classes (CPU, no model weights).
 
 Each vLLM-Omni version lives in its own venv made by ``scripts/install-vllm-omni.sh``
-(.ci/run makes ``.venv-vllm`` with 0.30.0; ``scripts/vllm-omni-matrix.sh`` also makes
-``.venv-vllm-032`` with 0.32.0rc1). ``tests/vllm_driver.py`` runs in that venv under
+(.ci/run makes ``.venv-vllm`` with 0.30.0 and ``.venv-vllm-032`` with 0.32.0rc1;
+``scripts/vllm-omni-matrix.sh`` adds 0.26.0 and 0.28.0). ``tests/vllm_driver.py`` runs in that venv under
 ``omnitrace run``: a producer adapter (stage 0) and a consumer adapter (stage 1, a spawned
 process) move synthetic 2,500-token-prompt requests through the real
 OmniChunkTransferAdapter and SharedMemoryConnector; we read the run directory.
@@ -166,7 +166,10 @@ def test_chunk_spans_across_producer_and_consumer(venv: Path, tmp_root: Path) ->
             assert prod[cv.SPAN_PUT][cv.ATTR_TRANSFER_BYTES] > 0
             # causal order across the two processes: snapshot < enqueue, put before get ends
             fifo, put, get = prod[cv.SPAN_FIFO], prod[cv.SPAN_PUT], cons[cv.SPAN_GET]
-            assert fifo["start"] <= fifo["end"] <= put["start"] <= put["end"] <= get["end"]
+            assert fifo["start"] <= fifo["end"] <= put["start"] <= put["end"]
+            # the segment exists once the put has written it, before put() returns: the
+            # consumer's get can end before the producer's put does (descheduled after the write)
+            assert put["start"] <= get["end"]
             if snapshots:
                 assert prod[cv.SPAN_SNAPSHOT]["end"] <= fifo["start"]
             # FIFO residence = dequeue - enqueue, checked against the driver's own view:
@@ -176,9 +179,11 @@ def test_chunk_spans_across_producer_and_consumer(venv: Path, tmp_root: Path) ->
             deq = wall(out["dequeues"][ext][chunk])
             tol = 200_000  # 0.2 ms: clock conversion and the two stamps' distance
             assert wall(w0) - tol <= fifo["start"] <= wall(w1) + tol, (fifo, w0, w1)
-            assert deq - tol <= fifo["end"] <= deq + 2_000_000, (fifo["end"], deq)
+            # upper bound: a few of Python's 5 ms thread switch intervals (2 busy cores)
+            late = 20_000_000
+            assert deq - tol <= fifo["end"] <= deq + late, (fifo["end"], deq)
             residence = fifo["end"] - fifo["start"]
-            assert abs(residence - (deq - wall(w0))) <= (w1 - w0) + 2 * tol + 2_000_000
+            assert abs(residence - (deq - wall(w0))) <= (w1 - w0) + 2 * tol + late
     # the consumer process is named and placed like a vLLM-Omni stage process
     cons_res = {s["res"].get("process.executable.name") for s in spans if s["name"] == cv.SPAN_GET}
     assert cons_res == {"StageEngineCoreProc_stage1_replica0"}, cons_res
@@ -236,9 +241,9 @@ def test_unknown_version_warns_once_and_runs_uninstrumented(tmp_path: Path) -> N
 
 @pytest.mark.vllm
 def test_api_server_hook_targets_exist_in_installed_versions() -> None:
-    """The API-server hooks wrap OmniOpenAIServingChat methods; importing that module
-    needs vLLM-Omni's full dependency set (diffusers, a CPU torchvision), which the CPU
-    venv lacks, so check the targets in the installed source instead."""
+    """The API-server hooks wrap OmniOpenAIServingChat methods: their signatures, read from
+    the installed source, so this holds in fast-path venvs too (where the serving layer does
+    not import; tests/test_vllm_api_hooks.py drives the real class where it does)."""
     venvs = _venvs()
     if not venvs:
         pytest.skip("no vLLM-Omni venv")
@@ -384,7 +389,8 @@ def test_vllm_bench_serve_cli_drives_omnitrace_run_serve(venv: Path, tmp_path: P
     assert server.returncode == 0
     result = json.loads((tmp_path / "bench.json").read_text())
     assert (result["completed"], result["failed"]) == (n, 0), result
-    assert result["num_audio_ttfp_samples"] == n and result["mean_audio_ttfp_ms"] > 0
+    if "num_audio_ttfp_samples" in result:  # the client's audio metrics (0.28+ clients)
+        assert result["num_audio_ttfp_samples"] == n and result["mean_audio_ttfp_ms"] > 0
     assert result["total_output_tokens"] == n * 16
     rep = subprocess.run([sys.executable, "-m", "omnitrace", "report", str(run_dir), "--json"],
                          capture_output=True, text=True, timeout=120)

@@ -126,7 +126,7 @@ class StandInOmni:
                                    finish_reason="length" if last else None)
             ro = RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=prompt_ids,
                                prompt_logprobs=None, outputs=[out], finished=last)
-            yield OmniRequestOutput.from_stage_output(ro, stage_id=0, final_output_type="text")
+            yield _omni_output(OmniRequestOutput, ro, 0, "text")
         for k in range(self.audio_packets):
             await asyncio.sleep(self.step_s)
             last = k == self.audio_packets - 1
@@ -137,7 +137,15 @@ class StandInOmni:
             out.multimodal_output = {"audio": wave, "sr": 24000}
             ro = RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=prompt_ids,
                                prompt_logprobs=None, outputs=[out], finished=last)
-            yield OmniRequestOutput.from_stage_output(ro, stage_id=2, final_output_type="audio")
+            yield _omni_output(OmniRequestOutput, ro, 2, "audio")
+
+
+def _omni_output(cls: Any, ro: Any, stage: int, kind: str) -> Any:
+    """What the orchestrator yields for a stage's output (0.28+: ``from_stage_output``;
+    0.26: ``from_pipeline``, the RequestOutput kept inside)."""
+    if hasattr(cls, "from_stage_output"):
+        return cls.from_stage_output(ro, stage_id=stage, final_output_type=kind)
+    return cls.from_pipeline(stage_id=stage, final_output_type=kind, request_output=ro)
 
 
 def build_app(engine: StandInOmni) -> Any:
