@@ -322,6 +322,9 @@ class SpanBuilder:
                 if kind == E.STAGE_ADD:
                     if sg.add is None:
                         sg.add = t
+                        if sg.sched is not None:  # the schedule was fed first (another
+                            # thread's ring drained earlier): the queue span is whole now
+                            self._queue_row(req, stage, replica, sg, R_NONE)
                 elif kind == E.STAGE_SCHEDULE:
                     if sg.sched is None:
                         sg.sched = t

@@ -11,7 +11,7 @@ load runs, the same per-category sums ``omnitrace report`` prints afterwards.
 What it holds is bounded by the requests in flight: chunk spans that begin after a
 request's first packet are dropped as they arrive (attribution never walks them), rows of
 a request not seen arriving within :attr:`UNKNOWN_S` are dropped (counted), a run without
-API hooks holds nothing, and a request is released once the record has moved on past its
+API hooks holds nothing after :attr:`NO_API_S`, and a request is released once the record has moved on past its
 end (:attr:`SETTLE_NS`), so a stage's span drained a moment later still counts.
 """
 from __future__ import annotations
@@ -67,6 +67,7 @@ class AttributionView:
     SETTLE_MAX_S = 10.0
     TOP_CULPRITS = 10
     UNKNOWN_S = 10.0  # rows of a request not seen arriving are dropped after this long
+    NO_API_S = 30.0  # no arrival at all in this long: a run without API hooks
     DONE_MEMORY = 1 << 12  # attributed requests remembered, so their late rows are dropped
 
     def __init__(self, metrics: Metrics, requests: list[str], rings: dict[int, dict]) -> None:
@@ -74,7 +75,8 @@ class AttributionView:
         self.requests = requests
         self.rings = rings
         self.arrived: set[int] = set()
-        self.any_arrival = False  # a run without API hooks has none: nothing to attribute
+        self.any_arrival = False
+        self.started: float | None = None  # the first feed (monotonic)
         self.unknown: dict[int, float] = {}  # held rows, arrival not seen yet: first seen
         self.done: dict[int, None] = {}  # attributed (insertion-ordered, bounded)
         self.ttfp: dict[int, int] = {}  # req -> unix ns of its first audio packet
@@ -92,6 +94,11 @@ class AttributionView:
 
     def feed(self, feed: Feed) -> None:
         now = time.monotonic()
+        if self.started is None:
+            self.started = now
+        # a run without API hooks has no arrivals: after NO_API_S nothing is held any more
+        # (before that, the API's ring may just not be discovered yet: hold)
+        holding = self.any_arrival or now - self.started < self.NO_API_S
         if feed.arrivals:
             self.any_arrival = True
             self.arrived.update(feed.arrivals)
@@ -101,7 +108,7 @@ class AttributionView:
             if kind == cv.Ev.REQUEST_FIRST_AUDIO:
                 self.ttfp[req] = t
         spans = feed.spans
-        if len(spans) and self.any_arrival:
+        if len(spans) and holding:
             reqs = spans["req"].astype(np.int64)
             # the API ring may be drained a little after a stage's: a request's first
             # spans can come before its arrival; they are held UNKNOWN_S for it
@@ -125,7 +132,7 @@ class AttributionView:
                 roots = kept[kept["name"] == stt.N_REQUEST]
                 for req, end in zip(roots["req"].tolist(), roots["end"].tolist()):
                     self.ended.setdefault(req, (now, end))
-        if len(feed.emits) and self.any_arrival:
+        if len(feed.emits) and holding:
             self.emits.append(feed.emits)
         stale = [r for r, t in self.unknown.items() if now - t >= self.UNKNOWN_S]
         if stale:
