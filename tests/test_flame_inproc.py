@@ -79,12 +79,19 @@ def test_no_ptrace_one_line_run_completes_pyinstrument_instead(tmp_path, unprivi
     assert listing.returncode == 0 and listing.stdout.count("MISSING") == 4, listing.stdout
 
 
-def test_api_event_loop_with_pyinstrument(tmp_path):
+def test_api_event_loop_with_pyinstrument_in_the_measured_window(tmp_path):
     d = str(tmp_path / "run")
-    flame_run(d, SMALL, "--snapshot copy", "--flame-api", "pyinstrument")
+    flame_run(d, SMALL, "--snapshot copy", "--flame-api", "pyinstrument", "--flame-window", "measured")
     pdir = os.path.join(d, "profiles")
     with open(os.path.join(pdir, "index.json")) as f:
         index = json.load(f)
+    # --flame-window measured: py-spy's samples are only those of the bench's measured window
+    with open(os.path.join(d, "bench.json")) as f:
+        win = json.load(f)["levels"][0]["measured_window"]
+    from omnitrace.profile.store import Store
+    store = Store.load(os.path.join(pdir, "samples.npz"))
+    assert index["window"] == "measured" and len(store.stretches) > 0
+    assert store.stretches["t"].min() >= win["start_unix_ns"] and store.stretches["end"].max() <= win["end_unix_ns"]
     api = next(p for p in index["profiles"] if p["name"] == "api")
     assert api["tool"] == "py-spy" and api.get("extra") == ["api.pyinstrument"], api
     with open(os.path.join(pdir, "api.pyinstrument.speedscope.json")) as f:

@@ -22,6 +22,7 @@ import pytest
 from report_util import CHROMIUM, CHROMIUM_ARGS
 
 # the seed scenario's shape (c=32, 2,500-token prompts), shorter: 32 requests, 160 tokens
+# 100 Hz (the default is 25): enough samples in a 10-second run
 BENCH = ["--no-progress", "--concurrency", "32", "--num-prompts", "32", "--warmup", "0",
          "--input-len", "2500", "--output-len", "160", "--seed", "3"]
 
@@ -64,7 +65,7 @@ def share(speedscope_path: str, *functions: str) -> tuple[float, float]:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("flame") / "run")
-    r = flame_run(d, BENCH, "--snapshot recursive --shm pool")
+    r = flame_run(d, BENCH, "--snapshot recursive --shm pool", "--flame-rate", "100")
     assert "flame graphs in" in r.stderr and "missing" not in r.stderr, r.stderr[-2000:]
     return d
 

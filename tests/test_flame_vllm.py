@@ -34,7 +34,8 @@ def _share(speedscope: Path, thread_prefix: str, function: str) -> tuple[float, 
 
 
 def _run(venv: Path, run_dir: Path) -> dict:
-    r = subprocess.run([sys.executable, "-m", "omnitrace", "run", "--run-dir", str(run_dir), "--flame", "--",
+    r = subprocess.run([sys.executable, "-m", "omnitrace", "run", "--run-dir", str(run_dir), "--flame",
+                        "--flame-rate", "100", "--",
                         str(venv / "bin" / "python"), str(DRIVER), *ARGS],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -2,14 +2,14 @@
 
 py-spy stamps its samples in microseconds since its own start, an instant nothing else can
 read. This thread cycles through ``K`` functions with distinct names, holding each for a
-random few milliseconds, and notes when each one began on ``perf_counter_ns`` (CLOCK_
+random 10-30 ms, and notes when each one began on ``perf_counter_ns`` (CLOCK_
 MONOTONIC, the clock of omnitrace's event rings). A sample of this thread showing function
 j fell between a switch into j and the next switch; a few hundred samples pin py-spy's
 zero to well under a millisecond (``omnitrace.profile.chrometrace.calibrate``).
 
 The short holds also catch py-spy's late stamps: a sample stamped after the clock had
 moved on is not used to place stacks inside spans (``chrometrace.consistent_rounds``).
-Cost: one wake-up every ~2 ms (a GIL hand-off each), nothing else.
+Cost: one wake-up every ~20 ms (a GIL hand-off each), nothing else.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Any, Callable
 THREAD = "omnitrace-flame-clock"
 PREFIX = "omnitrace_flame_clock_"
 K = 32  # functions in the cycle
-HOLD_S = (0.003, 0.009)  # random holds: no period to alias with py-spy's sampling
+HOLD_S = (0.01, 0.03)  # random holds: no period to alias with py-spy's sampling
 
 
 def _body(flips: Any, hold_s: float) -> None:
@@ -42,7 +42,7 @@ def _named(i: int) -> Callable[[Any, float], None]:
 FUNCS = [_named(i) for i in range(K)]
 
 
-FLUSH_EVERY = 256  # switches (~1.5 s): a process that ends by os._exit (a forked child) loses less
+FLUSH_EVERY = 64  # switches (~1.3 s): a process that ends by os._exit (a forked child) loses less
 
 
 class Clock(threading.Thread):

@@ -13,7 +13,11 @@ import orjson
 MODES = ("nonblocking", "blocking")
 WINDOWS = ("run", "measured")
 API_PROFILERS = ("py-spy", "pyinstrument")
-DEFAULT_RATE = 100
+# samples/s. py-spy spends ~0.8 ms of CPU per sample of a process with ~8 threads
+# (whatever the flags): at 100 Hz, 4 processes take a third of a core, which a 2-core box
+# serving c=32 pays in throughput and TTFP (benchmarks/flame_results.md). 25 Hz is 4x less,
+# and a minute still gives 1,500 samples per thread; raise it where cores are free.
+DEFAULT_RATE = 25
 ENV_FLAME = "OMNITRACE_FLAME"  # FlameConfig JSON, set for the command's processes
 ENV_FLAME_INPROC = "OMNITRACE_FLAME_INPROC"  # "api" (pyinstrument on the API loop) or "all" (fallback)
 ENV_FLAME_SOCKET = "OMNITRACE_FLAME_SOCKET"  # the runner's socket: each process announces itself

@@ -103,7 +103,12 @@ def start() -> None:
         orig(role, *args, **kwargs)
         if role in ("api", "stage") and not _state.get("became"):
             _state["became"] = True
-            _became(role)
+            try:
+                _became(role)
+            except Exception as exc:  # profiling must never break the process it profiles
+                import sys
+                sys.stderr.write(f"omnitrace: warning: flame profiling of this {role} process "
+                                 f"failed, continuing: {type(exc).__name__}: {exc}\n")
 
     record.set_process_info = set_process_info  # type: ignore[assignment]
 
