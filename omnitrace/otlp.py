@@ -89,6 +89,7 @@ class SpanConverter:
         Call with each feed's ``contexts`` before converting its spans."""
         for req, trace, parent in contexts:
             self._ctx[req] = (trace, parent)
+            self._trace[req] = trace  # spans converted before it (rare) keep the derived id
         if len(self._ctx) > self.MAX_CONTEXTS:
             for req in list(self._ctx)[:len(self._ctx) - self.MAX_CONTEXTS]:
                 del self._ctx[req]

@@ -39,6 +39,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def _serve(args: argparse.Namespace, cfg: config.PipelineConfig) -> int:
     loop = asyncio.get_running_loop()
+    # the loop thread's ring now, not at the first request: the agent then knows the API's
+    # ring before any stage records for that request (its arrival and trace context first)
+    record.thread_ring()
     pipeline = Pipeline(cfg, args.snapshot, args.shm)
     pipeline.loop = loop
     # Stage processes inherit a blocked SIGINT (the mask survives exec), so a Ctrl-C while
