@@ -43,18 +43,7 @@ from omnitrace.record import clock_offset_ns
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 120.0
 PREFLIGHT_TIMEOUT_S = 30.0
-PYSPY_NICE = -20
 CUTOVER_S = 0.5  # a rotated process is sampled by both py-spys at least this long
-
-
-def _prompt() -> None:
-    """In py-spy's child before exec: a high CPU weight (its threads inherit it), so it
-    wakes on time and stamps each sample right after reading it even when the pipeline
-    keeps every core busy. Without the right (no CAP_SYS_NICE) it runs as it is."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, PYSPY_NICE)
-    except OSError:
-        pass
 
 
 def _why(text: str, tool: str, code: int | None) -> str:
@@ -95,7 +84,7 @@ class PySpy:
         try:
             with open(self.err_path, "wb") as err:
                 self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                             stderr=err, start_new_session=True, preexec_fn=_prompt)
+                                             stderr=err, start_new_session=True)
         except OSError as exc:
             self.error = f"cannot run {self.cfg.tool!r}: {exc.strerror or exc}"
             return False
