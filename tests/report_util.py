@@ -12,6 +12,12 @@ import yaml
 from omnitrace.runtime import config
 
 CHROMIUM = "/usr/bin/chromium"
+
+
+def chromium() -> str:
+    """Debian's Chromium (Playwright drives it); the test fails naming the package if missing."""
+    from tests.system_deps import need
+    return need("chromium", "chromium", CHROMIUM)
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 

@@ -15,9 +15,14 @@ import pytest
 
 from tests.agent_util import WRITER, clean_env
 from tests.otlp_receiver import free_port
+from tests.system_deps import need
 
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="Debian prometheus not installed")
+PROMETHEUS = shutil.which("prometheus") or "prometheus"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _prometheus_installed():
+    need("prometheus", "prometheus")
 
 
 def _get(url: str, timeout: float = 2.0) -> bytes:

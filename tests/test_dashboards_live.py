@@ -28,11 +28,16 @@ from omnitrace import conventions as cv
 from tests.agent_util import clean_env
 from tests.dashboard_util import prometheus_queries, variable_queries
 from tests.otlp_receiver import Store, free_port, start_grpc
+from tests.system_deps import need
 
-PROMETHEUS = shutil.which("prometheus")
-PROMTOOL = shutil.which("promtool")
-pytestmark = pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None,
-                                reason="Debian prometheus (with promtool) not installed")
+PROMETHEUS = shutil.which("prometheus") or "prometheus"
+PROMTOOL = shutil.which("promtool") or "promtool"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _prometheus_installed():
+    need("prometheus", "prometheus")
+    need("promtool", "prometheus")
 DEADLINE_S = 180  # generous: other work shares the machine; every wait polls
 
 

@@ -15,12 +15,14 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from tests.system_deps import need
+
 from tests.dashboard_util import (DASH_DIR, GRAFANA_DIR, VLLM_METRIC, VLLM_OMNI_ROW, dashboard_files,
                                   load, panels, prometheus_queries)
 
 SCHEMA_DIR = os.path.join(DASH_DIR, "schema-check")
 TSC = os.path.join(SCHEMA_DIR, "node_modules", ".bin", "tsc")
-PROMTOOL = shutil.which("promtool")
+PROMTOOL = shutil.which("promtool") or "promtool"
 PROVISIONING = os.path.join(DASH_DIR, "provisioning")
 COMPOSE = os.path.join(DASH_DIR, "compose.yaml")
 
@@ -81,8 +83,16 @@ def _tsc(tmp_path, dashboards: list[tuple[str, dict]]) -> subprocess.CompletedPr
                           timeout=120, cwd=tmp_path)
 
 
-needs_tsc = pytest.mark.skipif(not os.path.exists(TSC), reason="run `npm ci` in dashboards/schema-check "
-                                                                "(.ci/run does)")
+@pytest.fixture
+def needs_tsc_installed():
+    """Grafana's types and tsc, pinned in dashboards/schema-check (scripts/test.sh runs npm ci)."""
+    if not os.path.exists(TSC):
+        pytest.fail("needs dashboards/schema-check/node_modules: run scripts/test.sh, or "
+                    "npm ci --prefix dashboards/schema-check (npm from the Debian package npm)",
+                    pytrace=False)
+
+
+needs_tsc = pytest.mark.usefixtures("needs_tsc_installed")
 
 
 @needs_tsc
@@ -192,8 +202,8 @@ def test_request_dashboard_opens_a_trace_from_jaeger_or_tempo():
                for _, p in panels(dash) for t in p.get("targets", []))
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="Debian prometheus (promtool) not installed")
 def test_every_query_passes_promtool(tmp_path):
+    need("promtool", "prometheus")
     queries = prometheus_queries()
     rules = {"groups": [{"name": "dashboards", "rules": [
         {"record": f"dash:query_{i}", "expr": q.expr} for i, q in enumerate(queries)]}]}
@@ -266,7 +276,7 @@ def test_compose_and_provisioning_agree_with_omnitrace_defaults(monkeypatch):
     default_port = AgentConfig.__dataclass_fields__["prometheus_port"].default
     default_addr = AgentConfig.__dataclass_fields__["prometheus_addr"].default
     assert f"{default_addr}:{default_port}" in targets
-    if PROMTOOL:
+    if need("promtool", "prometheus"):
         r = subprocess.run([PROMTOOL, "check", "config", prom_cfg_path], capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr

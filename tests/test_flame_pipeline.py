@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from report_util import CHROMIUM, CHROMIUM_ARGS
+from report_util import CHROMIUM_ARGS, chromium
 
 # the seed scenario's shape (c=32, 2,500-token prompts), shorter: 32 requests, 160 tokens
 # 100 Hz (the default is 25): enough samples in a 10-second run
@@ -214,7 +214,7 @@ def test_html_report_embeds_flame_graphs_offline(run_dir, tmp_path):
     assert "http://" not in page_html.split('id="flame"')[1].split("</section>")[0].replace(
         "http://www.w3.org/2000/svg", "")  # nothing to fetch
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1300, "height": 900})
             errors: list[str] = []

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from report_util import CHROMIUM, CHROMIUM_ARGS, report_json, run_pipeline
+from report_util import CHROMIUM_ARGS, chromium, report_json, run_pipeline
 
 N = 16
 
@@ -72,7 +72,7 @@ def test_html_renders_in_chromium(run_dir, tmp_path):
     errors: list[str] = []
     shot = tmp_path / "report.png"
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -179,7 +179,7 @@ def test_waterfall_of_any_request_by_id(run_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "--request no-such-id: not an attributed measured request" in r.stdout
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(html.as_uri())
