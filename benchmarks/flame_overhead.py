@@ -28,16 +28,51 @@ def _env() -> dict:
 
 
 def observer(args: argparse.Namespace) -> str:
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "observer_effect.py"),
-           "--variants", "bare,omnitrace,flame-nb,flame-b", "--rounds", str(args.rounds),
-           "--concurrency", "32", "--num-prompts", str(args.num_prompts), "--input-len", "2500",
-           "--output-len", str(args.output_len)]
-    print("+", " ".join(cmd), file=sys.stderr, flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True, env=_env())
-    sys.stderr.write(r.stderr[-4000:])
-    if r.returncode != 0:
-        raise SystemExit(f"observer_effect.py failed ({r.returncode})")
-    return r.stdout
+    """observer_effect.py's rounds (rotating, alternately reversed order), with the deltas of
+    the --flame variants against both the bare server and omnitrace without --flame (what
+    --flame adds)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import numpy as np
+    import observer_effect as oe
+    variants = ["bare", "omnitrace", "flame-nb", "flame-b"]
+    ns = argparse.Namespace(concurrency=32, num_prompts=args.num_prompts, input_len=2500,
+                            output_len=args.output_len, seed=0, serve="")
+    server, otlp_port, _ = oe._receiver()
+    results: dict[str, list[dict]] = {v: [] for v in variants}
+    try:
+        with tempfile.TemporaryDirectory(prefix="flame-observer-") as work:
+            for rnd in range(args.rounds):
+                order = variants[rnd % 4:] + variants[:rnd % 4]
+                for v in (order[::-1] if rnd % 2 else order):
+                    r = oe.run_one(v, ns, work, otlp_port)
+                    results[v].append(r)
+                    print(f"round {rnd + 1} {v:<10} {r['throughput']:6.2f} req/s  TTFP p50 "
+                          f"{np.percentile(r['ttfp'], 50):7.1f} ms", file=sys.stderr, flush=True)
+    finally:
+        server.stop(0)
+    rng = np.random.default_rng(0)
+    fmt = lambda d: f"{d[0] * 100:+.1f}% [{d[1] * 100:+.1f}, {d[2] * 100:+.1f}]"  # noqa: E731
+    lines = [f"c=32, {args.num_prompts} measured requests, 2500 in / {args.output_len} out, "
+             f"{args.rounds} rounds; deltas: mean over rounds of the paired ratio, 95% bootstrap CI",
+             "", "| variant | req/s (median) | TTFP p50 ms (median) | vs | Δ throughput | Δ TTFP p50 | Δ TTFP p99 |",
+             "|---|---|---|---|---|---|---|"]
+    for v in variants:
+        rs = results[v]
+        med_tp = float(np.median([r["throughput"] for r in rs]))
+        med_p50 = float(np.median([np.percentile(r["ttfp"], 50) for r in rs]))
+        bases = [b for b in ("bare", "omnitrace") if b != v and not (v == "omnitrace" and b == "omnitrace")]
+        if v == "bare":
+            lines.append(f"| bare | {med_tp:.2f} | {med_p50:.0f} | | | | |")
+            continue
+        for b in bases:
+            if v == "omnitrace" and b != "bare":
+                continue
+            pairs = list(zip(rs, results[b]))
+            d_tp = oe._ci(pairs, oe._throughput, rng)
+            d_50 = oe._ci(pairs, oe._pct("ttfp", 50), rng)
+            d_99 = oe._ci(pairs, oe._pct("ttfp", 99), rng)
+            lines.append(f"| {v} | {med_tp:.2f} | {med_p50:.0f} | {b} | {fmt(d_tp)} | {fmt(d_50)} | {fmt(d_99)} |")
+    return "\n".join(lines)
 
 
 def _du(path: str) -> int:
