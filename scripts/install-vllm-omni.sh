@@ -103,6 +103,12 @@ if [ "${VLLM_OMNI_TORCH:-}" != pypi ] && "$vpy" -m pip install -q --dry-run --no
   torch_path=cpu
 fi
 mapfile -t reqarr <<<"$reqs"
+if [ $torch_path = pypi ]; then
+  # PyPI alone: a machine's pip config (local wheel dirs, a torch cap) would mix a local
+  # CPU torch with PyPI's torchvision ("operator torchvision::nms does not exist")
+  export PIP_CONFIG_FILE=/dev/null
+  unset PIP_FIND_LINKS PIP_EXTRA_INDEX_URL PIP_INDEX_URL PIP_CONSTRAINT PIP_NO_INDEX || true
+fi
 if [ $torch_path = cpu ]; then
   pipi "torch==$tv+cpu" "${reqarr[@]}"
 else
