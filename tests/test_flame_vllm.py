@@ -3,10 +3,11 @@ the driver process, a consumer in a spawned ``StageEngineCoreProc_stage1_replica
 
 Must hold (issue 11): both stage processes get profiles named by stage; 0.30's producer
 profile shows the snapshot cost that 0.32 removed. The issue asks for the share of samples
-in ``_snapshot_processor_request`` to drop >= 5x: across runs here it dropped 2.1-7.5x
-(0.30: 34-56%, 0.32: 4-20% of the producer's main thread), because in this driver 0.32's
-flat copy still costs ~0.15 ms per call and the share's denominator (mostly the driver
-waiting) varies between runs; asserted: >= 2x, and 0.30's share >= 20%. vLLM-Omni's hooks record the
+in ``_snapshot_processor_request`` to drop >= 5x: it does not here. Of the producer's
+main-thread samples, 55-59% were in it on 0.30.0 and 21-26% on 0.32.0rc1 (2.2-2.7x less;
+the snapshot spans themselves: ~1.4 ms vs ~0.17 ms per call, 8x): in this driver 0.32's
+copy of a 2,500-token Request still costs ~0.17 ms, and the rest of each save is as cheap.
+Asserted: 0.30's share >= 20% and >= 2x 0.32's. vLLM-Omni's hooks record the
 scheduler's snapshot and enqueue stamps from the save thread, so the scheduler has no ring
 of its own: its samples are found as the main thread (native id = pid).
 """
@@ -17,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from test_vllm_omni import DRIVER, ROOT, _omni_version, _venvs
@@ -24,16 +26,18 @@ from test_vllm_omni import DRIVER, ROOT, _omni_version, _venvs
 ARGS = ["--requests", "32", "--chunks", "32", "--prompt-tokens", "2500"]
 
 
-def _share(speedscope: Path, thread_prefix: str, function: str) -> tuple[float, float]:
-    doc = json.loads(speedscope.read_text())
-    frames = doc["shared"]["frames"]
-    for prof in doc["profiles"]:
-        if prof["name"].startswith(thread_prefix):
-            total = sum(prof["weights"])
-            hit = sum(w for s, w in zip(prof["samples"], prof["weights"])
-                      if any(frames[i]["name"].endswith(function) for i in s))
-            return hit / total, total
-    raise AssertionError(f"no profile {thread_prefix!r} in {speedscope}")
+def _share(run_dir: Path, pid: int, function: str) -> tuple[float, int]:
+    """Share of the samples of the process's main thread (its scheduler) whose stack holds
+    ``function``, and the sample count: what `omnitrace flame RUN --stage 0 --thread
+    scheduler` draws."""
+    from omnitrace.profile.store import Store
+    store = Store.load(str(run_dir / "profiles" / "samples.npz"))
+    mask = (store.stretches["pid"] == pid) & (store.stretches["tid"] == pid)
+    idx, _ = store.samples(mask)
+    hit = np.array([any(store.frames[f][0].endswith(function) for f in store.stacks[s])
+                    for s in range(len(store.stacks))], bool)
+    inside = hit[store.stretches["stack"][idx]]
+    return float(inside.mean()) if len(idx) else 0.0, int(len(idx))
 
 
 def _run(venv: Path, run_dir: Path) -> dict:
@@ -60,15 +64,14 @@ def test_stage_profiles_and_snapshot_share_030_vs_032(tmp_path: Path) -> None:
         assert index["missing"] == []
         assert names["stage1"]["process"] == "StageEngineCoreProc_stage1_replica0"
         pid = names["stage0"]["pid"]
-        by_version[_omni_version(venv)] = _share(run_dir / "profiles" / "stage0.speedscope.json",
-                                                 f"thread MainThread ({pid})", "_snapshot_processor_request")
+        by_version[_omni_version(venv)] = _share(run_dir, pid, "_snapshot_processor_request")
         # the span-linked view agrees: the snapshot spans' samples are in the snapshot
         r = subprocess.run([sys.executable, "-m", "omnitrace", "flame", str(run_dir), "--stage", "0",
                             "--category", "snapshot", "-o", str(run_dir / "snap"), "--json"],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
     for v, (share, ms) in sorted(by_version.items()):
-        print(f"\n{v}: producer scheduler thread {share:.1%} in _snapshot_processor_request ({ms:.0f} ms profiled)")
+        print(f"\n{v}: producer scheduler thread {share:.1%} of {ms} samples in _snapshot_processor_request")
     old = [s for v, (s, _) in by_version.items() if v.startswith("0.30")]
     new = [s for v, (s, _) in by_version.items() if v.startswith("0.32")]
     if not old or not new:
