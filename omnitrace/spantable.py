@@ -218,10 +218,14 @@ class Feed:
 
 class SpanBuilder:
     """Feed events, get spans. ``rings``: ring index -> ring description (pid, replica,
-    process, role, stage), as in the event log's RING blocks; kept current by the caller."""
+    process, role, stage), as in the event log's RING blocks; kept current by the caller.
+    ``culprits``: name each FIFO span's top three blocking requests (by0..by2, the spans'
+    ``omni.fifo.blocked_by``); the report needs only blocked_ns and skips that ranking,
+    which costs a sort over every (span, sender task) overlap."""
 
-    def __init__(self, rings: dict[int, dict] | None = None) -> None:
+    def __init__(self, rings: dict[int, dict] | None = None, culprits: bool = True) -> None:
         self.rings: dict[int, dict] = rings if rings is not None else {}
+        self.culprits = culprits
         self._pids = np.zeros(0, np.int64)
         self._replicas = np.zeros(0, np.int64)
         self._pools = {name: _Pool() for name, _, _ in _PAIRS}
@@ -567,6 +571,8 @@ class SpanBuilder:
             if not len(q):
                 continue
             rows["v2"][sel] = np.bincount(q, weights=ov, minlength=len(sel)).astype(np.int64)
+            if not self.culprits:
+                continue
             # per (span, culprit): overlap sum and first interval (ties keep first seen)
             order = np.lexsort((iv, culprit, q))
             q, culprit, ov, iv = q[order], culprit[order], ov[order], iv[order]

@@ -78,66 +78,129 @@ def sender_busy(chunks: np.ndarray) -> Busy:
     return out
 
 
-def _union_split(pieces: list[tuple[int, int, int]]) -> tuple[float, dict[int, float]]:
-    """Union length of (start, end, culprit) pieces and each culprit's even share of it
-    (a sweep over the pieces' edges; a culprit active twice at once counts once)."""
-    edges = sorted([(s, 1, c) for s, _, c in pieces] + [(e, -1, c) for _, e, c in pieces])
-    active: dict[int, int] = {}
-    share: dict[int, float] = {}
-    total = 0.0
-    prev = edges[0][0] if edges else 0
-    for t, d, c in edges:
-        if t > prev and active:
-            total += t - prev
-            for x in active:
-                share[x] = share.get(x, 0.0) + (t - prev) / len(active)
-        prev = t
-        n = active.get(c, 0) + d
-        if n:
-            active[c] = n
-        else:
-            del active[c]
-    return total, share
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (owner, index) with lo[owner] <= index < hi[owner], without a Python loop."""
+    cnt = np.maximum(hi - lo, 0)
+    owner = np.repeat(np.arange(len(lo)), cnt)
+    index = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo, cnt)
+    return owner, index
+
+
+def _critical_waits(victims: list[Victim], chunks: np.ndarray) -> dict[str, np.ndarray]:
+    """The FIFO waits of every victim's critical-path chunks, clipped to [arrival, first
+    packet]: columns vi (victim index), prod, replica, w0, w1."""
+    fifo = chunks[(chunks["reason"] == 0) & (chunks["name"] == stt.N_FIFO)]
+    key = ((fifo["req"].astype(np.int64) << 32) | ((fifo["stage"].astype(np.int64) + 1) << 16)
+           | (fifo["peer"].astype(np.int64) + 1))
+    order = np.argsort(key, kind="stable")
+    fifo, key = fifo[order], key[order]
+    hops = np.array([(i, v.req, p, c, g, v.arrival, v.first_packet)
+                     for i, v in enumerate(victims) for p, c, g in v.hops], np.int64).reshape(-1, 7)
+    hkey = (hops[:, 1] << 32) | ((hops[:, 2] + 1) << 16) | (hops[:, 3] + 1)
+    h, row = _ranges(np.searchsorted(key, hkey, "left"), np.searchsorted(key, hkey, "right"))
+    f = fifo[row]
+    ok = f["chunk"] <= hops[h, 4]
+    h, f = h[ok], f[ok]
+    w0 = np.maximum(f["start"], hops[h, 5])
+    w1 = np.minimum(f["end"], hops[h, 6])
+    ok = w1 > w0
+    return {"vi": hops[h, 0][ok], "prod": hops[h, 2][ok], "replica": f["replica"][ok].astype(np.int64),
+            "w0": w0[ok], "w1": w1[ok], "req": f["req"][ok].astype(np.int64)}
+
+
+def _pieces(waits: dict[str, np.ndarray], busy: Busy) -> dict[str, np.ndarray]:
+    """Each (critical-path wait, other request's sender task) overlap: vi, start, end,
+    culprit, prod, task (the task's start: identifies it on its sender)."""
+    parts = []
+    skey = (waits["prod"] << 16) | (waits["replica"] & 0xFFFF)
+    for k in np.unique(skey).tolist():
+        snd = busy.get((k >> 16, int(np.int16(k & 0xFFFF))))
+        if snd is None:
+            continue
+        starts, ends, reqs = snd
+        sel = np.flatnonzero(skey == k)
+        w0, w1 = waits["w0"][sel], waits["w1"][sel]
+        q, iv = _ranges(np.searchsorted(ends, w0, "right"), np.searchsorted(starts, w1, "left"))
+        s, e, c = starts[iv], ends[iv], reqs[iv].astype(np.int64)
+        ps, pe = np.maximum(s, w0[q]), np.minimum(e, w1[q])
+        ok = (c != waits["req"][sel][q]) & (pe > ps)
+        parts.append((waits["vi"][sel][q][ok], ps[ok], pe[ok], c[ok], waits["prod"][sel][q][ok], s[ok]))
+    cols = ("vi", "start", "end", "culprit", "prod", "task")
+    if not parts:
+        return {c: np.zeros(0, np.int64) for c in cols}
+    return {c: np.concatenate([p[i] for p in parts]) for i, c in enumerate(cols)}
+
+
+def _union_shares(vi: np.ndarray, culprit: np.ndarray, start: np.ndarray, end: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per victim, the union length of its pieces, and per (victim, culprit) its even
+    share of it: a culprit active twice at once counts once (its pieces are merged first),
+    and a moment when n culprits are active gives each 1/n of it.
+    Returns (wall per victim index, the merged intervals' (victim << 32 | culprit) keys,
+    their shares)."""
+    nv = int(vi.max()) + 1
+    # merge each (victim, culprit)'s pieces into disjoint intervals
+    order = np.lexsort((start, culprit, vi))
+    vi, culprit, start, end = vi[order], culprit[order], start[order], end[order]
+    group = np.ones(len(vi), bool)
+    group[1:] = (vi[1:] != vi[:-1]) | (culprit[1:] != culprit[:-1])
+    gid = np.cumsum(group) - 1
+    # running max of `end` within each group: offset groups apart so one accumulate serves
+    base = np.minimum.reduceat(start, np.flatnonzero(group))[gid]
+    span = int((end - base).max()) + 1
+    if (int(gid[-1]) + 1) * span >= 1 << 62:  # pragma: no cover - would need ~years of waits
+        raise OverflowError("head-of-line: pieces span too long to merge in one pass")
+    shifted = gid * span + (end - base)
+    reach = np.maximum.accumulate(shifted) - gid * span + base  # max end so far in group
+    new = group.copy()
+    new[1:] |= start[1:] > reach[:-1]
+    heads = np.flatnonzero(new)
+    m_vi, m_c, m_s = vi[heads], culprit[heads], start[heads]
+    m_e = np.maximum.reduceat(end, heads)
+    # sweep each victim's edges: active-culprit count, then integral of 1/count
+    n = len(heads)
+    t = np.concatenate((m_s, m_e))
+    d = np.concatenate((np.ones(n, np.int64), -np.ones(n, np.int64)))
+    ev_vi = np.concatenate((m_vi, m_vi))
+    order = np.lexsort((d, t, ev_vi))
+    t, d, ev_vi = t[order], d[order], ev_vi[order]
+    active = np.cumsum(d)  # each victim's edges net to zero: the count restarts per victim
+    length = np.zeros(2 * n, np.float64)
+    length[:-1] = np.where(ev_vi[1:] == ev_vi[:-1], t[1:] - t[:-1], 0)
+    length[active == 0] = 0.0
+    wall = np.bincount(ev_vi, weights=length, minlength=nv)
+    per = np.divide(length, active, out=np.zeros_like(length), where=active > 0)
+    F = np.concatenate(([0.0], np.cumsum(per)))  # F[k]: integral up to edge k
+    pos = np.empty(2 * n, np.int64)
+    pos[order] = np.arange(2 * n)
+    share = F[pos[n:]] - F[pos[:n]]  # each merged interval: from its start edge to its end edge
+    return wall, (m_vi << 32) | m_c, share
 
 
 def blocked(victims: Iterable[Victim], chunks: np.ndarray, busy: Busy | None = None) -> list[Blocked]:
-    """Wall-time head-of-line blocking of each victim (see the module doc)."""
+    """Wall-time head-of-line blocking of each victim (see the module doc), vectorised
+    over all victims (tests/hol_reference.py is the per-victim loop it is tested against)."""
+    victims = list(victims)
+    out = [Blocked(v.req) for v in victims]
+    if not victims or not len(chunks):
+        return out
     if busy is None:
         busy = sender_busy(chunks)
-    fifo = chunks[(chunks["reason"] == 0) & (chunks["name"] == stt.N_FIFO)]
-    fifo = fifo[np.argsort(fifo["req"], kind="stable")]
-    freq = np.ascontiguousarray(fifo["req"])  # a strided field view is copied per searchsorted
-    out = []
-    for v in victims:
-        res = Blocked(v.req)
-        lo, hi = np.searchsorted(freq, [v.req, v.req + 1])
-        mine = fifo[lo:hi]
-        pieces: list[tuple[int, int, int]] = []
-        tasks: set[tuple[int, int]] = set()
-        for prod, cons, gate in v.hops:
-            rows = mine[(mine["stage"] == prod) & (mine["peer"] == cons) & (mine["chunk"] <= gate)]
-            for start, end, replica in zip(rows["start"].tolist(), rows["end"].tolist(),
-                                           rows["replica"].tolist()):
-                w0, w1 = max(start, v.arrival), min(end, v.first_packet)
-                snd = busy.get((prod, replica))
-                if w1 <= w0 or snd is None:
-                    continue
-                starts, ends, reqs = snd
-                a = int(np.searchsorted(ends, w0, "right"))
-                b = int(np.searchsorted(starts, w1, "left"))
-                for s, e, c in zip(starts[a:b].tolist(), ends[a:b].tolist(), reqs[a:b].tolist()):
-                    if c == v.req or min(e, w1) <= max(s, w0):
-                        continue
-                    entry = res.by_culprit.setdefault(c, [0.0, 0, 0])
-                    entry[1] += min(e, w1) - max(s, w0)
-                    res.chunk_ns += min(e, w1) - max(s, w0)
-                    if (prod, s) not in tasks:  # one culprit task may block several chunks
-                        tasks.add((prod, s))
-                        entry[2] += 1
-                    pieces.append((max(s, w0), min(e, w1), c))
-        if pieces:
-            res.wall_ns, share = _union_split(pieces)
-            for c, ns in share.items():
-                res.by_culprit[c][0] = ns
-        out.append(res)
+    p = _pieces(_critical_waits(victims, chunks), busy)
+    if not len(p["vi"]):
+        return out
+    dur = p["end"] - p["start"]
+    chunk_ns = np.bincount(p["vi"], weights=dur, minlength=len(victims))
+    # per (victim, culprit): overlap sum and distinct sender tasks
+    keys, inv = np.unique((p["vi"] << 32) | p["culprit"], return_inverse=True)
+    pair_chunk = np.bincount(inv, weights=dur, minlength=len(keys))
+    tasks = np.unique(np.stack((inv, p["prod"], p["task"]), 1), axis=0)  # a task may block several chunks
+    pair_tasks = np.bincount(tasks[:, 0], minlength=len(keys))
+    wall, merged, shares = _union_shares(p["vi"], p["culprit"], p["start"], p["end"])
+    pair_wall = np.bincount(np.searchsorted(keys, merged), weights=shares, minlength=len(keys))
+    for i in np.flatnonzero(chunk_ns).tolist():
+        out[i].chunk_ns = int(chunk_ns[i])
+        out[i].wall_ns = float(wall[i])
+    for k, w, cn, tk in zip(keys.tolist(), pair_wall.tolist(), pair_chunk.tolist(), pair_tasks.tolist()):
+        out[k >> 32].by_culprit[k & 0xFFFFFFFF] = [w, int(cn), int(tk)]
     return out

@@ -454,7 +454,7 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     run.events += len(log.events)
     died = log.events[log.events["kind"] == cv.Ev.STAGE_DIED]
     run.stage_deaths.extend(zip(died["stage"].tolist(), died["t"].tolist()))
-    builder = SpanBuilder(log.rings)
+    builder = SpanBuilder(log.rings, culprits=False)  # blocked_by: no report reads it
     builder.ring_changed()
     for idx in log.died:
         builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
