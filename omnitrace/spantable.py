@@ -91,7 +91,13 @@ for _k in (*_REQUEST_KINDS, *_STAGE_KINDS, *_CHUNK_KINDS, E.STEP_BEGIN, E.STEP_E
            E.STAGE_DIED):
     _KNOWN[int(_k)] = True
 _EMPTY_EV = np.empty(0, EVENT_DTYPE)
-SENDER_HISTORY = 1 << 14  # busy intervals kept per sender (only very old enqueues need more)
+# Busy intervals a sender keeps: those a FIFO span still to be built may overlap, i.e. ending
+# after the oldest enqueue still waiting for its dequeue, or less than SENDER_LATE_S before
+# the newest event (an enqueue drained late from another ring); at most SENDER_CAP (memory
+# bound, live) -- a one-feed report keeps all of them while it builds its spans.
+SENDER_LATE_S = 10.0
+SENDER_CAP = 1 << 20
+RANK_BATCH = 1 << 22  # (span, task) overlaps ranked at once: ~200 MB of temporaries
 
 
 class _ByKind:
@@ -446,6 +452,7 @@ class SpanBuilder:
                 out.append(self._chunk_rows(name, B[bi], En[ei]))
             pool.begins = np.delete(B, bi) if len(bi) else B
             pool.ends = np.delete(En, ei) if len(ei) else En
+        self._trim_senders()
         # poll lag: producer PUT_END (request, stage, chunk) -> consumer GET_BEGIN
         # (request, b = producer stage, chunk)
         pool = self._poll
@@ -540,15 +547,36 @@ class SpanBuilder:
             snd.starts = np.concatenate((snd.starts, seq["t"][d]))
             snd.ends = np.concatenate((snd.ends, np.maximum(seq["t"][j[done]], seq["t"][d])))
             snd.reqs = np.concatenate((snd.reqs, seq["req"][d]))
-            if len(snd.starts) > 2 * SENDER_HISTORY:
-                snd.starts = snd.starts[-SENDER_HISTORY:]
-                snd.ends = snd.ends[-SENDER_HISTORY:]
-                snd.reqs = snd.reqs[-SENDER_HISTORY:]
         open_ = deq[~done]
         snd.tail = seq[open_[0]:] if len(open_) else _EMPTY_EV
 
+    def _trim_senders(self) -> None:
+        waiting = self._pools[N_FIFO].begins
+        horizon = int(self.last_t.max()) - int(SENDER_LATE_S * 1e9)
+        if len(waiting):
+            horizon = min(horizon, int(waiting["t"].min()))
+        for snd in self.senders.values():
+            keep = max(int(np.searchsorted(snd.ends, horizon, "left")), len(snd.ends) - SENDER_CAP)
+            if keep > 0:
+                snd.starts, snd.ends, snd.reqs = snd.starts[keep:], snd.ends[keep:], snd.reqs[keep:]
+
+    @staticmethod
+    def _busy_before(starts: np.ndarray, ends: np.ndarray, cum: np.ndarray, t: np.ndarray,
+                     lo: np.ndarray | int = 0) -> np.ndarray:
+        """Busy time up to each ``t`` of the disjoint sorted intervals [lo, k) (``cum``: their
+        prefix sums, ``k``: the intervals starting at or before ``t``), less the part of the
+        last one after ``t``."""
+        k = np.searchsorted(starts, t, "right")
+        last = np.maximum(k - 1, 0)
+        past = np.where(k > lo, np.maximum(ends[last] - t, 0), 0)
+        return cum[k] - cum[lo] - past
+
     def _blocked(self, rows: np.ndarray, pids: np.ndarray) -> None:
-        """blocked_ns (v2) and by0..by2 of complete FIFO spans, in place."""
+        """blocked_ns (v2) of complete FIFO spans, in place: the time their sender worked on
+        other requests' tasks while they waited = busy time over [enqueue, dequeue] minus
+        the request's own tasks in it, each from prefix sums over the sender's disjoint
+        intervals (O(log n) per span however many tasks it waited behind). With
+        ``culprits``, also by0..by2: the top three other requests by overlap."""
         skey = (pids << 16) | (rows["stage"].astype(np.int64) + 1)
         for k in np.unique(skey).tolist():
             snd = self.senders.get((k >> 16, (k & 0xFFFF) - 1))
@@ -556,37 +584,86 @@ class SpanBuilder:
                 continue
             sel = np.flatnonzero(skey == k)
             enq, deq, req = rows["start"][sel], rows["end"][sel], rows["req"][sel]
-            lo = np.searchsorted(snd.ends, enq, "right")
-            hi = np.searchsorted(snd.starts, deq, "left")
-            cnt = np.maximum(hi - lo, 0)
-            total = int(cnt.sum())
-            if not total:
-                continue
-            q = np.repeat(np.arange(len(sel)), cnt)
-            iv = np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo, cnt)
-            ov = np.minimum(snd.ends[iv], deq[q]) - np.maximum(snd.starts[iv], enq[q])
-            culprit = snd.reqs[iv]
-            keep = (culprit != req[q]) & (ov > 0)
-            q, ov, culprit, iv = q[keep], ov[keep], culprit[keep], iv[keep]
-            if not len(q):
-                continue
-            rows["v2"][sel] = np.bincount(q, weights=ov, minlength=len(sel)).astype(np.int64)
-            if not self.culprits:
-                continue
-            # per (span, culprit): overlap sum and first interval (ties keep first seen)
-            order = np.lexsort((iv, culprit, q))
-            q, culprit, ov, iv = q[order], culprit[order], ov[order], iv[order]
-            first = np.ones(len(q), bool)
-            first[1:] = (q[1:] != q[:-1]) | (culprit[1:] != culprit[:-1])
-            starts = np.flatnonzero(first)
-            sums = np.add.reduceat(ov, starts)
-            gq, gc, gfirst = q[starts], culprit[starts], iv[starts]
-            order = np.lexsort((gfirst, -sums, gq))
-            gq, gc = gq[order], gc[order]
-            rank = np.arange(len(gq)) - np.searchsorted(gq, gq, "left")
-            for r, col in enumerate(("by0", "by1", "by2")):
-                m = rank == r
-                rows[col][sel[gq[m]]] = gc[m]
+            starts, ends = snd.starts, snd.ends
+            cum = np.concatenate(([0], np.cumsum(ends - starts)))
+            total = self._busy_before(starts, ends, cum, deq) - self._busy_before(starts, ends, cum, enq)
+            # own tasks: the same over the sender's intervals grouped by request; one
+            # searchsorted serves every group by placing group g at g * width
+            order = np.argsort(snd.reqs, kind="stable")
+            g_req = snd.reqs[order]
+            first = np.ones(len(order), bool)
+            first[1:] = g_req[1:] != g_req[:-1]
+            heads = np.flatnonzero(first)
+            base = int(starts[0])
+            width = int(ends.max()) - base + 1
+            if len(heads) * width < (1 << 62):
+                gid = np.cumsum(first) - 1
+                o_s, o_e = starts[order], ends[order]
+                o_cum = np.concatenate(([0], np.cumsum(o_e - o_s)))
+                key = gid * width + (o_s - base)
+                g = np.searchsorted(g_req[heads], req)
+                g = np.minimum(g, len(heads) - 1)
+                has = g_req[heads[g]] == req
+                lo = heads[g]
+
+                def own_before(t: np.ndarray) -> np.ndarray:
+                    q = g * width + (np.clip(t, base, base + width - 1) - base)
+                    kk = np.searchsorted(key, q, "right")
+                    last = np.maximum(kk - 1, 0)
+                    past = np.where(kk > lo, np.maximum(o_e[last] - np.clip(t, base, None), 0), 0)
+                    return o_cum[kk] - o_cum[lo] - past
+
+                own = np.where(has, own_before(deq) - own_before(enq), 0)
+            else:  # pragma: no cover - a sender history spanning decades
+                own = np.zeros(len(sel), np.int64)
+                for i in np.flatnonzero(np.isin(req, snd.reqs)).tolist():
+                    m = snd.reqs == req[i]
+                    own[i] = np.maximum(np.minimum(ends[m], deq[i]) - np.maximum(starts[m], enq[i]), 0).sum()
+            rows["v2"][sel] = total - own
+            if self.culprits:
+                self._rank_culprits(rows, sel, snd)
+
+    @staticmethod
+    def _rank_culprits(rows: np.ndarray, sel: np.ndarray, snd: _Sender) -> None:
+        """by0..by2 of the FIFO spans ``sel``: the other requests whose tasks overlapped
+        their wait, by total overlap (ties: the earliest task first). Enumerates every
+        (span, task) overlap, in batches of at most RANK_BATCH (a deep FIFO makes them
+        quadratic in its depth)."""
+        lo = np.searchsorted(snd.ends, rows["start"][sel], "right")
+        hi = np.searchsorted(snd.starts, rows["end"][sel], "left")
+        cnt = np.maximum(hi - lo, 0)
+        edges = np.searchsorted(np.cumsum(cnt), np.arange(RANK_BATCH, int(cnt.sum()), RANK_BATCH))
+        for part in np.split(np.arange(len(sel)), np.unique(edges)):
+            if len(part) and cnt[part].sum():
+                SpanBuilder._rank_batch(rows, sel[part], lo[part], cnt[part], snd)
+
+    @staticmethod
+    def _rank_batch(rows: np.ndarray, sel: np.ndarray, lo: np.ndarray, cnt: np.ndarray,
+                    snd: _Sender) -> None:
+        enq, deq, req = rows["start"][sel], rows["end"][sel], rows["req"][sel]
+        total = int(cnt.sum())
+        q = np.repeat(np.arange(len(sel)), cnt)
+        iv = np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo, cnt)
+        ov = np.minimum(snd.ends[iv], deq[q]) - np.maximum(snd.starts[iv], enq[q])
+        culprit = snd.reqs[iv]
+        keep = (culprit != req[q]) & (ov > 0)
+        q, ov, culprit, iv = q[keep], ov[keep], culprit[keep], iv[keep]
+        if not len(q):
+            return
+        # per (span, culprit): overlap sum and first interval (ties keep first seen)
+        order = np.lexsort((iv, culprit, q))
+        q, culprit, ov, iv = q[order], culprit[order], ov[order], iv[order]
+        first = np.ones(len(q), bool)
+        first[1:] = (q[1:] != q[:-1]) | (culprit[1:] != culprit[:-1])
+        starts = np.flatnonzero(first)
+        sums = np.add.reduceat(ov, starts)
+        gq, gc, gfirst = q[starts], culprit[starts], iv[starts]
+        order = np.lexsort((gfirst, -sums, gq))
+        gq, gc = gq[order], gc[order]
+        rank = np.arange(len(gq)) - np.searchsorted(gq, gq, "left")
+        for r, col in enumerate(("by0", "by1", "by2")):
+            m = rank == r
+            rows[col][sel[gq[m]]] = gc[m]
 
     # ------------------------------------------------------------------ lifetime
     def tick(self, now: float, grace_s: float = 2.0, ended_timeout_s: float = 30.0,

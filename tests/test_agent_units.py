@@ -238,3 +238,34 @@ def test_orphan_stamps_leave_after_the_idle_timeout():
     out = b.tick(3.0, idle_timeout_s=120.0).spans
     assert [(int(r["req"]), stt.REASONS[r["reason"]]) for r in out] == [(5, "timeout")]
     assert b.state_size()["waiting_stamps"] == 0
+
+
+def _long_wait(n_tasks: int) -> np.ndarray:
+    """Request 1's chunk 1 waits in the thinker's FIFO while the sender sends request 1's
+    chunk 0 (its own task, [100, 105]) and then ``n_tasks`` tasks of request 2 (5 ns each)."""
+    rings = 2
+    rows = [(Ev.FIFO_ENQUEUE, 1, 0, 0, 0, 1, 0, rings), (Ev.FIFO_ENQUEUE, 1, 0, 1, 1, 1, 1, rings),
+            (Ev.FIFO_DEQUEUE, 1, 0, 0, 0, 1, 100, rings), (Ev.PUT_END, 1, 0, 0, 64, 1, 105, rings)]
+    for i in range(n_tasks):
+        rows += [(Ev.FIFO_ENQUEUE, 2, 0, i, 0, 1, 108 + 10 * i, rings), (Ev.FIFO_DEQUEUE, 2, 0, i, 0, 1, 110 + 10 * i, rings),
+                 (Ev.PUT_END, 2, 0, i, 64, 1, 115 + 10 * i, rings)]
+    end = 110 + 10 * n_tasks
+    rows += [(Ev.FIFO_DEQUEUE, 1, 0, 1, 0, 1, end, rings), (Ev.PUT_END, 1, 0, 1, 64, 1, end + 5, rings)]
+    ev = _ev(rows)
+    return ev[np.argsort(ev["t"], kind="stable")]
+
+
+@pytest.mark.parametrize("cuts", [1, 40])
+def test_fifo_blocked_counts_every_task_waited_behind(cuts):
+    """blocked_ns of a FIFO wait behind 40,000 other tasks: all of them, in one feed (the
+    report) as in many (live); the request's own task in the wait is not blocking."""
+    rings = dict(RINGS)
+    rings[2] = {"pid": 2, "replica": 0, "role": "stage", "stage": 0, "process": "thinker"}
+    b = stt.SpanBuilder(rings)
+    b.ring_changed()
+    spans = [b.feed(part).spans for part in np.array_split(_long_wait(40_000), cuts)]
+    spans.append(b.flush().spans)
+    s = np.concatenate(spans)
+    (fifo,) = s[(s["name"] == stt.N_FIFO) & (s["req"] == 1) & (s["chunk"] == 1)]
+    assert fifo["v2"] == 40_000 * 5
+    assert fifo["by0"] == 2 and fifo["by1"] == 0
