@@ -405,7 +405,7 @@ def add_chunks(run: Run, table, requests: list[str]) -> None:
     import numpy as np
 
     from omnitrace import spantable as stt
-    rows = table[table["name"] >= stt.N_SNAPSHOT].copy()
+    rows = table[table["name"] >= stt.N_SNAPSHOT]  # a copy already: remapped in place
     index = {r: i for i, r in enumerate(run.chunk_requests)}
     remap = np.zeros(len(requests), np.uint32)
     for i, r in enumerate(requests):
@@ -414,8 +414,9 @@ def add_chunks(run: Run, table, requests: list[str]) -> None:
             j = index[r] = len(run.chunk_requests)
             run.chunk_requests.append(r)
         remap[i] = j
-    for col in ("req", "by0", "by1", "by2"):
-        rows[col] = remap[rows[col].astype(np.int64)]
+    if not np.array_equal(remap, np.arange(len(requests))):  # the first run: ids unchanged
+        for col in ("req", "by0", "by1", "by2"):
+            rows[col] = remap[rows[col].astype(np.int64)]
     run.chunks = rows if run.chunks is None else np.concatenate((run.chunks, rows))
 
 

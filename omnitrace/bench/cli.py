@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import os
 import random
+import signal
 import sys
 import time
 from typing import Any
@@ -126,13 +127,35 @@ def _print_summary(levels: list[LevelResult]) -> None:
 
 
 def _run_interruptible(coro, grace_s: float = 2.0):
-    """asyncio.run, except that Ctrl-C gives the cancelled requests ``grace_s`` to wind
-    down and then returns: asyncio.run waits for every task, and with thousands of
-    requests queued and the server gone it could wait for minutes."""
+    """asyncio.run, except that Ctrl-C cancels the run and gives the cancelled requests
+    ``grace_s`` to wind down, then raises KeyboardInterrupt: asyncio.run waits for every
+    task, and with thousands of requests queued and the server gone it could wait for
+    minutes. SIGINT cancels the main task from a loop signal handler rather than raising
+    KeyboardInterrupt inside whichever request task runs (that task would die with it and
+    asyncio would print its traceback)."""
     loop = asyncio.new_event_loop()
     task = loop.create_task(coro)
+    interrupted = False
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        interrupted = True
+        task.cancel()
+
     try:
-        return loop.run_until_complete(task)
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        pass
+    try:
+        try:
+            result = loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            if not interrupted:
+                raise
+            raise KeyboardInterrupt from None
+        if interrupted:  # the coroutine absorbed the cancellation
+            raise KeyboardInterrupt
+        return result
     except KeyboardInterrupt:
         pending = asyncio.all_tasks(loop)
         for t in pending:
@@ -142,8 +165,15 @@ def _run_interruptible(coro, grace_s: float = 2.0):
                 loop.run_until_complete(asyncio.wait(pending, timeout=grace_s))
             except BaseException:
                 pass
+        for t in pending:  # retrieved: asyncio would log each as never retrieved
+            if t.done() and not t.cancelled():
+                t.exception()
         raise
     finally:
+        try:
+            loop.remove_signal_handler(signal.SIGINT)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
         try:
             loop.run_until_complete(loop.shutdown_asyncgens())
         except BaseException:
