@@ -231,14 +231,37 @@ def _blocks(path: str, last: bool, log: EventLog) -> Iterator[tuple[int, int, me
 
 def read_event_log(run_dir: str) -> EventLog | None:
     """Decode every segment of ``run_dir`` in order; None if it has no event log (an
-    ``events/`` folder without segments is a run that recorded no event: an empty log)."""
+    ``events/`` folder without segments is a run that recorded no event: an empty log).
+    ``events`` holds each ring's events together, rings in order of first appearance."""
+    stream = stream_event_log(run_dir)
+    if stream is None:
+        return None
+    log, parts = stream
+    per_ring: dict[int, list[np.ndarray]] = {}
+    for ev in parts:
+        for idx in dict.fromkeys(ev["ring"].tolist()) if len(ev) else ():
+            per_ring.setdefault(idx, []).append(ev[ev["ring"] == idx])
+    arrays = [np.concatenate(p) if len(p) > 1 else p[0] for p in per_ring.values()]
+    log.events = np.concatenate(arrays) if arrays else np.empty(0, EVENT_DTYPE)
+    return log
+
+
+def stream_event_log(run_dir: str) -> tuple[EventLog, Iterator[np.ndarray]] | None:
+    """(log, iterator of each segment's events): the segments decoded one at a time, so a
+    reader holds one segment's events at once. ``log``'s rings, request ids, deaths and
+    counters fill in as the iterator advances (complete once it is exhausted); its
+    ``events`` stays empty. None if the run has no event log."""
     if not os.path.isdir(os.path.join(run_dir, DIR)):
         return None
     paths = segments(run_dir)
     log = EventLog(segments=len(paths))
+    return log, _segment_events(paths, log)
+
+
+def _segment_events(paths: list[str], log: EventLog) -> Iterator[np.ndarray]:
     decoders: dict[int, record.SlotDecoder] = {}
-    parts: dict[int, list[np.ndarray]] = {}
     for i, path in enumerate(paths):
+        parts: list[np.ndarray] = []
         for kind, idx, payload in _blocks(path, i == len(paths) - 1, log):
             if kind == RECORDS:
                 dec = decoders.get(idx)
@@ -246,7 +269,7 @@ def read_event_log(run_dir: str) -> EventLog | None:
                     dec = decoders[idx] = record.SlotDecoder(log.requests)
                 rec = dec.decode(payload)
                 if len(rec):
-                    parts.setdefault(idx, []).append(rec)
+                    parts.append(to_events(rec, idx, log.offset_ns))
                 continue
             try:
                 obj = orjson.loads(payload) if kind != DIED else None
@@ -264,12 +287,7 @@ def read_event_log(run_dir: str) -> EventLog | None:
                 dec.load_table({int(k): v for k, v in obj.items()})
             elif kind == DIED:
                 log.died.add(idx)
-    arrays = []
-    for idx, recs in parts.items():
-        rec = np.concatenate(recs) if len(recs) > 1 else recs[0]
-        arrays.append(to_events(rec, idx, log.offset_ns))
-    log.events = np.concatenate(arrays) if arrays else np.empty(0, EVENT_DTYPE)
-    return log
+        yield np.concatenate(parts) if parts else np.empty(0, EVENT_DTYPE)
 
 
 def to_events(rec: np.ndarray, ring: int, offset_ns: int) -> np.ndarray:

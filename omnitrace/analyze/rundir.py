@@ -442,28 +442,37 @@ def chunk_table(spans: list[Span]) -> tuple[Any, list[str]]:
 
 def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset()) -> bool:
     """Append the spans built from one run directory's event log; False if it has none."""
+    import numpy as np
+
     from omnitrace import eventlog
     from omnitrace.spantable import SpanBuilder
+    stream = eventlog.stream_event_log(path)
+    if stream is None:
+        return False
+    log, segments = stream
+    # one segment's events at a time, fed as the agent fed them live (the builder is
+    # incremental): the whole run's decoded events are never held at once
+    builder = SpanBuilder(log.rings, culprits=False)  # blocked_by: no report reads it
+    feeds, died = [], []
     try:
-        log = eventlog.read_event_log(path)
+        for ev in segments:
+            builder.ring_changed()  # a segment may add rings or re-describe one (new writer)
+            run.events += len(ev)
+            d = ev[ev["kind"] == cv.Ev.STAGE_DIED]
+            died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
+            feeds.append(builder.feed(ev))
     except eventlog.EventLogError as exc:
         raise RunDirError(str(exc)) from None
-    if log is None:
-        return False
     run.warnings.extend(f"{label}{w}" for w in log.warnings)
     run.torn_records += log.torn_records
-    run.events += len(log.events)
-    died = log.events[log.events["kind"] == cv.Ev.STAGE_DIED]
-    run.stage_deaths.extend(zip(died["stage"].tolist(), died["t"].tolist()))
-    builder = SpanBuilder(log.rings, culprits=False)  # blocked_by: no report reads it
+    run.stage_deaths.extend(sorted(died, key=lambda x: x[1]))
     builder.ring_changed()
     for idx in log.died:
         builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
-    import numpy as np
-    feeds = [builder.feed(log.events), builder.flush()]
+    feeds.append(builder.flush())
     table = np.concatenate([f.spans for f in feeds])
     emits = np.concatenate([f.emits for f in feeds])
-    del feeds, log.events
+    del feeds
     spans, skipped = spans_from_table(table, emits, log.requests.strings, log.rings, skip,
                                       chunks_before_ttfp=True)
     run.spans.extend(spans)
