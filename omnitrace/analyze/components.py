@@ -20,8 +20,9 @@ def select(chunks: Any, chunk_requests: list[str], ids: set[str]) -> np.ndarray:
     """Rows of the requests in ``ids``."""
     if chunks is None or not len(chunks):
         return np.zeros(0, stt.SPAN_DTYPE)
-    want = np.array([i for i, r in enumerate(chunk_requests) if r in ids], np.int64)
-    return chunks[np.isin(chunks["req"], want)]
+    member = np.fromiter((r in ids for r in chunk_requests), bool, len(chunk_requests))
+    keep = member[chunks["req"]]
+    return chunks if keep.all() else chunks[keep]  # all measured (no warm-up): no copy
 
 
 def incomplete(C: np.ndarray) -> dict[str, int]:
@@ -74,18 +75,26 @@ def residence_hist(dur_ns: np.ndarray) -> dict[str, Any]:
     return {"edges_ms": RESIDENCE_EDGES_MS.tolist(), "counts": counts.tolist()}
 
 
+def _columns(C: np.ndarray, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The complete spans' columns, each contiguous: masks over a structured table's
+    strided fields, repeated per stage, cost more than copying the few columns once."""
+    ok = C["reason"] == 0
+    return {n: C[n][ok] for n in names}
+
+
 def figures(C: np.ndarray, label: Callable[[int], str]) -> tuple[list, list, list]:
     """(fifo, snapshot, transfer) rows of the report."""
-    C = C[C["reason"] == 0]
-    dur = C["end"] - C["start"]
+    c = _columns(C, ("name", "stage", "peer", "start", "end", "v1", "v2"))
+    name, stage = c["name"], c["stage"]
     fifo = []
-    F = C["name"] == stt.N_FIFO
-    for st in np.unique(C["stage"][F]).tolist():
-        m = F & (C["stage"] == st)
-        d = dur[m]
+    F = np.flatnonzero(name == stt.N_FIFO)
+    f_stage = stage[F]
+    for st in np.unique(f_stage).tolist():
+        m = F[f_stage == st]
+        d = c["end"][m] - c["start"][m]
         res = summary(d, NS_TO_MS)
-        blk = summary(np.minimum(C["v2"][m], d), NS_TO_MS)
-        depth = C["v1"][m] + 1
+        blk = summary(np.minimum(c["v2"][m], d), NS_TO_MS)
+        depth = c["v1"][m] + 1
         depth = depth[depth >= 0]
         fifo.append({"stage": label(st), "stage_id": st, "count": res["count"],
                      "residence_p50_ms": res["p50"], "residence_p99_ms": res["p99"],
@@ -95,23 +104,26 @@ def figures(C: np.ndarray, label: Callable[[int], str]) -> tuple[list, list, lis
                      "depth_max": int(depth.max()) if len(depth) else None,
                      "residence_hist": residence_hist(d)})
     snapshot = []
-    S = C["name"] == stt.N_SNAPSHOT
-    for st in np.unique(C["stage"][S]).tolist():
-        sm = summary(dur[S & (C["stage"] == st)], NS_TO_US)
+    S = np.flatnonzero(name == stt.N_SNAPSHOT)
+    s_stage = stage[S]
+    for st in np.unique(s_stage).tolist():
+        m = S[s_stage == st]
+        sm = summary(c["end"][m] - c["start"][m], NS_TO_US)
         snapshot.append({"stage": label(st), "stage_id": st, "count": sm["count"],
                          "mean_us": sm["mean"], "p50_us": sm["p50"], "p99_us": sm["p99"],
                          "max_us": sm["max"]})
-    P, G = C["name"] == stt.N_PUT, C["name"] == stt.N_GET
-    producer = np.where(P, C["stage"], C["peer"])
-    consumer = np.where(P, C["peer"], C["stage"])
+    X = np.flatnonzero((name == stt.N_PUT) | (name == stt.N_GET))
+    put = name[X] == stt.N_PUT
+    producer = np.where(put, stage[X], c["peer"][X])
+    consumer = np.where(put, c["peer"][X], stage[X])
+    dur, nb = c["end"][X] - c["start"][X], c["v1"][X]
     transfer = []
-    pairs = sorted({(p, c) for p, c in zip(producer[P | G].tolist(), consumer[P | G].tolist())})
-    for p, c in pairs:
-        row: dict[str, Any] = {"pair": cv.stage_pair(p, c)}
-        for sel, tag in ((P, "put"), (G, "get")):
-            m = sel & (producer == p) & (consumer == c)
+    for p, q in sorted(set(zip(producer.tolist(), consumer.tolist()))):
+        row: dict[str, Any] = {"pair": cv.stage_pair(p, q)}
+        for sel, tag in ((put, "put"), (~put, "get")):
+            m = sel & (producer == p) & (consumer == q)
             sm = summary(dur[m], NS_TO_US)
-            nbytes, total = int(C["v1"][m].sum()), int(dur[m].sum())
+            nbytes, total = int(nb[m].sum()), int(dur[m].sum())
             n = int(m.sum())
             row[tag] = {"count": sm["count"], "p50_us": sm["p50"], "p99_us": sm["p99"],
                         "mean_bytes": nbytes / n if n else 0.0,
