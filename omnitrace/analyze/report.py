@@ -76,7 +76,7 @@ def _first_seen(run: Run, reqs: dict[str, at.RequestSpans]) -> dict[str, int]:
     C = run.chunks
     if C is not None and len(C):
         first = np.full(len(run.chunk_requests), np.iinfo(np.int64).max, np.int64)
-        np.minimum.at(first, C["req"].astype(np.int64), C["start"])
+        np.minimum.at(first, C["req"].astype(np.int64), np.ascontiguousarray(C["start"]))  # fast path
         for i, rid in enumerate(run.chunk_requests):
             if i and rid not in out and first[i] != np.iinfo(np.int64).max:
                 out[rid] = int(first[i])
@@ -279,7 +279,8 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
             warnings.append(f"--request {rid}: not an attributed measured request (no waterfall)")
             continue
         i = cidx.get(rid, -1)
-        lo, hi = np.searchsorted(sorted_req, [i, i + 1]) if i >= 0 else (0, 0)
+        # keys of the array's dtype: int64 keys would convert the whole array per call
+        lo, hi = np.searchsorted(sorted_req, np.array([i, i + 1], sorted_req.dtype)) if i >= 0 else (0, 0)
         wfs.append(waterfall.build(a, reqs[rid], all_chunks[order[lo:hi]], busy, run.chunk_requests,
                                    label, i))
 
