@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 from typing import Any
@@ -36,6 +37,15 @@ POOL_RE = re.compile(r"^ortpool(\d+)@")  # omnitrace.runtime.shm.pool_slot_name
 CHUNK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}_\d+_\d+$")
 ENV_PREFIX = "OMNITRACE_"
 GRACE_S = 2.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the processes the tests start. A suite started in the background by a
+    non-interactive shell (`cmd &`, as CI runners may) inherits SIGINT *ignored*, and an
+    ignored signal stays ignored across exec: every Ctrl-C test would then test nothing
+    (seen: a bench that never stopped). A handled signal is reset to its default on exec,
+    so handling it here gives each child Python's KeyboardInterrupt back."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # --------------------------------------------------------------------------- shm
