@@ -140,6 +140,15 @@ def _key(req: np.ndarray, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:
             | (chunk.astype(np.int64) + 1))
 
 
+def expand_ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (owner, index) with lo[owner] <= index < hi[owner], without a Python loop:
+    e.g. each FIFO wait against each sender task it overlapped."""
+    cnt = np.maximum(hi - lo, 0)
+    owner = np.repeat(np.arange(len(lo)), cnt)
+    index = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo, cnt)
+    return owner, index
+
+
 def match(bkey: np.ndarray, bt: np.ndarray, ekey: np.ndarray, et: np.ndarray
           ) -> tuple[np.ndarray, np.ndarray]:
     """Pair the k-th begin of each key (by time) with the k-th end of that key.
@@ -643,9 +652,7 @@ class SpanBuilder:
     def _rank_batch(rows: np.ndarray, sel: np.ndarray, lo: np.ndarray, cnt: np.ndarray,
                     snd: _Sender) -> None:
         enq, deq, req = rows["start"][sel], rows["end"][sel], rows["req"][sel]
-        total = int(cnt.sum())
-        q = np.repeat(np.arange(len(sel)), cnt)
-        iv = np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo, cnt)
+        q, iv = expand_ranges(lo, lo + cnt)
         ov = np.minimum(snd.ends[iv], deq[q]) - np.maximum(snd.starts[iv], enq[q])
         culprit = snd.reqs[iv]
         keep = (culprit != req[q]) & (ov > 0)

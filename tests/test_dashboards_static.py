@@ -323,7 +323,7 @@ def test_compose_and_provisioning_agree_with_omnitrace_defaults(monkeypatch):
     assert _port(by_type["jaeger"]["url"]) == _published(services["jaeger"])[16686]
     assert _port(by_type["tempo"]["url"]) == _published(services["tempo"])[
         _yaml(mounted("tempo", "/etc/tempo.yaml"))["server"]["http_listen_port"]]
-    uids = {d["uid"] for d in ds}
+    assert len({d["uid"] for d in ds}) == len(ds)  # datasource uids are unique
     dests = by_type["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
     assert {d["datasourceUid"] for d in dests if "datasourceUid" in d} == {by_type["jaeger"]["uid"],
                                                                           by_type["tempo"]["uid"]}

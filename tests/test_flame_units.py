@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 import xml.etree.ElementTree as ET
 
 import numpy as np

@@ -6,7 +6,6 @@ would (capture-pane), then quits with `q` and with Ctrl-C and checks the exit st
 """
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess

@@ -30,7 +30,6 @@ import os
 import socket
 import sys
 import time
-from types import SimpleNamespace
 from typing import Any, AsyncIterator
 
 WORDS = ["hello", "omni", "world"] + [f"w{i}" for i in range(64)]

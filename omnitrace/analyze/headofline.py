@@ -78,14 +78,6 @@ def sender_busy(chunks: np.ndarray) -> Busy:
     return out
 
 
-def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every (owner, index) with lo[owner] <= index < hi[owner], without a Python loop."""
-    cnt = np.maximum(hi - lo, 0)
-    owner = np.repeat(np.arange(len(lo)), cnt)
-    index = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo, cnt)
-    return owner, index
-
-
 def _critical_waits(victims: list[Victim], chunks: np.ndarray) -> dict[str, np.ndarray]:
     """The FIFO waits of every victim's critical-path chunks, clipped to [arrival, first
     packet]: columns vi (victim index), prod, replica, w0, w1."""
@@ -97,7 +89,7 @@ def _critical_waits(victims: list[Victim], chunks: np.ndarray) -> dict[str, np.n
     hops = np.array([(i, v.req, p, c, g, v.arrival, v.first_packet)
                      for i, v in enumerate(victims) for p, c, g in v.hops], np.int64).reshape(-1, 7)
     hkey = (hops[:, 1] << 32) | ((hops[:, 2] + 1) << 16) | (hops[:, 3] + 1)
-    h, row = _ranges(np.searchsorted(key, hkey, "left"), np.searchsorted(key, hkey, "right"))
+    h, row = stt.expand_ranges(np.searchsorted(key, hkey, "left"), np.searchsorted(key, hkey, "right"))
     f = fifo[row]
     ok = f["chunk"] <= hops[h, 4]
     h, f = h[ok], f[ok]
@@ -120,7 +112,7 @@ def _pieces(waits: dict[str, np.ndarray], busy: Busy) -> dict[str, np.ndarray]:
         starts, ends, reqs = snd
         sel = np.flatnonzero(skey == k)
         w0, w1 = waits["w0"][sel], waits["w1"][sel]
-        q, iv = _ranges(np.searchsorted(ends, w0, "right"), np.searchsorted(starts, w1, "left"))
+        q, iv = stt.expand_ranges(np.searchsorted(ends, w0, "right"), np.searchsorted(starts, w1, "left"))
         s, e, c = starts[iv], ends[iv], reqs[iv].astype(np.int64)
         ps, pe = np.maximum(s, w0[q]), np.minimum(e, w1[q])
         ok = (c != waits["req"][sel][q]) & (pe > ps)

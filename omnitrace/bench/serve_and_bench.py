@@ -11,7 +11,6 @@ Everything after ``--`` goes to `omnitrace bench` (``--base-url`` is filled in).
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import signal
 import socket

@@ -305,9 +305,7 @@ def blocked_parts(fifo: np.ndarray, busy: dict[tuple[int, int], np.ndarray], pid
         enq, deq, req = fifo["start"][sel], fifo["end"][sel], fifo["req"][sel]
         lo = np.searchsorted(b[:, 1], enq, "right")
         hi = np.searchsorted(b[:, 0], deq, "left")
-        cnt = np.maximum(hi - lo, 0)
-        q = np.repeat(np.arange(len(sel)), cnt)
-        iv = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo, cnt)
+        q, iv = stt.expand_ranges(lo, hi)
         start = np.maximum(b[iv, 0], enq[q])
         end = np.minimum(b[iv, 1], deq[q])
         keep = (b[iv, 2] != req[q]) & (end > start)

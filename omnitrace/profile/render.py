@@ -96,7 +96,7 @@ def svg(stacks: Collapsed, title: str, subtitle: str = "", width: int = 1200,
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="omnitrace-flame" width="{width}" '
            f'height="{height}" viewBox="0 0 {width} {height}" font-family="Verdana,sans-serif" '
            f'font-size="11" data-total-s="{root.total:.6f}">',
-           f'<rect width="100%" height="100%" fill="#fafafa"/>',
+           '<rect width="100%" height="100%" fill="#fafafa"/>',
            f'<text x="{width / 2}" y="18" text-anchor="middle" font-size="15">{html.escape(title)}</text>',
            f'<text x="{width / 2}" y="34" text-anchor="middle" fill="#555">{html.escape(subtitle)}</text>']
     if not rects:
