@@ -194,6 +194,10 @@ def test_guard_fails_each_kind_of_leak_and_cleans_it_up(tmp_path: Path) -> None:
             bad = [e for e in case if e.tag in ("failure", "error")]
             got[case.get("name")] = "\n".join((e.get("message") or "") + (e.text or "") for e in bad) or None
         assert set(got) == set(expected), (got, proc.stdout[-3000:])
+        if _foreign_pipeline_running() != foreign:
+            # another pipeline started or stopped while the inner session ran: the guard
+            # judged the chunk segment by what it saw at that test's teardown, either way right
+            expected.pop("test_chunk_leak")
         for name, want in expected.items():
             if not want:
                 assert got[name] is None, (name, got[name])
