@@ -264,8 +264,10 @@ def verdicts(res: dict, min_share: float = 0.05) -> list[str]:
             continue
         pct = lambda x: 100.0 * x / base  # noqa: E731
         name = "TTFP" if r["category"] == "ttfp" else f"{r['stage']} {r['category']}"
+        a, b = r["a_ms"], r["b_ms"]
+        factor = (f", {a / b:.1f}x less" if a > b else f", {b / a:.1f}x more") if a > 0 and b > 0 else ""
         out.append(f"{name} {pct(r['delta_ms']):+.0f}% [{pct(r['ci_low_ms']):+.0f}, {pct(r['ci_high_ms']):+.0f}]"
-                   f"  ({r['a_ms']:.2f} -> {r['b_ms']:.2f} ms per request)")
+                   f"  ({a:.2f} -> {b:.2f} ms per request{factor})")
     return out
 
 
