@@ -572,12 +572,12 @@ class SpanBuilder:
                 snd.starts, snd.ends, snd.reqs = snd.starts[keep:], snd.ends[keep:], snd.reqs[keep:]
 
     @staticmethod
-    def _busy_before(starts: np.ndarray, ends: np.ndarray, cum: np.ndarray, t: np.ndarray,
-                     lo: np.ndarray | int = 0) -> np.ndarray:
-        """Busy time up to each ``t`` of the disjoint sorted intervals [lo, k) (``cum``: their
-        prefix sums, ``k``: the intervals starting at or before ``t``), less the part of the
-        last one after ``t``."""
-        k = np.searchsorted(starts, t, "right")
+    def _busy_before(keys: np.ndarray, ends: np.ndarray, cum: np.ndarray, qkeys: np.ndarray,
+                     t: np.ndarray, lo: np.ndarray | int = 0) -> np.ndarray:
+        """Busy time before each ``t`` of disjoint time-sorted intervals [lo, k): ``keys``
+        order their starts and ``qkeys`` the times alike (``k``: those starting at or before
+        ``t``), ``cum`` their prefix sums; less the part of the last one after ``t``."""
+        k = np.searchsorted(keys, qkeys, "right")
         last = np.maximum(k - 1, 0)
         past = np.where(k > lo, np.maximum(ends[last] - t, 0), 0)
         return cum[k] - cum[lo] - past
@@ -596,40 +596,29 @@ class SpanBuilder:
             sel = np.flatnonzero(skey == k)
             enq, deq, req = rows["start"][sel], rows["end"][sel], rows["req"][sel]
             starts, ends = snd.starts, snd.ends
+            busy = self._busy_before
             cum = np.concatenate(([0], np.cumsum(ends - starts)))
-            total = self._busy_before(starts, ends, cum, deq) - self._busy_before(starts, ends, cum, enq)
-            # own tasks: the same over the sender's intervals grouped by request; one
-            # searchsorted serves every group by placing group g at g * width
+            total = busy(starts, ends, cum, deq, deq) - busy(starts, ends, cum, enq, enq)
+            # own tasks: the same over the intervals grouped by request (stable: each group
+            # stays time-sorted); a time's rank among all starts stands in for it (monotone,
+            # <= n), so keys (group, rank) make one searchsorted serve every group
+            n = len(starts)
             order = np.argsort(snd.reqs, kind="stable")
             g_req = snd.reqs[order]
-            first = np.ones(len(order), bool)
+            first = np.ones(n, bool)
             first[1:] = g_req[1:] != g_req[:-1]
             heads = np.flatnonzero(first)
-            base = int(starts[0])
-            width = int(ends.max()) - base + 1
-            if len(heads) * width < (1 << 62):
-                gid = np.cumsum(first) - 1
-                o_s, o_e = starts[order], ends[order]
-                o_cum = np.concatenate(([0], np.cumsum(o_e - o_s)))
-                key = gid * width + (o_s - base)
-                g = np.searchsorted(g_req[heads], req)
-                g = np.minimum(g, len(heads) - 1)
-                has = g_req[heads[g]] == req
-                lo = heads[g]
+            o_s, o_e = starts[order], ends[order]
+            o_cum = np.concatenate(([0], np.cumsum(o_e - o_s)))
+            keys = (np.cumsum(first) - 1) * (n + 1) + np.searchsorted(starts, o_s, "right")
+            g = np.minimum(np.searchsorted(g_req[heads], req), len(heads) - 1)
+            has, lo = g_req[heads[g]] == req, heads[g]
 
-                def own_before(t: np.ndarray) -> np.ndarray:
-                    q = g * width + (np.clip(t, base, base + width - 1) - base)
-                    kk = np.searchsorted(key, q, "right")
-                    last = np.maximum(kk - 1, 0)
-                    past = np.where(kk > lo, np.maximum(o_e[last] - np.clip(t, base, None), 0), 0)
-                    return o_cum[kk] - o_cum[lo] - past
+            def own_before(t: np.ndarray) -> np.ndarray:
+                q = g * (n + 1) + np.searchsorted(starts, t, "right")
+                return busy(keys, o_e, o_cum, q, t, lo)
 
-                own = np.where(has, own_before(deq) - own_before(enq), 0)
-            else:  # pragma: no cover - a sender history spanning decades
-                own = np.zeros(len(sel), np.int64)
-                for i in np.flatnonzero(np.isin(req, snd.reqs)).tolist():
-                    m = snd.reqs == req[i]
-                    own[i] = np.maximum(np.minimum(ends[m], deq[i]) - np.maximum(starts[m], enq[i]), 0).sum()
+            own = np.where(has, own_before(deq) - own_before(enq), 0)
             rows["v2"][sel] = total - own
             if self.culprits:
                 self._rank_culprits(rows, sel, snd)
