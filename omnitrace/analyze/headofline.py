@@ -137,13 +137,12 @@ def _union_shares(vi: np.ndarray, culprit: np.ndarray, start: np.ndarray, end: n
     group = np.ones(len(vi), bool)
     group[1:] = (vi[1:] != vi[:-1]) | (culprit[1:] != culprit[:-1])
     gid = np.cumsum(group) - 1
-    # running max of `end` within each group: offset groups apart so one accumulate serves
-    base = np.minimum.reduceat(start, np.flatnonzero(group))[gid]
-    span = int((end - base).max()) + 1
-    if (int(gid[-1]) + 1) * span >= 1 << 62:  # pragma: no cover - would need ~years of waits
-        raise OverflowError("head-of-line: pieces span too long to merge in one pass")
-    shifted = gid * span + (end - base)
-    reach = np.maximum.accumulate(shifted) - gid * span + base  # max end so far in group
+    # running max of `end` within each group, by one accumulate over (group, rank of end)
+    # keys: ranks (< m) keep the keys exact whatever the times
+    m = len(end)
+    ranked = np.sort(end)
+    shifted = gid * m + np.searchsorted(ranked, end, "left")
+    reach = ranked[np.maximum.accumulate(shifted) - gid * m]  # max end so far in the group
     new = group.copy()
     new[1:] |= start[1:] > reach[:-1]
     heads = np.flatnonzero(new)
