@@ -41,9 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"omnitrace: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
     try:
+        module = importlib.import_module(COMMANDS[name][0])
         return int(module.main(rest) or 0)
+    except KeyboardInterrupt:  # Ctrl-C before the command took charge of it (e.g. while
+        # importing, seconds on a loaded machine) or one it leaves to us: no traceback
+        print(f"omnitrace {name}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `omnitrace report RUN | head`: the reader left, not an error of ours
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
