@@ -140,6 +140,36 @@ def _key(req: np.ndarray, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:
             | (chunk.astype(np.int64) + 1))
 
 
+def sender_tasks(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """THE sender rule, over one sender's events in time order (FIFO_DEQUEUE, PROCESS_END,
+    PUT_END; others are ignored): a task occupies the sender from its dequeue to its own
+    PUT_END, a 0-byte PROCESS_END of its chunk, or the next dequeue, whichever comes first
+    (the sender does one at a time; a closer of another task falls back to the next
+    dequeue). Returns (indices of the dequeues of closed tasks, their end times, index of
+    the first dequeue still open, or ``len(seq)``)."""
+    kinds, n = seq["kind"], len(seq)
+    deq = np.flatnonzero(kinds == E.FIFO_DEQUEUE)
+    if not len(deq):
+        return deq, np.empty(0, np.int64), n
+    closer = np.flatnonzero((kinds == E.PUT_END) | ((kinds == E.PROCESS_END) & (seq["a"] == 0))
+                            | (kinds == E.FIFO_DEQUEUE))
+    nxt = np.searchsorted(closer, deq, "right")
+    has = nxt < len(closer)
+    j = np.where(has, closer[np.minimum(nxt, len(closer) - 1)], n)
+    jj = np.minimum(j, n - 1)
+    kj = kinds[jj]
+    same = seq["req"][jj] == seq["req"][deq]
+    valid = has & ((kj == E.FIFO_DEQUEUE)
+                   | (same & ((kj == E.PUT_END) | (seq["chunk"][jj] == seq["chunk"][deq]))))
+    nd = np.searchsorted(deq, deq, "right")
+    next_deq = np.where(nd < len(deq), deq[np.minimum(nd, len(deq) - 1)], n)
+    j = np.where(valid, j, next_deq)
+    done = j < n
+    d = deq[done]
+    open_ = deq[~done]
+    return d, np.maximum(seq["t"][j[done]], seq["t"][d]), int(open_[0]) if len(open_) else n
+
+
 def expand_ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every (owner, index) with lo[owner] <= index < hi[owner], without a Python loop:
     e.g. each FIFO wait against each sender task it overlapped."""
@@ -529,37 +559,12 @@ class SpanBuilder:
 
     @staticmethod
     def _close_tasks(snd: _Sender, seq: np.ndarray) -> None:
-        kinds = seq["kind"]
-        deq = np.flatnonzero(kinds == E.FIFO_DEQUEUE)
-        if not len(deq):
-            snd.tail = _EMPTY_EV
-            return
-        # the task's end: its own PUT_END, a 0-byte PROCESS_END of its chunk, or the next
-        # dequeue, whichever comes first after the dequeue (the sender does one at a time)
-        n = len(seq)
-        closer = ((kinds == E.PUT_END) | ((kinds == E.PROCESS_END) & (seq["a"] == 0))
-                  | (kinds == E.FIFO_DEQUEUE))
-        closer_idx = np.flatnonzero(closer)
-        nxt = np.searchsorted(closer_idx, deq, "right")
-        has = nxt < len(closer_idx)
-        j = np.where(has, closer_idx[np.minimum(nxt, len(closer_idx) - 1)], n)
-        jj = np.minimum(j, n - 1)
-        same = (seq["req"][jj] == seq["req"][deq])
-        kj = kinds[jj]
-        valid = has & ((kj == E.FIFO_DEQUEUE) | (same & ((kj == E.PUT_END) | (
-            seq["chunk"][jj] == seq["chunk"][deq]))))
-        # a closer of another task (out of order) is skipped: fall back to the next dequeue
-        nd = np.searchsorted(deq, deq, "right")
-        next_deq = np.where(nd < len(deq), deq[np.minimum(nd, len(deq) - 1)], n)
-        j = np.where(valid, j, next_deq)
-        done = j < n
-        d = deq[done]
+        d, end, open_from = sender_tasks(seq)
         if len(d):
             snd.starts = np.concatenate((snd.starts, seq["t"][d]))
-            snd.ends = np.concatenate((snd.ends, np.maximum(seq["t"][j[done]], seq["t"][d])))
+            snd.ends = np.concatenate((snd.ends, end))
             snd.reqs = np.concatenate((snd.reqs, seq["req"][d]))
-        open_ = deq[~done]
-        snd.tail = seq[open_[0]:] if len(open_) else _EMPTY_EV
+        snd.tail = seq[open_from:] if open_from < len(seq) else _EMPTY_EV
 
     def _trim_senders(self) -> None:
         waiting = self._pools[N_FIFO].begins

@@ -276,10 +276,10 @@ def test_compose_and_provisioning_agree_with_omnitrace_defaults(monkeypatch):
     default_port = AgentConfig.__dataclass_fields__["prometheus_port"].default
     default_addr = AgentConfig.__dataclass_fields__["prometheus_addr"].default
     assert f"{default_addr}:{default_port}" in targets
-    if need("promtool", "prometheus"):
-        r = subprocess.run([PROMTOOL, "check", "config", prom_cfg_path], capture_output=True, text=True,
-                           timeout=60)
-        assert r.returncode == 0, r.stdout + r.stderr
+    need("promtool", "prometheus")
+    r = subprocess.run([PROMTOOL, "check", "config", prom_cfg_path], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
     prom_port = _port(next(c for c in prom["command"] if c.startswith("--web.listen-address=")).split("=")[1])
 
     # the collector takes OTLP where omnitrace's exporters send by default (4317 gRPC, 4318 HTTP)

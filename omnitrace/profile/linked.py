@@ -33,7 +33,7 @@ import numpy as np
 from omnitrace import conventions as cv
 from omnitrace import eventlog
 from omnitrace import spantable as stt
-from omnitrace.profile.store import Store
+from omnitrace.profile.store import Store, save_npz
 
 E = cv.Ev
 THREADS = ("scheduler", "sender", "receiver", "api")
@@ -108,10 +108,7 @@ class RunThreads:
 
     def pids(self, rings: np.ndarray) -> np.ndarray:
         """The pid of each ring number."""
-        table = np.zeros(max(self.rings, default=0) + 2, np.int64)
-        for idx, info in self.rings.items():
-            table[idx] = int(info.get("pid", 0))
-        return table[np.clip(np.asarray(rings, np.int64), 0, len(table) - 1)]
+        return ring_column(self.rings, "pid", rings)
 
     def stage_names(self) -> dict[int, str]:
         out: dict[int, str] = {}
@@ -119,6 +116,15 @@ class RunThreads:
             if info.get("role") == "stage":
                 out.setdefault(int(info.get("stage", -1)), str(info.get("process") or ""))
         return out
+
+
+def ring_column(rings: dict[int, dict], field: str, idx: np.ndarray, default: int = 0) -> np.ndarray:
+    """``field`` (pid, stage, ...) of each ring number in ``idx``; ``default`` for an
+    unknown ring."""
+    table = np.full(max(rings, default=0) + 2, default, np.int64)
+    for i, info in rings.items():
+        table[i] = int(info.get(field, default))
+    return table[np.clip(np.asarray(idx, np.int64), 0, len(table) - 1)]
 
 
 def _ring_kinds(ev: np.ndarray) -> dict[int, int]:
@@ -158,19 +164,10 @@ class SpanIndex:
         return out
 
     def save(self, path: str) -> None:
-        import io
-
-        import orjson
-        meta = orjson.dumps({"rings": {str(k): v for k, v in self.threads.rings.items()},
-                             "kind": {str(k): v for k, v in self.threads.kind.items()},
-                             "requests": self.threads.requests})
-        buf = io.BytesIO()
-        np.savez_compressed(buf, spans=_pack(self.spans), busy=_pack(self.busy), steps=_pack(self.steps),
-                            meta=np.frombuffer(meta, np.uint8))
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(buf.getvalue())
-        os.replace(tmp, path)
+        save_npz(path, {"rings": {str(k): v for k, v in self.threads.rings.items()},
+                        "kind": {str(k): v for k, v in self.threads.kind.items()},
+                        "requests": self.threads.requests},
+                 spans=_pack(self.spans), busy=_pack(self.busy), steps=_pack(self.steps))
 
     @classmethod
     def load(cls, path: str) -> "SpanIndex":
@@ -247,45 +244,21 @@ def open_index(run_dir: str) -> SpanIndex:
 
 
 def sender_busy(ev: np.ndarray, rings: dict[int, dict]) -> dict[tuple[int, int], np.ndarray]:
-    """Busy intervals of each sender (pid, stage), the rule of ``spantable``: a task runs
-    from its FIFO_DEQUEUE to its PUT_END, or a 0-byte PROCESS_END of its chunk, or the next
-    dequeue, whichever comes first (a closer of another task falls back to the next
-    dequeue). Returns rows (start, end, request) sorted by start, one per closed task."""
+    """Busy intervals of each sender (pid, stage) by the span builder's rule
+    (``spantable.sender_tasks``): rows (start, end, request) sorted by start, one per
+    closed task."""
     s = ev[np.isin(ev["kind"], (E.FIFO_DEQUEUE, E.PROCESS_END, E.PUT_END))]
     out: dict[tuple[int, int], np.ndarray] = {}
     if not len(s):
         return out
-    pid_of = np.zeros(max(rings, default=0) + 1, np.int64)
-    for idx, info in rings.items():
-        pid_of[idx] = int(info.get("pid", 0))
-    pid = pid_of[np.minimum(s["ring"], len(pid_of) - 1)]
+    pid = ring_column(rings, "pid", s["ring"])
     key = (pid << 16) | (s["stage"].astype(np.int64) + 1)
     for k in np.unique(key).tolist():
         seq = s[key == k]
         seq = seq[np.argsort(seq["t"], kind="stable")]
-        kinds, n = seq["kind"], len(seq)
-        deq = np.flatnonzero(kinds == E.FIFO_DEQUEUE)
-        if not len(deq):
-            continue
-        closer = np.flatnonzero((kinds == E.PUT_END) | ((kinds == E.PROCESS_END) & (seq["a"] == 0))
-                                | (kinds == E.FIFO_DEQUEUE))
-        nxt = np.searchsorted(closer, deq, "right")
-        has = nxt < len(closer)
-        j = np.where(has, closer[np.minimum(nxt, len(closer) - 1)], n)
-        jj = np.minimum(j, n - 1)
-        kj = kinds[jj]
-        same = seq["req"][jj] == seq["req"][deq]
-        valid = has & ((kj == E.FIFO_DEQUEUE) | (same & ((kj == E.PUT_END) | (seq["chunk"][jj] == seq["chunk"][deq]))))
-        nd = np.searchsorted(deq, deq, "right")
-        next_deq = np.where(nd < len(deq), deq[np.minimum(nd, len(deq) - 1)], n)
-        j = np.where(valid, j, next_deq)
-        done = j < n
-        d = deq[done]
-        rows = np.empty((len(d), 3), np.int64)
-        rows[:, 0] = seq["t"][d]
-        rows[:, 1] = np.maximum(seq["t"][j[done]], seq["t"][d])
-        rows[:, 2] = seq["req"][d]
-        out[(k >> 16, (k & 0xFFFF) - 1)] = rows
+        d, end, _ = stt.sender_tasks(seq)
+        if len(d):
+            out[(k >> 16, (k & 0xFFFF) - 1)] = np.stack((seq["t"][d], end, seq["req"][d].astype(np.int64)), 1)
     return out
 
 
@@ -326,7 +299,6 @@ def own_parts(fifo: np.ndarray, si: np.ndarray, a: np.ndarray, b: np.ndarray
     n = len(fifo)
     # per span: boundaries enq, (a1, b1), ..., (am, bm), deq -> gaps [enq,a1], [b1,a2], ..., [bm,deq]
     gs = np.concatenate((fifo["start"], b))
-    ge = np.concatenate((np.full(n, -1, np.int64), a))
     owner = np.concatenate((np.arange(n), si))
     order = np.lexsort((gs, owner))
     owner, gs = owner[order], gs[order]
@@ -338,7 +310,6 @@ def own_parts(fifo: np.ndarray, si: np.ndarray, a: np.ndarray, b: np.ndarray
     next_a[:-1] = a_sorted[1:]
     end = np.where(nxt_same, next_a, fifo["end"][owner])
     keep = end > gs
-    del ge
     return owner[keep], gs[keep], end[keep]
 
 
@@ -399,8 +370,7 @@ def _compute(idx: SpanIndex, stage_id: int | None, req_id: int | None
     rt = idx.threads
     st = idx.steps
     if stage_id is not None:
-        st = st[np.array([int(rt.rings.get(int(r), {}).get("stage", -9)) == stage_id
-                          for r in st["ring"]], bool)] if len(st) else st
+        st = st[ring_column(rt.rings, "stage", st["ring"], default=-9) == stage_id]
     start, end, ring = st["start"].copy(), st["end"].copy(), st["ring"].copy()
     if req_id is None:
         return start, end, ring

@@ -21,6 +21,17 @@ FILE = "samples.npz"
 ROUND_DTYPE = np.dtype([("pid", "<i4"), ("t", "<i8")])  # a sampling round of one process
 
 
+def save_npz(path: str, meta: dict, **arrays: np.ndarray) -> None:
+    """``arrays`` and ``meta`` (JSON, as the uint8 array ``meta``) in one compressed .npz,
+    replaced atomically (a reader never sees half a file)."""
+    buf = io.BytesIO()
+    np.savez_compressed(buf, meta=np.frombuffer(orjson.dumps(meta), np.uint8), **arrays)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(buf.getvalue())
+    os.replace(tmp, path)
+
+
 @dataclass
 class Store:
     stretches: np.ndarray  # STRETCH_DTYPE, unix ns
@@ -52,15 +63,9 @@ class Store:
         return f"{name} ({os.path.basename(path)})" if path else name
 
     def save(self, path: str) -> None:
-        meta = orjson.dumps({"frames": self.frames, "stacks": self.stacks, "period_ns": self.period_ns,
-                             "threads": [[p, t, n] for (p, t), n in self.threads.items()]})
-        buf = io.BytesIO()
-        np.savez_compressed(buf, stretches=self.stretches, rounds=self.rounds,
-                            meta=np.frombuffer(meta, np.uint8))
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(buf.getvalue())
-        os.replace(tmp, path)
+        save_npz(path, {"frames": self.frames, "stacks": self.stacks, "period_ns": self.period_ns,
+                        "threads": [[p, t, n] for (p, t), n in self.threads.items()]},
+                 stretches=self.stretches, rounds=self.rounds)
 
     @classmethod
     def load(cls, path: str) -> "Store":
