@@ -56,3 +56,50 @@ def report_json(*run_dirs: str) -> dict:
 
 def quote(args: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
+
+
+def rewrite_event_log(src: str, dst: str, windows: int, segment_raw_bytes: int = 1 << 16) -> int:
+    """``src``'s event log re-written into ``dst`` in ``windows`` time windows (each ring's
+    events of a window as one block), in segments of ``segment_raw_bytes``: a run whose
+    report streams over many segments. The other run files are copied. Returns segments."""
+    import shutil
+
+    import numpy as np
+
+    from omnitrace import conventions as cv
+    from omnitrace import eventlog, record
+    log = eventlog.read_event_log(src)
+    assert log is not None, f"{src}: no event log"
+    os.makedirs(dst, exist_ok=True)
+    for name in ("run.json", "agent.json", "bench.json", "processes.jsonl"):
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copy(os.path.join(src, name), dst)
+    w = eventlog.EventLogWriter(dst, "rewritten", log.offset_ns, segment_raw_bytes=segment_raw_bytes)
+    ev = log.events[np.argsort(log.events["t"], kind="stable")]
+    strings = log.requests.strings
+    tables: dict[int, dict[int, str]] = {}
+    for idx, ring in log.rings.items():
+        w.ring(idx, ring)
+    for part in np.array_split(ev, windows):
+        for idx in log.rings:
+            rows = part[part["ring"] == idx]
+            if not len(rows):
+                continue
+            head = []
+            table = tables.setdefault(idx, {})
+            for r in np.unique(rows["req"]).tolist():
+                if r and r not in table:  # a request's id string, before its first use
+                    table[r] = strings[r]
+                    data = strings[r].encode()
+                    head.append(record.RECORD.pack(0, len(data), r, 0, cv.Ev.STRING, 0, 0)
+                                + data + b"\0" * ((-len(data)) % record.RECORD_SIZE))
+            rec = np.zeros(len(rows), record.RECORD_DTYPE)
+            for f in ("a", "req", "chunk", "kind", "stage", "b"):
+                rec[f] = rows[f]
+            rec["t"] = rows["t"] - log.offset_ns
+            w.records(idx, b"".join(head) + rec.tobytes(), len(rows))
+        w.commit(tables)
+    for idx in log.died:
+        w.died(idx)
+    w.close(tables)
+    return w.segment + 1

@@ -167,8 +167,8 @@ class AttributionView:
 
     def _attribute(self, reqs: list[int]) -> None:
         table, emits = self._take(reqs)
-        spans, _ = spans_from_table(table, emits, self.requests, self.rings,
-                                    chunks_before_ttfp=True)
+        spans = spans_from_table(table, emits, self.requests, self.rings,
+                                 chunks_before_ttfp=True)
         totals: dict[tuple[int, str], int] = {}
         hol: dict[int, int] = {}
         for r in at.index_requests(spans).values():

@@ -14,12 +14,13 @@ import numpy as np
 from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.analyze.stats import NS_TO_MS, NS_TO_US, summary
+from omnitrace.analyze.tables import CHUNK_DTYPE
 
 
 def select(chunks: Any, chunk_requests: list[str], ids: set[str]) -> np.ndarray:
     """Rows of the requests in ``ids``."""
     if chunks is None or not len(chunks):
-        return np.zeros(0, stt.SPAN_DTYPE)
+        return np.zeros(0, CHUNK_DTYPE)
     member = np.fromiter((r in ids for r in chunk_requests), bool, len(chunk_requests))
     keep = member[chunks["req"]]
     return chunks if keep.all() else chunks[keep]  # all measured (no warm-up): no copy

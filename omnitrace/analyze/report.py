@@ -8,6 +8,7 @@ import numpy as np
 
 from omnitrace import __version__
 from omnitrace import conventions as cv
+from omnitrace import spantable as stt
 from omnitrace.analyze import attribution as at
 from omnitrace.analyze import components, failures, headofline, waterfall
 from omnitrace.analyze.rundir import Run
@@ -247,12 +248,13 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
 
     # ---- head of line, in wall time, over the critical-path chunks of attributed requests
     cidx = {rid: i for i, rid in enumerate(run.chunk_requests)}
-    all_chunks = run.chunks if run.chunks is not None else np.zeros(0, C.dtype)
-    busy = headofline.sender_busy(all_chunks) if len(all_chunks) else {}
+    busy = headofline.sender_busy(run.chunks) if run.chunks is not None and len(run.chunks) else {}
+    # the victims' waits are among the chunk spans begun before their first packet
+    early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
     victims = [headofline.Victim(cidx[a.rid], a.arrival, a.ttfp, a.hops) for a in atts if a.rid in cidx]
     hol_rows, hol_victims = [], []
     ttfp_of = {a.rid: a.ttfp_ns * NS_TO_MS for a in atts}
-    for b in headofline.blocked(victims, all_chunks, busy) if victims else ():
+    for b in headofline.blocked(victims, early, busy) if victims else ():
         vid = run.chunk_requests[b.req]
         if b.wall_ns > 0:
             hol_victims.append({"victim": vid, "ttfp_ms": ttfp_of[vid], "blocked_ms": b.wall_ns * NS_TO_MS,
@@ -269,8 +271,9 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     # ---- waterfalls: the slowest N and any asked for by id
     wf_ids = [r["id"] for r in requests[:n_waterfalls]] + [i for i in waterfall_ids]
     by_rid = {a.rid: a for a in atts}
-    order = np.argsort(all_chunks["req"], kind="stable") if len(all_chunks) else np.zeros(0, np.int64)
-    sorted_req = all_chunks["req"][order] if len(all_chunks) else np.zeros(0, np.uint32)
+    # each request's rows in time order (not feed order: the same whatever the segments)
+    order = np.lexsort((early["chunk"], early["stage"], early["name"], early["start"], early["req"]))
+    sorted_req = early["req"][order]
     wfs = []
     warnings = list(run.warnings)
     for rid in dict.fromkeys(wf_ids):
@@ -281,7 +284,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
         i = cidx.get(rid, -1)
         # keys of the array's dtype: int64 keys would convert the whole array per call
         lo, hi = np.searchsorted(sorted_req, np.array([i, i + 1], sorted_req.dtype)) if i >= 0 else (0, 0)
-        wfs.append(waterfall.build(a, reqs[rid], all_chunks[order[lo:hi]], busy, run.chunk_requests,
+        wfs.append(waterfall.build(a, reqs[rid], early[order[lo:hi]], busy, run.chunk_requests,
                                    label, i))
 
     server = [a.ttfp_ns * NS_TO_MS for a in atts]

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import orjson
 
 from omnitrace import conventions as cv
+from omnitrace.analyze import tables
 
 
 class RunDirError(Exception):
@@ -68,11 +69,14 @@ class Run:
     skipped_spans: int = 0  # spans of warm-up requests, not loaded
     events: int = 0  # events read from event logs
     torn_records: int = 0  # records lost in torn event segments
-    # every chunk span, columnar (spantable.SPAN_DTYPE; req/by* index chunk_requests): the
-    # per-stage statistics read these; ``spans`` holds objects only for what attribution
-    # walks (request, stage and queue spans, chunk spans that began before their TTFP)
-    # (warm-up rows included: a warm-up task can block a measured request in a FIFO)
+    # the chunk spans the per-stage figures and the sender-busy rule read, columnar
+    # (tables.CHUNK_DTYPE; req indexes chunk_requests; warm-up rows included: a warm-up task
+    # can block a measured request in a FIFO); ``spans`` holds objects only for what
+    # attribution walks (request, stage and queue spans, chunk spans begun before the TTFP)
     chunks: Any = None
+    # chunk spans that began before their request's first packet, whole (SPAN_DTYPE; measured
+    # requests only): the head-of-line waits and the waterfalls read them
+    early: Any = None
     chunk_requests: list[str] = field(default_factory=lambda: [""])
     span_count: int = 0
     stage_deaths: list[tuple[int, int]] = field(default_factory=list)  # (stage, unix ns) STAGE_DIED
@@ -327,7 +331,7 @@ def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] 
         spans_total += len(fields) + skipped
     run.span_count += len(run.spans) - first
     table, requests = chunk_table(run.spans[first:])
-    add_chunks(run, table, requests)
+    add_chunks(run, tables.chunk_rows(table), table, requests)
     if bad and not spans_total:
         raise RunDirError(f"{label}: none of its {lines_total} line(s) is an OTLP/JSON "
                           "ExportTraceServiceRequest ({\"resourceSpans\": [...]})")
@@ -336,12 +340,10 @@ def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] 
 
 
 def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
-                     skip: frozenset[str] = frozenset(), chunks_before_ttfp: bool = False
-                     ) -> tuple[list[Span], int]:
-    """Span-table rows (``omnitrace.spantable``) -> report :class:`Span` objects; rows of
-    requests in ``skip`` are left out; with ``chunks_before_ttfp`` only chunk spans that
-    began before their request's first audio packet (all attribution can walk) become
-    objects. Returns (spans, skipped rows)."""
+                     chunks_before_ttfp: bool = False) -> list[Span]:
+    """Span-table rows (``omnitrace.spantable``) -> report :class:`Span` objects; with
+    ``chunks_before_ttfp`` only chunk spans that began before their request's first audio
+    packet (all attribution can walk) become objects."""
     import numpy as np
 
     from omnitrace import spantable as stt
@@ -349,12 +351,6 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     names = stt.NAMES
     by_stage = emit_events(emits)
     keep = np.ones(len(table), bool)
-    skipped = 0
-    if skip:
-        skip_ids = np.array([i for i, r in enumerate(requests) if r in skip], np.int64)
-        gone = np.isin(table["req"], skip_ids)
-        skipped = int(gone.sum())
-        keep &= ~gone
     if chunks_before_ttfp:
         roots = table[table["name"] == stt.N_REQUEST]
         ttfp = np.zeros(len(requests), np.int64)
@@ -396,16 +392,14 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
             events = by_stage.get((req, stage, replica), []) if name == stt.N_STAGE else []
             append(Span(names[name], rid, stage, -2, -1, start, end, replica,
                         incomplete=reason != 0, events=events, attrs=attrs))
-    return out, skipped
+    return out
 
 
-def add_chunks(run: Run, table, requests: list[str]) -> None:
-    """Append a table's chunk spans to ``run.chunks``, its request ids re-numbered into
-    ``run.chunk_requests`` (several run directories merge into one table)."""
+def add_chunks(run: Run, chunks, early, requests: list[str]) -> None:
+    """Append a run directory's chunk rows (``tables.CHUNK_DTYPE``) and early chunk rows
+    (``spantable.SPAN_DTYPE``) to ``run.chunks`` / ``run.early``, their request ids
+    re-numbered into ``run.chunk_requests`` (several run directories merge into one table)."""
     import numpy as np
-
-    from omnitrace import spantable as stt
-    rows = table[table["name"] >= stt.N_SNAPSHOT]  # a copy already: remapped in place
     index = {r: i for i, r in enumerate(run.chunk_requests)}
     remap = np.zeros(len(requests), np.uint32)
     for i, r in enumerate(requests):
@@ -415,9 +409,12 @@ def add_chunks(run: Run, table, requests: list[str]) -> None:
             run.chunk_requests.append(r)
         remap[i] = j
     if not np.array_equal(remap, np.arange(len(requests))):  # the first run: ids unchanged
-        for col in ("req", "by0", "by1", "by2"):
-            rows[col] = remap[rows[col].astype(np.int64)]
-    run.chunks = rows if run.chunks is None else np.concatenate((run.chunks, rows))
+        for rows in (chunks, early):
+            for col in ("req", "by0", "by1", "by2"):
+                if col in rows.dtype.names:
+                    rows[col] = remap[rows[col].astype(np.int64)]
+    run.chunks = chunks if run.chunks is None else np.concatenate((run.chunks, chunks))
+    run.early = early if run.early is None else np.concatenate((run.early, early))
 
 
 def chunk_table(spans: list[Span]) -> tuple[Any, list[str]]:
@@ -453,14 +450,27 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     # one segment's events at a time, fed as the agent fed them live (the builder is
     # incremental): the whole run's decoded events are never held at once
     builder = SpanBuilder(log.rings, culprits=False)  # blocked_by: no report reads it
-    feeds, died = [], []
+    # each feed's spans go straight into the report's tables (analyze/tables.py): the
+    # run's spans are never held whole
+    acc = tables.ReportTables()
+    strings = log.requests.strings
+    skipped = np.zeros(0, bool)  # per request id: a warm-up request (attribution skips it)
+
+    def take(f) -> None:
+        nonlocal skipped
+        if len(skipped) < len(strings):  # the string table grows as segments are read
+            skipped = np.concatenate((skipped, np.fromiter(
+                (r in skip for r in strings[len(skipped):]), bool, len(strings) - len(skipped))))
+        acc.add(f.spans, f.emits, f.firsts, skipped)
+
+    died = []
     try:
         for ev in segments:
             builder.ring_changed()  # a segment may add rings or re-describe one (new writer)
             run.events += len(ev)
             d = ev[ev["kind"] == cv.Ev.STAGE_DIED]
             died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
-            feeds.append(builder.feed(ev))
+            take(builder.feed(ev))
     except eventlog.EventLogError as exc:
         raise RunDirError(str(exc)) from None
     run.warnings.extend(f"{label}{w}" for w in log.warnings)
@@ -469,16 +479,14 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     builder.ring_changed()
     for idx in log.died:
         builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
-    feeds.append(builder.flush())
-    table = np.concatenate([f.spans for f in feeds])
-    emits = np.concatenate([f.emits for f in feeds])
-    del feeds
-    spans, skipped = spans_from_table(table, emits, log.requests.strings, log.rings, skip,
-                                      chunks_before_ttfp=True)
+    take(builder.flush())
+    small, early, emits, chunks = acc.finish()
+    spans = spans_from_table(np.concatenate((small, early)), emits, strings, log.rings,
+                             chunks_before_ttfp=True)
     run.spans.extend(spans)
-    run.skipped_spans += skipped
-    run.span_count += len(table) - skipped
-    add_chunks(run, table, log.requests.strings)  # warm-up rows too: they can be culprits
+    run.skipped_spans += acc.skipped
+    run.span_count += acc.rows - acc.skipped
+    add_chunks(run, chunks, early, strings)  # warm-up rows too: they can be culprits
     return True
 
 

@@ -1,0 +1,122 @@
+"""The report's tables, taken from the span builder feed by feed (an hour-long run's spans
+are never held whole).
+
+Of each feed's span rows (``spantable.SPAN_DTYPE``) the report keeps:
+
+* ``small``: request, stage and queue spans (a few per request), whole;
+* ``chunks``: the chunk spans the per-stage figures and the sender-busy rule read (snapshot,
+  FIFO, put, get, 0-byte process; and every incomplete one, for its count), of every
+  request (a warm-up request's task can block a measured one), in the narrower
+  :data:`CHUNK_DTYPE` (52 of the span row's 83 bytes);
+* ``early``: chunk spans of measured requests that may have begun before their request's
+  first audio packet -- what the attribution walk, the head-of-line waits and the
+  waterfalls read (~5% of the chunk spans at c=32); a row whose request has not reached
+  its first packet yet is kept, and the exact cut (start <= first packet) is made at the end;
+* ``emits``: the emit/API-mark events up to the first packet (the walk reads the first).
+
+Memory: about 0.3 chunk rows per event, so ~16 bytes per event (150M events: ~2.4 GB),
+plus the early rows and one Python object per kept span. Tables grow by ``ndarray.resize``,
+which for big arrays is glibc's realloc (mremap): no second copy at the peak.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from omnitrace import spantable as stt
+
+CHUNK_DTYPE = np.dtype([(n, stt.SPAN_DTYPE[n]) for n in
+                        ("name", "reason", "stage", "peer", "replica", "req", "chunk", "start",
+                         "end", "v1", "v2")])
+_FIGURE_NAMES = np.zeros(len(stt.NAMES), bool)
+_FIGURE_NAMES[[stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PUT, stt.N_GET]] = True
+
+
+class Growing:
+    """An array appended to in place (amortised doubling); ``view()`` is its filled part."""
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self._buf = np.zeros(0, dtype)
+        self.n = 0
+
+    def append(self, rows: np.ndarray) -> None:
+        k = len(rows)
+        if not k:
+            return
+        if self.n + k > len(self._buf):
+            self._buf.resize(max(2 * len(self._buf), self.n + k, 1024), refcheck=False)
+        self._buf[self.n:self.n + k] = rows
+        self.n += k
+
+    def view(self) -> np.ndarray:
+        return self._buf[:self.n]
+
+    def done(self) -> np.ndarray:
+        """The filled part, the spare capacity given back."""
+        self._buf.resize(self.n, refcheck=False)
+        return self._buf
+
+
+def chunk_rows(spans: np.ndarray) -> np.ndarray:
+    """Chunk span rows -> the rows (and columns) ``chunks`` keeps."""
+    name = spans["name"]
+    keep = (_FIGURE_NAMES[name] | (spans["reason"] != 0)
+            | ((name == stt.N_PROCESS) & (spans["v1"] == 0)))
+    kept = spans[keep]
+    out = np.empty(len(kept), CHUNK_DTYPE)
+    for n in CHUNK_DTYPE.names:
+        out[n] = kept[n]
+    return out
+
+
+class ReportTables:
+    """Feed span tables in (``add``), then ``finish()``."""
+
+    def __init__(self) -> None:
+        self.small = Growing(stt.SPAN_DTYPE)
+        self.early = Growing(stt.SPAN_DTYPE)
+        self.emits = Growing(stt.EMIT_DTYPE)
+        self.chunks = Growing(CHUNK_DTYPE)
+        self.first_audio = np.zeros(1024, np.int64)  # per request: 0 unknown yet, -1 never
+        self.rows = 0
+        self.skipped = 0
+
+    def _grow(self, top: int) -> None:
+        if top >= len(self.first_audio):
+            grown = np.zeros(max(top + 1, 2 * len(self.first_audio)), np.int64)
+            grown[:len(self.first_audio)] = self.first_audio
+            self.first_audio = grown
+
+    def add(self, spans: np.ndarray, emits: np.ndarray, firsts: list, skip: np.ndarray) -> None:
+        """One feed's output; ``firsts``: its first-packet notes (``spantable.Feed``);
+        ``skip``: per request id (every id the feed holds), True for a request left out of
+        attribution (warm-up)."""
+        from omnitrace import conventions as cv
+        top = max(int(spans["req"].max()) if len(spans) else 0,
+                  int(emits["req"].max()) if len(emits) else 0)
+        self._grow(top)
+        fa = self.first_audio
+        for kind, req, *_rest in firsts:
+            if kind == cv.Ev.REQUEST_FIRST_AUDIO:
+                fa[req] = _rest[-1]
+        roots = spans[spans["name"] == stt.N_REQUEST]
+        if len(roots):  # the request's own account is final
+            fa[roots["req"].astype(np.int64)] = np.where(roots["t2"] > 0, roots["t2"], -1)
+        self.rows += len(spans)
+        req = spans["req"].astype(np.int64)
+        gone = skip[req]
+        self.skipped += int(gone.sum())
+        chunk = spans["name"] >= stt.N_SNAPSHOT
+        self.small.append(spans[~chunk & ~gone])
+        C = spans[chunk]
+        self.chunks.append(chunk_rows(C))
+        t = fa[req[chunk]]
+        self.early.append(C[~gone[chunk] & ((t == 0) | (C["start"] <= t))])
+        t = fa[emits["req"].astype(np.int64)]
+        self.emits.append(emits[(t == 0) | (emits["t"] <= t)])
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(request/stage/queue rows, early chunk rows cut at the first packet, emits,
+        chunk rows)."""
+        early = self.early.done()
+        early = early[early["start"] <= self.first_audio[early["req"].astype(np.int64)]]
+        return self.small.done(), early, self.emits.done(), self.chunks.done()
