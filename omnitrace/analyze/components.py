@@ -17,19 +17,35 @@ from omnitrace.analyze.stats import NS_TO_MS, NS_TO_US, summary
 from omnitrace.analyze.tables import CHUNK_DTYPE
 
 
-def select(chunks: Any, chunk_requests: list[str], ids: set[str]) -> np.ndarray:
-    """Rows of the requests in ``ids``."""
-    if chunks is None or not len(chunks):
-        return np.zeros(0, CHUNK_DTYPE)
-    member = np.fromiter((r in ids for r in chunk_requests), bool, len(chunk_requests))
-    keep = member[chunks["req"]]
-    return chunks if keep.all() else chunks[keep]  # all measured (no warm-up): no copy
+class Rows:
+    """The measured requests' rows of the run's chunk table, as a mask (a 150M-event run's
+    table is ~2.4 GB: never copied whole); each figure gathers only its own rows' columns."""
+
+    def __init__(self, chunks: Any, chunk_requests: list[str], ids: set[str]) -> None:
+        self.C = chunks if chunks is not None else np.zeros(0, CHUNK_DTYPE)
+        member = np.fromiter((r in ids for r in chunk_requests), bool, len(chunk_requests))
+        self.keep = member[self.C["req"]]
+        self._complete = self.keep & (self.C["reason"] == 0)
+
+    def of(self, *codes: int) -> np.ndarray:
+        """Indices of the complete rows of these span names."""
+        name = self.C["name"]
+        m = name == codes[0]
+        for c in codes[1:]:
+            m |= name == c
+        return np.flatnonzero(self._complete & m)
+
+    def col(self, name: str, idx: np.ndarray) -> np.ndarray:
+        return self.C[name][idx]
+
+    def dur(self, idx: np.ndarray) -> np.ndarray:
+        return self.C["end"][idx] - self.C["start"][idx]
 
 
-def incomplete(C: np.ndarray) -> dict[str, int]:
+def incomplete(R: Rows) -> dict[str, int]:
     """'span name: reason' -> count of the spans closed without their end event."""
     out: dict[str, int] = {}
-    bad = C[C["reason"] != 0]
+    bad = R.C[R.keep & (R.C["reason"] != 0)]
     if len(bad):
         keys, counts = np.unique(bad["name"].astype(np.int64) * 64 + bad["reason"], return_counts=True)
         for k, n in zip(keys.tolist(), counts.tolist()):
@@ -37,27 +53,39 @@ def incomplete(C: np.ndarray) -> dict[str, int]:
     return out
 
 
-def samples(C: np.ndarray) -> dict[tuple[str, str], np.ndarray]:
+def _transfers(R: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(indices, is put, producer, consumer) of the put and get rows."""
+    X = R.of(stt.N_PUT, stt.N_GET)
+    put = R.col("name", X) == stt.N_PUT
+    stage, peer = R.col("stage", X), R.col("peer", X)
+    return X, put, np.where(put, stage, peer), np.where(put, peer, stage)
+
+
+def _pairs(producer: np.ndarray, consumer: np.ndarray) -> list[tuple[int, int]]:
+    """The distinct (producer, consumer) stage pairs, sorted (no Python tuple per row)."""
+    key = np.unique(((producer.astype(np.int64) + 32768) << 16) | (consumer.astype(np.int64) + 32768))
+    return [((k >> 16) - 32768, (k & 0xFFFF) - 32768) for k in key.tolist()]
+
+
+def samples(R: Rows) -> dict[tuple[str, str], np.ndarray]:
     """(group, metric) -> per-chunk values, for `compare`: ("stage 0", "fifo residence ms"),
     ("stage 0", "snapshot us"), ("0->1", "put us"), ... (complete spans only)."""
-    C = C[C["reason"] == 0]
-    dur = (C["end"] - C["start"]).astype(np.float64)
     out: dict[tuple[str, str], np.ndarray] = {}
     for code, metric, scale in ((stt.N_FIFO, "fifo residence ms", NS_TO_MS),
                                 (stt.N_SNAPSHOT, "snapshot us", NS_TO_US)):
-        m = C["name"] == code
-        for st in np.unique(C["stage"][m]).tolist():
-            out[(f"stage {st}", metric)] = dur[m & (C["stage"] == st)] * scale
+        idx = R.of(code)
+        stage, dur = R.col("stage", idx), R.dur(idx).astype(np.float64)
+        for st in np.unique(stage).tolist():
+            out[(f"stage {st}", metric)] = dur[stage == st] * scale
         if code == stt.N_FIFO:
-            for st in np.unique(C["stage"][m]).tolist():
-                sel = m & (C["stage"] == st)
-                out[(f"stage {st}", "fifo blocked ms")] = np.minimum(C["v2"][sel], dur[sel]) * NS_TO_MS
-    for code, metric in ((stt.N_PUT, "put us"), (stt.N_GET, "get us")):
-        m = C["name"] == code
-        prod = C["stage"] if code == stt.N_PUT else C["peer"]
-        cons = C["peer"] if code == stt.N_PUT else C["stage"]
-        for p, c in sorted(set(zip(prod[m].tolist(), cons[m].tolist()))):
-            out[(cv.stage_pair(p, c), metric)] = dur[m & (prod == p) & (cons == c)] * NS_TO_US
+            blocked = np.minimum(R.col("v2", idx), dur)
+            for st in np.unique(stage).tolist():
+                out[(f"stage {st}", "fifo blocked ms")] = blocked[stage == st] * NS_TO_MS
+    X, put, prod, cons = _transfers(R)
+    dur = R.dur(X).astype(np.float64)
+    for tag, sel in (("put us", put), ("get us", ~put)):
+        for p, c in _pairs(prod[sel], cons[sel]):
+            out[(cv.stage_pair(p, c), tag)] = dur[sel & (prod == p) & (cons == c)] * NS_TO_US
     return out
 
 
@@ -76,26 +104,18 @@ def residence_hist(dur_ns: np.ndarray) -> dict[str, Any]:
     return {"edges_ms": RESIDENCE_EDGES_MS.tolist(), "counts": counts.tolist()}
 
 
-def _columns(C: np.ndarray, names: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The complete spans' columns, each contiguous: masks over a structured table's
-    strided fields, repeated per stage, cost more than copying the few columns once."""
-    ok = C["reason"] == 0
-    return {n: C[n][ok] for n in names}
-
-
-def figures(C: np.ndarray, label: Callable[[int], str]) -> tuple[list, list, list]:
+def figures(R: Rows, label: Callable[[int], str]) -> tuple[list, list, list]:
     """(fifo, snapshot, transfer) rows of the report."""
-    c = _columns(C, ("name", "stage", "peer", "start", "end", "v1", "v2"))
-    name, stage = c["name"], c["stage"]
     fifo = []
-    F = np.flatnonzero(name == stt.N_FIFO)
-    f_stage = stage[F]
+    F = R.of(stt.N_FIFO)
+    f_stage, f_dur = R.col("stage", F), R.dur(F)
+    f_v1, f_v2 = R.col("v1", F), R.col("v2", F)
     for st in np.unique(f_stage).tolist():
-        m = F[f_stage == st]
-        d = c["end"][m] - c["start"][m]
+        m = f_stage == st
+        d = f_dur[m]
         res = summary(d, NS_TO_MS)
-        blk = summary(np.minimum(c["v2"][m], d), NS_TO_MS)
-        depth = c["v1"][m] + 1
+        blk = summary(np.minimum(f_v2[m], d), NS_TO_MS)
+        depth = f_v1[m] + 1
         depth = depth[depth >= 0]
         fifo.append({"stage": label(st), "stage_id": st, "count": res["count"],
                      "residence_p50_ms": res["p50"], "residence_p99_ms": res["p99"],
@@ -104,22 +124,20 @@ def figures(C: np.ndarray, label: Callable[[int], str]) -> tuple[list, list, lis
                      "depth_mean": float(depth.mean()) if len(depth) else None,
                      "depth_max": int(depth.max()) if len(depth) else None,
                      "residence_hist": residence_hist(d)})
+    del F, f_stage, f_dur, f_v1, f_v2
     snapshot = []
-    S = np.flatnonzero(name == stt.N_SNAPSHOT)
-    s_stage = stage[S]
+    S = R.of(stt.N_SNAPSHOT)
+    s_stage, s_dur = R.col("stage", S), R.dur(S)
     for st in np.unique(s_stage).tolist():
-        m = S[s_stage == st]
-        sm = summary(c["end"][m] - c["start"][m], NS_TO_US)
+        sm = summary(s_dur[s_stage == st], NS_TO_US)
         snapshot.append({"stage": label(st), "stage_id": st, "count": sm["count"],
                          "mean_us": sm["mean"], "p50_us": sm["p50"], "p99_us": sm["p99"],
                          "max_us": sm["max"]})
-    X = np.flatnonzero((name == stt.N_PUT) | (name == stt.N_GET))
-    put = name[X] == stt.N_PUT
-    producer = np.where(put, stage[X], c["peer"][X])
-    consumer = np.where(put, c["peer"][X], stage[X])
-    dur, nb = c["end"][X] - c["start"][X], c["v1"][X]
+    del S, s_stage, s_dur
+    X, put, producer, consumer = _transfers(R)
+    dur, nb = R.dur(X), R.col("v1", X)
     transfer = []
-    for p, q in sorted(set(zip(producer.tolist(), consumer.tolist()))):
+    for p, q in _pairs(producer, consumer):
         row: dict[str, Any] = {"pair": cv.stage_pair(p, q)}
         for sel, tag in ((put, "put"), (~put, "get")):
             m = sel & (producer == p) & (consumer == q)

@@ -242,9 +242,10 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
                     "share": (s["mean"] / (mean_ttfp * NS_TO_MS)) if mean_ttfp else 0.0})
 
     # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
-    C = components.select(run.chunks, run.chunk_requests, measured)
-    fifo, snapshot, transfer = components.figures(C, label)
-    chunk_incomplete = components.incomplete(C)
+    rows = components.Rows(run.chunks, run.chunk_requests, measured)
+    fifo, snapshot, transfer = components.figures(rows, label)
+    chunk_incomplete = components.incomplete(rows)
+    del rows
 
     # ---- head of line, in wall time, over the critical-path chunks of attributed requests
     cidx = {rid: i for i, rid in enumerate(run.chunk_requests)}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import orjson
 
@@ -437,6 +437,47 @@ def chunk_table(spans: list[Span]) -> tuple[Any, list[str]]:
     return np.array(rows, stt.SPAN_DTYPE), list(requests)
 
 
+def _read_ahead(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, the next one made by a thread while the caller works on this one (a
+    segment's decompression and decoding run beside the span building: the second core)."""
+    import queue
+    import threading
+    q: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def offer(item: tuple) -> bool:
+        while not stop.is_set():  # the reader may have left (an error): never block on it
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def produce() -> None:
+        try:
+            for x in items:
+                if not offer((True, x)):
+                    return
+            offer((False, None))
+        except BaseException as exc:  # handed to the reader, raised there
+            offer((False, exc))
+
+    t = threading.Thread(target=produce, name="omnitrace-read-ahead", daemon=True)
+    t.start()
+    try:
+        while True:
+            more, x = q.get()
+            if not more:
+                if x is not None:
+                    raise x
+                return
+            yield x
+    finally:
+        stop.set()
+        t.join()
+
+
 def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset()) -> bool:
     """Append the spans built from one run directory's event log; False if it has none."""
     import numpy as np
@@ -465,7 +506,7 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
 
     died = []
     try:
-        for ev in segments:
+        for ev in _read_ahead(segments):
             builder.ring_changed()  # a segment may add rings or re-describe one (new writer)
             run.events += len(ev)
             d = ev[ev["kind"] == cv.Ev.STAGE_DIED]

@@ -53,15 +53,16 @@ def build(a: at.Attribution, r: at.RequestSpans, rows: np.ndarray, busy: Busy,
             s0, e0, who = snd
             lo = int(np.searchsorted(e0, start, "right"))
             hi = int(np.searchsorted(s0, stop, "left"))
-            tasks = [(max(s, start), min(e, stop), w) for s, e, w in
-                     zip(s0[lo:hi].tolist(), e0[lo:hi].tolist(), who[lo:hi].tolist())
-                     if w != req_index and min(e, stop) > max(s, start)]
-            tasks.sort(key=lambda x: x[0] - x[1])
+            t0s, t1s, w = np.maximum(s0[lo:hi], start), np.minimum(e0[lo:hi], stop), who[lo:hi]
+            ok = (w != req_index) & (t1s > t0s)
+            t0s, t1s, w = t0s[ok], t1s[ok], w[ok]
+            top = np.argsort(t0s - t1s, kind="stable")[:MAX_CULPRIT_TASKS]  # longest overlaps
+            top = top[np.lexsort((w[top], t1s[top], t0s[top]))]  # shown in time order
             waits.append({"stage": label(stage), "chunk": chunk, "start_ms": ms(start),
                           "end_ms": ms(stop), "on_path": key in path,
-                          "busy": [[ms(s), ms(e), requests[w]] for s, e, w in
-                                   sorted(tasks[:MAX_CULPRIT_TASKS])],
-                          "busy_tasks": len(tasks)})
+                          "busy": [[ms(x), ms(y), requests[z]] for x, y, z in
+                                   zip(t0s[top].tolist(), t1s[top].tolist(), w[top].tolist())],
+                          "busy_tasks": len(t0s)})
     return {"id": a.rid, "ttfp_ms": a.ttfp_ns * NS_TO_MS, "arrival_unix_ns": a.arrival,
             "spans": spans,
             "path": [[ms(g.start), g.dur * NS_TO_MS, label(g.stage), g.category] for g in a.segments],
