@@ -8,7 +8,7 @@ import sys
 
 from omnitrace.analyze import attribution as at
 from omnitrace.analyze.report import build_report
-from omnitrace.analyze.rundir import load_run
+from omnitrace.analyze.rundir import load_run, request_spans
 from otlp_fixture import US, line, three_stage_request, write_run
 
 EXPECTED_US = {
@@ -23,7 +23,7 @@ EXPECTED_US = {
 
 def test_worked_example_tiles_exactly(tmp_path):
     run = load_run([write_run(str(tmp_path / "r"), [line(three_stage_request("a"))])])
-    reqs = at.index_requests(run.spans)
+    reqs = request_spans(run)
     a = at.attribute(reqs["a"])
     assert a is not None and a.missing == []
     assert a.ttfp_ns == 900 * US
@@ -41,7 +41,7 @@ def test_overlap_is_clamped_and_gaps_become_remainder(tmp_path):
         if s["name"] == "omni.chunk.put" and s["attributes"][1]["value"]["intValue"] == "1":
             s["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + 3 * US)
     run = load_run([write_run(str(tmp_path / "r"), [line(spans)])])
-    a = at.attribute(at.index_requests(run.spans)["b"])
+    a = at.attribute(request_spans(run)["b"])
     assert sum(a.totals().values()) == a.ttfp_ns
     assert all(x.end == y.start for x, y in zip(a.segments, a.segments[1:]))
 
@@ -87,7 +87,7 @@ def test_several_tasks_under_one_chunk_index_take_the_last(tmp_path):
               span("omni.chunk.fifo", "t", 211, 212, stage=1, peer=2, chunk=0),
               span("omni.chunk.process", "t", 212, 213, stage=1, peer=2, chunk=0)]
     run = load_run([write_run(str(tmp_path / "r"), [line(spans)])])
-    a = at.attribute(at.index_requests(run.spans)["t"])
+    a = at.attribute(request_spans(run)["t"])
     assert {k: v // US for k, v in a.totals().items()} == EXPECTED_US
 
 
@@ -103,7 +103,7 @@ def test_only_no_chunk_task_recorded_is_flagged(tmp_path):
               span("omni.chunk.process", "u", 212, 213, stage=1, peer=2, chunk=0,
                    **{"omni.transfer.bytes": 0})]
     run = load_run([write_run(str(tmp_path / "r"), [line(spans)])])
-    a = at.attribute(at.index_requests(run.spans)["u"])
+    a = at.attribute(request_spans(run)["u"])
     assert a.unrecorded_tasks == [(1, 2, 0)] and "task[1->2#0]" in a.missing
     tot = {k: v // US for k, v in a.totals().items()}
     assert tot[(1, "compute")] == 120 and (1, "snapshot") not in tot  # [200, 320] up to the put

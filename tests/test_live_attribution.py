@@ -13,7 +13,7 @@ import os
 import pytest
 
 from omnitrace.analyze import attribution as at
-from omnitrace.analyze.rundir import load_run
+from omnitrace.analyze.rundir import load_run, request_spans
 from report_util import run_pipeline
 
 N = 12
@@ -54,7 +54,7 @@ def test_live_attribution_equals_report_walk(run_dir):
     run = load_run([run_dir], skip_warmup=False)
     offline: dict[tuple[str, str], float] = {}
     n = 0
-    for r in at.index_requests(run.spans).values():
+    for r in request_spans(run).values():
         a = at.attribute(r)
         if a is None:
             continue
@@ -114,11 +114,11 @@ def test_view_on_the_record_in_any_cut_equals_the_walk(run_dir, cuts):
             for s in fam.samples if s.name.endswith("_total")}
     run = load_run([run_dir], skip_warmup=False)
     offline: dict[tuple[str, str], float] = {}
-    for r in at.index_requests(run.spans).values():
+    for r in request_spans(run).values():
         a = at.attribute(r)
         for (stage, cat), ns in (a.totals().items() if a else ()):
             offline[(str(stage), cat)] = offline.get((str(stage), cat), 0.0) + ns / 1e9
-    assert view.attributed == sum(1 for r in at.index_requests(run.spans).values() if at.attribute(r))
+    assert view.attributed == sum(1 for r in request_spans(run).values() if at.attribute(r))
     assert set(live) == set(offline)
     for k, v in offline.items():
         assert live[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k

@@ -19,7 +19,12 @@ def test_parallel_equals_serial(tmp_path, monkeypatch):
     monkeypatch.setattr(rundir, "PARALLEL_MIN_BYTES", 0)
     par = rundir.Run([d])
     rundir.load_spans(path, par, "spans.jsonl", skip={"r3"}, workers=3)
-    assert len(serial.spans) == 40 * 28 and any("truncated" in w for w in serial.warnings)
+    assert serial.span_count == 40 * 28 and any("truncated" in w for w in serial.warnings)
     assert any("truncated" in w for w in par.warnings)
     assert sorted(map(_key, par.spans)) == sorted(_key(s) for s in serial.spans if s.rid != "r3")
+    assert len(serial.early) > len(serial.spans)  # chunk spans are rows, not objects
+
+    def rows(run: rundir.Run) -> list:
+        return sorted((run.chunk_requests[r[7]], *r[:7], *r[8:16]) for r in run.early.tolist())
+    assert rows(par) == [r for r in rows(serial) if r[0] != "r3"]
     assert par.skipped_spans == 28 and par.span_lines == serial.span_lines == 40

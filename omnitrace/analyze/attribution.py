@@ -110,7 +110,10 @@ class RequestSpans:
     # consumer stage -> wait_schedule spans
     scheduled: dict[int, list[Span]] = field(default_factory=dict)
     incomplete: int = 0
-    never_scheduled: int = 0  # wait_schedule spans whose end never came: not walked
+
+    def drop_chunks(self) -> None:
+        """Forget the chunk spans (walked already; an hour's would not fit in memory)."""
+        self.producer, self.consumer, self.scheduled = {}, {}, {}
 
 
 @dataclass
@@ -134,8 +137,10 @@ class Attribution:
         return out
 
 
-def index_requests(spans: Iterable[Span]) -> dict[str, RequestSpans]:
-    reqs: dict[str, RequestSpans] = {}
+def index_requests(spans: Iterable[Span], into: dict[str, RequestSpans] | None = None
+                   ) -> dict[str, RequestSpans]:
+    """Spans by request (added to ``into`` if given)."""
+    reqs: dict[str, RequestSpans] = {} if into is None else into
     for s in spans:
         if not s.rid:
             continue
@@ -146,8 +151,7 @@ def index_requests(spans: Iterable[Span]) -> dict[str, RequestSpans]:
         if s.incomplete and n not in _PRODUCER and n not in _CONSUMER:
             r.incomplete += 1  # chunk spans are counted from the run's chunk table
         if n == cv.SPAN_WAIT_SCHEDULE and s.incomplete:
-            r.never_scheduled += 1  # ready, never taken into a step: no interval to walk
-            continue
+            continue  # ready, never taken into a step: no interval to walk
         if n in _PRODUCER:
             r.producer.setdefault((s.stage, s.peer, s.chunk), {}).setdefault(n, []).append(s)
         elif n in _CONSUMER:

@@ -11,7 +11,7 @@ from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.analyze import attribution as at
 from omnitrace.analyze import components, failures, headofline, waterfall
-from omnitrace.analyze.rundir import Run
+from omnitrace.analyze.rundir import Run, with_chunks
 from omnitrace.analyze.select import Selection
 from omnitrace.analyze.stats import NS_TO_MS, median, summary
 
@@ -190,15 +190,14 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
 
     atts: list[at.Attribution] = []
     no_ttfp: list[str] = []
-    for rid in sorted(measured):
-        r = reqs.get(rid)
-        if r is None or r.request is None:
-            continue  # no API request (component-level run) or no trace: counted below
+    # requests without an API request (component-level run) or without a trace: counted below
+    walked = [rid for rid in sorted(measured) if rid in reqs and reqs[rid].request is not None]
+    for r in with_chunks(run, reqs, walked):  # chunk spans as objects a batch at a time
         a = at.attribute(r)
         if a is not None:
             atts.append(a)
-        elif rid not in failed_ids:
-            no_ttfp.append(rid)
+        elif r.rid not in failed_ids:
+            no_ttfp.append(r.rid)
     traced = set(first_seen)
     untraced = sorted(i for i in bench_measured - traced if i not in failed_ids)
 

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator
 import orjson
 
 from omnitrace import conventions as cv
+from omnitrace import spantable as stt
 from omnitrace.analyze import tables
 
 
@@ -332,6 +333,8 @@ def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] 
     run.span_count += len(run.spans) - first
     table, requests = chunk_table(run.spans[first:])
     add_chunks(run, tables.chunk_rows(table), table, requests)
+    chunk_names = {n for i, n in enumerate(stt.NAMES) if i >= stt.N_SNAPSHOT}
+    run.spans[first:] = [s for s in run.spans[first:] if s.name not in chunk_names]  # as rows now
     if bad and not spans_total:
         raise RunDirError(f"{label}: none of its {lines_total} line(s) is an OTLP/JSON "
                           "ExportTraceServiceRequest ({\"resourceSpans\": [...]})")
@@ -346,7 +349,6 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     packet (all attribution can walk) become objects."""
     import numpy as np
 
-    from omnitrace import spantable as stt
     from omnitrace.otlp import emit_events
     names = stt.NAMES
     by_stage = emit_events(emits)
@@ -395,6 +397,42 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     return out
 
 
+def with_chunks(run: Run, reqs: dict, rids: list[str], batch: int = 2048,
+                keep: bool = False) -> Iterator:
+    """Each of ``rids``' ``attribution.RequestSpans`` (from ``reqs``) with its chunk spans
+    attached (Span objects made from ``run.early``), in batches of ``batch`` requests; a
+    batch's chunk spans are dropped when the next one is made unless ``keep``: an hour's
+    chunk spans as objects would not fit in memory."""
+    import numpy as np
+
+    from omnitrace.analyze import attribution as at
+    early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
+    order = np.argsort(early["req"], kind="stable")  # a request's rows stay in table order
+    sreq = early["req"][order]
+    cidx = {r: i for i, r in enumerate(run.chunk_requests)}
+    no_emits = np.zeros(0, stt.EMIT_DTYPE)
+    for k in range(0, len(rids), batch):
+        part = rids[k:k + batch]
+        ids = np.array(sorted(cidx[r] for r in part if r in cidx), sreq.dtype)
+        _, pos = stt.expand_ranges(np.searchsorted(sreq, ids, "left"), np.searchsorted(sreq, ids, "right"))
+        at.index_requests(spans_from_table(early[order[pos]], no_emits, run.chunk_requests, {}), reqs)
+        for rid in part:
+            yield reqs[rid]
+        if not keep:
+            for rid in part:
+                reqs[rid].drop_chunks()
+
+
+def request_spans(run: Run) -> dict:
+    """Every request's ``attribution.RequestSpans`` with all its chunk spans (the whole
+    run as objects: for small runs and tests; the report walks ``with_chunks``)."""
+    from omnitrace.analyze import attribution as at
+    reqs = at.index_requests(run.spans)
+    for _ in with_chunks(run, reqs, list(reqs), keep=True):
+        pass
+    return reqs
+
+
 def add_chunks(run: Run, chunks, early, requests: list[str]) -> None:
     """Append a run directory's chunk rows (``tables.CHUNK_DTYPE``) and early chunk rows
     (``spantable.SPAN_DTYPE``) to ``run.chunks`` / ``run.early``, their request ids
@@ -421,7 +459,6 @@ def chunk_table(spans: list[Span]) -> tuple[Any, list[str]]:
     """Report Span objects (a run recorded before the event log) -> chunk span table."""
     import numpy as np
 
-    from omnitrace import spantable as stt
     code = {n: i for i, n in enumerate(stt.NAMES)}
     requests: dict[str, int] = {"": 0}
     rows = []
@@ -522,9 +559,7 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
         builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
     take(builder.flush())
     small, early, emits, chunks = acc.finish()
-    spans = spans_from_table(np.concatenate((small, early)), emits, strings, log.rings,
-                             chunks_before_ttfp=True)
-    run.spans.extend(spans)
+    run.spans.extend(spans_from_table(small, emits, strings, log.rings))  # chunk spans: with_chunks
     run.skipped_spans += acc.skipped
     run.span_count += acc.rows - acc.skipped
     add_chunks(run, chunks, early, strings)  # warm-up rows too: they can be culprits
