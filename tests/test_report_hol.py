@@ -129,8 +129,10 @@ def _random_schedule(rng: np.random.Generator, n_req: int = 40, chunks: int = 8)
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_vectorised_equals_the_reference_loop(seed):
+def test_vectorised_equals_the_reference_loop(seed, monkeypatch):
     victims, table, busy = _random_schedule(np.random.default_rng(seed))
+    if seed % 2:  # victims in batches (bounded memory) give the same figures
+        monkeypatch.setattr(headofline, "VICTIM_BATCH", 3)
     fast = headofline.blocked(victims, table, busy)
     ref = hol_reference.blocked(victims, table, busy)
     assert [b.req for b in fast] == [b.req for b in ref]

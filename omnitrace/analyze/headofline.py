@@ -54,28 +54,30 @@ class Blocked:
 
 def sender_busy(chunks: np.ndarray) -> Busy:
     """(stage, replica) -> (starts, ends, request) of the sender's tasks, sorted, disjoint.
-    Gathers only the columns it needs, by index (an hour's chunk table is GBs)."""
+    Works on index arrays and the few columns it needs, one sender at a time (an hour's
+    chunk table is GBs: its rows are never copied)."""
     ok = chunks["reason"] == 0
     name = chunks["name"]
     F = np.flatnonzero(ok & (name == stt.N_FIFO))
     L = np.flatnonzero(ok & ((name == stt.N_PUT) | ((name == stt.N_PROCESS) & (chunks["v1"] == 0))))
     del ok, name
 
-    def key(idx: np.ndarray) -> np.ndarray:
-        return ((chunks["stage"][idx].astype(np.int64) << 16)
-                | (chunks["replica"][idx].astype(np.int64) & 0xFFFF))
+    def keyed(idx: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``idx`` ordered by (sender, t) (stable), and the sender keys in that order."""
+        key = ((chunks["stage"][idx].astype(np.int32) << 16)
+               | (chunks["replica"][idx].astype(np.int32) & 0xFFFF))
+        order = np.lexsort((t, key))
+        return idx[order], key[order]
 
-    fkey, ckey = key(F), key(L)
+    F, fkey = keyed(F, chunks["end"][F])
+    L, ckey = keyed(L, np.zeros(len(L), np.int8))  # closers: table order within a sender
     out: Busy = {}
     for k in np.unique(fkey).tolist():
-        f = F[fkey == k]
-        deq = chunks["end"][f]
-        order = np.argsort(deq, kind="stable")
-        f, deq = f[order], deq[order]
-        req, chunk = chunks["req"][f], chunks["chunk"][f]
+        f = F[np.searchsorted(fkey, k, "left"):np.searchsorted(fkey, k, "right")]
+        deq, req, chunk = chunks["end"][f], chunks["req"][f], chunks["chunk"][f]
         end = np.empty_like(deq)
         end[:-1], end[-1] = deq[1:], _NEVER  # the next dequeue closes a task at the latest
-        c = L[ckey == k]
+        c = L[np.searchsorted(ckey, k, "left"):np.searchsorted(ckey, k, "right")]
         c_start, c_end, c_req = chunks["start"][c], chunks["end"][c], chunks["req"][c]
         c_put, c_chunk = chunks["name"][c] == stt.N_PUT, chunks["chunk"][c]
         idx = np.searchsorted(deq, c_start, "right") - 1  # the task the closer belongs to
@@ -178,30 +180,79 @@ def _union_shares(vi: np.ndarray, culprit: np.ndarray, start: np.ndarray, end: n
     return wall, (m_vi << 32) | m_c, share
 
 
-def blocked(victims: Iterable[Victim], chunks: np.ndarray, busy: Busy | None = None) -> list[Blocked]:
+@dataclass
+class Pairs:
+    """Wall-time blocking as arrays: per victim index (``wall``, ``chunk_ns``, ``culprits``:
+    how many requests blocked it) and per (victim, culprit) pair (``victim``, ``culprit``,
+    ``pair_wall``, ``pair_chunk``, ``pair_tasks``). An hour's run has millions of pairs:
+    the report makes objects only of the largest."""
+
+    wall: np.ndarray
+    chunk_ns: np.ndarray
+    culprits: np.ndarray
+    victim: np.ndarray
+    culprit: np.ndarray
+    pair_wall: np.ndarray
+    pair_chunk: np.ndarray
+    pair_tasks: np.ndarray
+
+
+VICTIM_BATCH = 2048  # victims computed at once: their (wait, task) overlaps are the temporaries
+
+
+def blocked_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy | None = None) -> Pairs:
     """Wall-time head-of-line blocking of each victim (see the module doc), vectorised
-    over all victims (tests/hol_reference.py is the per-victim loop it is tested against)."""
-    victims = list(victims)
-    out = [Blocked(v.req) for v in victims]
-    if not victims or not len(chunks):
-        return out
-    if busy is None:
+    over a batch of victims at a time (tests/hol_reference.py is the per-victim loop it is
+    tested against); victims are independent, so batches only bound the memory."""
+    if busy is None and len(chunks):
         busy = sender_busy(chunks)
+    parts = [_batch_pairs(victims[i:i + VICTIM_BATCH], chunks, busy)
+             for i in range(0, max(len(victims), 1), VICTIM_BATCH)]
+    if len(parts) == 1:
+        return parts[0]
+    offsets = np.cumsum([0] + [len(p.wall) for p in parts[:-1]])
+    return Pairs(*(np.concatenate([getattr(p, f) + (off if f == "victim" else 0)
+                                   for p, off in zip(parts, offsets)])
+                   for f in Pairs.__dataclass_fields__))
+
+
+def _batch_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy | None) -> Pairs:
+    nv = len(victims)
+    none = np.zeros(0, np.int64)
+    out = Pairs(np.zeros(nv), np.zeros(nv, np.int64), np.zeros(nv, np.int64), none, none,
+                np.zeros(0), none, none)
+    if not victims or not len(chunks) or not busy:
+        return out
     p = _pieces(_critical_waits(victims, chunks), busy)
     if not len(p["vi"]):
         return out
     dur = p["end"] - p["start"]
-    chunk_ns = np.bincount(p["vi"], weights=dur, minlength=len(victims))
+    chunk_ns = np.bincount(p["vi"], weights=dur, minlength=nv)
     # per (victim, culprit): overlap sum and distinct sender tasks
     keys, inv = np.unique((p["vi"] << 32) | p["culprit"], return_inverse=True)
     pair_chunk = np.bincount(inv, weights=dur, minlength=len(keys))
     tasks = np.unique(np.stack((inv, p["prod"], p["task"]), 1), axis=0)  # a task may block several chunks
     pair_tasks = np.bincount(tasks[:, 0], minlength=len(keys))
     wall, merged, shares = _union_shares(p["vi"], p["culprit"], p["start"], p["end"])
-    pair_wall = np.bincount(np.searchsorted(keys, merged), weights=shares, minlength=len(keys))
-    for i in np.flatnonzero(chunk_ns).tolist():
-        out[i].chunk_ns = int(chunk_ns[i])
-        out[i].wall_ns = float(wall[i])
-    for k, w, cn, tk in zip(keys.tolist(), pair_wall.tolist(), pair_chunk.tolist(), pair_tasks.tolist()):
-        out[k >> 32].by_culprit[k & 0xFFFFFFFF] = [w, int(cn), int(tk)]
+    out.pair_wall = np.bincount(np.searchsorted(keys, merged), weights=shares, minlength=len(keys))
+    out.victim, out.culprit = keys >> 32, keys & 0xFFFFFFFF
+    out.pair_chunk, out.pair_tasks = pair_chunk.astype(np.int64), pair_tasks
+    out.chunk_ns = chunk_ns.astype(np.int64)
+    out.wall[:len(wall)] = wall
+    out.wall[out.chunk_ns == 0] = 0.0
+    out.culprits = np.bincount(out.victim, minlength=nv)
+    return out
+
+
+def blocked(victims: Iterable[Victim], chunks: np.ndarray, busy: Busy | None = None) -> list[Blocked]:
+    """:func:`blocked_pairs` as one :class:`Blocked` per victim."""
+    victims = list(victims)
+    p = blocked_pairs(victims, chunks, busy)
+    out = [Blocked(v.req) for v in victims]
+    for i in np.flatnonzero(p.chunk_ns).tolist():
+        out[i].chunk_ns = int(p.chunk_ns[i])
+        out[i].wall_ns = float(p.wall[i])
+    for v, c, w, cn, tk in zip(p.victim.tolist(), p.culprit.tolist(), p.pair_wall.tolist(),
+                               p.pair_chunk.tolist(), p.pair_tasks.tolist()):
+        out[v].by_culprit[c] = [w, cn, tk]
     return out

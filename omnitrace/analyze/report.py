@@ -254,18 +254,26 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     victims = [headofline.Victim(cidx[a.rid], a.arrival, a.ttfp, a.hops) for a in atts if a.rid in cidx]
     hol_rows, hol_victims = [], []
     ttfp_of = {a.rid: a.ttfp_ns * NS_TO_MS for a in atts}
-    for b in headofline.blocked(victims, early, busy) if victims else ():
-        vid = run.chunk_requests[b.req]
-        if b.wall_ns > 0:
-            hol_victims.append({"victim": vid, "ttfp_ms": ttfp_of[vid], "blocked_ms": b.wall_ns * NS_TO_MS,
-                                "chunk_time_sum_ms": b.chunk_ns * NS_TO_MS, "culprits": len(b.by_culprit)})
-        for c, (wall, chunk_ns, tasks) in b.by_culprit.items():
-            hol_rows.append({"victim": vid, "culprit": run.chunk_requests[c], "blocked_ms": wall * NS_TO_MS,
-                             "chunk_time_sum_ms": chunk_ns * NS_TO_MS, "tasks": tasks,
-                             "victim_ttfp_ms": ttfp_of[vid]})
-    hol_rows.sort(key=lambda r: (-r["blocked_ms"], r["victim"], r["culprit"]))
-    hol_pairs = len(hol_rows)
-    del hol_rows[MAX_HOL_PAIRS:]  # the largest; a long run has millions of pairs
+    hp = headofline.blocked_pairs(victims, early, busy)
+    for i in np.flatnonzero(hp.wall > 0).tolist():
+        vid = run.chunk_requests[victims[i].req]
+        hol_victims.append({"victim": vid, "ttfp_ms": ttfp_of[vid], "blocked_ms": float(hp.wall[i]) * NS_TO_MS,
+                            "chunk_time_sum_ms": int(hp.chunk_ns[i]) * NS_TO_MS,
+                            "culprits": int(hp.culprits[i])})
+    # the largest pairs (by blocked ms, then victim and culprit id) become rows: a long run
+    # has millions of pairs
+    hol_pairs = len(hp.victim)
+    if hol_pairs:
+        rank = np.empty(len(run.chunk_requests), np.int64)  # ids' string order
+        rank[np.argsort(np.array(run.chunk_requests), kind="stable")] = np.arange(len(rank))
+        vreq = np.array([v.req for v in victims], np.int64)[hp.victim]
+        top = np.lexsort((rank[hp.culprit], rank[vreq], -(hp.pair_wall * NS_TO_MS)))[:MAX_HOL_PAIRS]
+        for j in top.tolist():
+            vid = run.chunk_requests[int(vreq[j])]
+            hol_rows.append({"victim": vid, "culprit": run.chunk_requests[int(hp.culprit[j])],
+                             "blocked_ms": float(hp.pair_wall[j]) * NS_TO_MS,
+                             "chunk_time_sum_ms": int(hp.pair_chunk[j]) * NS_TO_MS,
+                             "tasks": int(hp.pair_tasks[j]), "victim_ttfp_ms": ttfp_of[vid]})
     hol_victims.sort(key=lambda r: (-r["blocked_ms"], r["victim"]))
 
     # ---- waterfalls: the slowest N and any asked for by id

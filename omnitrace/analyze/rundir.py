@@ -474,6 +474,9 @@ def chunk_table(spans: list[Span]) -> tuple[Any, list[str]]:
     return np.array(rows, stt.SPAN_DTYPE), list(requests)
 
 
+FEED_EVENTS = 1 << 20  # events per feed: a feed's temporaries are ~300 bytes per event
+
+
 def _read_ahead(items: Iterator[Any]) -> Iterator[Any]:
     """``items``, the next one made by a thread while the caller works on this one (a
     segment's decompression and decoding run beside the span building: the second core)."""
@@ -548,7 +551,8 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
             run.events += len(ev)
             d = ev[ev["kind"] == cv.Ev.STAGE_DIED]
             died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
-            take(builder.feed(ev))
+            for lo in range(0, len(ev), FEED_EVENTS):  # the builder takes any cut
+                take(builder.feed(ev[lo:lo + FEED_EVENTS]))
     except eventlog.EventLogError as exc:
         raise RunDirError(str(exc)) from None
     run.warnings.extend(f"{label}{w}" for w in log.warnings)
@@ -590,6 +594,7 @@ def load_run(paths: list[str], skip_warmup: bool = True) -> Run:
     """Load and merge run directories (e.g. one per host of one deployment)."""
     # Millions of small acyclic objects: the cyclic GC would rescan them again and again
     # (superlinear time); nothing here makes cycles, so it is paused while loading.
+    tables.free_big_arrays_at_once()
     was = gc.isenabled()
     gc.disable()
     try:
