@@ -594,7 +594,6 @@ def load_run(paths: list[str], skip_warmup: bool = True) -> Run:
     """Load and merge run directories (e.g. one per host of one deployment)."""
     # Millions of small acyclic objects: the cyclic GC would rescan them again and again
     # (superlinear time); nothing here makes cycles, so it is paused while loading.
-    tables.free_big_arrays_at_once()
     was = gc.isenabled()
     gc.disable()
     try:

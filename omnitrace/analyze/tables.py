@@ -71,21 +71,6 @@ class Growing:
         return self._buf[:self.n]
 
 
-def free_big_arrays_at_once() -> None:
-    """Have glibc map every allocation of 256 KiB or more on its own (a freed numpy
-    temporary goes back to the OS at once). By default glibc raises that threshold to the
-    size of the largest block freed so far (up to 32 MB), after which the report's
-    temporaries, freed, stay on its heap: +0.4 GB of resident memory on a 40M-event run.
-    No-op where there is no glibc."""
-    import ctypes
-    import ctypes.util
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, 256 << 10)  # M_MMAP_THRESHOLD: fixed, so no longer dynamic
-    except (OSError, AttributeError):
-        pass
-
-
 def chunk_rows(spans: np.ndarray) -> np.ndarray:
     """Chunk span rows -> the rows (and columns) ``chunks`` keeps."""
     name = spans["name"]
