@@ -530,7 +530,7 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     log, segments = stream
     # one segment's events at a time, fed as the agent fed them live (the builder is
     # incremental): the whole run's decoded events are never held at once
-    builder = SpanBuilder(log.rings, culprits=False)  # blocked_by: no report reads it
+    builder = SpanBuilder({}, culprits=False)  # blocked_by: no report reads it
     # each feed's spans go straight into the report's tables (analyze/tables.py): the
     # run's spans are never held whole
     acc = tables.ReportTables()
@@ -544,10 +544,17 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
                 (r in skip for r in strings[len(skipped):]), bool, len(strings) - len(skipped))))
         acc.add(f.spans, f.emits, f.firsts, skipped)
 
+    def with_rings() -> Iterator[tuple[Any, dict]]:
+        """Each segment with the rings as described up to it: read ahead, the reader
+        thread already changes ``log.rings`` for the next segment."""
+        for ev in segments:
+            yield ev, dict(log.rings)
+
     died = []
     try:
-        for ev in _read_ahead(segments):
-            builder.ring_changed()  # a segment may add rings or re-describe one (new writer)
+        for ev, rings in _read_ahead(with_rings()):
+            builder.rings.update(rings)  # a segment may add rings or re-describe one (new writer)
+            builder.ring_changed()
             run.events += len(ev)
             d = ev[ev["kind"] == cv.Ev.STAGE_DIED]
             died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
@@ -558,6 +565,7 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     run.warnings.extend(f"{label}{w}" for w in log.warnings)
     run.torn_records += log.torn_records
     run.stage_deaths.extend(sorted(died, key=lambda x: x[1]))
+    builder.rings.update(log.rings)
     builder.ring_changed()
     for idx in log.died:
         builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
