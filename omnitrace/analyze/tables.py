@@ -14,8 +14,8 @@ Of each feed's span rows (``spantable.SPAN_DTYPE``) the report keeps:
   its first packet yet is kept, and the exact cut (start <= first packet) is made at the end;
 * ``emits``: the emit/API-mark events up to the first packet (the walk reads the first).
 
-Memory: about 0.3 chunk rows per event, so ~16 bytes per event (150M events: ~2.4 GB),
-plus the early rows and one Python object per kept span; the tables grow without copies
+Memory: about 0.39 chunk rows per event at c=32, so ~20 bytes per event (150M events,
+about an hour: 3.0 GB), plus the early rows; the tables grow without copies
 (:class:`Growing`).
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ import mmap
 
 import numpy as np
 
+from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 
 CHUNK_DTYPE = np.dtype([(n, stt.SPAN_DTYPE[n]) for n in
@@ -39,7 +40,7 @@ class Growing:
     Backed by an anonymous ``MAP_NORESERVE`` mapping far larger than any run needs: only
     the pages written become memory, so growing never copies and never holds a second,
     bigger array beside the first (numpy's ``resize`` zero-fills its new capacity, which
-    makes all of it resident, and a copy doubles the peak: ~5 GB for the 2.4 GB chunk table
+    makes all of it resident, and a copy doubles the peak: ~6 GB for the 3 GB chunk table
     of an hour at c=32). Where the kernel refuses the reservation (strict overcommit), a
     doubling numpy array instead."""
 
@@ -105,14 +106,13 @@ class ReportTables:
         """One feed's output; ``firsts``: its first-packet notes (``spantable.Feed``);
         ``skip``: per request id (every id the feed holds), True for a request left out of
         attribution (warm-up)."""
-        from omnitrace import conventions as cv
         top = max(int(spans["req"].max()) if len(spans) else 0,
                   int(emits["req"].max()) if len(emits) else 0)
         self._grow(top)
         fa = self.first_audio
-        for kind, req, *_rest in firsts:
+        for kind, req, _replica, _seconds, t in firsts:
             if kind == cv.Ev.REQUEST_FIRST_AUDIO:
-                fa[req] = _rest[-1]
+                fa[req] = t
         roots = spans[spans["name"] == stt.N_REQUEST]
         if len(roots):  # the request's own account is final
             fa[roots["req"].astype(np.int64)] = np.where(roots["t2"] > 0, roots["t2"], -1)
