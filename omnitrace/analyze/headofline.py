@@ -22,8 +22,7 @@ whichever comes first.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,14 +41,6 @@ class Victim:
     arrival: int
     first_packet: int
     hops: list[tuple[int, int, int]]  # (producer, consumer, gating chunk)
-
-
-@dataclass
-class Blocked:
-    req: int
-    wall_ns: float = 0.0
-    chunk_ns: int = 0  # per-chunk sum (overlapping waits counted once per chunk)
-    by_culprit: dict[int, list] = field(default_factory=dict)  # culprit -> [wall, chunk, tasks]
 
 
 def sender_busy(chunks: np.ndarray) -> Busy:
@@ -241,18 +232,4 @@ def _batch_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy | None) -
     out.wall[:len(wall)] = wall
     out.wall[out.chunk_ns == 0] = 0.0
     out.culprits = np.bincount(out.victim, minlength=nv)
-    return out
-
-
-def blocked(victims: Iterable[Victim], chunks: np.ndarray, busy: Busy | None = None) -> list[Blocked]:
-    """:func:`blocked_pairs` as one :class:`Blocked` per victim."""
-    victims = list(victims)
-    p = blocked_pairs(victims, chunks, busy)
-    out = [Blocked(v.req) for v in victims]
-    for i in np.flatnonzero(p.chunk_ns).tolist():
-        out[i].chunk_ns = int(p.chunk_ns[i])
-        out[i].wall_ns = float(p.wall[i])
-    for v, c, w, cn, tk in zip(p.victim.tolist(), p.culprit.tolist(), p.pair_wall.tolist(),
-                               p.pair_chunk.tolist(), p.pair_tasks.tolist()):
-        out[v].by_culprit[c] = [w, cn, tk]
     return out

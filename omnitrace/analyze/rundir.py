@@ -75,8 +75,8 @@ class Run:
     # can block a measured request in a FIFO); ``spans`` holds objects only for what
     # attribution walks (request, stage and queue spans, chunk spans begun before the TTFP)
     chunks: Any = None
-    # chunk spans that began before their request's first packet, whole (SPAN_DTYPE; measured
-    # requests only): the head-of-line waits and the waterfalls read them
+    # chunk spans that began before their request's first packet, whole (SPAN_DTYPE; warm-up
+    # requests left out): the walk, the head-of-line waits and the waterfalls read them
     early: Any = None
     chunk_requests: list[str] = field(default_factory=lambda: [""])
     span_count: int = 0

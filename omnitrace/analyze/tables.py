@@ -49,11 +49,10 @@ class Growing:
     def __init__(self, dtype: np.dtype) -> None:
         self.dtype = np.dtype(dtype)
         self.n = 0
-        self._map = None
-        try:
-            self._map = mmap.mmap(-1, self.RESERVE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-                                  | getattr(mmap, "MAP_NORESERVE", 0x4000))
-            self._buf = np.frombuffer(self._map, self.dtype, self.RESERVE // self.dtype.itemsize)
+        try:  # the array keeps the mapping alive
+            reserved = mmap.mmap(-1, self.RESERVE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+                                 | getattr(mmap, "MAP_NORESERVE", 0x4000))
+            self._buf = np.frombuffer(reserved, self.dtype, self.RESERVE // self.dtype.itemsize)
         except (OSError, ValueError):
             self._buf = np.zeros(0, self.dtype)
 
