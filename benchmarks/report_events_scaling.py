@@ -22,15 +22,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from omnitrace import conventions as cv  # noqa: E402
 from omnitrace import eventlog, record  # noqa: E402
-
-
-def _string_slots(rid: int, text: str) -> bytes:
-    data = text.encode()
-    head = record.RECORD.pack(0, len(data), rid, 0, cv.Ev.STRING, 0, 0)
-    pad = (-len(data)) % record.RECORD_SIZE
-    return head + data + b"\0" * pad
 
 
 def synthesise(base: str, out: str, events: int) -> int:
@@ -58,7 +50,7 @@ def synthesise(base: str, out: str, events: int) -> int:
             for i, r in enumerate(reqs.tolist(), 1):
                 local[r] = i if r else 0
                 if r:
-                    head.append(_string_slots(i, f"k{k}-{strings[r]}"))
+                    head.append(record.string_slots(i, f"k{k}-{strings[r]}"))
             rec = np.zeros(len(rows), record.RECORD_DTYPE)
             for f in ("a", "chunk", "kind", "stage", "b"):
                 rec[f] = rows[f]

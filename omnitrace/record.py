@@ -64,6 +64,14 @@ def _fit(text: str, n: int) -> bytes:
     return text.encode("utf-8", "replace")[:n]
 
 
+def string_slots(rid: int, text: str) -> bytes:
+    """The STRING record defining request id ``rid`` as ``text`` (cut to MAX_STRING bytes),
+    then the slots holding its bytes: what a ring holds for a request's first use."""
+    data = _fit(text, MAX_STRING)
+    slots = (len(data) + RECORD_SIZE - 1) // RECORD_SIZE
+    return RECORD.pack(0, len(data), rid, 0, cv.Ev.STRING, 0, 0) + data.ljust(slots * RECORD_SIZE, b"\0")
+
+
 def segment_name(run_id: str, pid: int, tid: int) -> str:
     return f"{cv.SHM_PREFIX}.{run_id}.{pid}.{tid}"
 
@@ -170,20 +178,18 @@ class Ring:
         return True
 
     def _intern(self, req: str) -> int | None:
-        data = _fit(req, MAX_STRING)
-        slots = 1 + (len(data) + RECORD_SIZE - 1) // RECORD_SIZE
+        full = len(self._ids) >= MAX_INTERNED
+        rid = 1 if full else len(self._ids) + 1
+        raw = string_slots(rid, req)
+        slots = len(raw) // RECORD_SIZE
         if not self._reserve(slots):
             return None
-        if len(self._ids) >= MAX_INTERNED:
+        if full:
             self._ids.clear()
-        rid = len(self._ids) + 1
         w, buf, mask = self._w, self.buf, self._mask
-        RECORD.pack_into(buf, HEADER_SIZE + (w & mask) * RECORD_SIZE,
-                         0, len(data), rid, 0, cv.Ev.STRING, 0, 0)
-        padded = data.ljust((slots - 1) * RECORD_SIZE, b"\0")
-        for i in range(slots - 1):
-            off = HEADER_SIZE + ((w + 1 + i) & mask) * RECORD_SIZE
-            buf[off:off + RECORD_SIZE] = padded[i * RECORD_SIZE:(i + 1) * RECORD_SIZE]
+        for i in range(slots):  # slot by slot: the record may wrap around the ring's end
+            off = HEADER_SIZE + ((w + i) & mask) * RECORD_SIZE
+            buf[off:off + RECORD_SIZE] = raw[i * RECORD_SIZE:(i + 1) * RECORD_SIZE]
         self._w = w + slots
         self._free -= slots
         _U64.pack_into(buf, OFF_WRITE, self._w)

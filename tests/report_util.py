@@ -66,7 +66,6 @@ def rewrite_event_log(src: str, dst: str, windows: int, segment_raw_bytes: int =
 
     import numpy as np
 
-    from omnitrace import conventions as cv
     from omnitrace import eventlog, record
     log = eventlog.read_event_log(src)
     assert log is not None, f"{src}: no event log"
@@ -90,9 +89,7 @@ def rewrite_event_log(src: str, dst: str, windows: int, segment_raw_bytes: int =
             for r in np.unique(rows["req"]).tolist():
                 if r and r not in table:  # a request's id string, before its first use
                     table[r] = strings[r]
-                    data = strings[r].encode()
-                    head.append(record.RECORD.pack(0, len(data), r, 0, cv.Ev.STRING, 0, 0)
-                                + data + b"\0" * ((-len(data)) % record.RECORD_SIZE))
+                    head.append(record.string_slots(r, strings[r]))
             rec = np.zeros(len(rows), record.RECORD_DTYPE)
             for f in ("a", "req", "chunk", "kind", "stage", "b"):
                 rec[f] = rows[f]
