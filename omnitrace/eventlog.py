@@ -39,7 +39,7 @@ import numpy as np
 import orjson
 import zstandard
 
-from omnitrace import record
+from omnitrace import record, rowops
 
 BLOCK = struct.Struct("<B3xII")
 RING, RECORDS, DIED, STRINGS, HEADER = 1, 2, 3, 4, 5
@@ -240,9 +240,8 @@ def read_event_log(run_dir: str) -> EventLog | None:
     per_ring: dict[int, list[np.ndarray]] = {}
     for ev in parts:
         for idx in dict.fromkeys(ev["ring"].tolist()) if len(ev) else ():
-            per_ring.setdefault(idx, []).append(ev[ev["ring"] == idx])
-    arrays = [np.concatenate(p) if len(p) > 1 else p[0] for p in per_ring.values()]
-    log.events = np.concatenate(arrays) if arrays else np.empty(0, EVENT_DTYPE)
+            per_ring.setdefault(idx, []).append(rowops.select(ev, ev["ring"] == idx))
+    log.events = rowops.concat([rowops.concat(p, EVENT_DTYPE) for p in per_ring.values()], EVENT_DTYPE)
     return log
 
 
@@ -287,7 +286,7 @@ def _segment_events(paths: list[str], log: EventLog) -> Iterator[np.ndarray]:
                 dec.load_table({int(k): v for k, v in obj.items()})
             elif kind == DIED:
                 log.died.add(idx)
-        yield np.concatenate(parts) if parts else np.empty(0, EVENT_DTYPE)
+        yield rowops.concat(parts, EVENT_DTYPE)
 
 
 def to_events(rec: np.ndarray, ring: int, offset_ns: int) -> np.ndarray:

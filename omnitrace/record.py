@@ -35,6 +35,7 @@ from typing import Iterator
 import numpy as np
 
 from omnitrace import conventions as cv
+from omnitrace import rowops
 
 MAGIC = b"OMNIRING"
 VERSION = 1
@@ -518,7 +519,7 @@ class SlotDecoder:
                 win_start = i
             self._define(rid, bytes(view[start:start + length]))
         req[win_start:] = self._map(rids[win_start:])
-        out = slots[keep]  # a copy: the cut's buffer may be reused
+        out = rowops.select(slots, keep)  # a copy: the cut's buffer may be reused
         out["req"] = req[keep]
         return out
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omnitrace import conventions as cv
-from omnitrace import tracecontext
+from omnitrace import rowops, tracecontext
 from omnitrace.eventlog import EVENT_DTYPE
 
 E = cv.Ev
@@ -110,7 +110,7 @@ class _ByKind:
     def __init__(self, ev: np.ndarray) -> None:
         kinds = ev["kind"]
         order = np.argsort(kinds, kind="stable")
-        self.ev, self.pos = ev[order], order
+        self.ev, self.pos = rowops.take(ev, order), order
         self._kinds = kinds[order]  # contiguous: searchsorted copies a strided field per call
 
     def _bounds(self, first: int, last: int) -> tuple[int, int]:
@@ -127,11 +127,11 @@ class _ByKind:
     def in_time_order(self, *ranges: tuple[int, int]) -> np.ndarray:
         """The events of these (first, last) kind ranges in time order (ties in feed order)."""
         bounds = [self._bounds(a, b) for a, b in ranges]
-        ev = np.concatenate([self.ev[lo:hi] for lo, hi in bounds])
+        ev = rowops.concat([self.ev[lo:hi] for lo, hi in bounds], EVENT_DTYPE)
         if not len(ev):
             return _EMPTY_EV
         pos = np.concatenate([self.pos[lo:hi] for lo, hi in bounds])
-        return ev[np.lexsort((pos, ev["t"]))]
+        return rowops.take(ev, np.lexsort((pos, ev["t"])))
 
 
 def _key(req: np.ndarray, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:
@@ -319,7 +319,7 @@ class SpanBuilder:
             self.unknown_events += int(len(ev) - known.sum())
             has_req = ev["req"] != 0
             self.step_events += int(np.count_nonzero(known & ~has_req))
-            ev = ev[known & has_req]
+            ev = rowops.select(ev, known & has_req)
             self._note_times(ev)
         by_kind = _ByKind(ev)
         small = by_kind.in_time_order((E.REQUEST_ARRIVE, E.STAGE_EMIT))
@@ -331,7 +331,7 @@ class SpanBuilder:
         if self._rows:
             parts.append(np.array(self._rows, SPAN_DTYPE))
             self._rows = []
-        spans = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        spans = rowops.concat(parts, SPAN_DTYPE)
         emits = np.array(self._emits, EMIT_DTYPE) if self._emits else np.empty(0, EMIT_DTYPE)
         self._emits = []
         self._count(spans)
@@ -485,24 +485,24 @@ class SpanBuilder:
         for name, bk, ek in _PAIRS:
             pool = self._pools[name]
             b_new, e_new = ev.kind(bk), ev.kind(ek)
-            B = np.concatenate((pool.begins, b_new)) if len(pool.begins) else b_new
-            En = np.concatenate((pool.ends, e_new)) if len(pool.ends) else e_new
+            B = rowops.concat((pool.begins, b_new), EVENT_DTYPE) if len(pool.begins) else b_new
+            En = rowops.concat((pool.ends, e_new), EVENT_DTYPE) if len(pool.ends) else e_new
             bi, ei = match(_key(B["req"], B["stage"], B["chunk"]), B["t"],
                            _key(En["req"], En["stage"], En["chunk"]), En["t"])
             if len(bi):
-                out.append(self._chunk_rows(name, B[bi], En[ei]))
-            pool.begins = np.delete(B, bi) if len(bi) else B
-            pool.ends = np.delete(En, ei) if len(ei) else En
+                out.append(self._chunk_rows(name, rowops.take(B, bi), rowops.take(En, ei)))
+            pool.begins = rowops.delete(B, bi)
+            pool.ends = rowops.delete(En, ei)
         self._trim_senders()
         # poll lag: producer PUT_END (request, stage, chunk) -> consumer GET_BEGIN
         # (request, b = producer stage, chunk)
         pool = self._poll
-        P = np.concatenate((pool.begins, ev.kind(E.PUT_END)))
-        G = np.concatenate((pool.ends, ev.kind(E.GET_BEGIN)))
+        P = rowops.concat((pool.begins, ev.kind(E.PUT_END)), EVENT_DTYPE)
+        G = rowops.concat((pool.ends, ev.kind(E.GET_BEGIN)), EVENT_DTYPE)
         pi, gi = match(_key(P["req"], P["stage"], P["chunk"]), P["t"],
                        _key(G["req"], G["b"], G["chunk"]), G["t"])
         if len(pi):
-            p, g = P[pi], G[gi]
+            p, g = rowops.take(P, pi), rowops.take(G, gi)
             rows = np.zeros(len(pi), SPAN_DTYPE)
             rows["name"] = N_POLL
             rows["stage"], rows["peer"], rows["chunk"] = g["stage"], p["stage"], g["chunk"]
@@ -510,9 +510,9 @@ class SpanBuilder:
             rows["req"], rows["ring"] = g["req"], g["ring"]
             rows["start"], rows["end"] = p["t"], np.maximum(g["t"], p["t"])
             out.append(rows)
-        pool.begins = np.delete(P, pi) if len(pi) else P
-        pool.ends = np.delete(G, gi) if len(gi) else G
-        return np.concatenate(out) if out else np.zeros(0, SPAN_DTYPE)
+        pool.begins = rowops.delete(P, pi)
+        pool.ends = rowops.delete(G, gi)
+        return rowops.concat(out, SPAN_DTYPE) if out else np.zeros(0, SPAN_DTYPE)
 
     def _span_rows(self, name: int, first: np.ndarray, peer_from: np.ndarray) -> np.ndarray:
         """Span rows named by their first stamp (request, stage, chunk, ring, start);
@@ -546,13 +546,13 @@ class SpanBuilder:
         if len(ev):
             skey = (pids << 16) | (ev["stage"].astype(np.int64) + 1)
             for k in np.unique(skey).tolist():
-                groups[(k >> 16, (k & 0xFFFF) - 1)] = ev[skey == k]
+                groups[(k >> 16, (k & 0xFFFF) - 1)] = rowops.select(ev, skey == k)
         for key in set(groups) | {k for k, s in self.senders.items() if len(s.tail)}:
             snd = self.senders.get(key)
             if snd is None:
                 snd = self.senders[key] = _Sender()
             new = groups.get(key, _EMPTY_EV)
-            seq = np.concatenate((snd.tail, new)) if len(snd.tail) else new
+            seq = rowops.concat((snd.tail, new), EVENT_DTYPE) if len(snd.tail) else new
             if not len(seq):
                 continue
             self._close_tasks(snd, seq)
@@ -733,7 +733,7 @@ class SpanBuilder:
         if self._rows:
             out.append(np.array(self._rows, SPAN_DTYPE))
             self._rows = []
-        spans = np.concatenate(out) if out else np.zeros(0, SPAN_DTYPE)
+        spans = rowops.concat(out, SPAN_DTYPE) if out else np.zeros(0, SPAN_DTYPE)
         emits = np.array(self._emits, EMIT_DTYPE) if self._emits else np.empty(0, EMIT_DTYPE)
         self._emits = []
         self._count(spans)

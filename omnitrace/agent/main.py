@@ -36,7 +36,8 @@ import orjson
 
 from omnitrace import __version__
 from omnitrace import conventions as cv
-from omnitrace import eventlog, record
+from omnitrace import eventlog, record, rowops
+from omnitrace.eventlog import EVENT_DTYPE
 from omnitrace.agent import export_otlp
 from omnitrace.agent.collect import Collector, RingSource
 from omnitrace.agent.config import AgentConfig
@@ -329,7 +330,7 @@ class Agent:
             self.metrics.lag.set(backlog)
             self.max_view_backlog_s = max(self.max_view_backlog_s, backlog)
             self.max_view_backlog_events = max(self.max_view_backlog_events, n + self.pending_events)
-            ev = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            ev = rowops.concat(parts, EVENT_DTYPE)
             if self.views_failed:
                 self.view_events_skipped += len(ev)
             self._to_views(lambda: self.builder.feed(ev, time.monotonic()))

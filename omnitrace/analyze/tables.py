@@ -25,6 +25,7 @@ import mmap
 import numpy as np
 
 from omnitrace import conventions as cv
+from omnitrace import rowops
 from omnitrace import spantable as stt
 
 CHUNK_DTYPE = np.dtype([(n, stt.SPAN_DTYPE[n]) for n in
@@ -64,7 +65,7 @@ class Growing:
             grown = np.empty(max(2 * len(self._buf), self.n + k, 1024), self.dtype)
             grown[:self.n] = self._buf[:self.n]
             self._buf = grown
-        self._buf[self.n:self.n + k] = rows
+        rowops.assign(self._buf, self.n, rows)
         self.n += k
 
     def view(self) -> np.ndarray:
@@ -76,7 +77,7 @@ def chunk_rows(spans: np.ndarray) -> np.ndarray:
     name = spans["name"]
     keep = (_FIGURE_NAMES[name] | (spans["reason"] != 0)
             | ((name == stt.N_PROCESS) & (spans["v1"] == 0)))
-    kept = spans[keep]
+    kept = rowops.select(spans, keep)
     out = np.empty(len(kept), CHUNK_DTYPE)
     for n in CHUNK_DTYPE.names:
         out[n] = kept[n]
@@ -120,17 +121,17 @@ class ReportTables:
         gone = skip[req]
         self.skipped += int(gone.sum())
         chunk = spans["name"] >= stt.N_SNAPSHOT
-        self.small.append(spans[~chunk & ~gone])
-        C = spans[chunk]
+        self.small.append(rowops.select(spans, ~chunk & ~gone))
+        C = rowops.select(spans, chunk)
         self.chunks.append(chunk_rows(C))
         t = fa[req[chunk]]
-        self.early.append(C[~gone[chunk] & ((t == 0) | (C["start"] <= t))])
+        self.early.append(rowops.select(C, ~gone[chunk] & ((t == 0) | (C["start"] <= t))))
         t = fa[emits["req"].astype(np.int64)]
-        self.emits.append(emits[(t == 0) | (emits["t"] <= t)])
+        self.emits.append(rowops.select(emits, (t == 0) | (emits["t"] <= t)))
 
     def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(request/stage/queue rows, early chunk rows cut at the first packet, emits,
         chunk rows)."""
         early = self.early.view()
-        early = early[early["start"] <= self.first_audio[early["req"].astype(np.int64)]]
+        early = rowops.select(early, early["start"] <= self.first_audio[early["req"].astype(np.int64)])
         return self.small.view(), early, self.emits.view(), self.chunks.view()

@@ -1,0 +1,50 @@
+"""Whole-row operations on numpy structured arrays (events, spans, report rows).
+
+numpy 2.x moves structured rows field by field through its generic casting machinery when
+it gathers, masks, concatenates or deletes them; the same bytes moved as opaque items of
+the row's size are 5-35x faster (1M 36-byte event rows here: concatenate 365 vs 10 ms,
+gather 237 vs 27 ms, mask 73 vs 10 ms, delete 48 vs 10 ms). Each helper views the rows as
+``np.void`` of the row's size, does the operation and views the result back: the same
+bytes, the same dtype. The event and span hot paths (span building, the report's tables,
+the segment reader) use these, not ``a[idx]`` / ``np.concatenate`` on records.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def _void(a: np.ndarray) -> np.ndarray:
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    return a.view(np.dtype((np.void, a.dtype.itemsize)))
+
+
+def take(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``a[idx]`` for an integer index array."""
+    return np.take(_void(a), idx).view(a.dtype)
+
+
+def select(a: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``a[mask]`` for a boolean mask."""
+    return _void(a)[mask].view(a.dtype)
+
+
+def concat(parts: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """``np.concatenate(parts)`` of arrays of one structured ``dtype`` (none: empty)."""
+    if not parts:
+        return np.empty(0, dtype)
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate([_void(p) for p in parts]).view(dtype)
+
+
+def delete(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``np.delete(a, idx)``."""
+    return np.delete(_void(a), idx).view(a.dtype) if len(idx) else a
+
+
+def assign(dst: np.ndarray, lo: int, src: np.ndarray) -> None:
+    """``dst[lo:lo + len(src)] = src`` (same dtype)."""
+    _void(dst[lo:lo + len(src)])[:] = _void(src)
