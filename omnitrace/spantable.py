@@ -31,6 +31,8 @@ next dequeue). For a task enqueued at E and dequeued at D, ``blocked_ns`` is the
 overlap of [E, D] with that sender's busy intervals of tasks of *other* requests and
 ``blocked_by`` the (up to) three requests with the largest overlap. Every busy interval
 that overlaps [E, D] ends by D on the sender's own ring, so it is known when D is.
+The tasks each feed closes are handed out with it (``Feed.busy``): the report's
+head-of-line rule and the flame graphs' sender join read the same intervals.
 
 Spans whose end never came (writer died, run ended, request freed unfinished or idle)
 are emitted by :meth:`SpanBuilder.flush` with a reason code (:data:`REASONS`).
@@ -260,6 +262,9 @@ class Feed:
     # the caller's trace context of requests that carried one: (req, trace id, parent span id)
     contexts: list[tuple[int, int, int]] = field(default_factory=list)
     ends: list[tuple[int, int]] = field(default_factory=list)  # (req, status) that ended
+    # sender tasks closed by this feed (the FIFO-blocking rule's busy intervals), per sender:
+    # (pid, stage, starts, ends, requests), each in time order
+    busy: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
 
 
 class SpanBuilder:
@@ -288,6 +293,7 @@ class SpanBuilder:
         self.requests_freed = 0
         self._rows: list[tuple] = []  # request/stage spans of this feed
         self._emits: list[tuple] = []
+        self._busy: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]] = []
 
     # ------------------------------------------------------------------ rings
     def _ring_arrays(self, max_ring: int) -> None:
@@ -335,7 +341,8 @@ class SpanBuilder:
         emits = np.array(self._emits, EMIT_DTYPE) if self._emits else np.empty(0, EMIT_DTYPE)
         self._emits = []
         self._count(spans)
-        return Feed(spans, emits, firsts, arrivals=arrivals, ends=ends, contexts=contexts)
+        busy, self._busy = self._busy, []
+        return Feed(spans, emits, firsts, arrivals=arrivals, ends=ends, contexts=contexts, busy=busy)
 
     def _count(self, spans: np.ndarray) -> None:
         self.spans_built += len(spans)
@@ -555,15 +562,16 @@ class SpanBuilder:
             seq = rowops.concat((snd.tail, new), EVENT_DTYPE) if len(snd.tail) else new
             if not len(seq):
                 continue
-            self._close_tasks(snd, seq)
+            self._close_tasks(key, snd, seq)
 
-    @staticmethod
-    def _close_tasks(snd: _Sender, seq: np.ndarray) -> None:
+    def _close_tasks(self, key: tuple[int, int], snd: _Sender, seq: np.ndarray) -> None:
         d, end, open_from = sender_tasks(seq)
         if len(d):
-            snd.starts = np.concatenate((snd.starts, seq["t"][d]))
+            starts, reqs = seq["t"][d], seq["req"][d]
+            snd.starts = np.concatenate((snd.starts, starts))
             snd.ends = np.concatenate((snd.ends, end))
-            snd.reqs = np.concatenate((snd.reqs, seq["req"][d]))
+            snd.reqs = np.concatenate((snd.reqs, reqs))
+            self._busy.append((*key, starts, end, reqs))
         snd.tail = seq[open_from:] if open_from < len(seq) else _EMPTY_EV
 
     def _trim_senders(self) -> None:

@@ -193,3 +193,35 @@ def test_blocked_time_and_culprits_by_hand():
     assert int(fifo[1]["v2"]) == 35 and (int(fifo[1]["by0"]), int(fifo[1]["by1"])) == (2, 3)
     assert int(fifo[3]["v2"]) == 30 and int(fifo[3]["by0"]) == 2  # [7, 40] behind request 2
     assert int(fifo[2]["v2"]) == 0
+
+
+def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
+    """The busy intervals the builder hands out (``Feed.busy``, what the report's
+    head-of-line rule reads) and those rebuilt from spans (a run recorded before the event
+    log) by hand: a put closes its task, a 0-byte process closes it, a process with bytes
+    does not, another task's closer falls back to the next dequeue, and the last task
+    without a closer stays open. Fed in three cuts."""
+    from omnitrace.analyze import headofline, tables
+    ev = _ev([(1, E.FIFO_ENQUEUE, 1, 0, 0, 0, 1, 0), (2, E.FIFO_ENQUEUE, 2, 0, 0, 1, 1, 0),
+              (3, E.FIFO_ENQUEUE, 3, 0, 0, 2, 1, 0), (4, E.FIFO_ENQUEUE, 4, 0, 0, 3, 1, 0),
+              (10, E.FIFO_DEQUEUE, 1, 0, 0, 0, 1, 1), (12, E.PROCESS_BEGIN, 1, 0, 0, 0, 1, 1),
+              (15, E.PROCESS_END, 1, 0, 0, 100, 1, 1), (16, E.PUT_BEGIN, 1, 0, 0, 0, 1, 1),
+              (20, E.PUT_END, 1, 0, 0, 100, 1, 1),
+              (30, E.FIFO_DEQUEUE, 2, 0, 0, 0, 1, 1), (32, E.PROCESS_BEGIN, 2, 0, 0, 0, 1, 1),
+              (35, E.PROCESS_END, 2, 0, 0, 0, 1, 1),
+              (40, E.FIFO_DEQUEUE, 3, 0, 0, 0, 1, 1), (41, E.PUT_BEGIN, 1, 0, 1, 0, 1, 1),
+              (44, E.PUT_END, 1, 0, 1, 50, 1, 1),
+              (50, E.FIFO_DEQUEUE, 4, 0, 0, 0, 1, 1)])
+    b = stt.SpanBuilder(dict(RINGS))
+    b.ring_changed()
+    feeds = [b.feed(part) for part in np.split(ev, [6, 11])] + [b.flush()]
+    got = [(pid, stage, s, e, r) for f in feeds for pid, stage, *cols in f.busy
+           for s, e, r in zip(*(c.tolist() for c in cols))]
+    assert got == [(10, 0, 10, 20, 1), (10, 0, 30, 35, 2), (10, 0, 40, 50, 3)]
+    from_builder = tables.busy_by_replica(np.array(got, tables.BUSY_DTYPE), {10: 0})
+    spans = np.concatenate([f.spans for f in feeds])
+    assert not spans["reason"].any()
+    from_spans = headofline.sender_busy(spans)
+    assert list(from_spans) == list(from_builder) == [(0, 0)]
+    for a, c in zip(from_spans[(0, 0)], from_builder[(0, 0)]):
+        assert a.tolist() == c.tolist()

@@ -43,7 +43,7 @@ def _side(paths: list[str]) -> Side:
     for p in paths:
         run = load_run([p])
         rep = build_report(run, per_request_segments=False, waterfalls=0)
-        comp = components.samples(components.Rows(run.chunks, run.chunk_requests, measured_ids(run)))
+        comp = components.samples(components.Rows(run.figures, run.chunk_requests, measured_ids(run)))
         reqs = rep["requests"]
         if not reqs and not comp:
             raise RunDirError(f"{p}: no measured request could be attributed and no per-stage figures")

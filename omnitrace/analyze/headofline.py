@@ -15,10 +15,9 @@ while that FIFO's sender worked on OTHER requests' tasks; split among those requ
 The chunk-time sum (each chunk's blocked time added up, as `omni.fifo.blocked_ns` does
 per span) is kept beside it, labelled, to show how much the waits overlapped.
 
-Sender busy intervals are rebuilt from the chunk spans by the span builder's rule
-(:mod:`omnitrace.spantable`): a task occupies its sender (stage, replica) from its
-dequeue to its put end, or the end of a 0-byte process of its chunk, or the next dequeue,
-whichever comes first.
+Sender busy intervals are the span builder's (:func:`omnitrace.spantable.sender_tasks`): a
+task occupies its sender (stage, replica) from its dequeue to its put end, or the end of a
+0-byte process of its chunk, or the next dequeue, whichever comes first.
 """
 from __future__ import annotations
 
@@ -26,9 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from omnitrace import conventions as cv
 from omnitrace import spantable as stt
+from omnitrace.eventlog import EVENT_DTYPE
 
-_NEVER = np.iinfo(np.int64).max
+E = cv.Ev
 
 Busy = dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
@@ -43,41 +44,33 @@ class Victim:
     hops: list[tuple[int, int, int]]  # (producer, consumer, gating chunk)
 
 
-def sender_busy(chunks: np.ndarray) -> Busy:
-    """(stage, replica) -> (starts, ends, request) of the sender's tasks, sorted, disjoint.
-    Works on index arrays and the few columns it needs, one sender at a time (an hour's
-    chunk table is GBs: its rows are never copied)."""
-    ok = chunks["reason"] == 0
-    name = chunks["name"]
-    F = np.flatnonzero(ok & (name == stt.N_FIFO))
-    L = np.flatnonzero(ok & ((name == stt.N_PUT) | ((name == stt.N_PROCESS) & (chunks["v1"] == 0))))
-    del ok, name
-
-    def keyed(idx: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``idx`` ordered by (sender, t) (stable), and the sender keys in that order."""
-        key = ((chunks["stage"][idx].astype(np.int32) << 16)
-               | (chunks["replica"][idx].astype(np.int32) & 0xFFFF))
-        order = np.lexsort((t, key))
-        return idx[order], key[order]
-
-    F, fkey = keyed(F, chunks["end"][F])
-    L, ckey = keyed(L, np.zeros(len(L), np.int8))  # closers: table order within a sender
+def sender_busy(spans: np.ndarray) -> Busy:
+    """(stage, replica) -> (starts, ends, request) of the sender's tasks, sorted, disjoint,
+    rebuilt from chunk span rows (``spantable.SPAN_DTYPE``: a run recorded before the event
+    log; the span builder hands an event log's own, ``Feed.busy``) by the builder's rule
+    (``spantable.sender_tasks``) over the stamps the spans keep: a FIFO span ends at its
+    dequeue, a put at its PUT_END, a process at its PROCESS_END."""
+    name = spans["name"]
+    sel = np.flatnonzero((spans["reason"] == 0) & ((name == stt.N_FIFO) | (name == stt.N_PUT)
+                                                   | ((name == stt.N_PROCESS) & (spans["v1"] == 0))))
+    ev = np.zeros(len(sel), EVENT_DTYPE)
+    kind = np.array([0] * len(stt.NAMES), np.int64)
+    kind[[stt.N_FIFO, stt.N_PUT, stt.N_PROCESS]] = E.FIFO_DEQUEUE, E.PUT_END, E.PROCESS_END
+    ev["kind"] = kind[name[sel]]
+    for col in ("req", "chunk", "stage"):
+        ev[col] = spans[col][sel]
+    ev["t"] = spans["end"][sel]  # "a" stays 0: only 0-byte process ends were taken
+    key = (spans["stage"][sel].astype(np.int64) << 16) | (spans["replica"][sel].astype(np.int64) & 0xFFFF)
+    # one sender's stamps in time order; at one time a closer before a dequeue (ring order)
+    order = np.lexsort((ev["kind"] == E.FIFO_DEQUEUE, ev["t"], key))
+    ev, key = ev[order], key[order]
     out: Busy = {}
-    for k in np.unique(fkey).tolist():
-        f = F[np.searchsorted(fkey, k, "left"):np.searchsorted(fkey, k, "right")]
-        deq, req, chunk = chunks["end"][f], chunks["req"][f], chunks["chunk"][f]
-        end = np.empty_like(deq)
-        end[:-1], end[-1] = deq[1:], _NEVER  # the next dequeue closes a task at the latest
-        c = L[np.searchsorted(ckey, k, "left"):np.searchsorted(ckey, k, "right")]
-        c_start, c_end, c_req = chunks["start"][c], chunks["end"][c], chunks["req"][c]
-        c_put, c_chunk = chunks["name"][c] == stt.N_PUT, chunks["chunk"][c]
-        idx = np.searchsorted(deq, c_start, "right") - 1  # the task the closer belongs to
-        i = np.maximum(idx, 0)
-        mine = (idx >= 0) & (req[i] == c_req) & (c_put | (chunk[i] == c_chunk))
-        np.minimum.at(end, i[mine], c_end[mine])
-        done = end != _NEVER  # the last task without a closer is still open: not counted
-        out[(k >> 16, int(np.int16(k & 0xFFFF)))] = (deq[done], np.maximum(end[done], deq[done]),
-                                                      req[done])
+    for k in np.unique(key).tolist():
+        lo, hi = np.searchsorted(key, [k, k + 1])
+        seq = ev[lo:hi]
+        d, end, _ = stt.sender_tasks(seq)
+        if len(d):
+            out[(k >> 16, int(np.int16(k & 0xFFFF)))] = (seq["t"][d], end, seq["req"][d])
     return out
 
 

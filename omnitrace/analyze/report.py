@@ -74,12 +74,11 @@ def _agent_counters(run: Run) -> dict[str, Any]:
 def _first_seen(run: Run, reqs: dict[str, at.RequestSpans]) -> dict[str, int]:
     """Request id -> its arrival, or (no API request) its first chunk span's start."""
     out = {rid: r.request.start for rid, r in reqs.items() if r.request is not None}
-    C = run.chunks
-    if C is not None and len(C):
-        first = np.full(len(run.chunk_requests), np.iinfo(np.int64).max, np.int64)
-        np.minimum.at(first, C["req"].astype(np.int64), np.ascontiguousarray(C["start"]))  # fast path
-        for i, rid in enumerate(run.chunk_requests):
-            if i and rid not in out and first[i] != np.iinfo(np.int64).max:
+    if run.figures is not None:
+        first = run.figures.first_start
+        for i in np.flatnonzero(first[:len(run.chunk_requests)] != np.iinfo(np.int64).max).tolist():
+            rid = run.chunk_requests[i]
+            if i and rid not in out:
                 out[rid] = int(first[i])
     return out
 
@@ -241,14 +240,14 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
                     "share": (s["mean"] / (mean_ttfp * NS_TO_MS)) if mean_ttfp else 0.0})
 
     # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
-    rows = components.Rows(run.chunks, run.chunk_requests, measured)
+    rows = components.Rows(run.figures, run.chunk_requests, measured)
     fifo, snapshot, transfer = components.figures(rows, label)
     chunk_incomplete = components.incomplete(rows)
     del rows
 
     # ---- head of line, in wall time, over the critical-path chunks of attributed requests
     cidx = {rid: i for i, rid in enumerate(run.chunk_requests)}
-    busy = headofline.sender_busy(run.chunks) if run.chunks is not None and len(run.chunks) else {}
+    busy = run.busy
     # the victims' waits are among the chunk spans begun before their first packet
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
     victims = [headofline.Victim(cidx[a.rid], a.arrival, a.ttfp, a.hops) for a in atts if a.rid in cidx]

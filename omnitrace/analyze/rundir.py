@@ -17,9 +17,12 @@ from typing import Any, Iterable, Iterator
 
 import orjson
 
+import numpy as np
+
 from omnitrace import conventions as cv
+from omnitrace import rowops
 from omnitrace import spantable as stt
-from omnitrace.analyze import tables
+from omnitrace.analyze import headofline, tables
 
 
 class RunDirError(Exception):
@@ -70,11 +73,13 @@ class Run:
     skipped_spans: int = 0  # spans of warm-up requests, not loaded
     events: int = 0  # events read from event logs
     torn_records: int = 0  # records lost in torn event segments
-    # the chunk spans the per-stage figures and the sender-busy rule read, columnar
-    # (tables.CHUNK_DTYPE; req indexes chunk_requests; warm-up rows included: a warm-up task
-    # can block a measured request in a FIFO); ``spans`` holds objects only for what
-    # attribution walks (request, stage and queue spans, chunk spans begun before the TTFP)
-    chunks: Any = None
+    # what the per-stage figures read of the chunk spans (tables.ChunkFigures; req indexes
+    # chunk_requests; every request: the selection is the report's); ``spans`` holds objects
+    # only for request, stage and queue spans
+    figures: Any = None
+    # the senders' busy intervals, per (stage, replica) (headofline.Busy; warm-up tasks
+    # included: they can block a measured request in a FIFO)
+    busy: dict = field(default_factory=dict)
     # chunk spans that began before their request's first packet, whole (SPAN_DTYPE; warm-up
     # requests left out): the walk, the head-of-line waits and the waterfalls read them
     early: Any = None
@@ -332,7 +337,10 @@ def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] 
         spans_total += len(fields) + skipped
     run.span_count += len(run.spans) - first
     table, requests = chunk_table(run.spans[first:])
-    add_chunks(run, tables.chunk_rows(table), table, requests)
+    figs = tables.ChunkFigures(*tables.figure_rows(table),
+                               np.full(len(requests), np.iinfo(np.int64).max, np.int64))
+    tables.first_starts(table, figs.first_start)
+    add_chunks(run, figs, table, headofline.sender_busy(table), requests)
     chunk_names = {n for i, n in enumerate(stt.NAMES) if i >= stt.N_SNAPSHOT}
     run.spans[first:] = [s for s in run.spans[first:] if s.name not in chunk_names]  # as rows now
     if bad and not spans_total:
@@ -347,7 +355,6 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     """Span-table rows (``omnitrace.spantable``) -> report :class:`Span` objects; with
     ``chunks_before_ttfp`` only chunk spans that began before their request's first audio
     packet (all attribution can walk) become objects."""
-    import numpy as np
 
     from omnitrace.otlp import emit_events
     names = stt.NAMES
@@ -403,7 +410,6 @@ def with_chunks(run: Run, reqs: dict, rids: list[str], batch: int = 2048,
     attached (Span objects made from ``run.early``), in batches of ``batch`` requests; a
     batch's chunk spans are dropped when the next one is made unless ``keep``: an hour's
     chunk spans as objects would not fit in memory."""
-    import numpy as np
 
     from omnitrace.analyze import attribution as at
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
@@ -433,11 +439,12 @@ def request_spans(run: Run) -> dict:
     return reqs
 
 
-def add_chunks(run: Run, chunks, early, requests: list[str]) -> None:
-    """Append a run directory's chunk rows (``tables.CHUNK_DTYPE``) and early chunk rows
-    (``spantable.SPAN_DTYPE``) to ``run.chunks`` / ``run.early``, their request ids
-    re-numbered into ``run.chunk_requests`` (several run directories merge into one table)."""
-    import numpy as np
+def add_chunks(run: Run, figures: tables.ChunkFigures, early, busy: dict,
+               requests: list[str]) -> None:
+    """Append a run directory's figure tables, early chunk rows (``spantable.SPAN_DTYPE``)
+    and senders' busy intervals to ``run.figures`` / ``run.early`` / ``run.busy``, their
+    request ids re-numbered into ``run.chunk_requests`` (several run directories merge into
+    one table; a (stage, replica) present in two keeps one timeline)."""
     index = {r: i for i, r in enumerate(run.chunk_requests)}
     remap = np.zeros(len(requests), np.uint32)
     for i, r in enumerate(requests):
@@ -447,17 +454,23 @@ def add_chunks(run: Run, chunks, early, requests: list[str]) -> None:
             run.chunk_requests.append(r)
         remap[i] = j
     if not np.array_equal(remap, np.arange(len(requests))):  # the first run: ids unchanged
-        for rows in (chunks, early):
-            for col in ("req", "by0", "by1", "by2"):
-                if col in rows.dtype.names:
-                    rows[col] = remap[rows[col].astype(np.int64)]
-    run.chunks = chunks if run.chunks is None else np.concatenate((run.chunks, chunks))
-    run.early = early if run.early is None else np.concatenate((run.early, early))
+        for col in ("req", "by0", "by1", "by2"):
+            early[col] = remap[early[col].astype(np.int64)]
+        figures = figures.renumbered(remap, len(run.chunk_requests))
+        busy = {k: (s, e, remap[r.astype(np.int64)]) for k, (s, e, r) in busy.items()}
+    run.figures = figures if run.figures is None else run.figures.merged(figures)
+    run.early = early if run.early is None else rowops.concat((run.early, early), early.dtype)
+    for k, (s, e, r) in busy.items():
+        if k in run.busy:  # two run directories' senders of one (stage, replica)
+            s0, e0, r0 = run.busy[k]
+            s, e, r = np.concatenate((s0, s)), np.concatenate((e0, e)), np.concatenate((r0, r))
+            o = np.argsort(s, kind="stable")
+            s, e, r = s[o], e[o], r[o]
+        run.busy[k] = (s, e, r)
 
 
 def chunk_table(spans: list[Span]) -> tuple[Any, list[str]]:
     """Report Span objects (a run recorded before the event log) -> chunk span table."""
-    import numpy as np
 
     code = {n: i for i, n in enumerate(stt.NAMES)}
     requests: dict[str, int] = {"": 0}
@@ -520,7 +533,6 @@ def _read_ahead(items: Iterator[Any]) -> Iterator[Any]:
 
 def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset()) -> bool:
     """Append the spans built from one run directory's event log; False if it has none."""
-    import numpy as np
 
     from omnitrace import eventlog
     from omnitrace.spantable import SpanBuilder
@@ -542,7 +554,7 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
         if len(skipped) < len(strings):  # the string table grows as segments are read
             skipped = np.concatenate((skipped, np.fromiter(
                 (r in skip for r in strings[len(skipped):]), bool, len(strings) - len(skipped))))
-        acc.add(f.spans, f.emits, f.firsts, skipped)
+        acc.add(f, skipped)
 
     def with_rings() -> Iterator[tuple[Any, dict]]:
         """Each segment with the rings as described up to it: read ahead, the reader
@@ -570,11 +582,12 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     for idx in log.died:
         builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
     take(builder.flush())
-    small, early, emits, chunks = acc.finish()
+    small, early, emits, figures, busy = acc.finish(
+        {int(r.get("pid", 0)): int(r.get("replica", 0)) for r in log.rings.values()})
     run.spans.extend(spans_from_table(small, emits, strings, log.rings))  # chunk spans: with_chunks
     run.skipped_spans += acc.skipped
     run.span_count += acc.rows - acc.skipped
-    add_chunks(run, chunks, early, strings)  # warm-up rows too: they can be culprits
+    add_chunks(run, figures, early, busy, strings)
     return True
 
 

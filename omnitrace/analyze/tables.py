@@ -1,38 +1,122 @@
 """The report's tables, taken from the span builder feed by feed (an hour-long run's spans
 are never held whole).
 
-Of each feed's span rows (``spantable.SPAN_DTYPE``) the report keeps:
+Of each feed the report keeps:
 
 * ``small``: request, stage and queue spans (a few per request), whole;
-* ``chunks``: the chunk spans the per-stage figures and the sender-busy rule read (snapshot,
-  FIFO, put, get, 0-byte process; and every incomplete one, for its count), of every
-  request (a warm-up request's task can block a measured one), in the narrower
-  :data:`CHUNK_DTYPE` (52 of the span row's 83 bytes);
+* the per-stage figures' columns of every chunk span (:class:`ChunkFigures`): one narrow
+  table per kind -- snapshot (14 bytes a row), FIFO (26), put/get (25) -- of the complete
+  spans, and (request, name, reason) of the incomplete ones, for their count; every
+  request's rows, warm-up included (the request selection is made by the report);
+* ``busy``: the sender tasks the builder closed (``Feed.busy``, 26 bytes each), the
+  head-of-line rule's busy intervals;
 * ``early``: chunk spans of measured requests that may have begun before their request's
   first audio packet -- what the attribution walk, the head-of-line waits and the
-  waterfalls read (~5% of the chunk spans at c=32); a row whose request has not reached
-  its first packet yet is kept, and the exact cut (start <= first packet) is made at the end;
+  waterfalls read (~5% of the chunk spans at c=32), whole; a row whose request has not
+  reached its first packet yet is kept, and the exact cut (start <= first packet) is made
+  at the end;
 * ``emits``: the emit/API-mark events up to the first packet (the walk reads the first).
 
-Memory: about 0.39 chunk rows per event at c=32, so ~20 bytes per event (150M events,
-about an hour: 3.0 GB), plus the early rows; the tables grow without copies
-(:class:`Growing`).
+Memory: at c=32 about 0.3 complete figure rows and 0.1 sender tasks per event, ~8 bytes
+per event in all (150M events, about an hour: ~1.2 GB), plus the early rows; the tables
+grow without copies (:class:`Growing`).
 """
 from __future__ import annotations
 
 import mmap
+from dataclasses import dataclass
 
 import numpy as np
 
 from omnitrace import conventions as cv
 from omnitrace import rowops
 from omnitrace import spantable as stt
+from omnitrace.analyze.headofline import Busy
 
-CHUNK_DTYPE = np.dtype([(n, stt.SPAN_DTYPE[n]) for n in
-                        ("name", "reason", "stage", "peer", "replica", "req", "chunk", "start",
-                         "end", "v1", "v2")])
-_FIGURE_NAMES = np.zeros(len(stt.NAMES), bool)
-_FIGURE_NAMES[[stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PUT, stt.N_GET]] = True
+SNAPSHOT_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("dur", "<i8")])
+FIFO_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("ahead", "<i4"), ("dur", "<i8"),
+                       ("blocked", "<i8")])
+TRANSFER_DTYPE = np.dtype([("req", "<u4"), ("put", "?"), ("producer", "<i2"), ("consumer", "<i2"),
+                           ("dur", "<i8"), ("bytes", "<i8")])
+INCOMPLETE_DTYPE = np.dtype([("req", "<u4"), ("name", "i1"), ("reason", "i1")])
+BUSY_DTYPE = np.dtype([("pid", "<i4"), ("stage", "<i2"), ("start", "<i8"), ("end", "<i8"),
+                       ("req", "<u4")])
+_NONE = np.iinfo(np.int64).max
+
+
+@dataclass
+class ChunkFigures:
+    """What the per-stage figures read of the chunk spans (complete ones; the incomplete
+    are counted by name and reason), and each request's earliest chunk span start
+    (``first_start``, by request id; int64 max: none). ``req`` columns index the run's
+    request list."""
+
+    snapshot: np.ndarray
+    fifo: np.ndarray
+    transfer: np.ndarray
+    incomplete: np.ndarray
+    first_start: np.ndarray
+
+    @staticmethod
+    def empty() -> "ChunkFigures":
+        return ChunkFigures(np.zeros(0, SNAPSHOT_DTYPE), np.zeros(0, FIFO_DTYPE),
+                            np.zeros(0, TRANSFER_DTYPE), np.zeros(0, INCOMPLETE_DTYPE),
+                            np.zeros(0, np.int64))
+
+    def tables(self) -> list[np.ndarray]:
+        return [self.snapshot, self.fifo, self.transfer, self.incomplete]
+
+    def renumbered(self, remap: np.ndarray, n_requests: int) -> "ChunkFigures":
+        """Request ids mapped through ``remap`` (old id -> new), ``first_start`` sized for
+        ``n_requests`` ids: to merge several run directories."""
+        for t in self.tables():
+            t["req"] = remap[t["req"].astype(np.int64)]
+        first = np.full(n_requests, _NONE, np.int64)
+        np.minimum.at(first, remap[:len(self.first_start)], self.first_start[:len(remap)])
+        self.first_start = first
+        return self
+
+    def merged(self, other: "ChunkFigures") -> "ChunkFigures":
+        n = max(len(self.first_start), len(other.first_start))
+        first = np.full(n, _NONE, np.int64)
+        for f in (self.first_start, other.first_start):
+            first[:len(f)] = np.minimum(first[:len(f)], f)
+        return ChunkFigures(*(rowops.concat((a, b), a.dtype) for a, b in zip(self.tables(), other.tables())),
+                            first)
+
+
+def figure_rows(spans: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Chunk span rows (``spantable.SPAN_DTYPE``) -> (snapshot, FIFO, put/get, incomplete)
+    rows of :class:`ChunkFigures`."""
+    name, ok = spans["name"], spans["reason"] == 0
+    dur = spans["end"] - spans["start"]
+
+    def table(dtype: np.dtype, sel: np.ndarray) -> np.ndarray:
+        out = np.empty(len(sel), dtype)
+        out["req"], out["dur"] = spans["req"][sel], dur[sel]
+        return out
+
+    i = np.flatnonzero(ok & (name == stt.N_SNAPSHOT))
+    snap = table(SNAPSHOT_DTYPE, i)
+    snap["stage"] = spans["stage"][i]
+    i = np.flatnonzero(ok & (name == stt.N_FIFO))
+    fifo = table(FIFO_DTYPE, i)
+    fifo["stage"], fifo["ahead"], fifo["blocked"] = spans["stage"][i], spans["v1"][i], spans["v2"][i]
+    i = np.flatnonzero(ok & ((name == stt.N_PUT) | (name == stt.N_GET)))
+    xfer = table(TRANSFER_DTYPE, i)
+    put = name[i] == stt.N_PUT
+    stage, peer = spans["stage"][i], spans["peer"][i]
+    xfer["put"], xfer["bytes"] = put, spans["v1"][i]
+    xfer["producer"], xfer["consumer"] = np.where(put, stage, peer), np.where(put, peer, stage)
+    i = np.flatnonzero(~ok)
+    bad = np.empty(len(i), INCOMPLETE_DTYPE)
+    bad["req"], bad["name"], bad["reason"] = spans["req"][i], name[i], spans["reason"][i]
+    return snap, fifo, xfer, bad
+
+
+def first_starts(spans: np.ndarray, into: np.ndarray) -> None:
+    """``into[req] = min(into[req], start)`` over chunk span rows, in place."""
+    np.minimum.at(into, spans["req"].astype(np.int64), np.ascontiguousarray(spans["start"]))
 
 
 class Growing:
@@ -72,45 +156,36 @@ class Growing:
         return self._buf[:self.n]
 
 
-def chunk_rows(spans: np.ndarray) -> np.ndarray:
-    """Chunk span rows -> the rows (and columns) ``chunks`` keeps."""
-    name = spans["name"]
-    keep = (_FIGURE_NAMES[name] | (spans["reason"] != 0)
-            | ((name == stt.N_PROCESS) & (spans["v1"] == 0)))
-    kept = rowops.select(spans, keep)
-    out = np.empty(len(kept), CHUNK_DTYPE)
-    for n in CHUNK_DTYPE.names:
-        out[n] = kept[n]
-    return out
-
-
 class ReportTables:
-    """Feed span tables in (``add``), then ``finish()``."""
+    """Feed the builder's output in (``add``), then ``finish()``."""
 
     def __init__(self) -> None:
         self.small = Growing(stt.SPAN_DTYPE)
         self.early = Growing(stt.SPAN_DTYPE)
         self.emits = Growing(stt.EMIT_DTYPE)
-        self.chunks = Growing(CHUNK_DTYPE)
+        self.figures = [Growing(d) for d in (SNAPSHOT_DTYPE, FIFO_DTYPE, TRANSFER_DTYPE,
+                                             INCOMPLETE_DTYPE)]
+        self.busy = Growing(BUSY_DTYPE)
         self.first_audio = np.zeros(1024, np.int64)  # per request: 0 unknown yet, -1 never
+        self.first_start = np.full(1024, _NONE, np.int64)  # per request: earliest chunk span
         self.rows = 0
         self.skipped = 0
 
     def _grow(self, top: int) -> None:
         if top >= len(self.first_audio):
-            grown = np.zeros(max(top + 1, 2 * len(self.first_audio)), np.int64)
-            grown[:len(self.first_audio)] = self.first_audio
-            self.first_audio = grown
+            n = max(top + 1, 2 * len(self.first_audio))
+            self.first_audio = np.concatenate((self.first_audio, np.zeros(n - len(self.first_audio), np.int64)))
+            self.first_start = np.concatenate((self.first_start, np.full(n - len(self.first_start), _NONE)))
 
-    def add(self, spans: np.ndarray, emits: np.ndarray, firsts: list, skip: np.ndarray) -> None:
-        """One feed's output; ``firsts``: its first-packet notes (``spantable.Feed``);
-        ``skip``: per request id (every id the feed holds), True for a request left out of
-        attribution (warm-up)."""
+    def add(self, feed: stt.Feed, skip: np.ndarray) -> None:
+        """One feed's output; ``skip``: per request id (every id the feed holds), True for
+        a request left out of attribution (warm-up)."""
+        spans, emits = feed.spans, feed.emits
         top = max(int(spans["req"].max()) if len(spans) else 0,
                   int(emits["req"].max()) if len(emits) else 0)
         self._grow(top)
         fa = self.first_audio
-        for kind, req, _replica, _seconds, t in firsts:
+        for kind, req, _replica, _seconds, t in feed.firsts:
             if kind == cv.Ev.REQUEST_FIRST_AUDIO:
                 fa[req] = t
         roots = spans[spans["name"] == stt.N_REQUEST]
@@ -123,15 +198,44 @@ class ReportTables:
         chunk = spans["name"] >= stt.N_SNAPSHOT
         self.small.append(rowops.select(spans, ~chunk & ~gone))
         C = rowops.select(spans, chunk)
-        self.chunks.append(chunk_rows(C))
+        for table, rows in zip(self.figures, figure_rows(C)):
+            table.append(rows)
+        first_starts(C, self.first_start)
         t = fa[req[chunk]]
         self.early.append(rowops.select(C, ~gone[chunk] & ((t == 0) | (C["start"] <= t))))
         t = fa[emits["req"].astype(np.int64)]
         self.emits.append(rowops.select(emits, (t == 0) | (emits["t"] <= t)))
+        for pid, stage, starts, ends, reqs in feed.busy:
+            b = np.empty(len(starts), BUSY_DTYPE)
+            b["pid"], b["stage"], b["start"], b["end"], b["req"] = pid, stage, starts, ends, reqs
+            self.busy.append(b)
 
-    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(request/stage/queue rows, early chunk rows cut at the first packet, emits,
-        chunk rows)."""
+    def finish(self, replica_of: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                          ChunkFigures, Busy]:
+        """(request/stage/queue rows, early chunk rows cut at the first packet, emits, the
+        figures' tables, the senders' busy intervals by (stage, replica); ``replica_of``:
+        pid -> replica, from the rings)."""
         early = self.early.view()
         early = rowops.select(early, early["start"] <= self.first_audio[early["req"].astype(np.int64)])
-        return self.small.view(), early, self.emits.view(), self.chunks.view()
+        figs = ChunkFigures(*(t.view() for t in self.figures), self.first_start)
+        return self.small.view(), early, self.emits.view(), figs, busy_by_replica(self.busy.view(), replica_of)
+
+
+def busy_by_replica(rows: np.ndarray, replica_of: dict[int, int]) -> Busy:
+    """BUSY_DTYPE rows (per sender pid and stage) -> ``headofline.Busy``: per (stage,
+    replica), (starts, ends, requests) sorted by start. A replica whose process was replaced
+    (a new pid) keeps one timeline."""
+    out: Busy = {}
+    if not len(rows):
+        return out
+    pids = np.unique(rows["pid"])
+    replica = np.array([replica_of.get(int(p), 0) for p in pids.tolist()], np.int64)[
+        np.searchsorted(pids, rows["pid"])]
+    key = (rows["stage"].astype(np.int64) << 16) | (replica & 0xFFFF)
+    order = np.lexsort((rows["start"], key))
+    key = key[order]
+    for k in np.unique(key).tolist():
+        lo, hi = np.searchsorted(key, [k, k + 1])
+        o = order[lo:hi]
+        out[(k >> 16, int(np.int16(k & 0xFFFF)))] = (rows["start"][o], rows["end"][o], rows["req"][o])
+    return out

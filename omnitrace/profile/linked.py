@@ -212,15 +212,16 @@ def build_index(run_dir: str) -> SpanIndex:
     del log.events
     builder = stt.SpanBuilder(dict(rt.rings))
     builder.ring_changed()
-    table = np.concatenate([builder.feed(ev).spans, builder.flush().spans])
+    fed = builder.feed(ev)
+    table = np.concatenate([fed.spans, builder.flush().spans])
     table = table[np.isin(table["name"], np.array(_INDEX_NAMES))]
     spans = np.zeros(len(table), INDEX_SPAN_DTYPE)
     for col in INDEX_SPAN_DTYPE.names:
         spans[col] = table[col]
     parts = []
-    for (pid, stage), rows in sender_busy(ev, rt.rings).items():
-        b = np.zeros(len(rows), BUSY_DTYPE)
-        b["pid"], b["stage"], b["start"], b["end"], b["req"] = pid, stage, rows[:, 0], rows[:, 1], rows[:, 2]
+    for pid, stage, starts, ends, reqs in fed.busy:  # the builder's sender rule, as the report's
+        b = np.zeros(len(starts), BUSY_DTYPE)
+        b["pid"], b["stage"], b["start"], b["end"], b["req"] = pid, stage, starts, ends, reqs
         parts.append(b)
     busy = np.concatenate(parts) if parts else np.zeros(0, BUSY_DTYPE)
     busy = busy[np.lexsort((busy["start"], busy["stage"], busy["pid"]))]
@@ -241,25 +242,6 @@ def open_index(run_dir: str) -> SpanIndex:
     if os.path.exists(path):
         return SpanIndex.load(path)
     return build_index(run_dir)
-
-
-def sender_busy(ev: np.ndarray, rings: dict[int, dict]) -> dict[tuple[int, int], np.ndarray]:
-    """Busy intervals of each sender (pid, stage) by the span builder's rule
-    (``spantable.sender_tasks``): rows (start, end, request) sorted by start, one per
-    closed task."""
-    s = ev[np.isin(ev["kind"], (E.FIFO_DEQUEUE, E.PROCESS_END, E.PUT_END))]
-    out: dict[tuple[int, int], np.ndarray] = {}
-    if not len(s):
-        return out
-    pid = ring_column(rings, "pid", s["ring"])
-    key = (pid << 16) | (s["stage"].astype(np.int64) + 1)
-    for k in np.unique(key).tolist():
-        seq = s[key == k]
-        seq = seq[np.argsort(seq["t"], kind="stable")]
-        d, end, _ = stt.sender_tasks(seq)
-        if len(d):
-            out[(k >> 16, (k & 0xFFFF) - 1)] = np.stack((seq["t"][d], end, seq["req"][d].astype(np.int64)), 1)
-    return out
 
 
 def blocked_parts(fifo: np.ndarray, busy: dict[tuple[int, int], np.ndarray], pids: np.ndarray
