@@ -6,8 +6,8 @@ order of arrival; output: a :data:`SPAN_DTYPE` table per feed, one row per finis
 and the ``omni.emit`` events of finished stage spans (:data:`EMIT_DTYPE`; rows of stage
 ``API_STAGE`` are the request span's API marks, ``conventions.API_MARKS``). Nothing here
 builds a Python object per chunk event: chunk pairs are matched with sorts and binary
-searches over integer keys; only request and stage events (a few per request per stage,
-plus one emit per output packet) go through a Python loop.
+searches over integer keys; only request and stage events (a few per request per stage)
+go through a Python loop, and the emits (one per output packet) a stage at a time.
 
 Pairing rules (one trace per request, ``conventions.trace_id_for(request)``):
 
@@ -227,7 +227,7 @@ class _Stage:
         self.status = 0
         self.ring, self.last = ring, 0
         self.queue_done = self.done = False
-        self.emits: list[tuple[int, int, int]] = []  # (t, packet, modality)
+        self.emits: list[np.ndarray] = []  # EMIT_DTYPE rows, each array in time order
 
 
 class _Req:
@@ -292,7 +292,7 @@ class SpanBuilder:
         self.incomplete_spans = 0
         self.requests_freed = 0
         self._rows: list[tuple] = []  # request/stage spans of this feed
-        self._emits: list[tuple] = []
+        self._emits: list[np.ndarray] = []
         self._busy: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]] = []
 
     # ------------------------------------------------------------------ rings
@@ -328,17 +328,22 @@ class SpanBuilder:
             ev = rowops.select(ev, known & has_req)
             self._note_times(ev)
         by_kind = _ByKind(ev)
-        small = by_kind.in_time_order((E.REQUEST_ARRIVE, E.STAGE_EMIT))
+        emitted = by_kind.kind(E.STAGE_EMIT)
+        if len(emitted):
+            self._stage_emits(emitted, now)
+        small = by_kind.in_time_order((E.REQUEST_ARRIVE, E.STAGE_FINISH))
         if len(small):
             self._request_events(small, now, firsts, arrivals, ends, contexts)
         if len(ev) and self.reqs:
-            self._seen(np.unique(ev["req"]).tolist(), now)
+            seen = np.zeros(int(ev["req"].max()) + 1, bool)  # distinct ids without a sort
+            seen[ev["req"]] = True
+            self._seen(np.flatnonzero(seen).tolist(), now)
         parts = [self._pair_chunks(by_kind)]
         if self._rows:
             parts.append(np.array(self._rows, SPAN_DTYPE))
             self._rows = []
         spans = rowops.concat(parts, SPAN_DTYPE)
-        emits = np.array(self._emits, EMIT_DTYPE) if self._emits else np.empty(0, EMIT_DTYPE)
+        emits = rowops.concat(self._emits, EMIT_DTYPE)
         self._emits = []
         self._count(spans)
         busy, self._busy = self._busy, []
@@ -390,8 +395,6 @@ class SpanBuilder:
                 elif kind == E.STAGE_FINISH:
                     sg.finish, sg.status = t, a
                     self._stage_row(req, stage, replica, sg, R_NONE)
-                else:  # STAGE_EMIT: a = packet index, b = modality
-                    sg.emits.append((t, a, b))
                 if kind == E.STAGE_FINISH and self._complete(st):
                     st.complete_at = now
                 continue
@@ -425,6 +428,37 @@ class SpanBuilder:
             elif kind in _MARK_KINDS:
                 st.marks.append((t, kind))
 
+    def _stage_emits(self, ev: np.ndarray, now: float) -> None:
+        """STAGE_EMIT events (a = packet index, b = modality; one per output packet, most of
+        the request and stage events) onto their stages a (request, stage, replica) group at
+        a time, not one by one."""
+        replica = self._replicas[ev["ring"]]
+        order = np.lexsort((ev["t"], replica, ev["stage"], ev["req"]))
+        ev, replica = rowops.take(ev, order), replica[order]
+        rows = np.empty(len(ev), EMIT_DTYPE)
+        rows["req"], rows["stage"], rows["replica"], rows["t"] = ev["req"], ev["stage"], replica, ev["t"]
+        rows["packet"], rows["modality"] = ev["a"], ev["b"]
+        head = np.ones(len(ev), bool)
+        head[1:] = ((ev["req"][1:] != ev["req"][:-1]) | (ev["stage"][1:] != ev["stage"][:-1])
+                    | (replica[1:] != replica[:-1]))
+        lo = np.flatnonzero(head)
+        hi = np.append(lo[1:], len(ev))
+        last = np.maximum.reduceat(ev["t"], lo)
+        for i, j, req, stage, rep, ring, t in zip(lo.tolist(), hi.tolist(), ev["req"][lo].tolist(),
+                                                  ev["stage"][lo].tolist(), replica[lo].tolist(),
+                                                  ev["ring"][lo].tolist(), last.tolist()):
+            st = self.reqs.get(req)
+            if st is None:
+                st = self.reqs[req] = _Req()
+            st.last_seen = now
+            st.complete_at = None
+            sg = st.stages.get((stage, rep))
+            if sg is None:
+                sg = st.stages[(stage, rep)] = _Stage(ring)
+            if t > sg.last:
+                sg.last = t
+            sg.emits.append(rows[i:j])
+
     def _seen(self, reqs: list[int], now: float) -> None:
         """Any event of a request keeps it alive; one after its END re-checks whether it
         is complete (the grace period counts from its last event)."""
@@ -456,7 +490,9 @@ class SpanBuilder:
                            st.prompt, st.max_tokens, st.first_text or 0, st.first_audio or 0,
                            0, 0, 0))
         # API marks travel as emit rows of stage API_STAGE: packet = event kind, modality -1
-        self._emits.extend((req, cv.API_STAGE, st.replica, t, k, -1) for t, k in st.marks)
+        if st.marks:
+            self._emits.append(np.array([(req, cv.API_STAGE, st.replica, t, k, -1) for t, k in st.marks],
+                                        EMIT_DTYPE))
         st.marks = []
 
     def _queue_row(self, req: int, stage: int, replica: int, sg: _Stage, reason: int) -> None:
@@ -477,7 +513,7 @@ class SpanBuilder:
         self._rows.append((N_STAGE, self._reason(sg.ring, reason), sg.status != 0, sg.status,
                            stage, -2, replica, req, -1, sg.ring, start, max(end, start), 0, 0, 0,
                            0, 0, 0, 0))
-        self._emits.extend((req, stage, replica, t, p, m) for t, p, m in sg.emits)
+        self._emits.extend(sg.emits)
         sg.emits = []
 
     def _reason(self, ring: int, reason: int) -> int:
@@ -742,7 +778,7 @@ class SpanBuilder:
             out.append(np.array(self._rows, SPAN_DTYPE))
             self._rows = []
         spans = rowops.concat(out, SPAN_DTYPE) if out else np.zeros(0, SPAN_DTYPE)
-        emits = np.array(self._emits, EMIT_DTYPE) if self._emits else np.empty(0, EMIT_DTYPE)
+        emits = rowops.concat(self._emits, EMIT_DTYPE)
         self._emits = []
         self._count(spans)
         return Feed(spans, emits)

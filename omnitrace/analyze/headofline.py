@@ -215,8 +215,13 @@ def _batch_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy | None) -
     # per (victim, culprit): overlap sum and distinct sender tasks
     keys, inv = np.unique((p["vi"] << 32) | p["culprit"], return_inverse=True)
     pair_chunk = np.bincount(inv, weights=dur, minlength=len(keys))
-    tasks = np.unique(np.stack((inv, p["prod"], p["task"]), 1), axis=0)  # a task may block several chunks
-    pair_tasks = np.bincount(tasks[:, 0], minlength=len(keys))
+    # distinct (pair, sender, task) triples: a task may block several chunks (by a lexsort:
+    # a row-wise np.unique took 0.75 s of this phase's 2.4 s on 10M events)
+    o = np.lexsort((p["task"], p["prod"], inv))
+    i, prod, task = inv[o], p["prod"][o], p["task"][o]
+    new = np.ones(len(o), bool)
+    new[1:] = (i[1:] != i[:-1]) | (prod[1:] != prod[:-1]) | (task[1:] != task[:-1])
+    pair_tasks = np.bincount(i[new], minlength=len(keys))
     wall, merged, shares = _union_shares(p["vi"], p["culprit"], p["start"], p["end"])
     out.pair_wall = np.bincount(np.searchsorted(keys, merged), weights=shares, minlength=len(keys))
     out.victim, out.culprit = keys >> 32, keys & 0xFFFFFFFF
