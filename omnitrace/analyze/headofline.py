@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omnitrace import conventions as cv
+from omnitrace import rowops
 from omnitrace import spantable as stt
 from omnitrace.eventlog import EVENT_DTYPE
 
@@ -74,19 +75,28 @@ def sender_busy(spans: np.ndarray) -> Busy:
     return out
 
 
-def _critical_waits(victims: list[Victim], chunks: np.ndarray) -> dict[str, np.ndarray]:
-    """The FIFO waits of every victim's critical-path chunks, clipped to [arrival, first
-    packet]: columns vi (victim index), prod, replica, w0, w1."""
-    fifo = chunks[(chunks["reason"] == 0) & (chunks["name"] == stt.N_FIFO)]
+def _fifo_by_hop(chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The complete FIFO rows of ``chunks`` (columns the waits read) sorted by their
+    (request, producer, consumer) key, and the keys: made once for every victim batch."""
+    fifo = rowops.select(chunks, (chunks["reason"] == 0) & (chunks["name"] == stt.N_FIFO))
     key = ((fifo["req"].astype(np.int64) << 32) | ((fifo["stage"].astype(np.int64) + 1) << 16)
            | (fifo["peer"].astype(np.int64) + 1))
     order = np.argsort(key, kind="stable")
-    fifo, key = fifo[order], key[order]
+    cols = np.empty(len(fifo), [(n, fifo.dtype[n]) for n in ("req", "replica", "chunk", "start", "end")])
+    for n in cols.dtype.names:
+        cols[n] = fifo[n][order]
+    return cols, key[order]
+
+
+def _critical_waits(victims: list[Victim], fifo: np.ndarray, key: np.ndarray) -> dict[str, np.ndarray]:
+    """The FIFO waits of every victim's critical-path chunks, clipped to [arrival, first
+    packet]: columns vi (victim index), prod, replica, w0, w1 (``fifo``, ``key``: from
+    :func:`_fifo_by_hop`)."""
     hops = np.array([(i, v.req, p, c, g, v.arrival, v.first_packet)
                      for i, v in enumerate(victims) for p, c, g in v.hops], np.int64).reshape(-1, 7)
     hkey = (hops[:, 1] << 32) | ((hops[:, 2] + 1) << 16) | (hops[:, 3] + 1)
     h, row = stt.expand_ranges(np.searchsorted(key, hkey, "left"), np.searchsorted(key, hkey, "right"))
-    f = fifo[row]
+    f = rowops.take(fifo, row)
     ok = f["chunk"] <= hops[h, 4]
     h, f = h[ok], f[ok]
     w0 = np.maximum(f["start"], hops[h, 5])
@@ -190,7 +200,8 @@ def blocked_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy | None =
     tested against); victims are independent, so batches only bound the memory."""
     if busy is None and len(chunks):
         busy = sender_busy(chunks)
-    parts = [_batch_pairs(victims[i:i + VICTIM_BATCH], chunks, busy)
+    fifo = _fifo_by_hop(chunks)
+    parts = [_batch_pairs(victims[i:i + VICTIM_BATCH], fifo, busy)
              for i in range(0, max(len(victims), 1), VICTIM_BATCH)]
     if len(parts) == 1:
         return parts[0]
@@ -200,14 +211,14 @@ def blocked_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy | None =
                    for f in Pairs.__dataclass_fields__))
 
 
-def _batch_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy | None) -> Pairs:
+def _batch_pairs(victims: list[Victim], fifo: tuple[np.ndarray, np.ndarray], busy: Busy | None) -> Pairs:
     nv = len(victims)
     none = np.zeros(0, np.int64)
     out = Pairs(np.zeros(nv), np.zeros(nv, np.int64), np.zeros(nv, np.int64), none, none,
                 np.zeros(0), none, none)
-    if not victims or not len(chunks) or not busy:
+    if not victims or not len(fifo[0]) or not busy:
         return out
-    p = _pieces(_critical_waits(victims, chunks), busy)
+    p = _pieces(_critical_waits(victims, *fifo), busy)
     if not len(p["vi"]):
         return out
     dur = p["end"] - p["start"]

@@ -404,38 +404,89 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     return out
 
 
-def with_chunks(run: Run, reqs: dict, rids: list[str], batch: int = 2048,
-                keep: bool = False) -> Iterator:
-    """Each of ``rids``' ``attribution.RequestSpans`` (from ``reqs``) with its chunk spans
-    attached (Span objects made from ``run.early``), in batches of ``batch`` requests; a
-    batch's chunk spans are dropped when the next one is made unless ``keep``: an hour's
-    chunk spans as objects would not fit in memory."""
+_PRODUCER_ROWS = np.zeros(len(stt.NAMES), bool)
+_PRODUCER_ROWS[[stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PROCESS, stt.N_PUT]] = True
+_CONSUMER_ROWS = np.zeros(len(stt.NAMES), bool)
+_CONSUMER_ROWS[[stt.N_POLL, stt.N_GET, stt.N_WAIT]] = True
+_NO_EMITS = np.zeros(0, stt.EMIT_DTYPE)
 
-    from omnitrace.analyze import attribution as at
+
+class _LazyChunks:
+    """One of ``attribution.RequestSpans``' chunk indexes (``producer``, ``consumer``,
+    ``scheduled``) over the request's chunk span rows: ``get`` makes Span objects only for
+    the key asked. The walk reads a few hops of a request's ~100 chunk spans before its
+    first packet; an hour's run has millions of them, and making every one an object was
+    most of the report's time. Rows ``mask`` selects, keyed by the columns ``by``
+    (``attribution.index_requests``' keys; for ``scheduled`` a list per consumer stage)."""
+
+    __slots__ = ("rows", "requests", "mask", "by", "cache")
+
+    def __init__(self, rows: np.ndarray, requests: list[str], mask: np.ndarray, by: tuple[str, ...]) -> None:
+        self.rows, self.requests, self.mask, self.by = rows, requests, mask, by
+        self.cache: dict = {}
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        hit = self.cache.get(key)
+        if hit is None:
+            sel = self.mask
+            for col, v in zip(self.by, key if isinstance(key, tuple) else (key,)):
+                sel = sel & (self.rows[col] == v)
+            spans = spans_from_table(rowops.select(self.rows, sel), _NO_EMITS, self.requests, {})
+            if len(self.by) == 1:
+                hit = spans
+            else:
+                hit = {}
+                for sp in spans:
+                    hit.setdefault(sp.name, []).append(sp)
+            self.cache[key] = hit
+        return hit if hit else default
+
+
+def _attach_chunks(r: Any, rows: np.ndarray, requests: list[str]) -> None:
+    """Give ``r`` (``attribution.RequestSpans``) lazy chunk indexes over its ``rows``, keyed
+    as ``attribution.index_requests`` keys them (incomplete wait_schedule spans left out)."""
+    name = rows["name"]
+    wait = name == stt.N_WAIT
+    done = rows["reason"] == 0
+    r.producer = _LazyChunks(rows, requests, _PRODUCER_ROWS[name], ("stage", "peer", "chunk"))
+    r.consumer = _LazyChunks(rows, requests, _CONSUMER_ROWS[name] & (done | ~wait), ("peer", "stage", "chunk"))
+    r.scheduled = _LazyChunks(rows, requests, wait & done, ("stage",))
+
+
+def with_chunks(run: Run, reqs: dict, rids: list[str], batch: int = 2048) -> Iterator:
+    """Each of ``rids``' ``attribution.RequestSpans`` (from ``reqs``) with its chunk spans
+    attached (lazily, from ``run.early``), in batches of ``batch`` requests; a batch's rows
+    are dropped when the next one is taken."""
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
     order = np.argsort(early["req"], kind="stable")  # a request's rows stay in table order
     sreq = early["req"][order]
     cidx = {r: i for i, r in enumerate(run.chunk_requests)}
-    no_emits = np.zeros(0, stt.EMIT_DTYPE)
     for k in range(0, len(rids), batch):
         part = rids[k:k + batch]
-        ids = np.array(sorted(cidx[r] for r in part if r in cidx), sreq.dtype)
-        _, pos = stt.expand_ranges(np.searchsorted(sreq, ids, "left"), np.searchsorted(sreq, ids, "right"))
-        at.index_requests(spans_from_table(early[order[pos]], no_emits, run.chunk_requests, {}), reqs)
+        have = [r for r in part if r in cidx]
+        ids = np.array([cidx[r] for r in have], sreq.dtype)
+        lo, hi = np.searchsorted(sreq, ids, "left"), np.searchsorted(sreq, ids, "right")
+        _, pos = stt.expand_ranges(lo, hi)
+        rows = rowops.take(early, order[pos])
+        ends = np.cumsum(hi - lo)
+        for rid, a, b in zip(have, (ends - (hi - lo)).tolist(), ends.tolist()):
+            if b > a:
+                _attach_chunks(reqs[rid], rows[a:b], run.chunk_requests)
         for rid in part:
             yield reqs[rid]
-        if not keep:
-            for rid in part:
-                reqs[rid].drop_chunks()
+        for rid in part:
+            reqs[rid].drop_chunks()
 
 
 def request_spans(run: Run) -> dict:
-    """Every request's ``attribution.RequestSpans`` with all its chunk spans (the whole
-    run as objects: for small runs and tests; the report walks ``with_chunks``)."""
+    """Every request's ``attribution.RequestSpans`` with all its chunk spans as objects
+    (the whole run: for small runs and tests; the report walks ``with_chunks``)."""
     from omnitrace.analyze import attribution as at
     reqs = at.index_requests(run.spans)
-    for _ in with_chunks(run, reqs, list(reqs), keep=True):
-        pass
+    early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
+    known = np.array([r in reqs for r in run.chunk_requests], bool)
+    rows = rowops.select(early, known[early["req"].astype(np.int64)])
+    at.index_requests(spans_from_table(rows, _NO_EMITS, run.chunk_requests, {}), reqs)
     return reqs
 
 
@@ -531,14 +582,25 @@ def _read_ahead(items: Iterator[Any]) -> Iterator[Any]:
         t.join()
 
 
-def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset()) -> bool:
-    """Append the spans built from one run directory's event log; False if it has none."""
+PARALLEL_MIN_BYTES_EVENTS = 16 << 20  # event segments on disk (~3M events) worth a second process
 
+
+class _Built:
+    """One request set's tables, built from the whole event log (``_build``)."""
+
+    def __init__(self, log: Any, tables: tables.ReportTables, died: list[tuple[int, int]],
+                 events: int) -> None:
+        self.log, self.tables, self.died, self.events = log, tables, died, events
+
+
+def _build(path: str, skip: frozenset[str], part: int = 0, parts: int = 1) -> _Built:
+    """Decode ``path``'s event log and build the report's tables of the requests whose id
+    % ``parts`` is ``part`` (every request's sender events go into the busy intervals;
+    only part 0 keeps them)."""
     from omnitrace import eventlog
     from omnitrace.spantable import SpanBuilder
     stream = eventlog.stream_event_log(path)
-    if stream is None:
-        return False
+    assert stream is not None
     log, segments = stream
     # one segment's events at a time, fed as the agent fed them live (the builder is
     # incremental): the whole run's decoded events are never held at once
@@ -554,6 +616,8 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
         if len(skipped) < len(strings):  # the string table grows as segments are read
             skipped = np.concatenate((skipped, np.fromiter(
                 (r in skip for r in strings[len(skipped):]), bool, len(strings) - len(skipped))))
+        if part:
+            f.busy = []  # part 0 keeps them
         acc.add(f, skipped)
 
     def with_rings() -> Iterator[tuple[Any, dict]]:
@@ -563,25 +627,89 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
             yield ev, dict(log.rings)
 
     died = []
+    events = 0
     try:
         for ev, rings in _read_ahead(with_rings()):
             builder.rings.update(rings)  # a segment may add rings or re-describe one (new writer)
             builder.ring_changed()
-            run.events += len(ev)
+            events += len(ev)
             d = ev[ev["kind"] == cv.Ev.STAGE_DIED]
             died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
             for lo in range(0, len(ev), FEED_EVENTS):  # the builder takes any cut
-                take(builder.feed(ev[lo:lo + FEED_EVENTS]))
+                cut = ev[lo:lo + FEED_EVENTS]
+                take(builder.feed(cut, foreign=(cut["req"] % parts) != part if parts > 1 else None))
     except eventlog.EventLogError as exc:
         raise RunDirError(str(exc)) from None
-    run.warnings.extend(f"{label}{w}" for w in log.warnings)
-    run.torn_records += log.torn_records
-    run.stage_deaths.extend(sorted(died, key=lambda x: x[1]))
     builder.rings.update(log.rings)
     builder.ring_changed()
     for idx in log.died:
         builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
     take(builder.flush())
+    return _Built(log, acc, died, events)
+
+
+def _build_in_child(path: str, skip: frozenset[str], part: int, parts: int, out: str) -> Any:
+    """``_build`` of one request set in a forked process (the second core); its tables
+    come back as .npy files in ``out`` (a private temporary directory)."""
+    import multiprocessing as mp
+
+    def work() -> None:
+        try:
+            for name, a in _build(path, skip, part, parts).tables.arrays().items():
+                np.save(os.path.join(out, name + ".npy"), a)
+        except BaseException as exc:  # told to the parent, which reads the log itself
+            with open(os.path.join(out, "error"), "w") as f:
+                f.write(f"{exc.__class__.__name__}: {str(exc)[:200]}")
+            os._exit(1)
+
+    proc = mp.get_context("fork").Process(target=work, name="omnitrace-report-part", daemon=True)
+    proc.start()
+    return proc
+
+
+def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset()) -> bool:
+    """Append the spans built from one run directory's event log; False if it has none.
+    A big log is read by two processes, each building the tables of half the requests
+    (span building is most of a report's time and one process uses one core)."""
+    import shutil
+    import tempfile
+
+    from omnitrace import eventlog
+    if not os.path.isdir(os.path.join(path, eventlog.DIR)):
+        return False
+    parts = 1
+    if (os.cpu_count() or 1) > 1:
+        if sum(os.path.getsize(p) for p in eventlog.segments(path)) >= PARALLEL_MIN_BYTES_EVENTS:
+            parts = 2
+    tmp = tempfile.mkdtemp(prefix="omnitrace-report-") if parts > 1 else None
+    child = _build_in_child(path, skip, 1, parts, tmp) if tmp else None
+    try:
+        built = _build(path, skip, 0, parts)
+        if child is not None:
+            child.join()
+            if child.exitcode == 0:
+                built.tables.absorb({n: np.load(os.path.join(tmp, n + ".npy"), mmap_mode="r")
+                                     for n in built.tables.arrays()})
+            else:  # read the other half here: slower, the same answer
+                why = ""
+                if os.path.exists(os.path.join(tmp, "error")):
+                    with open(os.path.join(tmp, "error")) as f:
+                        why = f": {f.read()}"
+                run.warnings.append(f"{label}the second report process failed (exit {child.exitcode}"
+                                    f"{why}); its half of the requests was read in this one")
+                built.tables.absorb(_build(path, skip, 1, parts).tables.arrays())
+    finally:
+        if child is not None:
+            if child.is_alive():
+                child.kill()
+            child.join()
+            shutil.rmtree(tmp, ignore_errors=True)
+    log, acc = built.log, built.tables
+    strings = log.requests.strings
+    run.events += built.events
+    run.warnings.extend(f"{label}{w}" for w in log.warnings)
+    run.torn_records += log.torn_records
+    run.stage_deaths.extend(sorted(built.died, key=lambda x: x[1]))
     small, early, emits, figures, busy = acc.finish(
         {int(r.get("pid", 0)): int(r.get("replica", 0)) for r in log.rings.values()})
     run.spans.extend(spans_from_table(small, emits, strings, log.rings))  # chunk spans: with_chunks
