@@ -88,8 +88,6 @@ _REQUEST_KINDS = (*(E(k) for k in sorted(_MARK_KINDS)), E.REQUEST_ARRIVE, E.REQU
 _STAGE_KINDS = (E.STAGE_ADD, E.STAGE_SCHEDULE, E.STAGE_FINISH, E.STAGE_EMIT)
 _CHUNK_KINDS = tuple(k for _, b, e in _PAIRS for k in (b, e))
 _SENDER_KINDS = (E.FIFO_DEQUEUE, E.PROCESS_END, E.PUT_END)
-_SENDER = np.zeros(1 << 16, bool)  # by kind (u2)
-_SENDER[list(_SENDER_KINDS)] = True
 _KNOWN = np.zeros(256, bool)
 for _k in (*_REQUEST_KINDS, *_STAGE_KINDS, *_CHUNK_KINDS, E.STEP_BEGIN, E.STEP_END,
            E.STAGE_DIED):
@@ -312,16 +310,12 @@ class SpanBuilder:
         self.dead_pids.add(pid)
 
     # ------------------------------------------------------------------ feed
-    def feed(self, ev: np.ndarray, now: float = 0.0, foreign: np.ndarray | None = None) -> Feed:
-        """Pair ``ev`` (EVENT_DTYPE rows) with what is waiting; returns finished spans.
-        ``foreign``: per event, True for a request another builder pairs (one builder per
-        request set, each on its own core): those events only extend the senders' busy
-        intervals, which every request's tasks make."""
+    def feed(self, ev: np.ndarray, now: float = 0.0) -> Feed:
+        """Pair ``ev`` (EVENT_DTYPE rows) with what is waiting; returns finished spans."""
         firsts: list = []
         arrivals: list = []
         ends: list = []
         contexts: list = []
-        senders = None
         if len(ev):
             if int(ev["ring"].max()) >= len(self._pids):
                 self._ring_arrays(int(ev["ring"].max()))
@@ -332,11 +326,6 @@ class SpanBuilder:
             has_req = ev["req"] != 0
             self.step_events += int(np.count_nonzero(known & ~has_req))
             ev = rowops.select(ev, known & has_req)
-            if foreign is not None:
-                foreign = foreign[known & has_req]
-                senders = rowops.select(ev, _SENDER[ev["kind"]])  # every request's, feed order
-                senders = rowops.take(senders, np.argsort(senders["t"], kind="stable"))
-                ev = rowops.select(ev, ~foreign)
             self._note_times(ev)
         by_kind = _ByKind(ev)
         emitted = by_kind.kind(E.STAGE_EMIT)
@@ -349,7 +338,7 @@ class SpanBuilder:
             seen = np.zeros(int(ev["req"].max()) + 1, bool)  # distinct ids without a sort
             seen[ev["req"]] = True
             self._seen(np.flatnonzero(seen).tolist(), now)
-        parts = [self._pair_chunks(by_kind, senders)]
+        parts = [self._pair_chunks(by_kind)]
         if self._rows:
             parts.append(np.array(self._rows, SPAN_DTYPE))
             self._rows = []
@@ -533,10 +522,8 @@ class SpanBuilder:
         return reason
 
     # ------------------------------------------------------------------ chunks
-    def _pair_chunks(self, ev: "_ByKind", senders: np.ndarray | None = None) -> np.ndarray:
-        """``senders``: the sender events in time order, if not ``ev``'s (``foreign``)."""
-        self._sender_intervals(ev.in_time_order(*((k, k) for k in _SENDER_KINDS))
-                               if senders is None else senders)
+    def _pair_chunks(self, ev: "_ByKind") -> np.ndarray:
+        self._sender_intervals(ev.in_time_order(*((k, k) for k in _SENDER_KINDS)))
         out = []
         for name, bk, ek in _PAIRS:
             pool = self._pools[name]

@@ -227,40 +227,6 @@ def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
         assert a.tolist() == c.tolist()
 
 
-def _report(run_dirs: list[str]) -> dict:
-    from omnitrace.analyze import report, rundir
-    rep = report.build_report(rundir.load_run(run_dirs))
-    rep.pop("run", None), rep.pop("runs", None)
-    return rep
-
-
-def test_report_in_two_processes_equals_one(real_run, monkeypatch):
-    """A big event log is read by two processes, each building the tables of half the
-    requests (every sender event in both); forced on this small run, the report is the
-    same, every figure of it; and when the second process fails, the first reads its half
-    too: the same report and one warning that says so."""
-    from omnitrace.analyze import rundir
-    monkeypatch.setattr(rundir, "PARALLEL_MIN_BYTES_EVENTS", 1 << 60)
-    one = _report([real_run])
-    monkeypatch.setattr(rundir, "PARALLEL_MIN_BYTES_EVENTS", 0)
-    two = _report([real_run])
-    assert one["window"]["attributed"] >= 10 and one["head_of_line_victims"]
-    assert two == one
-    parent, build = os.getpid(), rundir._build
-
-    def fails_in_child(*args):
-        if os.getpid() != parent:
-            raise MemoryError("simulated")
-        return build(*args)
-
-    monkeypatch.setattr(rundir, "_build", fails_in_child)
-    three = _report([real_run])
-    warned = [w for w in three.pop("warnings") if "second report process failed" in w]
-    assert len(warned) == 1 and "MemoryError: simulated" in warned[0]
-    one.pop("warnings")
-    assert three == one
-
-
 def test_walk_over_lazy_chunk_indexes_equals_walk_over_objects(real_run):
     """The report walks each request over lazy chunk indexes (Span objects only for the
     hops it reads); every request's attribution equals the walk over all its chunk spans

@@ -167,8 +167,13 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
             if n:
                 names.setdefault(st, str(n))
 
-    def label(stage: int) -> str:
-        return stage_label(stage, names)
+    labels: dict[int, str] = {}
+
+    def label(stage: int) -> str:  # millions of calls on a long run: memoised
+        v = labels.get(stage)
+        if v is None:
+            v = labels[stage] = stage_label(stage, names)
+        return v
 
     def died_label(stage: int) -> str:
         return f"{stage} ({names[stage]})" if stage in names else str(stage)
@@ -204,8 +209,9 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     requests: list[dict[str, Any]] = []
     sum_err: list[int] = []
     diffs: list[float] = []
+    totals_of = {a.rid: a.totals() for a in atts}
     for a in sorted(atts, key=lambda a: -a.ttfp_ns):
-        tot = a.totals()
+        tot = totals_of[a.rid]
         err = sum(tot.values()) - a.ttfp_ns
         sum_err.append(abs(err))
         client = bench_rows.get(a.rid, {}).get("ttfp_s")
@@ -228,10 +234,10 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
         requests.append(row)
 
     # ---- aggregate per stage and category (zeros included so means add up to mean TTFP)
-    keys = sorted({k for a in atts for k in a.totals()}, key=lambda k: (k[0] if k[0] >= 0 else 99,
-                                                                        at.CATEGORIES.index(k[1])))
+    totals = [totals_of[a.rid] for a in atts]
+    keys = sorted({k for t in totals for k in t}, key=lambda k: (k[0] if k[0] >= 0 else 99,
+                                                                 at.CATEGORIES.index(k[1])))
     mean_ttfp = sum(a.ttfp_ns for a in atts) / len(atts) if atts else 0.0
-    totals = [a.totals() for a in atts]
     agg = []
     for k in keys:
         s = summary([t.get(k, 0) for t in totals], NS_TO_MS)

@@ -350,6 +350,24 @@ def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] 
         run.warnings.append(f"{label}: {bad} malformed line(s)/span(s) skipped")
 
 
+def _chunk_span(row: tuple, requests: list[str]) -> Span:
+    """One chunk span row (a ``spantable.SPAN_DTYPE`` row as a tuple) -> :class:`Span`."""
+    (name, reason, _error, _status, stage, peer, replica, req, chunk, _ring, start, end, v1, v2,
+     _t1, _t2, by0, by1, by2) = row
+    if name == stt.N_FIFO:
+        by = tuple(requests[x] for x in (by0, by1, by2) if x)
+        return Span(stt.NAMES[name], requests[req], stage, peer, chunk, start, end, replica, v2, by,
+                    v1 + 1, v1, 0, reason != 0)
+    nb = v1 if name in (stt.N_PUT, stt.N_PROCESS, stt.N_GET) else 0
+    return Span(stt.NAMES[name], requests[req], stage, peer, chunk, start, end, replica, 0, (),
+                -1, -1, nb, reason != 0)
+
+
+def chunk_spans(rows: np.ndarray, requests: list[str]) -> list[Span]:
+    """Chunk span rows -> :class:`Span` objects, in row order."""
+    return [_chunk_span(row, requests) for row in rows.tolist()]
+
+
 def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
                      chunks_before_ttfp: bool = False) -> list[Span]:
     """Span-table rows (``omnitrace.spantable``) -> report :class:`Span` objects; with
@@ -368,19 +386,13 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
         keep &= ~chunk | (table["start"] <= ttfp[table["req"].astype(np.int64)])
     out: list[Span] = []
     append = out.append
-    for (name, reason, error, status, stage, peer, replica, req, chunk, ring, start, end, v1, v2,
-         t1, t2, by0, by1, by2) in table[keep].tolist():
-        rid = requests[req]
-        if name >= stt.N_SNAPSHOT:  # chunk spans: the hot part
-            if name == stt.N_FIFO:
-                by = tuple(requests[x] for x in (by0, by1, by2) if x)
-                append(Span(names[name], rid, stage, peer, chunk, start, end, replica, v2, by,
-                            v1 + 1, v1, 0, reason != 0))
-            else:
-                nb = v1 if name in (stt.N_PUT, stt.N_PROCESS, stt.N_GET) else 0
-                append(Span(names[name], rid, stage, peer, chunk, start, end, replica, 0, (),
-                            -1, -1, nb, reason != 0))
+    for row in rowops.select(table, keep).tolist():
+        if row[0] >= stt.N_SNAPSHOT:  # chunk spans: the hot part
+            append(_chunk_span(row, requests))
             continue
+        (name, reason, error, status, stage, peer, replica, req, chunk, ring, start, end, v1, v2,
+         t1, t2, by0, by1, by2) = row
+        rid = requests[req]
         if name == stt.N_REQUEST:
             attrs: dict[str, Any] = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STATUS: status,
                                      cv.ATTR_REPLICA: replica}
@@ -408,7 +420,6 @@ _PRODUCER_ROWS = np.zeros(len(stt.NAMES), bool)
 _PRODUCER_ROWS[[stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PROCESS, stt.N_PUT]] = True
 _CONSUMER_ROWS = np.zeros(len(stt.NAMES), bool)
 _CONSUMER_ROWS[[stt.N_POLL, stt.N_GET, stt.N_WAIT]] = True
-_NO_EMITS = np.zeros(0, stt.EMIT_DTYPE)
 
 
 class _LazyChunks:
@@ -431,7 +442,7 @@ class _LazyChunks:
             sel = self.mask
             for col, v in zip(self.by, key if isinstance(key, tuple) else (key,)):
                 sel = sel & (self.rows[col] == v)
-            spans = spans_from_table(rowops.select(self.rows, sel), _NO_EMITS, self.requests, {})
+            spans = chunk_spans(rowops.select(self.rows, sel), self.requests)
             if len(self.by) == 1:
                 hit = spans
             else:
@@ -486,7 +497,7 @@ def request_spans(run: Run) -> dict:
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
     known = np.array([r in reqs for r in run.chunk_requests], bool)
     rows = rowops.select(early, known[early["req"].astype(np.int64)])
-    at.index_requests(spans_from_table(rows, _NO_EMITS, run.chunk_requests, {}), reqs)
+    at.index_requests(chunk_spans(rows, run.chunk_requests), reqs)
     return reqs
 
 
@@ -538,7 +549,7 @@ def chunk_table(spans: list[Span]) -> tuple[Any, list[str]]:
     return np.array(rows, stt.SPAN_DTYPE), list(requests)
 
 
-FEED_EVENTS = 1 << 20  # events per feed: a feed's temporaries are ~300 bytes per event
+FEED_EVENTS = 1 << 17  # events per feed: its temporaries (~300 bytes per event) stay in the caches (1M-event feeds took ~1.4x as long)
 
 
 def _read_ahead(items: Iterator[Any]) -> Iterator[Any]:
@@ -582,25 +593,13 @@ def _read_ahead(items: Iterator[Any]) -> Iterator[Any]:
         t.join()
 
 
-PARALLEL_MIN_BYTES_EVENTS = 16 << 20  # event segments on disk (~3M events) worth a second process
-
-
-class _Built:
-    """One request set's tables, built from the whole event log (``_build``)."""
-
-    def __init__(self, log: Any, tables: tables.ReportTables, died: list[tuple[int, int]],
-                 events: int) -> None:
-        self.log, self.tables, self.died, self.events = log, tables, died, events
-
-
-def _build(path: str, skip: frozenset[str], part: int = 0, parts: int = 1) -> _Built:
-    """Decode ``path``'s event log and build the report's tables of the requests whose id
-    % ``parts`` is ``part`` (every request's sender events go into the busy intervals;
-    only part 0 keeps them)."""
+def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset()) -> bool:
+    """Append the spans built from one run directory's event log; False if it has none."""
     from omnitrace import eventlog
     from omnitrace.spantable import SpanBuilder
     stream = eventlog.stream_event_log(path)
-    assert stream is not None
+    if stream is None:
+        return False
     log, segments = stream
     # one segment's events at a time, fed as the agent fed them live (the builder is
     # incremental): the whole run's decoded events are never held at once
@@ -616,8 +615,6 @@ def _build(path: str, skip: frozenset[str], part: int = 0, parts: int = 1) -> _B
         if len(skipped) < len(strings):  # the string table grows as segments are read
             skipped = np.concatenate((skipped, np.fromiter(
                 (r in skip for r in strings[len(skipped):]), bool, len(strings) - len(skipped))))
-        if part:
-            f.busy = []  # part 0 keeps them
         acc.add(f, skipped)
 
     def with_rings() -> Iterator[tuple[Any, dict]]:
@@ -627,89 +624,25 @@ def _build(path: str, skip: frozenset[str], part: int = 0, parts: int = 1) -> _B
             yield ev, dict(log.rings)
 
     died = []
-    events = 0
     try:
         for ev, rings in _read_ahead(with_rings()):
             builder.rings.update(rings)  # a segment may add rings or re-describe one (new writer)
             builder.ring_changed()
-            events += len(ev)
+            run.events += len(ev)
             d = ev[ev["kind"] == cv.Ev.STAGE_DIED]
             died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
             for lo in range(0, len(ev), FEED_EVENTS):  # the builder takes any cut
-                cut = ev[lo:lo + FEED_EVENTS]
-                take(builder.feed(cut, foreign=(cut["req"] % parts) != part if parts > 1 else None))
+                take(builder.feed(ev[lo:lo + FEED_EVENTS]))
     except eventlog.EventLogError as exc:
         raise RunDirError(str(exc)) from None
+    run.warnings.extend(f"{label}{w}" for w in log.warnings)
+    run.torn_records += log.torn_records
+    run.stage_deaths.extend(sorted(died, key=lambda x: x[1]))
     builder.rings.update(log.rings)
     builder.ring_changed()
     for idx in log.died:
         builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
     take(builder.flush())
-    return _Built(log, acc, died, events)
-
-
-def _build_in_child(path: str, skip: frozenset[str], part: int, parts: int, out: str) -> Any:
-    """``_build`` of one request set in a forked process (the second core); its tables
-    come back as .npy files in ``out`` (a private temporary directory)."""
-    import multiprocessing as mp
-
-    def work() -> None:
-        try:
-            for name, a in _build(path, skip, part, parts).tables.arrays().items():
-                np.save(os.path.join(out, name + ".npy"), a)
-        except BaseException as exc:  # told to the parent, which reads the log itself
-            with open(os.path.join(out, "error"), "w") as f:
-                f.write(f"{exc.__class__.__name__}: {str(exc)[:200]}")
-            os._exit(1)
-
-    proc = mp.get_context("fork").Process(target=work, name="omnitrace-report-part", daemon=True)
-    proc.start()
-    return proc
-
-
-def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset()) -> bool:
-    """Append the spans built from one run directory's event log; False if it has none.
-    A big log is read by two processes, each building the tables of half the requests
-    (span building is most of a report's time and one process uses one core)."""
-    import shutil
-    import tempfile
-
-    from omnitrace import eventlog
-    if not os.path.isdir(os.path.join(path, eventlog.DIR)):
-        return False
-    parts = 1
-    if (os.cpu_count() or 1) > 1:
-        if sum(os.path.getsize(p) for p in eventlog.segments(path)) >= PARALLEL_MIN_BYTES_EVENTS:
-            parts = 2
-    tmp = tempfile.mkdtemp(prefix="omnitrace-report-") if parts > 1 else None
-    child = _build_in_child(path, skip, 1, parts, tmp) if tmp else None
-    try:
-        built = _build(path, skip, 0, parts)
-        if child is not None:
-            child.join()
-            if child.exitcode == 0:
-                built.tables.absorb({n: np.load(os.path.join(tmp, n + ".npy"), mmap_mode="r")
-                                     for n in built.tables.arrays()})
-            else:  # read the other half here: slower, the same answer
-                why = ""
-                if os.path.exists(os.path.join(tmp, "error")):
-                    with open(os.path.join(tmp, "error")) as f:
-                        why = f": {f.read()}"
-                run.warnings.append(f"{label}the second report process failed (exit {child.exitcode}"
-                                    f"{why}); its half of the requests was read in this one")
-                built.tables.absorb(_build(path, skip, 1, parts).tables.arrays())
-    finally:
-        if child is not None:
-            if child.is_alive():
-                child.kill()
-            child.join()
-            shutil.rmtree(tmp, ignore_errors=True)
-    log, acc = built.log, built.tables
-    strings = log.requests.strings
-    run.events += built.events
-    run.warnings.extend(f"{label}{w}" for w in log.warnings)
-    run.torn_records += log.torn_records
-    run.stage_deaths.extend(sorted(built.died, key=lambda x: x[1]))
     small, early, emits, figures, busy = acc.finish(
         {int(r.get("pid", 0)): int(r.get("replica", 0)) for r in log.rings.values()})
     run.spans.extend(spans_from_table(small, emits, strings, log.rings))  # chunk spans: with_chunks

@@ -10,7 +10,7 @@ def summary(values: Sequence[float] | Iterable[float], scale: float = 1.0) -> di
     """count, mean, p50, p90, p99, max (values multiplied by ``scale``); zeros when empty."""
     if isinstance(values, np.ndarray) and values.dtype.kind in "iu" and values.size:
         # integer ns: the exact sum, so the mean does not depend on the rows' order (a float
-        # sum's last bits do: the report's tables come in feed order, one or two processes)
+        # sum's last bits do, and the report's tables are in feed order)
         mean = int(values.sum(dtype=np.int64)) / values.size * scale
     else:
         mean = None

@@ -157,10 +157,7 @@ class Growing:
 
 
 class ReportTables:
-    """Feed the builder's output in (``add``), then ``finish()``. Tables built by another
-    process (another request set) join by ``arrays()`` there and ``absorb()`` here."""
-
-    FIGURES = ("snapshot", "fifo", "transfer", "incomplete")
+    """Feed the builder's output in (``add``), then ``finish()``."""
 
     def __init__(self) -> None:
         self.small = Growing(stt.SPAN_DTYPE)
@@ -212,29 +209,6 @@ class ReportTables:
             b = np.empty(len(starts), BUSY_DTYPE)
             b["pid"], b["stage"], b["start"], b["end"], b["req"] = pid, stage, starts, ends, reqs
             self.busy.append(b)
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """What ``absorb`` takes (before ``finish``)."""
-        out = {"small": self.small.view(), "early": self.early.view(), "emits": self.emits.view(),
-               "busy": self.busy.view(), "first_audio": self.first_audio,
-               "first_start": self.first_start, "counts": np.array([self.rows, self.skipped])}
-        out.update({name: t.view() for name, t in zip(self.FIGURES, self.figures)})
-        return out
-
-    def absorb(self, other: dict[str, np.ndarray]) -> None:
-        """Add the tables another process built of other requests (``arrays()`` there)."""
-        for name in ("small", "early", "emits", "busy"):
-            getattr(self, name).append(other[name])
-        for name, t in zip(self.FIGURES, self.figures):
-            t.append(other[name])
-        self._grow(len(other["first_audio"]) - 1)
-        fa = other["first_audio"]  # set for its own requests only
-        known = np.flatnonzero(fa != 0)
-        self.first_audio[known] = fa[known]
-        n = len(other["first_start"])
-        self.first_start[:n] = np.minimum(self.first_start[:n], other["first_start"])
-        self.rows += int(other["counts"][0])
-        self.skipped += int(other["counts"][1])
 
     def finish(self, replica_of: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                           ChunkFigures, Busy]:
