@@ -55,7 +55,7 @@ def sender_busy(spans: np.ndarray) -> Busy:
     sel = np.flatnonzero((spans["reason"] == 0) & ((name == stt.N_FIFO) | (name == stt.N_PUT)
                                                    | ((name == stt.N_PROCESS) & (spans["v1"] == 0))))
     ev = np.zeros(len(sel), EVENT_DTYPE)
-    kind = np.array([0] * len(stt.NAMES), np.int64)
+    kind = np.zeros(len(stt.NAMES), np.int64)
     kind[[stt.N_FIFO, stt.N_PUT, stt.N_PROCESS]] = E.FIFO_DEQUEUE, E.PUT_END, E.PROCESS_END
     ev["kind"] = kind[name[sel]]
     for col in ("req", "chunk", "stage"):
@@ -64,7 +64,7 @@ def sender_busy(spans: np.ndarray) -> Busy:
     key = (spans["stage"][sel].astype(np.int64) << 16) | (spans["replica"][sel].astype(np.int64) & 0xFFFF)
     # one sender's stamps in time order; at one time a closer before a dequeue (ring order)
     order = np.lexsort((ev["kind"] == E.FIFO_DEQUEUE, ev["t"], key))
-    ev, key = ev[order], key[order]
+    ev, key = rowops.take(ev, order), key[order]
     out: Busy = {}
     for k in np.unique(key).tolist():
         lo, hi = np.searchsorted(key, [k, k + 1])

@@ -533,7 +533,6 @@ def add_chunks(run: Run, figures: tables.ChunkFigures, early, busy: dict,
 
 def chunk_table(spans: list[Span]) -> tuple[Any, list[str]]:
     """Report Span objects (a run recorded before the event log) -> chunk span table."""
-
     code = {n: i for i, n in enumerate(stt.NAMES)}
     requests: dict[str, int] = {"": 0}
     rows = []
@@ -549,7 +548,9 @@ def chunk_table(spans: list[Span]) -> tuple[Any, list[str]]:
     return np.array(rows, stt.SPAN_DTYPE), list(requests)
 
 
-FEED_EVENTS = 1 << 17  # events per feed: its temporaries (~300 bytes per event) stay in the caches (1M-event feeds took ~1.4x as long)
+# events per feed: a feed's temporaries (~300 bytes per event) stay in the caches (feeds of
+# 1M events took ~1.4x as long)
+FEED_EVENTS = 1 << 17
 
 
 def _read_ahead(items: Iterator[Any]) -> Iterator[Any]:

@@ -17,9 +17,9 @@ Of each feed the report keeps:
   at the end;
 * ``emits``: the emit/API-mark events up to the first packet (the walk reads the first).
 
-Memory: at c=32 about 0.3 complete figure rows and 0.1 sender tasks per event, ~8 bytes
-per event in all (150M events, about an hour: ~1.2 GB), plus the early rows; the tables
-grow without copies (:class:`Growing`).
+Memory (measured at c=32): 0.31 figure rows and 0.12 sender tasks per event, ~9 bytes per
+event in all (150M events, about an hour: ~1.4 GB), plus the early rows (~2 bytes per
+event); the tables grow without copies (:class:`Growing`).
 """
 from __future__ import annotations
 
@@ -125,9 +125,8 @@ class Growing:
     Backed by an anonymous ``MAP_NORESERVE`` mapping far larger than any run needs: only
     the pages written become memory, so growing never copies and never holds a second,
     bigger array beside the first (numpy's ``resize`` zero-fills its new capacity, which
-    makes all of it resident, and a copy doubles the peak: ~6 GB for the 3 GB chunk table
-    of an hour at c=32). Where the kernel refuses the reservation (strict overcommit), a
-    doubling numpy array instead."""
+    makes all of it resident, and a copy doubles the peak). Where the kernel refuses the
+    reservation (strict overcommit), a doubling numpy array instead."""
 
     RESERVE = 1 << 38  # bytes of address space, not memory
 
