@@ -416,34 +416,60 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     return out
 
 
-_PRODUCER_ROWS = np.zeros(len(stt.NAMES), bool)
-_PRODUCER_ROWS[[stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PROCESS, stt.N_PUT]] = True
-_CONSUMER_ROWS = np.zeros(len(stt.NAMES), bool)
-_CONSUMER_ROWS[[stt.N_POLL, stt.N_GET, stt.N_WAIT]] = True
+_PRODUCER_NAMES = frozenset((stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PROCESS, stt.N_PUT))
+_CONSUMER_NAMES = frozenset((stt.N_POLL, stt.N_GET, stt.N_WAIT))
+
+
+class _RequestChunks:
+    """One request's chunk span rows, grouped on first use by the keys
+    ``attribution.index_requests`` uses (as row tuples: a Span object is made only for a
+    key the walk asks for, :class:`_LazyChunks`). The walk reads a few hops of a request's
+    ~100 chunk spans before its first packet; an hour's run has millions of them, and making
+    every one an object was most of the report's time."""
+
+    __slots__ = ("rows", "requests", "_groups")
+
+    def __init__(self, rows: np.ndarray, requests: list[str]) -> None:
+        self.rows, self.requests = rows, requests
+        self._groups: tuple[dict, dict, dict] | None = None
+
+    def groups(self) -> tuple[dict, dict, dict]:
+        """(producer, consumer, scheduled) row tuples by key; incomplete wait_schedule
+        spans left out, as ``index_requests`` leaves them."""
+        if self._groups is None:
+            prod: dict = {}
+            cons: dict = {}
+            sched: dict = {}
+            for row in self.rows.tolist():
+                name, stage, peer, chunk = row[0], row[4], row[5], row[8]
+                if name in _PRODUCER_NAMES:
+                    prod.setdefault((stage, peer, chunk), []).append(row)
+                elif name in _CONSUMER_NAMES:
+                    if name == stt.N_WAIT:
+                        if row[1]:  # ready, never taken into a step: no interval to walk
+                            continue
+                        sched.setdefault(stage, []).append(row)
+                    cons.setdefault((peer, stage, chunk), []).append(row)
+            self._groups = (prod, cons, sched)
+        return self._groups
 
 
 class _LazyChunks:
-    """One of ``attribution.RequestSpans``' chunk indexes (``producer``, ``consumer``,
-    ``scheduled``) over the request's chunk span rows: ``get`` makes Span objects only for
-    the key asked. The walk reads a few hops of a request's ~100 chunk spans before its
-    first packet; an hour's run has millions of them, and making every one an object was
-    most of the report's time. Rows ``mask`` selects, keyed by the columns ``by``
-    (``attribution.index_requests``' keys; for ``scheduled`` a list per consumer stage)."""
+    """``attribution.RequestSpans.producer`` / ``consumer`` / ``scheduled`` (``which`` 0, 1,
+    2) over a :class:`_RequestChunks`: ``get`` makes the Span objects of one key."""
 
-    __slots__ = ("rows", "requests", "mask", "by", "cache")
+    __slots__ = ("src", "which", "cache")
 
-    def __init__(self, rows: np.ndarray, requests: list[str], mask: np.ndarray, by: tuple[str, ...]) -> None:
-        self.rows, self.requests, self.mask, self.by = rows, requests, mask, by
+    def __init__(self, src: _RequestChunks, which: int) -> None:
+        self.src, self.which = src, which
         self.cache: dict = {}
 
     def get(self, key: Any, default: Any = None) -> Any:
         hit = self.cache.get(key)
         if hit is None:
-            sel = self.mask
-            for col, v in zip(self.by, key if isinstance(key, tuple) else (key,)):
-                sel = sel & (self.rows[col] == v)
-            spans = chunk_spans(rowops.select(self.rows, sel), self.requests)
-            if len(self.by) == 1:
+            requests = self.src.requests
+            spans = [_chunk_span(row, requests) for row in self.src.groups()[self.which].get(key, ())]
+            if self.which == 2:
                 hit = spans
             else:
                 hit = {}
@@ -454,14 +480,9 @@ class _LazyChunks:
 
 
 def _attach_chunks(r: Any, rows: np.ndarray, requests: list[str]) -> None:
-    """Give ``r`` (``attribution.RequestSpans``) lazy chunk indexes over its ``rows``, keyed
-    as ``attribution.index_requests`` keys them (incomplete wait_schedule spans left out)."""
-    name = rows["name"]
-    wait = name == stt.N_WAIT
-    done = rows["reason"] == 0
-    r.producer = _LazyChunks(rows, requests, _PRODUCER_ROWS[name], ("stage", "peer", "chunk"))
-    r.consumer = _LazyChunks(rows, requests, _CONSUMER_ROWS[name] & (done | ~wait), ("peer", "stage", "chunk"))
-    r.scheduled = _LazyChunks(rows, requests, wait & done, ("stage",))
+    """Give ``r`` (``attribution.RequestSpans``) lazy chunk indexes over its ``rows``."""
+    src = _RequestChunks(rows, requests)
+    r.producer, r.consumer, r.scheduled = _LazyChunks(src, 0), _LazyChunks(src, 1), _LazyChunks(src, 2)
 
 
 def with_chunks(run: Run, reqs: dict, rids: list[str], batch: int = 2048) -> Iterator:
