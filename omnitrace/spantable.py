@@ -187,11 +187,20 @@ def match(bkey: np.ndarray, bt: np.ndarray, ekey: np.ndarray, et: np.ndarray
     Returns index arrays (into the inputs) of the matched begins and their ends."""
     if not len(bkey) or not len(ekey):
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    bo = np.lexsort((bt, bkey))
-    eo = np.lexsort((et, ekey))
+
+    def by_key_then_time(key: np.ndarray, t: np.ndarray) -> np.ndarray:
+        # most keys occur once: one sort by key; time breaks ties only when some repeat
+        order = np.argsort(key, kind="stable")
+        k = key[order]
+        return order if not len(k) or (k[1:] != k[:-1]).all() else np.lexsort((t, key))
+
+    bo, eo = by_key_then_time(bkey, bt), by_key_then_time(ekey, et)
     bk, ek = bkey[bo], ekey[eo]
-    rank = np.arange(len(bk)) - np.searchsorted(bk, bk, "left")
     lo = np.searchsorted(ek, bk, "left")
+    if (bk[1:] != bk[:-1]).all():  # every begin key once: the first end of the key, if any
+        ok = ek[np.minimum(lo, len(ek) - 1)] == bk
+        return bo[ok], eo[lo[ok]]
+    rank = np.arange(len(bk)) - np.searchsorted(bk, bk, "left")
     hi = np.searchsorted(ek, bk, "right")
     pos = lo + rank
     ok = pos < hi
