@@ -576,7 +576,7 @@ FEED_EVENTS = 1 << 17
 
 def _read_ahead(items: Iterator[Any]) -> Iterator[Any]:
     """``items``, the next one made by a thread while the caller works on this one (a
-    segment's decompression and decoding run beside the span building: the second core)."""
+    part's decompression and decoding run beside the span building: the second core)."""
     import queue
     import threading
     q: queue.Queue = queue.Queue(maxsize=1)
@@ -622,8 +622,8 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     stream = eventlog.stream_event_log(path)
     if stream is None:
         return False
-    log, segments = stream
-    # one segment's events at a time, fed as the agent fed them live (the builder is
+    log, parts = stream
+    # the events a part at a time, fed as the agent fed them live (the builder is
     # incremental): the whole run's decoded events are never held at once
     builder = SpanBuilder({}, culprits=False)  # blocked_by: no report reads it
     # each feed's spans go straight into the report's tables (analyze/tables.py): the
@@ -640,15 +640,15 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
         acc.add(f, skipped)
 
     def with_rings() -> Iterator[tuple[Any, dict]]:
-        """Each segment with the rings as described up to it: read ahead, the reader
-        thread already changes ``log.rings`` for the next segment."""
-        for ev in segments:
+        """Each part with the rings as described up to it: read ahead, the reader
+        thread already changes ``log.rings`` for the next part."""
+        for ev in parts:
             yield ev, dict(log.rings)
 
     died = []
     try:
         for ev, rings in _read_ahead(with_rings()):
-            builder.rings.update(rings)  # a segment may add rings or re-describe one (new writer)
+            builder.rings.update(rings)  # a part may add rings or re-describe one (new writer)
             builder.ring_changed()
             run.events += len(ev)
             d = ev[ev["kind"] == cv.Ev.STAGE_DIED]
