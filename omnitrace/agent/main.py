@@ -31,7 +31,6 @@ import threading
 import time
 from collections import deque
 
-import numpy as np
 import orjson
 
 from omnitrace import __version__

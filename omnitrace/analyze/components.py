@@ -1,6 +1,6 @@
 """Per-stage component figures from the run's chunk spans (``tables.ChunkFigures``): FIFO
-residence, snapshot cost, put/get per stage pair. They need no API requests, so runs of the real vLLM-Omni
-adapter pair under a harness have them too, and `compare` compares them.
+residence, snapshot cost, put/get per stage pair. They need no API requests, so runs of the
+real vLLM-Omni adapter pair under a harness have them too, and `compare` compares them.
 
 Spans closed without their end event (``reason`` != 0) are left out of every figure and
 counted by span and reason instead: their durations end at an arbitrary moment.

@@ -19,7 +19,8 @@ def summary(values: Sequence[float] | Iterable[float], scale: float = 1.0) -> di
         return {"count": 0, "mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
     a = a * scale
     p50, p90, p99 = np.percentile(a, [50, 90, 99])
-    return {"count": int(a.size), "mean": float(a.mean()) if mean is None else mean, "p50": float(p50), "p90": float(p90),
+    return {"count": int(a.size), "mean": float(a.mean()) if mean is None else mean,
+            "p50": float(p50), "p90": float(p90),
             "p99": float(p99), "max": float(a.max())}
 
 
