@@ -194,34 +194,47 @@ class EventLog:
     warnings: list[str] = field(default_factory=list)
 
 
+INFLATE_BYTES = 1 << 20  # compressed bytes inflated at a time (~6 MB out: heap-sized, reused)
+
+
 def _blocks(path: str, last: bool, log: EventLog) -> Iterator[tuple[int, int, memoryview]]:
+    """The segment's blocks as (type, ring, payload). Inflated a slice at a time, not into
+    one ~64 MB buffer per segment (fresh pages every segment); a payload is valid until the
+    next block is taken."""
     with open(path, "rb") as f:
         data = f.read()
     dobj = zstandard.ZstdDecompressor().decompressobj()
-    try:
-        raw = dobj.decompress(data)
-    except zstandard.ZstdError as exc:
-        raise EventLogError(f"{path}: corrupt event segment ({exc})") from None
     name = os.path.basename(path)
-    torn = not dobj.eof
-    view = memoryview(raw)
-    off, n = 0, len(view)
-    while off + BLOCK.size <= n:
-        kind, idx, length = BLOCK.unpack_from(view, off)
-        if kind not in (RING, RECORDS, DIED, STRINGS, HEADER):
-            raise EventLogError(f"{path}: corrupt event segment (block type {kind} at {off})")
-        stop = off + BLOCK.size + length
-        if stop > n:  # torn block: its whole slots still decode, the rest is counted lost
-            if kind == RECORDS:
-                have = (n - off - BLOCK.size) // record.RECORD_SIZE
-                log.torn_records += length // record.RECORD_SIZE - have
-                yield kind, idx, view[off + BLOCK.size:off + BLOCK.size + have * record.RECORD_SIZE]
-            torn = True
-            off = n
+    torn = False
+    pending = b""  # the start of a block whose end is in the next slice
+    for lo in range(0, max(len(data), 1), INFLATE_BYTES):
+        try:
+            out = dobj.decompress(data[lo:lo + INFLATE_BYTES])
+        except zstandard.ZstdError as exc:
+            raise EventLogError(f"{path}: corrupt event segment ({exc})") from None
+        buf = pending + out if pending else out
+        view = memoryview(buf)
+        off, n = 0, len(view)
+        while off + BLOCK.size <= n:
+            kind, idx, length = BLOCK.unpack_from(view, off)
+            if kind not in (RING, RECORDS, DIED, STRINGS, HEADER):
+                raise EventLogError(f"{path}: corrupt event segment (block type {kind})")
+            stop = off + BLOCK.size + length
+            if stop > n:
+                break
+            yield kind, idx, view[off + BLOCK.size:stop]
+            off = stop
+        pending = bytes(view[off:])
+        if dobj.eof:
             break
-        yield kind, idx, view[off + BLOCK.size:stop]
-        off = stop
-    if off < n:
+    view = memoryview(pending)
+    if len(view) >= BLOCK.size:  # torn block: its whole slots still decode, the rest is lost
+        kind, idx, length = BLOCK.unpack_from(view, 0)
+        if kind == RECORDS:
+            have = (len(view) - BLOCK.size) // record.RECORD_SIZE
+            log.torn_records += length // record.RECORD_SIZE - have
+            yield kind, idx, view[BLOCK.size:BLOCK.size + have * record.RECORD_SIZE]
+    if len(pending) or not dobj.eof:
         torn = True
     if torn:
         where = "last segment" if last else "segment"
