@@ -205,7 +205,6 @@ def _blocks(path: str, last: bool, log: EventLog) -> Iterator[tuple[int, int, me
         data = f.read()
     dobj = zstandard.ZstdDecompressor().decompressobj()
     name = os.path.basename(path)
-    torn = False
     pending = b""  # the start of a block whose end is in the next slice
     for lo in range(0, max(len(data), 1), INFLATE_BYTES):
         try:
@@ -234,9 +233,7 @@ def _blocks(path: str, last: bool, log: EventLog) -> Iterator[tuple[int, int, me
             have = (len(view) - BLOCK.size) // record.RECORD_SIZE
             log.torn_records += length // record.RECORD_SIZE - have
             yield kind, idx, view[BLOCK.size:BLOCK.size + have * record.RECORD_SIZE]
-    if len(pending) or not dobj.eof:
-        torn = True
-    if torn:
+    if pending or not dobj.eof:
         where = "last segment" if last else "segment"
         log.warnings.append(f"events/{name}: {where} is torn (agent killed mid-write?); "
                             f"{log.torn_records} record(s) in its partial block lost")

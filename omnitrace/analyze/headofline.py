@@ -45,6 +45,40 @@ class Victim:
     hops: list[tuple[int, int, int]]  # (producer, consumer, gating chunk)
 
 
+def _sender_key(stage: np.ndarray, replica: np.ndarray) -> np.ndarray:
+    """(stage, replica) as one sortable int64 per row (:func:`_sender_of` inverts it)."""
+    return (np.asarray(stage).astype(np.int64) << 16) | (np.asarray(replica).astype(np.int64) & 0xFFFF)
+
+
+def _sender_of(key: int) -> tuple[int, int]:
+    return key >> 16, int(np.int16(key & 0xFFFF))
+
+
+def busy_from(stage: np.ndarray, replica: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+              reqs: np.ndarray) -> Busy:
+    """Sender tasks as flat columns -> :data:`Busy`, each sender's sorted by start (one
+    replica's tasks from several processes or run directories keep one timeline)."""
+    key = _sender_key(stage, replica)
+    order = np.lexsort((starts, key))
+    key = key[order]
+    out: Busy = {}
+    for k in np.unique(key).tolist():
+        lo, hi = np.searchsorted(key, [k, k + 1])
+        o = order[lo:hi]
+        out[_sender_of(k)] = (starts[o], ends[o], reqs[o])
+    return out
+
+
+def merged_busy(a: Busy, b: Busy) -> Busy:
+    """Two :data:`Busy` maps as one (several run directories of one deployment)."""
+    parts = [(k, v) for d in (a, b) for k, v in d.items()]
+    if not parts:
+        return {}
+    lens = [len(v[0]) for _, v in parts]
+    return busy_from(np.repeat([k[0] for k, _ in parts], lens), np.repeat([k[1] for k, _ in parts], lens),
+                     *(np.concatenate([v[i] for _, v in parts]) for i in range(3)))
+
+
 def sender_busy(spans: np.ndarray) -> Busy:
     """(stage, replica) -> (starts, ends, request) of the sender's tasks, sorted, disjoint,
     rebuilt from chunk span rows (``spantable.SPAN_DTYPE``: a run recorded before the event
@@ -61,7 +95,7 @@ def sender_busy(spans: np.ndarray) -> Busy:
     for col in ("req", "chunk", "stage"):
         ev[col] = spans[col][sel]
     ev["t"] = spans["end"][sel]  # "a" stays 0: only 0-byte process ends were taken
-    key = (spans["stage"][sel].astype(np.int64) << 16) | (spans["replica"][sel].astype(np.int64) & 0xFFFF)
+    key = _sender_key(spans["stage"][sel], spans["replica"][sel])
     # one sender's stamps in time order; at one time a closer before a dequeue (ring order)
     order = np.lexsort((ev["kind"] == E.FIFO_DEQUEUE, ev["t"], key))
     ev, key = rowops.take(ev, order), key[order]
@@ -71,7 +105,7 @@ def sender_busy(spans: np.ndarray) -> Busy:
         seq = ev[lo:hi]
         d, end, _ = stt.sender_tasks(seq)
         if len(d):
-            out[(k >> 16, int(np.int16(k & 0xFFFF)))] = (seq["t"][d], end, seq["req"][d])
+            out[_sender_of(k)] = (seq["t"][d], end, seq["req"][d])
     return out
 
 
@@ -110,9 +144,9 @@ def _pieces(waits: dict[str, np.ndarray], busy: Busy) -> dict[str, np.ndarray]:
     """Each (critical-path wait, other request's sender task) overlap: vi, start, end,
     culprit, prod, task (the task's start: identifies it on its sender)."""
     parts = []
-    skey = (waits["prod"] << 16) | (waits["replica"] & 0xFFFF)
+    skey = _sender_key(waits["prod"], waits["replica"])
     for k in np.unique(skey).tolist():
-        snd = busy.get((k >> 16, int(np.int16(k & 0xFFFF))))
+        snd = busy.get(_sender_of(k))
         if snd is None:
             continue
         starts, ends, reqs = snd

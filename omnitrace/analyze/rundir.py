@@ -15,9 +15,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-import orjson
-
 import numpy as np
+import orjson
 
 from omnitrace import conventions as cv
 from omnitrace import rowops
@@ -337,10 +336,8 @@ def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] 
         spans_total += len(fields) + skipped
     run.span_count += len(run.spans) - first
     table, requests = chunk_table(run.spans[first:])
-    figs = tables.ChunkFigures(*tables.figure_rows(table),
-                               np.full(len(requests), np.iinfo(np.int64).max, np.int64))
-    tables.first_starts(table, figs.first_start)
-    add_chunks(run, figs, table, headofline.sender_busy(table), requests)
+    add_chunks(run, tables.ChunkFigures.of(table, len(requests)), table,
+               headofline.sender_busy(table), requests)
     chunk_names = {n for i, n in enumerate(stt.NAMES) if i >= stt.N_SNAPSHOT}
     run.spans[first:] = [s for s in run.spans[first:] if s.name not in chunk_names]  # as rows now
     if bad and not spans_total:
@@ -373,7 +370,6 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     """Span-table rows (``omnitrace.spantable``) -> report :class:`Span` objects; with
     ``chunks_before_ttfp`` only chunk spans that began before their request's first audio
     packet (all attribution can walk) become objects."""
-
     from omnitrace.otlp import emit_events
     names = stt.NAMES
     by_stage = emit_events(emits)
@@ -543,13 +539,7 @@ def add_chunks(run: Run, figures: tables.ChunkFigures, early, busy: dict,
         busy = {k: (s, e, remap[r.astype(np.int64)]) for k, (s, e, r) in busy.items()}
     run.figures = figures if run.figures is None else run.figures.merged(figures)
     run.early = early if run.early is None else rowops.concat((run.early, early), early.dtype)
-    for k, (s, e, r) in busy.items():
-        if k in run.busy:  # two run directories' senders of one (stage, replica)
-            s0, e0, r0 = run.busy[k]
-            s, e, r = np.concatenate((s0, s)), np.concatenate((e0, e)), np.concatenate((r0, r))
-            o = np.argsort(s, kind="stable")
-            s, e, r = s[o], e[o], r[o]
-        run.busy[k] = (s, e, r)
+    run.busy = headofline.merged_busy(run.busy, busy) if run.busy else busy
 
 
 def chunk_table(spans: list[Span]) -> tuple[Any, list[str]]:

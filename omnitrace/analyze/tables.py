@@ -31,6 +31,7 @@ import numpy as np
 from omnitrace import conventions as cv
 from omnitrace import rowops
 from omnitrace import spantable as stt
+from omnitrace.analyze import headofline
 from omnitrace.analyze.headofline import Busy
 
 SNAPSHOT_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("dur", "<i8")])
@@ -75,6 +76,13 @@ class ChunkFigures:
         np.minimum.at(first, remap[:len(self.first_start)], self.first_start[:len(remap)])
         self.first_start = first
         return self
+
+    @staticmethod
+    def of(spans: np.ndarray, n_requests: int) -> "ChunkFigures":
+        """The figures of chunk span rows (``spantable.SPAN_DTYPE``) of ``n_requests`` ids."""
+        first = np.full(n_requests, _NONE, np.int64)
+        first_starts(spans, first)
+        return ChunkFigures(*figure_rows(spans), first)
 
     def merged(self, other: "ChunkFigures") -> "ChunkFigures":
         n = max(len(self.first_start), len(other.first_start))
@@ -221,20 +229,11 @@ class ReportTables:
 
 
 def busy_by_replica(rows: np.ndarray, replica_of: dict[int, int]) -> Busy:
-    """BUSY_DTYPE rows (per sender pid and stage) -> ``headofline.Busy``: per (stage,
-    replica), (starts, ends, requests) sorted by start. A replica whose process was replaced
-    (a new pid) keeps one timeline."""
-    out: Busy = {}
+    """BUSY_DTYPE rows (per sender pid and stage) -> ``headofline.Busy`` per (stage,
+    replica)."""
     if not len(rows):
-        return out
+        return {}
     pids = np.unique(rows["pid"])
     replica = np.array([replica_of.get(int(p), 0) for p in pids.tolist()], np.int64)[
         np.searchsorted(pids, rows["pid"])]
-    key = (rows["stage"].astype(np.int64) << 16) | (replica & 0xFFFF)
-    order = np.lexsort((rows["start"], key))
-    key = key[order]
-    for k in np.unique(key).tolist():
-        lo, hi = np.searchsorted(key, [k, k + 1])
-        o = order[lo:hi]
-        out[(k >> 16, int(np.int16(k & 0xFFFF)))] = (rows["start"][o], rows["end"][o], rows["req"][o])
-    return out
+    return headofline.busy_from(rows["stage"], replica, rows["start"], rows["end"], rows["req"])
