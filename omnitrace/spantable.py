@@ -653,7 +653,13 @@ class SpanBuilder:
                 continue
             sel = np.flatnonzero(skey == k)
             enq, deq, req = rows["start"][sel], rows["end"][sel], rows["req"][sel]
-            starts, ends = snd.starts, snd.ends
+            # only the intervals that can overlap some wait: the sender keeps seconds of
+            # them, a feed's waits span far less (each sum below is the same over these)
+            i0 = int(np.searchsorted(snd.ends, enq.min(), "right"))
+            i1 = int(np.searchsorted(snd.starts, deq.max(), "left"))
+            if i1 <= i0:
+                continue  # no task of this sender overlapped these waits: blocked 0
+            starts, ends, reqs = snd.starts[i0:i1], snd.ends[i0:i1], snd.reqs[i0:i1]
             busy = self._busy_before
             cum = np.concatenate(([0], np.cumsum(ends - starts)))
             total = busy(starts, ends, cum, deq, deq) - busy(starts, ends, cum, enq, enq)
@@ -661,8 +667,8 @@ class SpanBuilder:
             # stays time-sorted); a time's rank among all starts stands in for it (monotone,
             # <= n), so keys (group, rank) make one searchsorted serve every group
             n = len(starts)
-            order = np.argsort(snd.reqs, kind="stable")
-            g_req = snd.reqs[order]
+            order = np.argsort(reqs, kind="stable")
+            g_req = reqs[order]
             first = np.ones(n, bool)
             first[1:] = g_req[1:] != g_req[:-1]
             heads = np.flatnonzero(first)

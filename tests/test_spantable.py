@@ -218,7 +218,9 @@ def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
     got = [(pid, stage, s, e, r) for f in feeds for pid, stage, *cols in f.busy
            for s, e, r in zip(*(c.tolist() for c in cols))]
     assert got == [(10, 0, 10, 20, 1), (10, 0, 30, 35, 2), (10, 0, 40, 50, 3)]
-    from_builder = tables.busy_by_replica(np.array(got, tables.BUSY_DTYPE), {10: 0})
+    from_builder = tables.busy_by_replica(
+        {(10, 0): tuple(np.array(c) for c in ([g[2] for g in got], [g[3] for g in got], [g[4] for g in got]))},
+        {10: 0})
     spans = np.concatenate([f.spans for f in feeds])
     assert not spans["reason"].any()
     from_spans = headofline.sender_busy(spans)
@@ -239,3 +241,20 @@ def test_walk_over_lazy_chunk_indexes_equals_walk_over_objects(real_run):
     got = {r.rid: at.attribute(r) for r in with_chunks(run, lazy, sorted(lazy), batch=3)}
     assert sum(a is not None for a in want.values()) >= 10
     assert got == want
+
+
+def test_report_with_a_forked_walk_equals_the_report_in_one_process(real_run, monkeypatch):
+    """A long run's report walks part of its requests (and their head-of-line pairs) in a
+    forked child beside the component figures (analyze/beside.py); forced on a short run,
+    every figure, row and pair is the same as computed in one process."""
+    from omnitrace.analyze import report
+    from omnitrace.analyze.rundir import load_run
+    one = report.build_report(load_run([real_run]))
+    monkeypatch.setattr(report, "MIN_WORK", 1)
+    run = load_run([real_run])
+    walked = one["window"]["attributed"]
+    rows = sum(len(t) for t in run.figures.tables())
+    assert 0 < report._walk_here(walked, rows) < walked  # some requests are the child's
+    forked = report.build_report(run)
+    assert walked >= 10 and one["head_of_line"] and one["waterfalls"]
+    assert forked == one

@@ -130,6 +130,18 @@ class Attribution:
     def ttfp_ns(self) -> int:
         return self.ttfp - self.arrival
 
+    def packed(self) -> tuple:
+        """As plain tuples, to cross a process boundary: pickling tens of thousands of
+        dataclass objects (each with ~15 segments) costs ~3x as much."""
+        return (self.rid, self.arrival, self.ttfp,
+                [(s.start, s.end, s.stage, s.category, s.detail) for s in self.segments],
+                self.hops, self.missing, self.unrecorded_tasks)
+
+    @classmethod
+    def unpacked(cls, t: tuple) -> "Attribution":
+        rid, arrival, ttfp, segs, hops, missing, unrecorded = t
+        return cls(rid, arrival, ttfp, [Segment(*s) for s in segs], hops, missing, unrecorded)
+
     def totals(self) -> dict[tuple[int, str], int]:
         out: dict[tuple[int, str], int] = {}
         for s in self.segments:

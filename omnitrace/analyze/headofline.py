@@ -235,8 +235,13 @@ def blocked_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy | None =
     if busy is None and len(chunks):
         busy = sender_busy(chunks)
     fifo = _fifo_by_hop(chunks)
-    parts = [_batch_pairs(victims[i:i + VICTIM_BATCH], fifo, busy)
-             for i in range(0, max(len(victims), 1), VICTIM_BATCH)]
+    return joined([_batch_pairs(victims[i:i + VICTIM_BATCH], fifo, busy)
+                   for i in range(0, max(len(victims), 1), VICTIM_BATCH)])
+
+
+def joined(parts: list[Pairs]) -> Pairs:
+    """The pairs of consecutive runs of victims as those of all of them (victim indexes
+    offset; each part's pairs are in (victim, culprit) order, and so is the whole)."""
     if len(parts) == 1:
         return parts[0]
     offsets = np.cumsum([0] + [len(p.wall) for p in parts[:-1]])

@@ -11,6 +11,7 @@ from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.analyze import attribution as at
 from omnitrace.analyze import components, failures, headofline, waterfall
+from omnitrace.analyze.beside import MIN_WORK, Beside
 from omnitrace.analyze.rundir import Run, with_chunks
 from omnitrace.analyze.select import Selection
 from omnitrace.analyze.stats import NS_TO_MS, median, summary
@@ -157,6 +158,49 @@ def _bench_settings(run: Run) -> dict[str, Any] | None:
     return {k: b["args"].get(k) for k in keep if k in b["args"]}
 
 
+def _victims(run: Run, atts: list[at.Attribution]) -> list[headofline.Victim]:
+    cidx = run.chunk_index()
+    return [headofline.Victim(cidx[a.rid], a.arrival, a.ttfp, a.hops) for a in atts if a.rid in cidx]
+
+
+def _walk(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str]
+          ) -> tuple[list[at.Attribution], list[str], headofline.Pairs]:
+    """Attribute ``rids`` (chunk spans as objects a batch at a time), then their wall-time
+    head-of-line blocking: (attributions, ids without a first packet, blocking pairs)."""
+    atts: list[at.Attribution] = []
+    none: list[str] = []
+    for r in with_chunks(run, reqs, rids):
+        a = at.attribute(r)
+        if a is not None:
+            atts.append(a)
+        else:
+            none.append(r.rid)
+    # the victims' waits are among the chunk spans begun before their first packet
+    early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
+    return atts, none, headofline.blocked_pairs(_victims(run, atts), early, run.busy)
+
+
+def _walk_packed(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str]) -> tuple:
+    """:func:`_walk` in a child: the attributions as tuples (``Attribution.packed``)."""
+    atts, none, hp = _walk(run, reqs, rids)
+    return [a.packed() for a in atts], none, hp
+
+
+# Seconds per request walked (with its head-of-line pairs) and per figure-table row
+# summarised (measured on a 2-core VM, an hour's run): their ratio splits the work so that
+# this process (figures, then its share of the walk) and the child finish together.
+WALK_S, FIGURE_ROW_S = 5.0e-4, 1.0e-7
+
+
+def _walk_here(requests: int, figure_rows: int) -> int:
+    """How many of ``requests`` this process walks beside the component figures of
+    ``figure_rows``; a forked child walks the rest (none when the work is small)."""
+    if requests < MIN_WORK:
+        return requests
+    walk, figs = requests * WALK_S, figure_rows * FIGURE_ROW_S
+    return int(requests * min(max(0.5 - figs / (2 * walk), 0.0), 0.5))
+
+
 def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: Selection,
                   n_waterfalls: int, waterfall_ids: list[str]) -> dict[str, Any]:
     reqs = at.index_requests(run.spans)
@@ -192,16 +236,26 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
                                run.stage_deaths, died_label)
     failed_ids = set(fails.pop("failed_ids"))
 
-    atts: list[at.Attribution] = []
-    no_ttfp: list[str] = []
     # requests without an API request (component-level run) or without a trace: counted below
     walked = [rid for rid in sorted(measured) if rid in reqs and reqs[rid].request is not None]
-    for r in with_chunks(run, reqs, walked):  # chunk spans as objects a batch at a time
-        a = at.attribute(r)
-        if a is not None:
-            atts.append(a)
-        elif r.rid not in failed_ids:
-            no_ttfp.append(r.rid)
+    # a long run: a forked child walks the later requests while this process computes the
+    # component figures and walks the first ones
+    k = _walk_here(len(walked), sum(len(t) for t in run.figures.tables()) if run.figures else 0)
+    later = Beside(_walk_packed, run, reqs, walked[k:]) if k < len(walked) else None
+
+    # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
+    rows = components.Rows(run.figures, run.chunk_requests, measured)
+    fifo, snapshot, transfer = components.figures(rows, label)
+    chunk_incomplete = components.incomplete(rows)
+    del rows
+
+    atts, no_ttfp, hp = _walk(run, reqs, walked[:k])
+    if later is not None:
+        more, none, hp_more = later.result()
+        atts += map(at.Attribution.unpacked, more)
+        no_ttfp += none
+        hp = headofline.joined([hp, hp_more])
+    no_ttfp = [rid for rid in no_ttfp if rid not in failed_ids]
     traced = set(first_seen)
     untraced = sorted(i for i in bench_measured - traced if i not in failed_ids)
 
@@ -245,21 +299,13 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
                     "mean_ms": s["mean"], "p50_ms": s["p50"], "p99_ms": s["p99"],
                     "share": (s["mean"] / (mean_ttfp * NS_TO_MS)) if mean_ttfp else 0.0})
 
-    # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
-    rows = components.Rows(run.figures, run.chunk_requests, measured)
-    fifo, snapshot, transfer = components.figures(rows, label)
-    chunk_incomplete = components.incomplete(rows)
-    del rows
-
     # ---- head of line, in wall time, over the critical-path chunks of attributed requests
-    cidx = {rid: i for i, rid in enumerate(run.chunk_requests)}
+    cidx = run.chunk_index()
     busy = run.busy
-    # the victims' waits are among the chunk spans begun before their first packet
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
-    victims = [headofline.Victim(cidx[a.rid], a.arrival, a.ttfp, a.hops) for a in atts if a.rid in cidx]
+    victims = _victims(run, atts)  # hp's victim indexes: this list
     hol_rows, hol_victims = [], []
     ttfp_of = {a.rid: a.ttfp_ns * NS_TO_MS for a in atts}
-    hp = headofline.blocked_pairs(victims, early, busy)
     for i in np.flatnonzero(hp.wall > 0).tolist():
         vid = run.chunk_requests[victims[i].req]
         hol_victims.append({"victim": vid, "ttfp_ms": ttfp_of[vid], "blocked_ms": float(hp.wall[i]) * NS_TO_MS,

@@ -86,6 +86,10 @@ class Run:
     span_count: int = 0
     stage_deaths: list[tuple[int, int]] = field(default_factory=list)  # (stage, unix ns) STAGE_DIED
 
+    def chunk_index(self) -> dict[str, int]:
+        """Request id -> its index in ``chunk_requests`` (the tables' ``req``)."""
+        return {r: i for i, r in enumerate(self.chunk_requests)}
+
 
 def _value(v: dict[str, Any]) -> Any:
     """OTLP JSON AnyValue -> Python (intValue is a string in OTLP JSON)."""
@@ -488,7 +492,7 @@ def with_chunks(run: Run, reqs: dict, rids: list[str], batch: int = 2048) -> Ite
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
     order = np.argsort(early["req"], kind="stable")  # a request's rows stay in table order
     sreq = early["req"][order]
-    cidx = {r: i for i, r in enumerate(run.chunk_requests)}
+    cidx = run.chunk_index()
     for k in range(0, len(rids), batch):
         part = rids[k:k + batch]
         have = [r for r in part if r in cidx]

@@ -8,8 +8,8 @@ Of each feed the report keeps:
   table per kind -- snapshot (14 bytes a row), FIFO (26), put/get (25) -- of the complete
   spans, and (request, name, reason) of the incomplete ones, for their count; every
   request's rows, warm-up included (the request selection is made by the report);
-* ``busy``: the sender tasks the builder closed (``Feed.busy``, 26 bytes each), the
-  head-of-line rule's busy intervals;
+* ``busy``: the sender tasks the builder closed (``Feed.busy``, 20 bytes each), per
+  sender in the order closed (time order): the head-of-line rule's busy intervals;
 * ``early``: chunk spans of measured requests that may have begun before their request's
   first audio packet -- what the attribution walk, the head-of-line waits and the
   waterfalls read (~5% of the chunk spans at c=32), whole; a row whose request has not
@@ -40,8 +40,6 @@ FIFO_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("ahead", "<i4"), ("dur
 TRANSFER_DTYPE = np.dtype([("req", "<u4"), ("put", "?"), ("producer", "<i2"), ("consumer", "<i2"),
                            ("dur", "<i8"), ("bytes", "<i8")])
 INCOMPLETE_DTYPE = np.dtype([("req", "<u4"), ("name", "i1"), ("reason", "i1")])
-BUSY_DTYPE = np.dtype([("pid", "<i4"), ("stage", "<i2"), ("start", "<i8"), ("end", "<i8"),
-                       ("req", "<u4")])
 _NONE = np.iinfo(np.int64).max
 
 
@@ -172,7 +170,9 @@ class ReportTables:
         self.emits = Growing(stt.EMIT_DTYPE)
         self.figures = [Growing(d) for d in (SNAPSHOT_DTYPE, FIFO_DTYPE, TRANSFER_DTYPE,
                                              INCOMPLETE_DTYPE)]
-        self.busy = Growing(BUSY_DTYPE)
+        # per sender (pid, stage): its tasks' starts, ends, requests (contiguous columns:
+        # the head-of-line rule binary-searches them)
+        self.busy: dict[tuple[int, int], tuple[Growing, Growing, Growing]] = {}
         self.first_audio = np.zeros(1024, np.int64)  # per request: 0 unknown yet, -1 never
         self.first_start = np.full(1024, _NONE, np.int64)  # per request: earliest chunk span
         self.rows = 0
@@ -212,10 +212,12 @@ class ReportTables:
         self.early.append(rowops.select(C, ~gone[chunk] & ((t == 0) | (C["start"] <= t))))
         t = fa[emits["req"].astype(np.int64)]
         self.emits.append(rowops.select(emits, (t == 0) | (emits["t"] <= t)))
-        for pid, stage, starts, ends, reqs in feed.busy:
-            b = np.empty(len(starts), BUSY_DTYPE)
-            b["pid"], b["stage"], b["start"], b["end"], b["req"] = pid, stage, starts, ends, reqs
-            self.busy.append(b)
+        for pid, stage, *cols in feed.busy:
+            grow = self.busy.get((pid, stage))
+            if grow is None:
+                grow = self.busy[(pid, stage)] = (Growing(np.int64), Growing(np.int64), Growing(np.uint32))
+            for g, c in zip(grow, cols):
+                g.append(c)
 
     def finish(self, replica_of: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                           ChunkFigures, Busy]:
@@ -225,15 +227,27 @@ class ReportTables:
         early = self.early.view()
         early = rowops.select(early, early["start"] <= self.first_audio[early["req"].astype(np.int64)])
         figs = ChunkFigures(*(t.view() for t in self.figures), self.first_start)
-        return self.small.view(), early, self.emits.view(), figs, busy_by_replica(self.busy.view(), replica_of)
+        senders = {k: tuple(g.view() for g in grow) for k, grow in self.busy.items()}
+        return self.small.view(), early, self.emits.view(), figs, busy_by_replica(senders, replica_of)
 
 
-def busy_by_replica(rows: np.ndarray, replica_of: dict[int, int]) -> Busy:
-    """BUSY_DTYPE rows (per sender pid and stage) -> ``headofline.Busy`` per (stage,
-    replica)."""
-    if not len(rows):
-        return {}
-    pids = np.unique(rows["pid"])
-    replica = np.array([replica_of.get(int(p), 0) for p in pids.tolist()], np.int64)[
-        np.searchsorted(pids, rows["pid"])]
-    return headofline.busy_from(rows["stage"], replica, rows["start"], rows["end"], rows["req"])
+def busy_by_replica(senders: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]],
+                    replica_of: dict[int, int]) -> Busy:
+    """Each sender's (pid, stage) tasks (starts, ends, requests, in the order the builder
+    closed them) -> ``headofline.Busy`` per (stage, replica); ``replica_of``: pid -> replica.
+    A replica served by one sender process keeps its columns as they are (a sort of an
+    hour's tasks, 3 s, when they are in time order already); several are merged."""
+    by: dict[tuple[int, int], list] = {}
+    for (pid, stage), cols in senders.items():
+        if len(cols[0]):
+            by.setdefault((stage, replica_of.get(pid, 0)), []).append(cols)
+    out: Busy = {}
+    for (stage, replica), parts in by.items():
+        starts, ends, reqs = parts[0]
+        if len(parts) == 1 and not (starts[1:] < starts[:-1]).any():
+            out[(stage, replica)] = (starts, ends, reqs)
+            continue
+        n = sum(len(p[0]) for p in parts)
+        out.update(headofline.busy_from(np.full(n, stage), np.full(n, replica),
+                                        *(np.concatenate([p[i] for p in parts]) for i in range(3))))
+    return out
