@@ -136,6 +136,38 @@ class _ByKind:
         return rowops.take(ev, np.lexsort((pos, ev["t"])))
 
 
+class Prepared:
+    """One feed's events made ready for the builder without reading any of its state: the
+    known kinds that carry a request, grouped by kind, and what derives from them alone
+    (request and sender events in time order, the distinct requests). A reader may make
+    it on another thread, beside the builder's work on the previous feed: its few large
+    numpy operations release the GIL (the report prepares its parts as it decodes them)."""
+
+    __slots__ = ("events", "max_ring", "unknown", "steps", "ev", "by_kind", "emitted", "small",
+                 "senders", "reqs")
+
+    def __init__(self, ev: np.ndarray) -> None:
+        self.events = len(ev)
+        self.max_ring = int(ev["ring"].max()) if len(ev) else -1
+        self.unknown = self.steps = 0
+        if len(ev):
+            known = _KNOWN[np.minimum(ev["kind"], 255)]
+            self.unknown = int(len(ev) - known.sum())
+            has_req = ev["req"] != 0
+            self.steps = int(np.count_nonzero(known & ~has_req))
+            ev = rowops.select(ev, known & has_req)
+        self.ev = ev
+        by = self.by_kind = _ByKind(ev)
+        self.emitted = by.kind(E.STAGE_EMIT)
+        self.small = by.in_time_order((E.REQUEST_ARRIVE, E.STAGE_FINISH))
+        self.senders = by.in_time_order(*((k, k) for k in _SENDER_KINDS))
+        self.reqs: list[int] = []
+        if len(ev):
+            seen = np.zeros(int(ev["req"].max()) + 1, bool)  # distinct ids without a sort
+            seen[ev["req"]] = True
+            self.reqs = np.flatnonzero(seen).tolist()
+
+
 def _key(req: np.ndarray, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:
     """(request, stage, chunk) as one sortable int64 (stage < 127, chunk < 2^24)."""
     return ((req.astype(np.int64) << 31) | ((stage.astype(np.int64) + 1) << 24)
@@ -319,35 +351,27 @@ class SpanBuilder:
         self.dead_pids.add(pid)
 
     # ------------------------------------------------------------------ feed
-    def feed(self, ev: np.ndarray, now: float = 0.0) -> Feed:
-        """Pair ``ev`` (EVENT_DTYPE rows) with what is waiting; returns finished spans."""
+    def feed(self, ev: np.ndarray | Prepared, now: float = 0.0) -> Feed:
+        """Pair ``ev`` (EVENT_DTYPE rows, or them :class:`Prepared`) with what is waiting;
+        returns finished spans."""
+        p = ev if isinstance(ev, Prepared) else Prepared(ev)
         firsts: list = []
         arrivals: list = []
         ends: list = []
         contexts: list = []
-        if len(ev):
-            if int(ev["ring"].max()) >= len(self._pids):
-                self._ring_arrays(int(ev["ring"].max()))
-            self.events += len(ev)
-            kinds = ev["kind"]
-            known = _KNOWN[np.minimum(kinds, 255)]
-            self.unknown_events += int(len(ev) - known.sum())
-            has_req = ev["req"] != 0
-            self.step_events += int(np.count_nonzero(known & ~has_req))
-            ev = rowops.select(ev, known & has_req)
-            self._note_times(ev)
-        by_kind = _ByKind(ev)
-        emitted = by_kind.kind(E.STAGE_EMIT)
-        if len(emitted):
-            self._stage_emits(emitted, now)
-        small = by_kind.in_time_order((E.REQUEST_ARRIVE, E.STAGE_FINISH))
-        if len(small):
-            self._request_events(small, now, firsts, arrivals, ends, contexts)
-        if len(ev) and self.reqs:
-            seen = np.zeros(int(ev["req"].max()) + 1, bool)  # distinct ids without a sort
-            seen[ev["req"]] = True
-            self._seen(np.flatnonzero(seen).tolist(), now)
-        parts = [self._pair_chunks(by_kind)]
+        if p.max_ring >= len(self._pids):
+            self._ring_arrays(p.max_ring)
+        self.events += p.events
+        self.unknown_events += p.unknown
+        self.step_events += p.steps
+        self._note_times(p.ev)
+        if len(p.emitted):
+            self._stage_emits(p.emitted, now)
+        if len(p.small):
+            self._request_events(p.small, now, firsts, arrivals, ends, contexts)
+        if p.reqs and self.reqs:
+            self._seen(p.reqs, now)
+        parts = [self._pair_chunks(p.by_kind, p.senders)]
         if self._rows:
             parts.append(np.array(self._rows, SPAN_DTYPE))
             self._rows = []
@@ -531,8 +555,8 @@ class SpanBuilder:
         return reason
 
     # ------------------------------------------------------------------ chunks
-    def _pair_chunks(self, ev: "_ByKind") -> np.ndarray:
-        self._sender_intervals(ev.in_time_order(*((k, k) for k in _SENDER_KINDS)))
+    def _pair_chunks(self, ev: "_ByKind", senders: np.ndarray) -> np.ndarray:
+        self._sender_intervals(senders)
         out = []
         for name, bk, ek in _PAIRS:
             pool = self._pools[name]

@@ -570,7 +570,8 @@ FEED_EVENTS = 1 << 17
 
 def _read_ahead(items: Iterator[Any]) -> Iterator[Any]:
     """``items``, the next one made by a thread while the caller works on this one (a
-    part's decompression and decoding run beside the span building: the second core)."""
+    part's decompression, decoding and grouping by kind run beside the span building:
+    the second core)."""
     import queue
     import threading
     q: queue.Queue = queue.Queue(maxsize=1)
@@ -612,7 +613,7 @@ def _read_ahead(items: Iterator[Any]) -> Iterator[Any]:
 def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset()) -> bool:
     """Append the spans built from one run directory's event log; False if it has none."""
     from omnitrace import eventlog
-    from omnitrace.spantable import SpanBuilder
+    from omnitrace.spantable import Prepared, SpanBuilder
     stream = eventlog.stream_event_log(path)
     if stream is None:
         return False
@@ -633,22 +634,23 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
                 (r in skip for r in strings[len(skipped):]), bool, len(strings) - len(skipped))))
         acc.add(f, skipped)
 
-    def with_rings() -> Iterator[tuple[Any, dict]]:
-        """Each part with the rings as described up to it: read ahead, the reader
-        thread already changes ``log.rings`` for the next part."""
+    def prepared() -> Iterator[tuple[list, dict, int, Any]]:
+        """Each part as the builder's feeds (``spantable.Prepared``: grouped by kind here,
+        on the reader thread), with the rings as described up to it (the reader already
+        changes ``log.rings`` for the next part), its size and its STAGE_DIED events."""
         for ev in parts:
-            yield ev, dict(log.rings)
+            feeds = [Prepared(ev[lo:lo + FEED_EVENTS]) for lo in range(0, len(ev), FEED_EVENTS)]
+            yield feeds, dict(log.rings), len(ev), ev[ev["kind"] == cv.Ev.STAGE_DIED]
 
     died = []
     try:
-        for ev, rings in _read_ahead(with_rings()):
+        for feeds, rings, n, d in _read_ahead(prepared()):
             builder.rings.update(rings)  # a part may add rings or re-describe one (new writer)
             builder.ring_changed()
-            run.events += len(ev)
-            d = ev[ev["kind"] == cv.Ev.STAGE_DIED]
+            run.events += n
             died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
-            for lo in range(0, len(ev), FEED_EVENTS):  # the builder takes any cut
-                take(builder.feed(ev[lo:lo + FEED_EVENTS]))
+            for f in feeds:  # the builder takes any cut
+                take(builder.feed(f))
     except eventlog.EventLogError as exc:
         raise RunDirError(str(exc)) from None
     run.warnings.extend(f"{label}{w}" for w in log.warnings)
