@@ -10,10 +10,11 @@ attribution needs, so the full OTLP dicts are dropped immediately.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import orjson
@@ -610,6 +611,36 @@ def _read_ahead(items: Iterator[Any]) -> Iterator[Any]:
         t.join()
 
 
+@contextlib.contextmanager
+def _in_order_beside(fn: Callable[..., None], depth: int = 4) -> Iterator[Callable[..., None]]:
+    """``submit(*args)`` calls ``fn(*args)`` on one thread, in the order submitted, while
+    the caller goes on (the report's tables take one feed's spans while the builder makes
+    the next: most of both is numpy, which releases the GIL). Leaving waits for the
+    calls; the first error of one is raised then."""
+    import queue
+    import threading
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        while (item := q.get()) is not None:
+            if not errors:  # after an error the rest is only drained
+                try:
+                    fn(*item)
+                except BaseException as exc:  # handed to the caller, raised there
+                    errors.append(exc)
+
+    t = threading.Thread(target=work, name="omnitrace-report-tables", daemon=True)
+    t.start()
+    try:
+        yield lambda *args: q.put(args)
+    finally:
+        q.put(None)
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset()) -> bool:
     """Append the spans built from one run directory's event log; False if it has none."""
     from omnitrace import eventlog
@@ -632,7 +663,7 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
         if len(skipped) < len(strings):  # the string table grows as segments are read
             skipped = np.concatenate((skipped, np.fromiter(
                 (r in skip for r in strings[len(skipped):]), bool, len(strings) - len(skipped))))
-        acc.add(f, skipped)
+        add(f, skipped)  # a new array when it grows: the tables' thread may hold the old
 
     def prepared() -> Iterator[tuple[list, dict, int, Any]]:
         """Each part as the builder's feeds (``spantable.Prepared``: grouped by kind here,
@@ -643,24 +674,25 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
             yield feeds, dict(log.rings), len(ev), ev[ev["kind"] == cv.Ev.STAGE_DIED]
 
     died = []
-    try:
-        for feeds, rings, n, d in _read_ahead(prepared()):
-            builder.rings.update(rings)  # a part may add rings or re-describe one (new writer)
-            builder.ring_changed()
-            run.events += n
-            died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
-            for f in feeds:  # the builder takes any cut
-                take(builder.feed(f))
-    except eventlog.EventLogError as exc:
-        raise RunDirError(str(exc)) from None
+    with _in_order_beside(acc.add) as add:
+        try:
+            for feeds, rings, n, d in _read_ahead(prepared()):
+                builder.rings.update(rings)  # a part may add rings or re-describe one (new writer)
+                builder.ring_changed()
+                run.events += n
+                died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
+                for f in feeds:  # the builder takes any cut
+                    take(builder.feed(f))
+        except eventlog.EventLogError as exc:
+            raise RunDirError(str(exc)) from None
+        builder.rings.update(log.rings)
+        builder.ring_changed()
+        for idx in log.died:
+            builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
+        take(builder.flush())
     run.warnings.extend(f"{label}{w}" for w in log.warnings)
     run.torn_records += log.torn_records
     run.stage_deaths.extend(sorted(died, key=lambda x: x[1]))
-    builder.rings.update(log.rings)
-    builder.ring_changed()
-    for idx in log.died:
-        builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
-    take(builder.flush())
     small, early, emits, figures, busy = acc.finish(
         {int(r.get("pid", 0)): int(r.get("replica", 0)) for r in log.rings.values()})
     run.spans.extend(spans_from_table(small, emits, strings, log.rings))  # chunk spans: with_chunks
