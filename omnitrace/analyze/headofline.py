@@ -69,14 +69,19 @@ def busy_from(stage: np.ndarray, replica: np.ndarray, starts: np.ndarray, ends: 
     return out
 
 
-def merged_busy(a: Busy, b: Busy) -> Busy:
-    """Two :data:`Busy` maps as one (several run directories of one deployment)."""
-    parts = [(k, v) for d in (a, b) for k, v in d.items()]
+def busy_of(parts: list[tuple[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]]) -> Busy:
+    """Sender tasks in pieces, each ((stage, replica), (starts, ends, requests)) -> :data:`Busy`:
+    the pieces of one (stage, replica) merged into one timeline."""
     if not parts:
         return {}
     lens = [len(v[0]) for _, v in parts]
     return busy_from(np.repeat([k[0] for k, _ in parts], lens), np.repeat([k[1] for k, _ in parts], lens),
                      *(np.concatenate([v[i] for _, v in parts]) for i in range(3)))
+
+
+def merged_busy(a: Busy, b: Busy) -> Busy:
+    """Two :data:`Busy` maps as one (several run directories of one deployment)."""
+    return busy_of([*a.items(), *b.items()])
 
 
 def sender_busy(spans: np.ndarray) -> Busy:

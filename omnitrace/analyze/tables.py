@@ -247,7 +247,5 @@ def busy_by_replica(senders: dict[tuple[int, int], tuple[np.ndarray, np.ndarray,
         if len(parts) == 1 and not (starts[1:] < starts[:-1]).any():
             out[(stage, replica)] = (starts, ends, reqs)
             continue
-        n = sum(len(p[0]) for p in parts)
-        out.update(headofline.busy_from(np.full(n, stage), np.full(n, replica),
-                                        *(np.concatenate([p[i] for p in parts]) for i in range(3))))
+        out.update(headofline.busy_of([((stage, replica), p) for p in parts]))
     return out
