@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import gc
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -163,33 +164,107 @@ def _victims(run: Run, atts: list[at.Attribution]) -> list[headofline.Victim]:
     return [headofline.Victim(cidx[a.rid], a.arrival, a.ttfp, a.hops) for a in atts if a.rid in cidx]
 
 
-def _walk(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str]
-          ) -> tuple[list[at.Attribution], list[str], headofline.Pairs]:
-    """Attribute ``rids`` (chunk spans as objects a batch at a time), then their wall-time
-    head-of-line blocking: (attributions, ids without a first packet, blocking pairs)."""
+@dataclass
+class _RowContext:
+    """What a request's report row needs besides its attribution."""
+
+    bench_rows: dict[str, dict[str, Any]]
+    label: Callable[[int], str]
+    per_request_segments: bool
+    waterfalls: int
+    waterfall_ids: set[str]
+
+
+@dataclass
+class _Walked:
+    """The walk of some requests, as the report reads it: per attributed request (in walk
+    order) its report row, TTFP and category totals; the attributions that may get a
+    waterfall (``kept``); the ids without a first packet; the head-of-line pairs and
+    their victims' request indexes (``hp``'s victim indexes: this list)."""
+
+    rows: list[dict[str, Any]]
+    ttfp_ns: list[int]
+    totals: list[dict[tuple[int, str], int]]
+    kept: list[at.Attribution]
+    none: list[str]
+    hp: headofline.Pairs
+    victim_req: list[int]
+
+
+class _Labels(dict):
+    """stage -> its label, made once per stage: a long run looks labels up millions of
+    times (a dict hit, no Python call)."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def __missing__(self, stage: int) -> str:
+        v = self[stage] = stage_label(stage, self.names)
+        return v
+
+
+def _request_row(a: at.Attribution, tot: dict[tuple[int, str], int], client: Any,
+                 label: Callable[[int], str], per_request_segments: bool) -> dict[str, Any]:
+    client_ms = client * 1e3 if isinstance(client, (int, float)) and client > 0 else None
+    row: dict[str, Any] = {
+        "id": a.rid,
+        "ttfp_ms": a.ttfp_ns * NS_TO_MS,
+        "client_ttfp_ms": client_ms,
+        "sum_error_ns": sum(tot.values()) - a.ttfp_ns,
+        "categories_ms": {f"{label(s)}/{c}": v * NS_TO_MS for (s, c), v in sorted(tot.items())},
+        "hops": [f"{p}->{c}#{k}" for p, c, k in a.hops],
+        "missing_spans": a.missing,
+        "unrecorded_tasks": [f"{p}->{c}#{k}" for p, c, k in a.unrecorded_tasks],
+    }
+    if per_request_segments:
+        arrival = a.arrival
+        # (end - start): g.dur, without a property call per segment
+        row["segments"] = [[(g.start - arrival) * NS_TO_MS, (g.end - g.start) * NS_TO_MS,
+                            label(g.stage), g.category, g.detail] for g in a.segments]
+    return row
+
+
+def _walk(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _RowContext) -> _Walked:
+    """Attribute ``rids`` (chunk spans as objects a batch at a time) and make their report
+    rows, then their wall-time head-of-line blocking."""
     atts: list[at.Attribution] = []
     none: list[str] = []
+    rows, ttfp, totals = [], [], []
     for r in with_chunks(run, reqs, rids):
         a = at.attribute(r)
-        if a is not None:
-            atts.append(a)
-        else:
+        if a is None:
             none.append(r.rid)
+            continue
+        atts.append(a)
+        tot = a.totals()
+        totals.append(tot)
+        ttfp.append(a.ttfp_ns)
+        rows.append(_request_row(a, tot, ctx.bench_rows.get(a.rid, {}).get("ttfp_s"), ctx.label,
+                                 ctx.per_request_segments))
+    # the slowest (stable order) and those asked for: the whole report's waterfalls are
+    # among each part's own (none is preceded by more than n in its part)
+    order = sorted(range(len(atts)), key=lambda i: -ttfp[i])
+    kept = {i for i in order[:ctx.waterfalls]} | {i for i, a in enumerate(atts) if a.rid in ctx.waterfall_ids}
     # the victims' waits are among the chunk spans begun before their first packet
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
-    return atts, none, headofline.blocked_pairs(_victims(run, atts), early, run.busy)
+    victims = _victims(run, atts)
+    return _Walked(rows, ttfp, totals, [atts[i] for i in sorted(kept)], none,
+                   headofline.blocked_pairs(victims, early, run.busy), [v.req for v in victims])
 
 
-def _walk_packed(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str]) -> tuple:
-    """:func:`_walk` in a child: the attributions as tuples (``Attribution.packed``)."""
-    atts, none, hp = _walk(run, reqs, rids)
-    return [a.packed() for a in atts], none, hp
+def _walk_packed(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _RowContext) -> _Walked:
+    """:func:`_walk` in a child: its attributions as tuples (``Attribution.packed``)."""
+    w = _walk(run, reqs, rids, ctx)
+    w.kept = [a.packed() for a in w.kept]
+    return w
 
 
-# Seconds per request walked (with its head-of-line pairs) and per figure-table row
-# summarised (measured on a 2-core VM, an hour's run): their ratio splits the work so that
-# this process (figures, then its share of the walk) and the child finish together.
-WALK_S, FIGURE_ROW_S = 5.0e-4, 1.0e-7
+# Seconds per request walked (with its report row and head-of-line pairs) and per
+# figure-table row summarised (measured on a 2-core VM, an hour's run): their ratio splits
+# the work so that this process (figures, then its share of the walk) and the child
+# finish together.
+WALK_S, FIGURE_ROW_S = 8.5e-4, 1.3e-7
 
 
 def _walk_here(requests: int, figure_rows: int) -> int:
@@ -211,13 +286,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
             if n:
                 names.setdefault(st, str(n))
 
-    labels: dict[int, str] = {}
-
-    def label(stage: int) -> str:  # millions of calls on a long run: memoised
-        v = labels.get(stage)
-        if v is None:
-            v = labels[stage] = stage_label(stage, names)
-        return v
+    label = _Labels(names).__getitem__
 
     def died_label(stage: int) -> str:
         return f"{stage} ({names[stage]})" if stage in names else str(stage)
@@ -241,7 +310,8 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     # a long run: a forked child walks the later requests while this process computes the
     # component figures and walks the first ones
     k = _walk_here(len(walked), sum(len(t) for t in run.figures.tables()) if run.figures else 0)
-    later = Beside(_walk_packed, run, reqs, walked[k:]) if k < len(walked) else None
+    ctx = _RowContext(bench_rows, label, per_request_segments, n_waterfalls, set(waterfall_ids))
+    later = Beside(_walk_packed, run, reqs, walked[k:], ctx) if k < len(walked) else None
 
     # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
     rows = components.Rows(run.figures, run.chunk_requests, measured)
@@ -249,49 +319,30 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     chunk_incomplete = components.incomplete(rows)
     del rows
 
-    atts, no_ttfp, hp = _walk(run, reqs, walked[:k])
+    w = _walk(run, reqs, walked[:k], ctx)
     if later is not None:
-        more, none, hp_more = later.result()
-        atts += map(at.Attribution.unpacked, more)
-        no_ttfp += none
-        hp = headofline.joined([hp, hp_more])
-    no_ttfp = [rid for rid in no_ttfp if rid not in failed_ids]
+        more = later.result()
+        w.rows += more.rows
+        w.ttfp_ns += more.ttfp_ns
+        w.totals += more.totals
+        w.kept += map(at.Attribution.unpacked, more.kept)
+        w.none += more.none
+        w.hp = headofline.joined([w.hp, more.hp])
+        w.victim_req += more.victim_req
+    no_ttfp = [rid for rid in w.none if rid not in failed_ids]
     traced = set(first_seen)
     untraced = sorted(i for i in bench_measured - traced if i not in failed_ids)
 
-    # ---- per request
-    requests: list[dict[str, Any]] = []
-    sum_err: list[int] = []
-    diffs: list[float] = []
-    totals_of = {a.rid: a.totals() for a in atts}
-    for a in sorted(atts, key=lambda a: -a.ttfp_ns):
-        tot = totals_of[a.rid]
-        err = sum(tot.values()) - a.ttfp_ns
-        sum_err.append(abs(err))
-        client = bench_rows.get(a.rid, {}).get("ttfp_s")
-        client_ms = client * 1e3 if isinstance(client, (int, float)) and client > 0 else None
-        if client_ms is not None:
-            diffs.append(client_ms - a.ttfp_ns * NS_TO_MS)
-        row: dict[str, Any] = {
-            "id": a.rid,
-            "ttfp_ms": a.ttfp_ns * NS_TO_MS,
-            "client_ttfp_ms": client_ms,
-            "sum_error_ns": err,
-            "categories_ms": {f"{label(s)}/{c}": v * NS_TO_MS for (s, c), v in sorted(tot.items())},
-            "hops": [f"{p}->{c}#{k}" for p, c, k in a.hops],
-            "missing_spans": a.missing,
-            "unrecorded_tasks": [f"{p}->{c}#{k}" for p, c, k in a.unrecorded_tasks],
-        }
-        if per_request_segments:
-            row["segments"] = [[(g.start - a.arrival) * NS_TO_MS, g.dur * NS_TO_MS,
-                                label(g.stage), g.category, g.detail] for g in a.segments]
-        requests.append(row)
+    # ---- per request, slowest first
+    requests = [w.rows[i] for i in sorted(range(len(w.rows)), key=lambda i: -w.ttfp_ns[i])]
+    sum_err = [abs(r["sum_error_ns"]) for r in requests]
+    diffs = [r["client_ttfp_ms"] - r["ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
 
     # ---- aggregate per stage and category (zeros included so means add up to mean TTFP)
-    totals = [totals_of[a.rid] for a in atts]
+    totals = w.totals
     keys = sorted({k for t in totals for k in t}, key=lambda k: (k[0] if k[0] >= 0 else 99,
                                                                  at.CATEGORIES.index(k[1])))
-    mean_ttfp = sum(a.ttfp_ns for a in atts) / len(atts) if atts else 0.0
+    mean_ttfp = sum(w.ttfp_ns) / len(w.ttfp_ns) if w.ttfp_ns else 0.0
     agg = []
     for k in keys:
         s = summary([t.get(k, 0) for t in totals], NS_TO_MS)
@@ -303,11 +354,11 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     cidx = run.chunk_index()
     busy = run.busy
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
-    victims = _victims(run, atts)  # hp's victim indexes: this list
+    hp = w.hp
     hol_rows, hol_victims = [], []
-    ttfp_of = {a.rid: a.ttfp_ns * NS_TO_MS for a in atts}
+    ttfp_of = {r["id"]: r["ttfp_ms"] for r in requests}
     for i in np.flatnonzero(hp.wall > 0).tolist():
-        vid = run.chunk_requests[victims[i].req]
+        vid = run.chunk_requests[w.victim_req[i]]
         hol_victims.append({"victim": vid, "ttfp_ms": ttfp_of[vid], "blocked_ms": float(hp.wall[i]) * NS_TO_MS,
                             "chunk_time_sum_ms": int(hp.chunk_ns[i]) * NS_TO_MS,
                             "culprits": int(hp.culprits[i])})
@@ -317,7 +368,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     if hol_pairs:
         rank = np.empty(len(run.chunk_requests), np.int64)  # ids' string order
         rank[np.argsort(np.array(run.chunk_requests), kind="stable")] = np.arange(len(rank))
-        vreq = np.array([v.req for v in victims], np.int64)[hp.victim]
+        vreq = np.array(w.victim_req, np.int64)[hp.victim]
         top = np.lexsort((rank[hp.culprit], rank[vreq], -(hp.pair_wall * NS_TO_MS)))[:MAX_HOL_PAIRS]
         for j in top.tolist():
             vid = run.chunk_requests[int(vreq[j])]
@@ -329,7 +380,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
 
     # ---- waterfalls: the slowest N and any asked for by id
     wf_ids = [r["id"] for r in requests[:n_waterfalls]] + [i for i in waterfall_ids]
-    by_rid = {a.rid: a for a in atts}
+    by_rid = {a.rid: a for a in w.kept}
     # each request's rows in time order (not feed order: the same whatever the segments)
     order = np.lexsort((early["chunk"], early["stage"], early["name"], early["start"], early["req"]))
     sorted_req = early["req"][order]
@@ -346,7 +397,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
         wfs.append(waterfall.build(a, reqs[rid], early[order[lo:hi]], busy, run.chunk_requests,
                                    label, i))
 
-    server = [a.ttfp_ns * NS_TO_MS for a in atts]
+    server = [t * NS_TO_MS for t in w.ttfp_ns]  # walk order (a float mean depends on it)
     client = [r["client_ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
     if recorder["never_drained"]:
         warnings.insert(0, f"THE AGENT DIED: {recorder['never_drained']} events were never drained "
@@ -387,9 +438,9 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     if not has_api and measured:
         warnings.append("no API requests in this run (component-level run): per-stage snapshot, FIFO "
                         "and transfer figures only, no TTFP attribution")
-    elif not atts:
+    elif not w.rows:
         warnings.append("no measured request could be attributed")
-    unrec = sum(len(a.unrecorded_tasks) for a in atts)
+    unrec = sum(len(r["unrecorded_tasks"]) for r in requests)
     if unrec:
         warnings.append(f"{unrec} critical-path hop(s) lack the producing task's own snapshot/FIFO/process "
                         "spans (the trace holds only an earlier task under the same chunk index): that "
@@ -409,7 +460,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
         "bench": _bench_settings(run),
         "warnings": warnings,
         "recorder": recorder,
-        "window": {"selection": how, "measured": len(measured), "attributed": len(atts),
+        "window": {"selection": how, "measured": len(measured), "attributed": len(w.rows),
                    "failed": fails["failed"], "no_first_packet": len(no_ttfp),
                    "untraced": len(untraced), "traced_requests": len(traced),
                    "api_requests": has_api,
