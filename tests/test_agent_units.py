@@ -189,6 +189,28 @@ def _small_log(tmp_path, n: int = 3000, **kw) -> eventlog.EventLogWriter:
     return w
 
 
+def test_blocks_cut_anywhere_between_inflated_pieces_decode_the_same(tmp_path):
+    """The reader inflates a segment a slice at a time, and zstd hands out whole zstd
+    blocks: a segment re-compressed with a zstd block ending every few bytes cuts block
+    headers and payloads at every place; it decodes to the same events."""
+    import zstandard
+    _small_log(tmp_path / "a", n=5000).close()
+    path = eventlog.segments(str(tmp_path / "a"))[0]
+    raw = zstandard.ZstdDecompressor().decompressobj().decompress(open(path, "rb").read())
+    want = eventlog.read_event_log(str(tmp_path / "a"))
+    for step in (5, 13, 4099):
+        cobj = zstandard.ZstdCompressor().compressobj()
+        data = b"".join(cobj.compress(raw[i:i + step]) + cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+                        for i in range(0, len(raw), step)) + cobj.flush()
+        os.makedirs(tmp_path / str(step) / "events")
+        (tmp_path / str(step) / "events" / os.path.basename(path)).write_bytes(data)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(eventlog, "INFLATE_BYTES", 64)
+            got = eventlog.read_event_log(str(tmp_path / str(step)))
+        assert len(want.events) == 5000 and not got.warnings and got.torn_records == 0
+        assert (got.events == want.events).all()
+
+
 def test_torn_last_segment_loses_only_its_torn_records(tmp_path):
     w = _small_log(tmp_path)
     w.close()
