@@ -249,7 +249,12 @@ def test_report_with_a_forked_walk_equals_the_report_in_one_process(real_run, mo
     every figure, row and pair is the same as computed in one process."""
     from omnitrace.analyze import report
     from omnitrace.analyze.rundir import load_run
-    one = report.build_report(load_run([real_run]))
+    alone = load_run([real_run])
+    one = report.build_report(alone)
+    # a waterfall asked for by id, of a request the child walks (the last id in order)
+    last = max(r["id"] for r in one["requests"])
+    one_asked = report.build_report(alone, waterfalls=2, waterfall_ids=[last],
+                                    per_request_segments=False)
     monkeypatch.setattr(report, "MIN_WORK", 1)
     run = load_run([real_run])
     walked = one["window"]["attributed"]
@@ -258,3 +263,5 @@ def test_report_with_a_forked_walk_equals_the_report_in_one_process(real_run, mo
     forked = report.build_report(run)
     assert walked >= 10 and one["head_of_line"] and one["waterfalls"]
     assert forked == one
+    asked = report.build_report(run, waterfalls=2, waterfall_ids=[last], per_request_segments=False)
+    assert [w["id"] for w in asked["waterfalls"]][-1] == last and asked == one_asked
