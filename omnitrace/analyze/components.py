@@ -44,10 +44,22 @@ def incomplete(R: Rows) -> dict[str, int]:
     return out
 
 
+def _distinct(key: np.ndarray) -> list[int]:
+    """The distinct values of an integer column, sorted. Stage numbers span a few values: a
+    count per value (an hour's 17M FIFO rows: 0.05 s, where ``np.unique`` sorts them in
+    0.37 s); a wide range falls back to the sort."""
+    if not len(key):
+        return []
+    lo, hi = int(key.min()), int(key.max())
+    if hi - lo >= 1 << 20:
+        return np.unique(key).tolist()
+    return (np.flatnonzero(np.bincount(key.astype(np.int64) - lo)) + lo).tolist()
+
+
 def _pairs(producer: np.ndarray, consumer: np.ndarray) -> list[tuple[int, int]]:
     """The distinct (producer, consumer) stage pairs, sorted (no Python tuple per row)."""
-    key = np.unique(((producer.astype(np.int64) + 32768) << 16) | (consumer.astype(np.int64) + 32768))
-    return [((k >> 16) - 32768, (k & 0xFFFF) - 32768) for k in key.tolist()]
+    key = _distinct(((producer.astype(np.int64) + 32768) << 16) | (consumer.astype(np.int64) + 32768))
+    return [((k >> 16) - 32768, (k & 0xFFFF) - 32768) for k in key]
 
 
 def samples(R: Rows) -> dict[tuple[str, str], np.ndarray]:
@@ -55,12 +67,12 @@ def samples(R: Rows) -> dict[tuple[str, str], np.ndarray]:
     ("stage 0", "snapshot us"), ("0->1", "put us"), ... (complete spans only)."""
     out: dict[tuple[str, str], np.ndarray] = {}
     stage, dur, blocked = R.cols(R.F.fifo, "stage", "dur", "blocked")
-    for st in np.unique(stage).tolist():
+    for st in _distinct(stage):
         m = stage == st
         out[(f"stage {st}", "fifo residence ms")] = dur[m] * NS_TO_MS
         out[(f"stage {st}", "fifo blocked ms")] = np.minimum(blocked[m], dur[m]) * NS_TO_MS
     stage, dur = R.cols(R.F.snapshot, "stage", "dur")
-    for st in np.unique(stage).tolist():
+    for st in _distinct(stage):
         out[(f"stage {st}", "snapshot us")] = dur[stage == st] * NS_TO_US
     put, prod, cons, dur = R.cols(R.F.transfer, "put", "producer", "consumer", "dur")
     for tag, sel in (("put us", put), ("get us", ~put)):
@@ -88,7 +100,7 @@ def figures(R: Rows, label: Callable[[int], str]) -> tuple[list, list, list]:
     """(fifo, snapshot, transfer) rows of the report."""
     fifo = []
     f_stage, f_dur, f_ahead, f_blocked = R.cols(R.F.fifo, "stage", "dur", "ahead", "blocked")
-    for st in np.unique(f_stage).tolist():
+    for st in _distinct(f_stage):
         m = f_stage == st
         d = f_dur[m]
         res = summary(d, NS_TO_MS)
@@ -105,7 +117,7 @@ def figures(R: Rows, label: Callable[[int], str]) -> tuple[list, list, list]:
     del f_stage, f_dur, f_ahead, f_blocked
     snapshot = []
     s_stage, s_dur = R.cols(R.F.snapshot, "stage", "dur")
-    for st in np.unique(s_stage).tolist():
+    for st in _distinct(s_stage):
         sm = summary(s_dur[s_stage == st], NS_TO_US)
         snapshot.append({"stage": label(st), "stage_id": st, "count": sm["count"],
                          "mean_us": sm["mean"], "p50_us": sm["p50"], "p99_us": sm["p99"],
