@@ -14,14 +14,18 @@ def summary(values: Sequence[float] | Iterable[float], scale: float = 1.0) -> di
         mean = int(values.sum(dtype=np.int64)) / values.size * scale
     else:
         mean = None
-    a = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=np.float64)
+    # a copy of our own, scaled in place, partitioned in place by the percentiles (an hour's
+    # FIFO rows: 17M values, each copy ~0.1 s); the mean and max are taken before that
+    a = np.array(list(values) if not isinstance(values, np.ndarray) else values, dtype=np.float64)
     if a.size == 0:
         return {"count": 0, "mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
-    a = a * scale
-    p50, p90, p99 = np.percentile(a, [50, 90, 99])
-    return {"count": int(a.size), "mean": float(a.mean()) if mean is None else mean,
-            "p50": float(p50), "p90": float(p90),
-            "p99": float(p99), "max": float(a.max())}
+    a *= scale
+    if mean is None:
+        mean = float(a.mean())
+    top = float(a.max())
+    p50, p90, p99 = np.percentile(a, [50, 90, 99], overwrite_input=True)
+    return {"count": int(a.size), "mean": mean, "p50": float(p50), "p90": float(p90),
+            "p99": float(p99), "max": top}
 
 
 def median(values: Sequence[float]) -> float | None:
