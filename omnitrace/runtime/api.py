@@ -174,12 +174,15 @@ class Pipeline:
         while True:
             try:
                 msgs = [self.out_q.get()]
-                t_recv = time.perf_counter_ns()  # the burst left the stage pipe
                 while len(msgs) < 256:
                     try:
                         msgs.append(self.out_q.get_nowait())
                     except Exception:
                         break
+                # the whole burst has left the stage pipe (stamped after its last message: one
+                # taken while this thread was descheduled mid-burst may have been emitted after
+                # the burst's first, and its loop lag must not start before its emit)
+                t_recv = time.perf_counter_ns()
             except (EOFError, OSError, ValueError):
                 return
             ready = [m for m in msgs if m[0] in ("ready", "fatal")]
