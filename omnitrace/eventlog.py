@@ -317,7 +317,7 @@ def _segment_events(paths: list[str], log: EventLog) -> Iterator[np.ndarray]:
             if kind == RING:
                 log.rings[idx] = obj
             elif kind == HEADER:
-                if parts and int(obj["offset_ns"]) != log.offset_ns:  # events keep their own
+                if parts and int(obj["offset_ns"]) != log.offset_ns:  # earlier events: the old offset
                     yield _events_of(parts, log.offset_ns)
                     parts, held = [], 0
                 log.offset_ns = int(obj["offset_ns"])

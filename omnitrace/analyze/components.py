@@ -53,9 +53,7 @@ def _distinct(key: np.ndarray) -> list[int]:
     lo, hi = int(key.min()), int(key.max())
     if hi - lo >= 1 << 20:
         return np.unique(key).tolist()
-    if 0 <= lo and hi < 1 << 20 and key.dtype.itemsize <= 4:  # counted as it is: no wide copy
-        return np.flatnonzero(np.bincount(key)).tolist()
-    return (np.flatnonzero(np.bincount(key.astype(np.int64) - lo)) + lo).tolist()
+    return (np.flatnonzero(np.bincount(np.subtract(key, lo, dtype=np.int64))) + lo).tolist()
 
 
 def _pairs(producer: np.ndarray, consumer: np.ndarray) -> list[tuple[int, int]]:

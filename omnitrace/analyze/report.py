@@ -191,6 +191,16 @@ class _Walked:
     hp: headofline.Pairs
     victim_req: list[int]
 
+    def extend(self, later: "_Walked") -> None:
+        """Append the walk of the requests after these (a child's: its ``kept`` packed)."""
+        self.rows += later.rows
+        self.ttfp_ns += later.ttfp_ns
+        self.totals += later.totals
+        self.kept += map(at.Attribution.unpacked, later.kept)
+        self.none += later.none
+        self.hp = headofline.joined([self.hp, later.hp])
+        self.victim_req += later.victim_req
+
 
 class _Labels(dict):
     """stage -> its label, made once per stage: a long run looks labels up millions of
@@ -246,7 +256,7 @@ def _walk(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _Row
     # the slowest (stable order) and those asked for: the whole report's waterfalls are
     # among each part's own (none is preceded by more than n in its part)
     order = sorted(range(len(atts)), key=lambda i: -ttfp[i])
-    kept = {i for i in order[:ctx.waterfalls]} | {i for i, a in enumerate(atts) if a.rid in ctx.waterfall_ids}
+    kept = set(order[:ctx.waterfalls]) | {i for i, a in enumerate(atts) if a.rid in ctx.waterfall_ids}
     # the victims' waits are among the chunk spans begun before their first packet
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
     victims = _victims(run, atts)
@@ -255,7 +265,8 @@ def _walk(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _Row
 
 
 def _walk_packed(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _RowContext) -> _Walked:
-    """:func:`_walk` in a child: its attributions as tuples (``Attribution.packed``)."""
+    """:func:`_walk` in a child: its kept attributions as tuples (``Attribution.packed``;
+    :meth:`_Walked.extend` unpacks them)."""
     w = _walk(run, reqs, rids, ctx)
     w.kept = [a.packed() for a in w.kept]
     return w
@@ -322,14 +333,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
 
     w = _walk(run, reqs, walked[:k], ctx)
     if later is not None:
-        more = later.result()
-        w.rows += more.rows
-        w.ttfp_ns += more.ttfp_ns
-        w.totals += more.totals
-        w.kept += map(at.Attribution.unpacked, more.kept)
-        w.none += more.none
-        w.hp = headofline.joined([w.hp, more.hp])
-        w.victim_req += more.victim_req
+        w.extend(later.result())
     no_ttfp = [rid for rid in w.none if rid not in failed_ids]
     traced = set(first_seen)
     untraced = sorted(i for i in bench_measured - traced if i not in failed_ids)
