@@ -265,3 +265,36 @@ def test_report_with_a_forked_walk_equals_the_report_in_one_process(real_run, mo
     assert forked == one
     asked = report.build_report(run, waterfalls=2, waterfall_ids=[last], per_request_segments=False)
     assert [w["id"] for w in asked["waterfalls"]][-1] == last and asked == one_asked
+
+
+def _match_by_definition(bkey, bt, ekey, et) -> set:
+    """``spantable.match`` as its rule reads: per key, begins and ends each in time order
+    (ties in arrival order), the k-th begin with the k-th end."""
+    def by_key(keys, ts):
+        out: dict = {}
+        for i in sorted(range(len(keys)), key=lambda i: (ts[i], i)):
+            out.setdefault(int(keys[i]), []).append(i)
+        return out
+    b, e = by_key(bkey, bt), by_key(ekey, et)
+    return {pair for k in b.keys() & e.keys() for pair in zip(b[k], e[k])}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_match_pairs_the_kth_begin_of_a_key_with_its_kth_end(seed) -> None:
+    """Every path of ``match``: keys once or repeated (a chunk index held over steps), a
+    repeated key's stamps in time order or not, more begins than ends and the reverse."""
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        nb, ne = (int(x) for x in rng.integers(0, 40, 2))
+        keys = int(rng.integers(1, 3 * max(nb, ne, 1)))
+        bkey, ekey = rng.integers(0, keys, nb), rng.integers(0, keys, ne)
+        bt, et = rng.integers(0, 50, nb), rng.integers(0, 50, ne)
+        if rng.random() < 0.5:  # arrival in time order: the common case
+            bt.sort()
+            et.sort()
+        bi, ei = stt.match(bkey, bt, ekey, et)
+        got = set(zip(bi.tolist(), ei.tolist()))
+        assert len(got) == len(bi)
+        assert got == _match_by_definition(bkey, bt, ekey, et)
+        order = np.lexsort((bt[bi], bkey[bi]))  # pairs come out in (key, time) order
+        assert (order == np.arange(len(bi))).all()

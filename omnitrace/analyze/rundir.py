@@ -10,6 +10,7 @@ attribution needs, so the full OTLP dicts are dropped immediately.
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gc
 import os
@@ -417,60 +418,80 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     return out
 
 
-_PRODUCER_NAMES = frozenset((stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PROCESS, stt.N_PUT))
-_CONSUMER_NAMES = frozenset((stt.N_POLL, stt.N_GET, stt.N_WAIT))
+# the walk's three indexes of a request's chunk spans (``attribution.RequestSpans``)
+_PRODUCER, _CONSUMER, _SCHEDULED = range(3)
+_PRODUCER_CODES = np.array([stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PROCESS, stt.N_PUT])
+_CONSUMER_CODES = np.array([stt.N_POLL, stt.N_GET, stt.N_WAIT])
 
 
-class _RequestChunks:
-    """One request's chunk span rows, grouped on first use by the keys
-    ``attribution.index_requests`` uses (as row tuples: a Span object is made only for a
-    key the walk asks for, :class:`_LazyChunks`). The walk reads a few hops of a request's
-    ~100 chunk spans before its first packet; an hour's run has millions of them, and making
-    every one an object was most of the report's time."""
+def _key_code(a: int, b: int, chunk: int) -> int:
+    """(stage, stage, chunk) -> one int < 2^64: an index key (:func:`_key_codes` alike)."""
+    return ((a + 32768) << 48) | ((b + 32768) << 32) | (chunk + (1 << 31))
 
-    __slots__ = ("rows", "requests", "_groups")
 
-    def __init__(self, rows: np.ndarray, requests: list[str]) -> None:
+def _key_codes(a: np.ndarray, b: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+    """:func:`_key_code` of int16/int16/int32 columns (uint64: no sign bit to wrap into)."""
+    u = np.uint64
+    return (((a.astype(np.int64) + 32768).astype(u) << u(48)) | ((b.astype(np.int64) + 32768).astype(u) << u(32))
+            | (chunk.astype(np.int64) + (1 << 31)).astype(u))
+
+
+class _BatchChunks:
+    """The chunk span rows of a batch of requests (each request's rows contiguous, in table
+    order), indexed by the keys ``attribution.index_requests`` uses: per (request, index)
+    its keys sorted, a key's rows in table order. One lexsort per batch, not a Python step
+    per row: the walk reads a few hops of a request's ~100 chunk spans before its first
+    packet, and an hour's run has millions of them; Span objects are made only for the keys
+    the walk asks for (:class:`_LazyChunks`)."""
+
+    __slots__ = ("rows", "requests", "keys", "rowno", "bounds")
+
+    def __init__(self, rows: np.ndarray, counts: np.ndarray, requests: list[str]) -> None:
         self.rows, self.requests = rows, requests
-        self._groups: tuple[dict, dict, dict] | None = None
+        owner = np.repeat(np.arange(len(counts)), counts)
+        name, stage, peer, chunk = rows["name"], rows["stage"], rows["peer"], rows["chunk"]
+        # incomplete wait_schedule spans are left out, as index_requests leaves them
+        ready = (name == stt.N_WAIT) & (rows["reason"] == 0)
+        cons = np.isin(name, _CONSUMER_CODES) & ((name != stt.N_WAIT) | ready)
+        parts = [(np.flatnonzero(sel), key) for sel, key in (
+            (np.isin(name, _PRODUCER_CODES), _key_codes(stage, peer, chunk)),
+            (cons, _key_codes(peer, stage, chunk)),
+            (ready, stage.astype(np.uint64)))]
+        rowno = np.concatenate([at for at, _ in parts])
+        key = np.concatenate([k[at] for at, k in parts])
+        group = owner[rowno] * 3 + np.repeat(np.arange(3), [len(at) for at, _ in parts])
+        order = np.lexsort((key, group))  # stable: a key's rows stay in table order
+        self.keys, self.rowno = key[order].tolist(), rowno[order]
+        self.bounds = np.searchsorted(group[order], np.arange(3 * len(counts) + 1)).tolist()
 
-    def groups(self) -> tuple[dict, dict, dict]:
-        """(producer, consumer, scheduled) row tuples by key; incomplete wait_schedule
-        spans left out, as ``index_requests`` leaves them."""
-        if self._groups is None:
-            prod: dict = {}
-            cons: dict = {}
-            sched: dict = {}
-            for row in self.rows.tolist():
-                name, stage, peer, chunk = row[0], row[4], row[5], row[8]
-                if name in _PRODUCER_NAMES:
-                    prod.setdefault((stage, peer, chunk), []).append(row)
-                elif name in _CONSUMER_NAMES:
-                    if name == stt.N_WAIT:
-                        if row[1]:  # ready, never taken into a step: no interval to walk
-                            continue
-                        sched.setdefault(stage, []).append(row)
-                    cons.setdefault((peer, stage, chunk), []).append(row)
-            self._groups = (prod, cons, sched)
-        return self._groups
+    def spans(self, request: int, which: int, code: int) -> list[Span]:
+        """Span objects of the rows of ``request`` (its place in the batch) under key
+        ``code`` of index ``which``, in table order."""
+        lo, hi = self.bounds[3 * request + which], self.bounds[3 * request + which + 1]
+        a = bisect.bisect_left(self.keys, code, lo, hi)
+        b = bisect.bisect_right(self.keys, code, a, hi)
+        if a == b:
+            return []
+        requests = self.requests
+        return [_chunk_span(row, requests) for row in rowops.take(self.rows, self.rowno[a:b]).tolist()]
 
 
 class _LazyChunks:
-    """``attribution.RequestSpans.producer`` / ``consumer`` / ``scheduled`` (``which`` 0, 1,
-    2) over a :class:`_RequestChunks`: ``get`` makes the Span objects of one key."""
+    """``attribution.RequestSpans.producer`` / ``consumer`` / ``scheduled`` (``which``) of
+    one request of a :class:`_BatchChunks`: ``get`` makes the Span objects of one key."""
 
-    __slots__ = ("src", "which", "cache")
+    __slots__ = ("batch", "request", "which", "cache")
 
-    def __init__(self, src: _RequestChunks, which: int) -> None:
-        self.src, self.which = src, which
+    def __init__(self, batch: _BatchChunks, request: int, which: int) -> None:
+        self.batch, self.request, self.which = batch, request, which
         self.cache: dict = {}
 
     def get(self, key: Any, default: Any = None) -> Any:
         hit = self.cache.get(key)
         if hit is None:
-            requests = self.src.requests
-            spans = [_chunk_span(row, requests) for row in self.src.groups()[self.which].get(key, ())]
-            if self.which == 2:
+            code = key if self.which == _SCHEDULED else _key_code(*key)
+            spans = self.batch.spans(self.request, self.which, code)
+            if self.which == _SCHEDULED:
                 hit = spans
             else:
                 hit = {}
@@ -478,12 +499,6 @@ class _LazyChunks:
                     hit.setdefault(sp.name, []).append(sp)
             self.cache[key] = hit
         return hit if hit else default
-
-
-def _attach_chunks(r: Any, rows: np.ndarray, requests: list[str]) -> None:
-    """Give ``r`` (``attribution.RequestSpans``) lazy chunk indexes over its ``rows``."""
-    src = _RequestChunks(rows, requests)
-    r.producer, r.consumer, r.scheduled = _LazyChunks(src, 0), _LazyChunks(src, 1), _LazyChunks(src, 2)
 
 
 def with_chunks(run: Run, reqs: dict, rids: list[str], batch: int = 2048) -> Iterator:
@@ -500,11 +515,11 @@ def with_chunks(run: Run, reqs: dict, rids: list[str], batch: int = 2048) -> Ite
         ids = np.array([cidx[r] for r in have], sreq.dtype)
         lo, hi = np.searchsorted(sreq, ids, "left"), np.searchsorted(sreq, ids, "right")
         _, pos = stt.expand_ranges(lo, hi)
-        rows = rowops.take(early, order[pos])
-        ends = np.cumsum(hi - lo)
-        for rid, a, b in zip(have, (ends - (hi - lo)).tolist(), ends.tolist()):
-            if b > a:
-                _attach_chunks(reqs[rid], rows[a:b], run.chunk_requests)
+        chunks = _BatchChunks(rowops.take(early, order[pos]), hi - lo, run.chunk_requests)
+        for i, (rid, n) in enumerate(zip(have, (hi - lo).tolist())):
+            if n:
+                r = reqs[rid]
+                r.producer, r.consumer, r.scheduled = (_LazyChunks(chunks, i, w) for w in range(3))
         for rid in part:
             yield reqs[rid]
         for rid in part:
