@@ -221,21 +221,22 @@ def match(bkey: np.ndarray, bt: np.ndarray, ekey: np.ndarray, et: np.ndarray
     if not nb or not len(ekey):
         return np.empty(0, np.int64), np.empty(0, np.int64)
 
-    def by_key_then_time(key: np.ndarray, t: np.ndarray) -> np.ndarray:
+    def by_key_then_time(key: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # one stable sort by key: a repeated key's stamps stay in arrival order, which is
         # almost always their time order already (one ring records them); only where it
-        # is not does time break the ties (lexsort: the same order, at more cost)
+        # is not does time break the ties (lexsort: the same order, at more cost).
+        # Returns the order and the keys in it.
         order = np.argsort(key, kind="stable")
         k = key[order]
         tie = k[1:] == k[:-1]
         if tie.any():
             ts = t[order]
             if (tie & (ts[1:] < ts[:-1])).any():
-                return np.lexsort((t, key))
-        return order
+                order = np.lexsort((t, key))
+                k = key[order]
+        return order, k
 
-    bo, eo = by_key_then_time(bkey, bt), by_key_then_time(ekey, et)
-    bk, ek = bkey[bo], ekey[eo]
+    (bo, bk), (eo, ek) = by_key_then_time(bkey, bt), by_key_then_time(ekey, et)
     if (bk[1:] != bk[:-1]).all():  # every begin key once: the first end of the key, if any
         lo = np.searchsorted(ek, bk, "left")
         ok = ek[np.minimum(lo, len(ek) - 1)] == bk

@@ -519,7 +519,8 @@ def with_chunks(run: Run, reqs: dict, rids: list[str], batch: int = 2048) -> Ite
         for i, (rid, n) in enumerate(zip(have, (hi - lo).tolist())):
             if n:
                 r = reqs[rid]
-                r.producer, r.consumer, r.scheduled = (_LazyChunks(chunks, i, w) for w in range(3))
+                r.producer, r.consumer, r.scheduled = (_LazyChunks(chunks, i, w)
+                                                       for w in (_PRODUCER, _CONSUMER, _SCHEDULED))
         for rid in part:
             yield reqs[rid]
         for rid in part:
