@@ -7,6 +7,9 @@ gather 237 vs 27 ms, mask 73 vs 10 ms, delete 48 vs 10 ms). Each helper views th
 ``np.void`` of the row's size, does the operation and views the result back: the same
 bytes, the same dtype. The event and span hot paths (span building, the report's tables,
 the segment reader) use these, not ``a[idx]`` / ``np.concatenate`` on records.
+
+:func:`distinct` is their one way to list the values of a narrow integer column (request
+ids of a feed, stages of a table) without a sort.
 """
 from __future__ import annotations
 
@@ -48,3 +51,15 @@ def delete(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
 def assign(dst: np.ndarray, lo: int, src: np.ndarray) -> None:
     """``dst[lo:lo + len(src)] = src`` (same dtype)."""
     _void(dst[lo:lo + len(src)])[:] = _void(src)
+
+
+def distinct(values: np.ndarray) -> list[int]:
+    """The distinct values of an integer array, sorted. Values spanning a narrow range
+    (stages, a run's request ids) by a count per value (an hour's 17M FIFO rows: 0.05 s,
+    where ``np.unique`` sorts them in 0.37 s); a wide range falls back to the sort."""
+    if not len(values):
+        return []
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo >= 1 << 20:
+        return np.unique(values).tolist()
+    return (np.flatnonzero(np.bincount(np.subtract(values, lo, dtype=np.int64))) + lo).tolist()

@@ -161,11 +161,7 @@ class Prepared:
         self.emitted = by.kind(E.STAGE_EMIT)
         self.small = by.in_time_order((E.REQUEST_ARRIVE, E.STAGE_FINISH))
         self.senders = by.in_time_order(*((k, k) for k in _SENDER_KINDS))
-        self.reqs: list[int] = []
-        if len(ev):
-            seen = np.zeros(int(ev["req"].max()) + 1, bool)  # distinct ids without a sort
-            seen[ev["req"]] = True
-            self.reqs = np.flatnonzero(seen).tolist()
+        self.reqs: list[int] = rowops.distinct(ev["req"])
 
 
 def _key(req: np.ndarray, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 from omnitrace import conventions as cv
-from omnitrace import eventlog, otlp, record
+from omnitrace import eventlog, otlp, record, rowops
 from omnitrace import spantable as stt
 from omnitrace.agent import export_otlp
 from omnitrace.agent.export_prometheus import Metrics
@@ -291,3 +291,15 @@ def test_fifo_blocked_counts_every_task_waited_behind(cuts):
     (fifo,) = s[(s["name"] == stt.N_FIFO) & (s["req"] == 1) & (s["chunk"] == 1)]
     assert fifo["v2"] == 40_000 * 5
     assert fifo["by0"] == 2 and fifo["by1"] == 0
+
+
+@pytest.mark.parametrize("values", [[], [7], [3, -2, 3, 0, -2, 65535], [5, 1 << 40, 5, -(1 << 33)]],
+                         ids=["empty", "one", "narrow with negatives", "wide: the sort"])
+def test_distinct_equals_numpy_unique(values) -> None:
+    """rowops.distinct (a count per value over a narrow range) lists what np.unique lists,
+    for every dtype the report and the builder pass it."""
+    for dtype in (np.int64, np.int32, np.int16, np.uint32):
+        if values and (min(values) < np.iinfo(dtype).min or max(values) > np.iinfo(dtype).max):
+            continue
+        a = np.array(values, dtype)
+        assert rowops.distinct(a) == np.unique(a).tolist()
