@@ -267,6 +267,21 @@ def test_report_with_a_forked_walk_equals_the_report_in_one_process(real_run, mo
     assert [w["id"] for w in asked["waterfalls"]][-1] == last and asked == one_asked
 
 
+def test_report_without_every_rows_path_differs_only_in_those_paths(real_run):
+    """The console and HTML report (no JSON) give only the slowest requests' rows their
+    critical path (what the HTML draws): otherwise the same report as the JSON's."""
+    from omnitrace.analyze import report
+    from omnitrace.analyze.rundir import load_run
+    full = report.build_report(load_run([real_run]), waterfalls=3)
+    lean = report.build_report(load_run([real_run]), waterfalls=3, per_request_segments=False)
+    assert len(full["requests"]) >= 6
+    assert [r["id"] for r in lean["requests"] if "segments" in r] == \
+        [r["id"] for r in full["requests"][:3]]
+    for row in full["requests"][3:]:
+        del row["segments"]
+    assert lean == full
+
+
 def _match_by_definition(bkey, bt, ekey, et) -> set:
     """``spantable.match`` as its rule reads: per key, begins and ends each in time order
     (ties in arrival order), the k-th begin with the k-th end."""

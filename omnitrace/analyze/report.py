@@ -140,6 +140,8 @@ def measured_ids(run: Run, level: int | None = None, select: Selection | None = 
 def build_report(run: Run, per_request_segments: bool = True, level: int | None = None,
                  select: Selection | None = None, waterfalls: int = WATERFALLS,
                  waterfall_ids: list[str] | None = None) -> dict[str, Any]:
+    """The report of ``run`` (the JSON's shape). Without ``per_request_segments`` only the
+    rows of the ``waterfalls`` slowest requests carry their critical path (``segments``)."""
     was = gc.isenabled()
     gc.disable()  # as in load_run: many small acyclic objects
     try:
@@ -229,11 +231,16 @@ def _request_row(a: at.Attribution, tot: dict[tuple[int, str], int], client: Any
         "unrecorded_tasks": [f"{p}->{c}#{k}" for p, c, k in a.unrecorded_tasks],
     }
     if per_request_segments:
-        arrival = a.arrival
-        # (end - start): g.dur, without a property call per segment
-        row["segments"] = [[(g.start - arrival) * NS_TO_MS, (g.end - g.start) * NS_TO_MS,
-                            label(g.stage), g.category, g.detail] for g in a.segments]
+        row["segments"] = _segments(a, label)
     return row
+
+
+def _segments(a: at.Attribution, label: Callable[[int], str]) -> list[list[Any]]:
+    """A request row's critical path: [start ms after arrival, ms, stage, category, detail]."""
+    arrival = a.arrival
+    # (end - start): g.dur, without a property call per segment
+    return [[(g.start - arrival) * NS_TO_MS, (g.end - g.start) * NS_TO_MS, label(g.stage),
+             g.category, g.detail] for g in a.segments]
 
 
 def _walk(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _RowContext) -> _Walked:
@@ -388,11 +395,14 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     by_rid = {a.rid: a for a in w.kept}
     wfs = []
     warnings = list(run.warnings)
+    row_of = {r["id"]: r for r in requests[:n_waterfalls]} if not per_request_segments else {}
     for rid in dict.fromkeys(wf_ids):
         a = by_rid.get(rid)
         if a is None:
             warnings.append(f"--request {rid}: not an attributed measured request (no waterfall)")
             continue
+        if rid in row_of:  # the HTML draws the critical paths of the rows that have them
+            row_of[rid]["segments"] = _segments(a, label)
         i = cidx.get(rid, -1)
         # its rows in time order (not feed order: the same whatever the segments); picked
         # out first: sorting all the early rows for ten requests took seconds on a long run
