@@ -444,10 +444,10 @@ class _BatchChunks:
     packet, and an hour's run has millions of them; Span objects are made only for the keys
     the walk asks for (:class:`_LazyChunks`)."""
 
-    __slots__ = ("rows", "requests", "keys", "rowno", "bounds")
+    __slots__ = ("rows", "requests", "keys", "bounds")
 
     def __init__(self, rows: np.ndarray, counts: np.ndarray, requests: list[str]) -> None:
-        self.rows, self.requests = rows, requests
+        self.requests = requests
         owner = np.repeat(np.arange(len(counts)), counts)
         name, stage, peer, chunk = rows["name"], rows["stage"], rows["peer"], rows["chunk"]
         # incomplete wait_schedule spans are left out, as index_requests leaves them
@@ -461,7 +461,9 @@ class _BatchChunks:
         key = np.concatenate([k[at] for at, k in parts])
         group = owner[rowno] * 3 + np.repeat(np.arange(3), [len(at) for at, _ in parts])
         order = np.lexsort((key, group))  # stable: a key's rows stay in table order
-        self.keys, self.rowno = key[order].tolist(), rowno[order]
+        # the rows in index order (a ready wait_schedule row twice: consumer and scheduled
+        # index): a key's rows are a slice, no gather per lookup
+        self.keys, self.rows = key[order].tolist(), rowops.take(rows, rowno[order])
         self.bounds = np.searchsorted(group[order], np.arange(3 * len(counts) + 1)).tolist()
 
     def spans(self, request: int, which: int, code: int) -> list[Span]:
@@ -473,7 +475,7 @@ class _BatchChunks:
         if a == b:
             return []
         requests = self.requests
-        return [_chunk_span(row, requests) for row in rowops.take(self.rows, self.rowno[a:b]).tolist()]
+        return [_chunk_span(row, requests) for row in self.rows[a:b].tolist()]
 
 
 class _LazyChunks:
