@@ -12,9 +12,9 @@ from omnitrace import conventions as cv
 from omnitrace import rowops
 from omnitrace import spantable as stt
 from omnitrace.analyze import attribution as at
-from omnitrace.analyze import components, failures, headofline, waterfall
+from omnitrace.analyze import components, failures, headofline, walk, waterfall
 from omnitrace.analyze.beside import MIN_WORK, Beside
-from omnitrace.analyze.rundir import Run, with_chunks
+from omnitrace.analyze.rundir import Run, attach_chunks, chunk_rows
 from omnitrace.analyze.select import Selection
 from omnitrace.analyze.stats import NS_TO_MS, median, summary
 
@@ -162,9 +162,10 @@ def _bench_settings(run: Run) -> dict[str, Any] | None:
     return {k: b["args"].get(k) for k in keep if k in b["args"]}
 
 
-def _victims(run: Run, atts: list[at.Attribution]) -> list[headofline.Victim]:
+def _victims(run: Run, found: list[tuple[str, int, int, list]]) -> list[headofline.Victim]:
+    """Head-of-line victims of the attributed (rid, arrival, first packet, hops)."""
     cidx = run.chunk_index()
-    return [headofline.Victim(cidx[a.rid], a.arrival, a.ttfp, a.hops) for a in atts if a.rid in cidx]
+    return [headofline.Victim(cidx[rid], a, t, hops) for rid, a, t, hops in found if rid in cidx]
 
 
 @dataclass
@@ -243,32 +244,116 @@ def _segments(a: at.Attribution, label: Callable[[int], str]) -> list[list[Any]]
              g.category, g.detail] for g in a.segments]
 
 
+WALK_BATCH = 8192  # requests walked at once (analyze/walk.py: fewer than 2^16)
+
+
 def _walk(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _RowContext) -> _Walked:
-    """Attribute ``rids`` (chunk spans as objects a batch at a time) and make their report
-    rows, then their wall-time head-of-line blocking."""
-    atts: list[at.Attribution] = []
+    """Attribute ``rids`` a batch at a time (analyze/walk.py; the reference walk for a
+    batch whose numbers its keys do not hold) and make their report rows, then their
+    wall-time head-of-line blocking."""
     none: list[str] = []
-    rows, ttfp, totals = [], [], []
-    for r in with_chunks(run, reqs, rids):
-        a = at.attribute(r)
-        if a is None:
-            none.append(r.rid)
+    rows: list[dict[str, Any]] = []
+    ttfp: list[int] = []
+    totals: list[dict[tuple[int, str], int]] = []
+    # per attributed request, in walk order: its batch's walk and index, or its attribution
+    found: list[tuple[walk.Walked, int] | tuple[at.Attribution, int]] = []
+    for part, chunks, counts in chunk_rows(run, rids, WALK_BATCH):
+        if walk.fits(chunks):
+            wk = walk.walk(part, [walk.inputs(reqs[r]) for r in part], chunks,
+                           np.repeat(np.arange(len(part)), counts))
+            ok = np.flatnonzero(wk.ok).tolist()
+            none += [part[i] for i in np.flatnonzero(~wk.ok).tolist()]
+            found += [(wk, i) for i in ok]
+            ttfp += (wk.ttfp - wk.arrival)[ok].tolist()
+            b_rows, b_totals = _batch_rows(wk, ok, ctx)
+            rows += b_rows
+            totals += b_totals
             continue
-        atts.append(a)
-        tot = a.totals()
-        totals.append(tot)
-        ttfp.append(a.ttfp_ns)
-        rows.append(_request_row(a, tot, ctx.bench_rows.get(a.rid, {}).get("ttfp_s"), ctx.label,
-                                 ctx.per_request_segments))
+        for r in attach_chunks(run, reqs, part, chunks, counts):
+            a = at.attribute(r)
+            if a is None:
+                none.append(r.rid)
+                continue
+            found.append((a, -1))
+            tot = a.totals()
+            totals.append(tot)
+            ttfp.append(a.ttfp_ns)
+            rows.append(_request_row(a, tot, ctx.bench_rows.get(a.rid, {}).get("ttfp_s"), ctx.label,
+                                     ctx.per_request_segments))
+
+    def attribution(k: int) -> at.Attribution:
+        src, i = found[k]
+        return src.attribution(i) if isinstance(src, walk.Walked) else src
+
+    def facts(k: int) -> tuple[str, int, int, list]:
+        src, i = found[k]
+        if isinstance(src, walk.Walked):
+            return src.rids[i], int(src.arrival[i]), int(src.ttfp[i]), src.hops[i]
+        return src.rid, src.arrival, src.ttfp, src.hops
+
+    every = [facts(k) for k in range(len(found))]
     # the slowest (stable order) and those asked for: the whole report's waterfalls are
     # among each part's own (none is preceded by more than n in its part)
-    order = sorted(range(len(atts)), key=lambda i: -ttfp[i])
-    kept = set(order[:ctx.waterfalls]) | {i for i, a in enumerate(atts) if a.rid in ctx.waterfall_ids}
+    order = sorted(range(len(found)), key=lambda i: -ttfp[i])
+    kept = set(order[:ctx.waterfalls]) | {k for k, f in enumerate(every) if f[0] in ctx.waterfall_ids}
     # the victims' waits are among the chunk spans begun before their first packet
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
-    victims = _victims(run, atts)
-    return _Walked(rows, ttfp, totals, [atts[i] for i in sorted(kept)], none,
+    victims = _victims(run, every)
+    return _Walked(rows, ttfp, totals, [attribution(k) for k in sorted(kept)], none,
                    headofline.blocked_pairs(victims, early, run.busy), [v.req for v in victims])
+
+
+def _batch_rows(wk: walk.Walked, ok: list[int], ctx: _RowContext
+                ) -> tuple[list[dict[str, Any]], list[dict[tuple[int, str], int]]]:
+    """:func:`_request_row` and ``Attribution.totals`` of the attributed requests ``ok``
+    of a batch walk, from its arrays (no Segment object per segment)."""
+    label = ctx.label
+    n = len(wk.rids)
+    req = np.repeat(np.arange(n), np.diff(wk.seg_lo))
+    dur = wk.seg_end - wk.seg_start
+    # per (request, stage, category) sums, in the order the row lists them (stage, name)
+    o = np.lexsort((_NAME_RANK[wk.seg_cat], wk.seg_stage, req))
+    g_req, g_stage, g_cat = req[o], wk.seg_stage[o], wk.seg_cat[o]
+    head = np.ones(len(o), bool)
+    head[1:] = (g_req[1:] != g_req[:-1]) | (g_stage[1:] != g_stage[:-1]) | (g_cat[1:] != g_cat[:-1])
+    lo = np.flatnonzero(head)
+    sums = np.add.reduceat(dur[o], lo).tolist() if len(lo) else []
+    keys = list(zip(g_stage[lo].tolist(), [at.CATEGORIES[c] for c in g_cat[lo].tolist()]))
+    names = [f"{label(s)}/{c}" for s, c in keys]
+    ms = (np.array(sums, np.int64) * NS_TO_MS).tolist()
+    g_lo = np.searchsorted(g_req[lo], np.arange(n + 1)).tolist()
+    ttfp = (wk.ttfp - wk.arrival).tolist()
+    if ctx.per_request_segments:
+        s_lo = wk.seg_lo.tolist()
+        segs = list(zip(((wk.seg_start - wk.arrival[req]) * NS_TO_MS).tolist(), (dur * NS_TO_MS).tolist(),
+                        [label(s) for s in wk.seg_stage.tolist()],
+                        [at.CATEGORIES[c] for c in wk.seg_cat.tolist()],
+                        [walk.DETAILS[d] for d in wk.seg_detail.tolist()]))
+    rows, totals = [], []
+    for i in ok:
+        a, b = g_lo[i], g_lo[i + 1]
+        tot = dict(zip(keys[a:b], sums[a:b]))
+        totals.append(tot)
+        rid = wk.rids[i]
+        client = ctx.bench_rows.get(rid, {}).get("ttfp_s")
+        row: dict[str, Any] = {
+            "id": rid,
+            "ttfp_ms": ttfp[i] * NS_TO_MS,
+            "client_ttfp_ms": client * 1e3 if isinstance(client, (int, float)) and client > 0 else None,
+            "sum_error_ns": sum(sums[a:b]) - ttfp[i],
+            "categories_ms": dict(zip(names[a:b], ms[a:b])),
+            "hops": [f"{p}->{c}#{k}" for p, c, k in wk.hops[i]],
+            "missing_spans": wk.missing[i],
+            "unrecorded_tasks": [f"{p}->{c}#{k}" for p, c, k in wk.stale[i]],
+        }
+        if ctx.per_request_segments:
+            row["segments"] = [list(x) for x in segs[s_lo[i]:s_lo[i + 1]]]
+        rows.append(row)
+    return rows, totals
+
+
+# each category's place in name order (a row lists its categories sorted by (stage, name))
+_NAME_RANK = np.argsort(np.argsort(np.array(at.CATEGORIES)))
 
 
 def _walk_packed(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _RowContext) -> _Walked:

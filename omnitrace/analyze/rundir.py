@@ -35,7 +35,7 @@ class Span:
 
     __slots__ = ("name", "rid", "stage", "peer", "chunk", "start", "end", "replica",
                  "blocked_ns", "blocked_by", "depth", "ahead", "nbytes", "incomplete",
-                 "events", "attrs")
+                 "events", "attrs", "emit_firsts")
 
     def __init__(self, name: str, rid: str, stage: int, peer: int, chunk: int, start: int,
                  end: int, replica: int = 0, blocked_ns: int = 0,
@@ -49,6 +49,9 @@ class Span:
         self.nbytes, self.incomplete = nbytes, incomplete
         self.events = events or []
         self.attrs = attrs or {}
+        # a stage span built from the record: (first audio, first) omni.emit time of its
+        # events (None: none), what the report's walk reads of them (_emit_firsts)
+        self.emit_firsts: tuple[int | None, int | None] | None = None
 
     @property
     def dur(self) -> int:
@@ -371,6 +374,26 @@ def chunk_spans(rows: np.ndarray, requests: list[str]) -> list[Span]:
     return [_chunk_span(row, requests) for row in rows.tolist()]
 
 
+def _emit_firsts(emits: np.ndarray) -> dict[tuple[int, int, int], tuple[int | None, int | None]]:
+    """(request, stage, replica) -> the first audio and the first ``omni.emit`` time of the
+    events ``otlp.emit_events`` gives that stage span (API marks are not emits), by one sort
+    of the emit rows: the walk's ``first_audio_emit`` otherwise looks at every packet's
+    attributes (~40 per request before its first audio packet)."""
+    e = rowops.select(emits, emits["modality"] != -1)
+    if not len(e):
+        return {}
+    o = np.lexsort((e["replica"], e["stage"], e["req"]))
+    req, stage, rep, t = e["req"][o], e["stage"][o], e["replica"][o], e["t"][o]
+    head = np.ones(len(o), bool)
+    head[1:] = (req[1:] != req[:-1]) | (stage[1:] != stage[:-1]) | (rep[1:] != rep[:-1])
+    lo = np.flatnonzero(head)
+    never = np.iinfo(np.int64).max
+    audio = np.minimum.reduceat(np.where(e["modality"][o] == int(cv.Modality.AUDIO), t, never), lo)
+    first = np.minimum.reduceat(t, lo)
+    return {(r, s, p): (a if a != never else None, f) for r, s, p, a, f in zip(
+        req[lo].tolist(), stage[lo].tolist(), rep[lo].tolist(), audio.tolist(), first.tolist())}
+
+
 def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
                      chunks_before_ttfp: bool = False) -> list[Span]:
     """Span-table rows (``omnitrace.spantable``) -> report :class:`Span` objects; with
@@ -379,6 +402,7 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     from omnitrace.otlp import emit_events
     names = stt.NAMES
     by_stage = emit_events(emits)
+    firsts = _emit_firsts(emits)
     keep = np.ones(len(table), bool)
     if chunks_before_ttfp:
         roots = table[table["name"] == stt.N_REQUEST]
@@ -413,8 +437,11 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
             attrs = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage,
                      cv.ATTR_STAGE_NAME: proc, cv.ATTR_REPLICA: replica}
             events = by_stage.get((req, stage, replica), []) if name == stt.N_STAGE else []
-            append(Span(names[name], rid, stage, -2, -1, start, end, replica,
-                        incomplete=reason != 0, events=events, attrs=attrs))
+            sp = Span(names[name], rid, stage, -2, -1, start, end, replica,
+                      incomplete=reason != 0, events=events, attrs=attrs)
+            if name == stt.N_STAGE:
+                sp.emit_firsts = firsts.get((req, stage, replica), (None, None))
+            append(sp)
     return out
 
 
@@ -503,30 +530,44 @@ class _LazyChunks:
         return hit if hit else default
 
 
-def with_chunks(run: Run, reqs: dict, rids: list[str], batch: int = 2048) -> Iterator:
-    """Each of ``rids``' ``attribution.RequestSpans`` (from ``reqs``) with its chunk spans
-    attached (lazily, from ``run.early``), in batches of ``batch`` requests; a batch's rows
-    are dropped when the next one is taken."""
+def chunk_rows(run: Run, rids: list[str], batch: int) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
+    """``rids`` in batches of ``batch``: (the batch, its requests' rows of ``run.early``,
+    each request in turn with its rows in table order, and the rows per request)."""
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
     order = np.argsort(early["req"], kind="stable")  # a request's rows stay in table order
     sreq = early["req"][order]
     cidx = run.chunk_index()
     for k in range(0, len(rids), batch):
         part = rids[k:k + batch]
-        have = [r for r in part if r in cidx]
-        ids = np.array([cidx[r] for r in have], sreq.dtype)
+        ids = np.array([cidx.get(r, -1) for r in part], np.int64)
         lo, hi = np.searchsorted(sreq, ids, "left"), np.searchsorted(sreq, ids, "right")
-        _, pos = stt.expand_ranges(lo, hi)
-        chunks = _BatchChunks(rowops.take(early, order[pos]), hi - lo, run.chunk_requests)
-        for i, (rid, n) in enumerate(zip(have, (hi - lo).tolist())):
-            if n:
-                r = reqs[rid]
-                r.producer, r.consumer, r.scheduled = (_LazyChunks(chunks, i, w)
-                                                       for w in (_PRODUCER, _CONSUMER, _SCHEDULED))
-        for rid in part:
-            yield reqs[rid]
-        for rid in part:
-            reqs[rid].drop_chunks()
+        counts = np.where(ids >= 0, hi - lo, 0)
+        _, pos = stt.expand_ranges(lo, lo + counts)
+        yield part, rowops.take(early, order[pos]), counts
+
+
+def with_chunks(run: Run, reqs: dict, rids: list[str], batch: int = 2048) -> Iterator:
+    """Each of ``rids``' ``attribution.RequestSpans`` (from ``reqs``) with its chunk spans
+    attached (lazily, from ``run.early``), in batches of ``batch`` requests; a batch's rows
+    are dropped when the next one is taken."""
+    for part, rows, counts in chunk_rows(run, rids, batch):
+        yield from attach_chunks(run, reqs, part, rows, counts)
+
+
+def attach_chunks(run: Run, reqs: dict, part: list[str], rows: np.ndarray, counts: np.ndarray
+                  ) -> Iterator:
+    """A :func:`chunk_rows` batch's ``attribution.RequestSpans`` with their chunk spans
+    attached (lazily), dropped again once the batch is walked."""
+    chunks = _BatchChunks(rows, counts, run.chunk_requests)
+    for i, (rid, n) in enumerate(zip(part, counts.tolist())):
+        if n:
+            r = reqs[rid]
+            r.producer, r.consumer, r.scheduled = (_LazyChunks(chunks, i, w)
+                                                   for w in (_PRODUCER, _CONSUMER, _SCHEDULED))
+    for rid in part:
+        yield reqs[rid]
+    for rid in part:
+        reqs[rid].drop_chunks()
 
 
 def request_spans(run: Run) -> dict:

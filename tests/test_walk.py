@@ -1,0 +1,108 @@
+"""The batch walk (analyze/walk.py) against the reference walk (attribution.attribute),
+request by request, on a real run and on that run's chunk spans perturbed every way the
+rule has a branch for (missing spans, several tasks under one key, 0-byte tasks, ties,
+table order); and the report made with it against the report made by the reference."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import orjson
+import pytest
+
+from omnitrace import conventions as cv
+from omnitrace import spantable as stt
+from omnitrace.analyze import attribution as at
+from omnitrace.analyze import report, walk
+from omnitrace.analyze.rundir import chunk_rows, load_run, with_chunks
+from tests.report_util import run_pipeline
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("walk") / "run")
+    run_pipeline(d, ["--concurrency", "8", "--num-prompts", "12", "--input-len", "300",
+                     "--output-len", "60", "--warmup", "2"])
+    return d
+
+
+def _both(run, batch: int = 5) -> tuple[dict, dict]:
+    """Every request's attribution by the reference walk and by the batch walk."""
+    reqs = at.index_requests(run.spans)
+    rids = sorted(reqs)
+    want = {r.rid: at.attribute(r) for r in with_chunks(run, reqs, rids)}
+    got = {}
+    for part, rows, counts in chunk_rows(run, rids, batch):
+        assert walk.fits(rows)
+        wk = walk.walk(part, [walk.inputs(reqs[r]) for r in part], rows,
+                       np.repeat(np.arange(len(part)), counts))
+        got.update((rid, wk.attribution(i) if wk.ok[i] else None) for i, rid in enumerate(part))
+    return want, got
+
+
+def test_batch_walk_equals_the_reference_on_a_real_run(real_run):
+    want, got = _both(load_run([real_run]))
+    assert sum(a is not None for a in want.values()) >= 10
+    assert any(len(a.hops) >= 2 for a in want.values() if a)
+    assert got == want
+
+
+def _perturbed(run, rng: np.random.Generator, how: str):
+    early = run.early.copy()
+    n = len(early)
+    if how == "drop":  # missing spans of every kind, whole hops missing
+        early = early[rng.random(n) > 0.2]
+    elif how == "duplicate":  # several tasks under one key, some ending later, some ties
+        extra = early[rng.integers(0, n, n // 3)].copy()
+        shift = rng.integers(-3, 4, len(extra)) * rng.integers(0, 2_000_000, len(extra))
+        extra["start"] += shift
+        extra["end"] = np.maximum(extra["start"], extra["end"] + shift * rng.integers(0, 2, len(extra)))
+        early = np.concatenate((early, extra))
+    elif how == "zero-bytes":  # 0-byte tasks (the producing task unrecorded), 0-byte puts
+        zero = rng.random(n) < 0.3
+        early["v1"] = np.where(zero & np.isin(early["name"], (stt.N_PROCESS, stt.N_PUT)), 0, early["v1"])
+    elif how == "jitter":  # overlaps clamped, gaps, spans past the cursor, equal ends
+        j = rng.integers(-2_000_000, 2_000_000, n)
+        early["end"] = np.where(rng.random(n) < 0.1, early["start"], early["end"] + j)
+        early["start"] = np.minimum(early["start"] + rng.integers(-1_000_000, 1_000_000, n), early["end"])
+        early["reason"] = np.where(rng.random(n) < 0.05, 1, early["reason"])
+        early["v2"] = np.where(rng.random(n) < 0.3, rng.integers(0, 10_000_000, n), early["v2"])
+    elif how == "cycle":  # stage loops: a hop key met again, the hop limit reached
+        wait = early["name"] == stt.N_WAIT
+        early["peer"] = np.where(wait & (rng.random(n) < 0.5), early["stage"], early["peer"])
+        early["chunk"] = np.where(wait, early["chunk"] % 3, early["chunk"])
+    early = early[rng.permutation(len(early))] if how != "jitter" else early  # table order
+    out = copy.copy(run)
+    out.early = early
+    if how == "drop":  # no queue span (compute from the stage's start), no stage span (no
+        # emit, the walk stops unwalked)
+        gone = (cv.SPAN_STAGE, cv.SPAN_STAGE_QUEUE)
+        out.spans = [s for s in run.spans if s.name not in gone or rng.random() > 0.3]
+    return out
+
+
+@pytest.mark.parametrize("how", ["drop", "duplicate", "zero-bytes", "jitter", "cycle"])
+def test_batch_walk_equals_the_reference_on_perturbed_spans(real_run, how):
+    run = load_run([real_run])
+    rng = np.random.default_rng(len(how))
+    for _ in range(3):
+        want, got = _both(_perturbed(run, rng, how), batch=int(rng.integers(1, 8)))
+        assert got == want
+
+
+def test_report_by_the_batch_walk_equals_the_report_by_the_reference(real_run, monkeypatch):
+    """Rows, totals, waterfalls, head-of-line pairs: the same report either way."""
+    fast = report.build_report(load_run([real_run]), waterfalls=3)
+    monkeypatch.setattr(walk, "fits", lambda rows: False)  # every batch by the reference
+    ref = report.build_report(load_run([real_run]), waterfalls=3)
+    assert fast["window"]["attributed"] >= 10 and fast["head_of_line"]
+    assert orjson.dumps(fast) == orjson.dumps(ref)  # the JSON's order too
+
+
+def test_a_batch_beyond_the_compact_keys_is_walked_by_the_reference():
+    rows = np.zeros(2, stt.SPAN_DTYPE)
+    assert walk.fits(rows)
+    rows["stage"][1] = 300
+    assert not walk.fits(rows)
+    rows["stage"][1], rows["chunk"][0] = 0, -2
+    assert not walk.fits(rows)
