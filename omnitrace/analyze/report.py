@@ -218,19 +218,27 @@ class _Labels(dict):
         return v
 
 
+def _row(rid: str, ttfp_ns: int, client: Any, sum_ns: int, categories_ms: dict[str, float],
+         hops: list[tuple[int, int, int]], missing: list[str], stale: list[tuple[int, int, int]]
+         ) -> dict[str, Any]:
+    """A request's report row (``segments`` added by the caller when asked for)."""
+    return {
+        "id": rid,
+        "ttfp_ms": ttfp_ns * NS_TO_MS,
+        "client_ttfp_ms": client * 1e3 if isinstance(client, (int, float)) and client > 0 else None,
+        "sum_error_ns": sum_ns - ttfp_ns,
+        "categories_ms": categories_ms,
+        "hops": [f"{p}->{c}#{k}" for p, c, k in hops],
+        "missing_spans": missing,
+        "unrecorded_tasks": [f"{p}->{c}#{k}" for p, c, k in stale],
+    }
+
+
 def _request_row(a: at.Attribution, tot: dict[tuple[int, str], int], client: Any,
                  label: Callable[[int], str], per_request_segments: bool) -> dict[str, Any]:
-    client_ms = client * 1e3 if isinstance(client, (int, float)) and client > 0 else None
-    row: dict[str, Any] = {
-        "id": a.rid,
-        "ttfp_ms": a.ttfp_ns * NS_TO_MS,
-        "client_ttfp_ms": client_ms,
-        "sum_error_ns": sum(tot.values()) - a.ttfp_ns,
-        "categories_ms": {f"{label(s)}/{c}": v * NS_TO_MS for (s, c), v in sorted(tot.items())},
-        "hops": [f"{p}->{c}#{k}" for p, c, k in a.hops],
-        "missing_spans": a.missing,
-        "unrecorded_tasks": [f"{p}->{c}#{k}" for p, c, k in a.unrecorded_tasks],
-    }
+    row = _row(a.rid, a.ttfp_ns, client, sum(tot.values()),
+               {f"{label(s)}/{c}": v * NS_TO_MS for (s, c), v in sorted(tot.items())},
+               a.hops, a.missing, a.unrecorded_tasks)
     if per_request_segments:
         row["segments"] = _segments(a, label)
     return row
@@ -335,17 +343,8 @@ def _batch_rows(wk: walk.Walked, ok: list[int], ctx: _RowContext
         tot = dict(zip(keys[a:b], sums[a:b]))
         totals.append(tot)
         rid = wk.rids[i]
-        client = ctx.bench_rows.get(rid, {}).get("ttfp_s")
-        row: dict[str, Any] = {
-            "id": rid,
-            "ttfp_ms": ttfp[i] * NS_TO_MS,
-            "client_ttfp_ms": client * 1e3 if isinstance(client, (int, float)) and client > 0 else None,
-            "sum_error_ns": sum(sums[a:b]) - ttfp[i],
-            "categories_ms": dict(zip(names[a:b], ms[a:b])),
-            "hops": [f"{p}->{c}#{k}" for p, c, k in wk.hops[i]],
-            "missing_spans": wk.missing[i],
-            "unrecorded_tasks": [f"{p}->{c}#{k}" for p, c, k in wk.stale[i]],
-        }
+        row = _row(rid, ttfp[i], ctx.bench_rows.get(rid, {}).get("ttfp_s"), sum(sums[a:b]),
+                   dict(zip(names[a:b], ms[a:b])), wk.hops[i], wk.missing[i], wk.stale[i])
         if ctx.per_request_segments:
             row["segments"] = [list(x) for x in segs[s_lo[i]:s_lo[i + 1]]]
         rows.append(row)

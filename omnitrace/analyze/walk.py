@@ -39,7 +39,8 @@ def fits(rows: np.ndarray) -> bool:
         return True
     lo = min(int(rows["stage"].min()), int(rows["peer"].min()))
     hi = max(int(rows["stage"].max()), int(rows["peer"].max()))
-    return lo >= -1 and hi <= 254 and int(rows["chunk"].min()) >= -1 and int(rows["chunk"].max()) < (1 << 31) - 1
+    chunk = rows["chunk"]
+    return lo >= -1 and hi <= 254 and int(chunk.min()) >= -1 and int(chunk.max()) < (1 << 31) - 1
 
 
 def _code(req: np.ndarray, a: np.ndarray, b: np.ndarray, chunk: np.ndarray) -> np.ndarray:
@@ -70,13 +71,9 @@ class _Latest:
         self.comp = gid * self.width + np.searchsorted(self.ends, end) + 1
 
     def _group(self, code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        g = np.searchsorted(self.groups, code)
-        g = np.minimum(g, max(len(self.groups) - 1, 0))
-        if not len(self.groups):
-            z = np.zeros(len(code), np.int64)
-            return z, z, z, np.zeros(len(code), bool)
-        found = self.groups[g] == code
-        return g, self.lo[g], self.lo[g + 1], found
+        """Each code's group, its rows [lo, hi), whether it has any (some groups)."""
+        g = np.minimum(np.searchsorted(self.groups, code), len(self.groups) - 1)
+        return g, self.lo[g], self.lo[g + 1], self.groups[g] == code
 
     def _first_of_end(self, p: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.comp, self.comp[p], "left")
@@ -109,6 +106,7 @@ class _Latest:
         return found & (self.end[np.minimum(lo, len(self.end) - 1)] <= t)
 
     def count(self, code: np.ndarray) -> np.ndarray:
+        """How many spans each group has."""
         if not len(self.groups) or not len(code):
             return np.zeros(len(code), np.int64)
         _, lo, hi, found = self._group(code)
@@ -252,6 +250,7 @@ class _Segments:
 
 
 def _opt(values: list[int | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Optional ints as (values, 0 where None; whether given)."""
     have = np.array([v is not None for v in values], bool)
     return np.array([v if v is not None else 0 for v in values], np.int64), have
 
