@@ -92,6 +92,12 @@ _KNOWN = np.zeros(256, bool)
 for _k in (*_REQUEST_KINDS, *_STAGE_KINDS, *_CHUNK_KINDS, E.STEP_BEGIN, E.STEP_END,
            E.STAGE_DIED):
     _KNOWN[int(_k)] = True
+# the request and stage events' kinds as plain ints: the per-event loop compares each
+# event's kind with several of them (an IntEnum member lookup costs ~0.2 us)
+(_ADD, _SCHEDULE, _FINISH, _ARRIVE, _FIRST_TEXT, _FIRST_AUDIO, _TRACE_HI, _TRACE_LO,
+ _END) = (int(k) for k in (E.STAGE_ADD, E.STAGE_SCHEDULE, E.STAGE_FINISH, E.REQUEST_ARRIVE,
+                           E.REQUEST_FIRST_TEXT, E.REQUEST_FIRST_AUDIO, E.REQUEST_TRACE_HI,
+                           E.REQUEST_TRACE_LO, E.REQUEST_END))
 _EMPTY_EV = np.empty(0, EVENT_DTYPE)
 # Busy intervals a sender keeps: those a FIFO span still to be built may overlap, i.e. ending
 # after the oldest enqueue still waiting for its dequeue, or less than SENDER_LATE_S before
@@ -198,6 +204,21 @@ def sender_tasks(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     d = deq[done]
     open_ = deq[~done]
     return d, np.maximum(seq["t"][j[done]], seq["t"][d]), int(open_[0]) if len(open_) else n
+
+
+def _senders(key: np.ndarray, few: int = 8) -> list[int]:
+    """The distinct sender keys of a feed, sorted. A feed has a few senders (one per
+    producing stage process): each is peeled off by one comparison (a sort of the feed's
+    keys cost ~10x); past ``few`` of them, by ``np.unique``."""
+    out: list[int] = []
+    rest = key
+    while len(rest):
+        if len(out) == few:
+            return np.unique(key).tolist()
+        k = rest[0]
+        out.append(int(k))
+        rest = rest[rest != k]
+    return sorted(out)
 
 
 def expand_ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -415,57 +436,57 @@ class SpanBuilder:
     def _request_events(self, ev: np.ndarray, now: float, firsts: list, arrivals: list,
                         ends: list, contexts: list) -> None:
         reqs = self.reqs
-        replicas = self._replicas
+        replicas = self._replicas.tolist()
         for t, a, req, _chunk, kind, stage, b, ring in ev.tolist():
             st = reqs.get(req)
             if st is None:
                 st = reqs[req] = _Req()
             st.last_seen = now
             st.complete_at = None
-            if kind >= E.STAGE_ADD:
-                replica = int(replicas[ring])
+            if kind >= _ADD:
+                replica = replicas[ring]
                 sg = st.stages.get((stage, replica))
                 if sg is None:
                     sg = st.stages[(stage, replica)] = _Stage(ring)
                 if t > sg.last:
                     sg.last = t
-                if kind == E.STAGE_ADD:
+                if kind == _ADD:
                     if sg.add is None:
                         sg.add = t
                         if sg.sched is not None:  # the schedule was fed first (another
                             # thread's ring drained earlier): the queue span is whole now
                             self._queue_row(req, stage, replica, sg, R_NONE)
-                elif kind == E.STAGE_SCHEDULE:
+                elif kind == _SCHEDULE:
                     if sg.sched is None:
                         sg.sched = t
                         self._queue_row(req, stage, replica, sg, R_NONE)
-                elif kind == E.STAGE_FINISH:
+                elif kind == _FINISH:
                     sg.finish, sg.status = t, a
                     self._stage_row(req, stage, replica, sg, R_NONE)
-                if kind == E.STAGE_FINISH and self._complete(st):
+                if kind == _FINISH and self._complete(st):
                     st.complete_at = now
                 continue
-            st.ring, st.replica = ring, int(replicas[ring])
-            if kind == E.REQUEST_ARRIVE:
+            st.ring, st.replica = ring, replicas[ring]
+            if kind == _ARRIVE:
                 if st.arrive is None:
                     arrivals.append(req)
                 st.arrive, st.prompt, st.max_tokens = t, a, b
-            elif kind == E.REQUEST_FIRST_TEXT:
+            elif kind == _FIRST_TEXT:
                 if st.first_text is None:
                     st.first_text = t
                     if st.arrive is not None:
                         firsts.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
-            elif kind == E.REQUEST_FIRST_AUDIO:
+            elif kind == _FIRST_AUDIO:
                 if st.first_audio is None:
                     st.first_audio = t
                     if st.arrive is not None:
                         firsts.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
-            elif kind == E.REQUEST_TRACE_HI:
+            elif kind == _TRACE_HI:
                 st.trace_hi = a
-            elif kind == E.REQUEST_TRACE_LO:
+            elif kind == _TRACE_LO:
                 if st.trace_hi is not None:
                     contexts.append((req, *tracecontext.decode(st.trace_hi, a, _chunk, b)))
-            elif kind == E.REQUEST_END:
+            elif kind == _END:
                 if st.end is None:
                     ends.append((req, a))
                 st.end, st.status = t, a
@@ -635,7 +656,7 @@ class SpanBuilder:
         groups: dict[tuple[int, int], np.ndarray] = {}
         if len(ev):
             skey = (pids << 16) | (ev["stage"].astype(np.int64) + 1)
-            for k in np.unique(skey).tolist():
+            for k in _senders(skey):
                 groups[(k >> 16, (k & 0xFFFF) - 1)] = rowops.select(ev, skey == k)
         for key in set(groups) | {k for k, s in self.senders.items() if len(s.tail)}:
             snd = self.senders.get(key)
@@ -685,7 +706,7 @@ class SpanBuilder:
         intervals (O(log n) per span however many tasks it waited behind). With
         ``culprits``, also by0..by2: the top three other requests by overlap."""
         skey = (pids << 16) | (rows["stage"].astype(np.int64) + 1)
-        for k in np.unique(skey).tolist():
+        for k in _senders(skey):
             snd = self.senders.get((k >> 16, (k & 0xFFFF) - 1))
             if snd is None or not len(snd.starts):
                 continue

@@ -139,6 +139,17 @@ def _foreign(name: str, foreign_pipeline: bool = False) -> bool:
 
 
 @pytest.fixture(scope="session")
+def real_run(tmp_path_factory) -> str:
+    """The record of a small real pipeline run under `omnitrace bench` (c=8, 12 prompts, 2
+    warm-up), read only: the span builder's and the report walk's tests share it."""
+    from tests.report_util import run_pipeline
+    d = str(tmp_path_factory.mktemp("real") / "run")
+    run_pipeline(d, ["--concurrency", "8", "--num-prompts", "12", "--input-len", "300",
+                     "--output-len", "60", "--warmup", "2"])
+    return d
+
+
+@pytest.fixture(scope="session")
 def long_lived_processes() -> set[int]:
     """Register the pid of a process a fixture keeps alive across tests (``.add(pid)``)."""
     return LONG_LIVED

@@ -14,7 +14,7 @@ from omnitrace import eventlog, otlp
 from omnitrace import spantable as stt
 from omnitrace.eventlog import EVENT_DTYPE
 from tests.reference_assembler import Assembler
-from tests.report_util import report_json, rewrite_event_log, run_pipeline
+from tests.report_util import report_json, rewrite_event_log
 
 E = cv.Ev
 
@@ -63,14 +63,6 @@ def built_spans(log: eventlog.EventLog, cuts: int = 1, seed: int = 0) -> list:
     f = b.flush()
     out += conv.convert(f.spans, f.emits)
     return out
-
-
-@pytest.fixture(scope="module")
-def real_run(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("spantable") / "run")
-    run_pipeline(d, ["--concurrency", "8", "--num-prompts", "12", "--input-len", "300",
-                     "--output-len", "60", "--warmup", "2"])
-    return d
 
 
 def test_builder_equals_reference_on_a_real_run(real_run):

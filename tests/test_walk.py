@@ -15,15 +15,6 @@ from omnitrace import spantable as stt
 from omnitrace.analyze import attribution as at
 from omnitrace.analyze import report, walk
 from omnitrace.analyze.rundir import chunk_rows, load_run, with_chunks
-from tests.report_util import run_pipeline
-
-
-@pytest.fixture(scope="module")
-def real_run(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("walk") / "run")
-    run_pipeline(d, ["--concurrency", "8", "--num-prompts", "12", "--input-len", "300",
-                     "--output-len", "60", "--warmup", "2"])
-    return d
 
 
 def _both(run, batch: int = 5) -> tuple[dict, dict]:
@@ -45,6 +36,17 @@ def test_batch_walk_equals_the_reference_on_a_real_run(real_run):
     assert sum(a is not None for a in want.values()) >= 10
     assert any(len(a.hops) >= 2 for a in want.values() if a)
     assert got == want
+
+
+def test_stage_spans_from_the_record_carry_their_first_emits(real_run):
+    """What the batch walk reads instead of each stage span's emit events."""
+    stages = [s for s in load_run([real_run]).spans if s.name == cv.SPAN_STAGE]
+    for s in stages:
+        emits = [(t, a) for n, t, a in s.events if n == cv.EVENT_EMIT]
+        audio = [t for t, a in emits if at._is_audio(a)]
+        assert s.emit_firsts == (min(audio, default=None), min((t for t, _ in emits), default=None))
+    assert any(s.emit_firsts[0] is None and s.emit_firsts[1] is not None for s in stages)  # text
+    assert any(s.emit_firsts[0] is not None for s in stages)  # audio
 
 
 def _perturbed(run, rng: np.random.Generator, how: str):
