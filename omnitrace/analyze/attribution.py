@@ -193,18 +193,33 @@ def _is_audio(attrs: dict) -> bool:
     return False
 
 
+def emit_firsts(sp: Span) -> tuple[int | None, int | None]:
+    """(first audio, first) ``omni.emit`` time of a stage span's events (None: none): kept
+    on spans built from the record (``Span.emit_firsts``), else read from its events."""
+    if sp.emit_firsts is not None:
+        return sp.emit_firsts
+    audio = first = None
+    for n, t, a in sp.events:
+        if n == cv.EVENT_EMIT:
+            if first is None or t < first:
+                first = t
+            if (audio is None or t < audio) and _is_audio(a):
+                audio = t
+    return audio, first
+
+
 def first_audio_emit(r: RequestSpans) -> tuple[int, int] | None:
     """(stage, time) of the first audio packet emitted by a stage."""
     best: tuple[int, int] | None = None
     for st, sp in r.stages.items():
-        for n, t, a in sp.events:
-            if n == cv.EVENT_EMIT and _is_audio(a) and (best is None or t < best[1]):
-                best = (st, t)
+        t = emit_firsts(sp)[0]
+        if t is not None and (best is None or t < best[1]):
+            best = (st, t)
     if best is None and r.stages:  # no modality attribute: first emit of the last stage
         last = max(r.stages)
-        ts = [t for n, t, _ in r.stages[last].events if n == cv.EVENT_EMIT]
-        if ts:
-            best = (last, min(ts))
+        t = emit_firsts(r.stages[last])[1]
+        if t is not None:
+            best = (last, t)
     return best
 
 

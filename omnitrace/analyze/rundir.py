@@ -50,7 +50,8 @@ class Span:
         self.events = events or []
         self.attrs = attrs or {}
         # a stage span built from the record: (first audio, first) omni.emit time of its
-        # events (None: none), what the report's walk reads of them (_emit_firsts)
+        # events (None: none), what the walk reads of them (_emit_firsts,
+        # attribution.emit_firsts)
         self.emit_firsts: tuple[int | None, int | None] | None = None
 
     @property
@@ -377,7 +378,7 @@ def chunk_spans(rows: np.ndarray, requests: list[str]) -> list[Span]:
 def _emit_firsts(emits: np.ndarray) -> dict[tuple[int, int, int], tuple[int | None, int | None]]:
     """(request, stage, replica) -> the first audio and the first ``omni.emit`` time of the
     events ``otlp.emit_events`` gives that stage span (API marks are not emits), by one sort
-    of the emit rows: the walk's ``first_audio_emit`` otherwise looks at every packet's
+    of the emit rows: ``attribution.first_audio_emit`` otherwise looks at every packet's
     attributes (~40 per request before its first audio packet)."""
     e = rowops.select(emits, emits["modality"] != -1)
     if not len(e):

@@ -134,37 +134,16 @@ def inputs(r: at.RequestSpans) -> RequestInputs | None:
     """The reference's reads of ``r`` (None: no arrival or no first packet)."""
     if r.request is None:
         return None
-    firsts: dict[str, int] = {}
-    for n, t, _ in r.request.events:
-        if n not in firsts or t < firsts[n]:
-            firsts[n] = t
-    ttfp = firsts.get(cv.EVENT_TTFP)
-    arrival = r.request.start
+    rq, arrival = r.request, r.request.start
+    ttfp = at.event_time(rq, cv.EVENT_TTFP)
     if ttfp is None or ttfp < arrival:
         return None
-    return RequestInputs(arrival, ttfp, _first_audio_emit(r), max(r.stages) if r.stages else None,
-                         firsts.get(cv.EVENT_API_PACKET_RECEIVED), firsts.get(cv.EVENT_API_PACKET_RESUMED),
-                         firsts.get(cv.EVENT_API_PARSED), firsts.get(cv.EVENT_API_DISPATCHED),
+    return RequestInputs(arrival, ttfp, at.first_audio_emit(r), max(r.stages) if r.stages else None,
+                         at.event_time(rq, cv.EVENT_API_PACKET_RECEIVED),
+                         at.event_time(rq, cv.EVENT_API_PACKET_RESUMED),
+                         at.event_time(rq, cv.EVENT_API_PARSED), at.event_time(rq, cv.EVENT_API_DISPATCHED),
                          {s: (q.start, q.end) for s, q in r.queues.items()},
                          {s: sp.start for s, sp in r.stages.items()})
-
-
-def _first_audio_emit(r: at.RequestSpans) -> tuple[int, int] | None:
-    """``attribution.first_audio_emit`` from the stage spans' ``emit_firsts`` (spans built
-    from the record), or by looking at every event (spans read from OTLP JSON)."""
-    if any(sp.emit_firsts is None for sp in r.stages.values()):
-        return at.first_audio_emit(r)
-    best: tuple[int, int] | None = None
-    for st, sp in r.stages.items():
-        t = sp.emit_firsts[0]
-        if t is not None and (best is None or t < best[1]):
-            best = (st, t)
-    if best is None and r.stages:
-        last = max(r.stages)
-        t = r.stages[last].emit_firsts[1]
-        if t is not None:
-            best = (last, t)
-    return best
 
 
 @dataclass
