@@ -8,8 +8,8 @@ gather 237 vs 27 ms, mask 73 vs 10 ms, delete 48 vs 10 ms). Each helper views th
 bytes, the same dtype. The event and span hot paths (span building, the report's tables,
 the segment reader) use these, not ``a[idx]`` / ``np.concatenate`` on records.
 
-:func:`distinct` is their one way to list the values of a narrow integer column (request
-ids of a feed, stages of a table) without a sort.
+:func:`distinct` is their one way to list the distinct values of an integer column
+(request ids of a feed, stages of a table, a feed's senders) without a sort.
 """
 from __future__ import annotations
 
@@ -53,13 +53,22 @@ def assign(dst: np.ndarray, lo: int, src: np.ndarray) -> None:
     _void(dst[lo:lo + len(src)])[:] = _void(src)
 
 
-def distinct(values: np.ndarray) -> list[int]:
-    """The distinct values of an integer array, sorted. Values spanning a narrow range
-    (stages, a run's request ids) by a count per value (an hour's 17M FIFO rows: 0.05 s,
-    where ``np.unique`` sorts them in 0.37 s); a wide range falls back to the sort."""
+def distinct(values: np.ndarray, few: int = 8) -> list[int]:
+    """The distinct values of an integer array, sorted, without sorting the array. Values
+    spanning a narrow range (stages, a run's request ids) by a count per value (an hour's
+    17M FIFO rows: 0.05 s, where ``np.unique`` sorts them in 0.37 s); a wide range (a
+    feed's (pid, stage) sender keys) holding a few values by peeling them off one
+    comparison each (~10x quicker than the sort); past ``few`` of them, ``np.unique``."""
     if not len(values):
         return []
     lo, hi = int(values.min()), int(values.max())
-    if hi - lo >= 1 << 20:
-        return np.unique(values).tolist()
-    return (np.flatnonzero(np.bincount(np.subtract(values, lo, dtype=np.int64))) + lo).tolist()
+    if hi - lo < 1 << 20:
+        return (np.flatnonzero(np.bincount(np.subtract(values, lo, dtype=np.int64))) + lo).tolist()
+    out: list[int] = []
+    rest = values
+    while len(rest):
+        if len(out) == few:
+            return np.unique(values).tolist()
+        out.append(int(rest[0]))
+        rest = rest[rest != rest[0]]
+    return sorted(out)

@@ -206,21 +206,6 @@ def sender_tasks(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return d, np.maximum(seq["t"][j[done]], seq["t"][d]), int(open_[0]) if len(open_) else n
 
 
-def _senders(key: np.ndarray, few: int = 8) -> list[int]:
-    """The distinct sender keys of a feed, sorted. A feed has a few senders (one per
-    producing stage process): each is peeled off by one comparison (a sort of the feed's
-    keys cost ~10x); past ``few`` of them, by ``np.unique``."""
-    out: list[int] = []
-    rest = key
-    while len(rest):
-        if len(out) == few:
-            return np.unique(key).tolist()
-        k = rest[0]
-        out.append(int(k))
-        rest = rest[rest != k]
-    return sorted(out)
-
-
 def expand_ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every (owner, index) with lo[owner] <= index < hi[owner], without a Python loop:
     e.g. each FIFO wait against each sender task it overlapped."""
@@ -656,7 +641,7 @@ class SpanBuilder:
         groups: dict[tuple[int, int], np.ndarray] = {}
         if len(ev):
             skey = (pids << 16) | (ev["stage"].astype(np.int64) + 1)
-            for k in _senders(skey):
+            for k in rowops.distinct(skey):
                 groups[(k >> 16, (k & 0xFFFF) - 1)] = rowops.select(ev, skey == k)
         for key in set(groups) | {k for k, s in self.senders.items() if len(s.tail)}:
             snd = self.senders.get(key)
@@ -706,7 +691,7 @@ class SpanBuilder:
         intervals (O(log n) per span however many tasks it waited behind). With
         ``culprits``, also by0..by2: the top three other requests by overlap."""
         skey = (pids << 16) | (rows["stage"].astype(np.int64) + 1)
-        for k in _senders(skey):
+        for k in rowops.distinct(skey):
             snd = self.senders.get((k >> 16, (k & 0xFFFF) - 1))
             if snd is None or not len(snd.starts):
                 continue

@@ -293,11 +293,13 @@ def test_fifo_blocked_counts_every_task_waited_behind(cuts):
     assert fifo["by0"] == 2 and fifo["by1"] == 0
 
 
-@pytest.mark.parametrize("values", [[], [7], [3, -2, 3, 0, -2, 65535], [5, 1 << 40, 5, -(1 << 33)]],
-                         ids=["empty", "one", "narrow with negatives", "wide: the sort"])
+@pytest.mark.parametrize("values", [[], [7], [3, -2, 3, 0, -2, 65535], [5, 1 << 40, 5, -(1 << 33)],
+                                    [(i % 13) << 30 for i in range(100)]],
+                         ids=["empty", "one", "narrow with negatives", "wide, few: peeled",
+                              "wide, many: the sort"])
 def test_distinct_equals_numpy_unique(values) -> None:
-    """rowops.distinct (a count per value over a narrow range) lists what np.unique lists,
-    for every dtype the report and the builder pass it."""
+    """rowops.distinct (a count per value over a narrow range, few wide values peeled off)
+    lists what np.unique lists, for every dtype the report and the builder pass it."""
     for dtype in (np.int64, np.int32, np.int16, np.uint32):
         if values and (min(values) < np.iinfo(dtype).min or max(values) > np.iinfo(dtype).max):
             continue
