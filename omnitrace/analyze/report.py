@@ -1,6 +1,7 @@
 """Transform: a loaded run -> one JSON-able report dict (console, --json and HTML read it)."""
 from __future__ import annotations
 
+import functools
 import gc
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -263,15 +264,19 @@ def _walk(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _Row
     rows: list[dict[str, Any]] = []
     ttfp: list[int] = []
     totals: list[dict[tuple[int, str], int]] = []
-    # per attributed request, in walk order: its batch's walk and index, or its attribution
-    found: list[tuple[walk.Walked, int] | tuple[at.Attribution, int]] = []
+    # per attributed request, in walk order: (rid, arrival, first packet, hops), and how
+    # to make its Attribution (few are: the waterfalls')
+    found: list[tuple[str, int, int, list]] = []
+    attribution: list[Callable[[], at.Attribution]] = []
     for part, chunks, counts in chunk_rows(run, rids, WALK_BATCH):
         if walk.fits(chunks):
             wk = walk.walk(part, [walk.inputs(reqs[r]) for r in part], chunks,
                            np.repeat(np.arange(len(part)), counts))
             ok = np.flatnonzero(wk.ok).tolist()
             none += [part[i] for i in np.flatnonzero(~wk.ok).tolist()]
-            found += [(wk, i) for i in ok]
+            found += zip([wk.rids[i] for i in ok], wk.arrival[ok].tolist(), wk.ttfp[ok].tolist(),
+                         [wk.hops[i] for i in ok])
+            attribution += [functools.partial(wk.attribution, i) for i in ok]
             ttfp += (wk.ttfp - wk.arrival)[ok].tolist()
             b_rows, b_totals = _batch_rows(wk, ok, ctx)
             rows += b_rows
@@ -282,32 +287,21 @@ def _walk(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _Row
             if a is None:
                 none.append(r.rid)
                 continue
-            found.append((a, -1))
+            found.append((a.rid, a.arrival, a.ttfp, a.hops))
+            attribution.append(lambda a=a: a)
             tot = a.totals()
             totals.append(tot)
             ttfp.append(a.ttfp_ns)
             rows.append(_request_row(a, tot, ctx.bench_rows.get(a.rid, {}).get("ttfp_s"), ctx.label,
                                      ctx.per_request_segments))
-
-    def attribution(k: int) -> at.Attribution:
-        src, i = found[k]
-        return src.attribution(i) if isinstance(src, walk.Walked) else src
-
-    def facts(k: int) -> tuple[str, int, int, list]:
-        src, i = found[k]
-        if isinstance(src, walk.Walked):
-            return src.rids[i], int(src.arrival[i]), int(src.ttfp[i]), src.hops[i]
-        return src.rid, src.arrival, src.ttfp, src.hops
-
-    every = [facts(k) for k in range(len(found))]
     # the slowest (stable order) and those asked for: the whole report's waterfalls are
     # among each part's own (none is preceded by more than n in its part)
     order = sorted(range(len(found)), key=lambda i: -ttfp[i])
-    kept = set(order[:ctx.waterfalls]) | {k for k, f in enumerate(every) if f[0] in ctx.waterfall_ids}
+    kept = set(order[:ctx.waterfalls]) | {k for k, f in enumerate(found) if f[0] in ctx.waterfall_ids}
     # the victims' waits are among the chunk spans begun before their first packet
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
-    victims = _victims(run, every)
-    return _Walked(rows, ttfp, totals, [attribution(k) for k in sorted(kept)], none,
+    victims = _victims(run, found)
+    return _Walked(rows, ttfp, totals, [attribution[k]() for k in sorted(kept)], none,
                    headofline.blocked_pairs(victims, early, run.busy), [v.req for v in victims])
 
 
