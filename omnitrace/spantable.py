@@ -82,6 +82,7 @@ _PAIRS = ((N_SNAPSHOT, E.SNAPSHOT_BEGIN, E.SNAPSHOT_END),
           (N_PUT, E.PUT_BEGIN, E.PUT_END),
           (N_GET, E.GET_BEGIN, E.GET_END),
           (N_WAIT, E.CHUNK_READY, E.CHUNK_SCHEDULED))
+_PUT = next(i for i, (n, _, _) in enumerate(_PAIRS) if n == N_PUT)
 _MARK_KINDS = frozenset(cv.API_MARKS)  # API marks: request-span events, via the emit rows
 _REQUEST_KINDS = (*(E(k) for k in sorted(_MARK_KINDS)), E.REQUEST_ARRIVE, E.REQUEST_FIRST_TEXT,
                   E.REQUEST_FIRST_AUDIO, E.REQUEST_END, E.REQUEST_TRACE_HI, E.REQUEST_TRACE_LO)
@@ -116,10 +117,9 @@ class _ByKind:
     __slots__ = ("ev", "_kinds", "pos")
 
     def __init__(self, ev: np.ndarray) -> None:
-        kinds = ev["kind"]
-        order = np.argsort(kinds, kind="stable")
+        order = np.argsort(ev["kind"], kind="stable")
         self.ev, self.pos = rowops.take(ev, order), order
-        self._kinds = kinds[order]  # contiguous: searchsorted copies a strided field per call
+        self._kinds = np.ascontiguousarray(self.ev["kind"])  # searchsorted copies a strided field per call
 
     def _bounds(self, first: int, last: int) -> tuple[int, int]:
         lo, hi = np.searchsorted(self._kinds, (first, last + 1))
@@ -149,8 +149,8 @@ class Prepared:
     it on another thread, beside the builder's work on the previous feed: its few large
     numpy operations release the GIL (the report prepares its parts as it decodes them)."""
 
-    __slots__ = ("events", "max_ring", "unknown", "steps", "ev", "by_kind", "emitted", "small",
-                 "senders", "reqs")
+    __slots__ = ("events", "max_ring", "unknown", "steps", "emitted", "small", "senders", "reqs",
+                 "latest", "pairs", "gets")
 
     def __init__(self, ev: np.ndarray) -> None:
         self.events = len(ev)
@@ -162,12 +162,59 @@ class Prepared:
             has_req = ev["req"] != 0
             self.steps = int(np.count_nonzero(known & ~has_req))
             ev = rowops.select(ev, known & has_req)
-        self.ev = ev
-        by = self.by_kind = _ByKind(ev)
+        by = _ByKind(ev)
         self.emitted = by.kind(E.STAGE_EMIT)
         self.small = by.in_time_order((E.REQUEST_ARRIVE, E.STAGE_FINISH))
         self.senders = by.in_time_order(*((k, k) for k in _SENDER_KINDS))
         self.reqs: list[int] = rowops.distinct(ev["req"])
+        # each request's latest event: (ids, times)
+        self.latest = _latest(ev["req"], ev["t"], self.reqs)
+        # each pair kind's begins and ends sorted by key (arrival order within a key): the
+        # builder's match then sorts the stamps it carries and these as sorted runs (a merge)
+        self.pairs = [(_by_key(by.kind(b), "stage"), _by_key(by.kind(e), "stage")) for _, b, e in _PAIRS]
+        self.gets = _by_key(by.kind(E.GET_BEGIN), "b")  # the poll lag's ends, by producer
+
+    # what :meth:`arrays` gives, in order: dtypes of the arrays after the plain values
+    ARRAY_DTYPES = (EVENT_DTYPE, EVENT_DTYPE, EVENT_DTYPE, np.dtype(np.int64), np.dtype(np.int64),
+                    *(EVENT_DTYPE,) * (2 * len(_PAIRS) + 1))
+
+    def arrays(self) -> tuple[tuple, list[np.ndarray]]:
+        """Itself as (plain values, arrays of ``ARRAY_DTYPES``), for :meth:`of_arrays` in
+        another process (the report prepares feeds in a helper: ``analyze/eventload.py``)."""
+        return ((self.events, self.max_ring, self.unknown, self.steps, self.reqs),
+                [self.emitted, self.small, self.senders, *self.latest,
+                 *(a for pair in self.pairs for a in pair), self.gets])
+
+    @classmethod
+    def of_arrays(cls, values: tuple, arrays: list[np.ndarray]) -> "Prepared":
+        p = cls.__new__(cls)
+        p.events, p.max_ring, p.unknown, p.steps, p.reqs = values
+        p.emitted, p.small, p.senders, ids, times, *pairs, p.gets = arrays
+        p.latest = (ids, times)
+        p.pairs = list(zip(pairs[::2], pairs[1::2]))
+        return p
+
+
+def _latest(req: np.ndarray, t: np.ndarray, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct ``reqs``, each one's latest ``t``)."""
+    ids = np.array(reqs, np.int64)
+    if not len(ids):
+        return ids, np.zeros(0, np.int64)
+    lo, hi = int(ids[0]), int(ids[-1])
+    if hi - lo >= 1 << 20:  # a wide range (an old request beside new ones): by a sort
+        order = np.argsort(req, kind="stable")
+        return ids, np.maximum.reduceat(t[order], np.searchsorted(req[order], ids))
+    top = np.full(hi - lo + 1, np.iinfo(np.int64).min, np.int64)
+    # contiguous values: ufunc.at over a strided field takes its slow path (~7x)
+    np.maximum.at(top, np.subtract(req, lo, dtype=np.int64), np.ascontiguousarray(t))
+    return ids, top[ids - lo]
+
+
+def _by_key(rows: np.ndarray, stage: str) -> np.ndarray:
+    """``rows`` sorted by :func:`_key` of (request, ``rows[stage]``, chunk), stable."""
+    if len(rows) < 2:
+        return rows
+    return rowops.take(rows, np.argsort(_key(rows["req"], rows[stage], rows["chunk"]), kind="stable"))
 
 
 def _key(req: np.ndarray, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:
@@ -384,14 +431,14 @@ class SpanBuilder:
         self.events += p.events
         self.unknown_events += p.unknown
         self.step_events += p.steps
-        self._note_times(p.ev)
+        self._note_times(*p.latest)
         if len(p.emitted):
             self._stage_emits(p.emitted, now)
         if len(p.small):
             self._request_events(p.small, now, firsts, arrivals, ends, contexts)
         if p.reqs and self.reqs:
             self._seen(p.reqs, now)
-        parts = [self._pair_chunks(p.by_kind, p.senders)]
+        parts = [self._pair_chunks(p)]
         if self._rows:
             parts.append(np.array(self._rows, SPAN_DTYPE))
             self._rows = []
@@ -406,16 +453,15 @@ class SpanBuilder:
         self.spans_built += len(spans)
         self.incomplete_spans += int(np.count_nonzero(spans["reason"]))
 
-    def _note_times(self, ev: np.ndarray) -> None:
-        if not len(ev):
+    def _note_times(self, ids: np.ndarray, times: np.ndarray) -> None:
+        if not len(ids):
             return
-        top = int(ev["req"].max())
+        top = int(ids[-1])
         if top >= len(self.last_t):
             grown = np.zeros(max(top + 1, 2 * len(self.last_t)), np.int64)
             grown[:len(self.last_t)] = self.last_t
             self.last_t = grown
-        # contiguous values: ufunc.at over a strided field takes its slow path (~7x)
-        np.maximum.at(self.last_t, ev["req"].astype(np.int64), np.ascontiguousarray(ev["t"]))
+        self.last_t[ids] = np.maximum(self.last_t[ids], times)
 
     # ------------------------------------------------------------------ requests, stages
     def _request_events(self, ev: np.ndarray, now: float, firsts: list, arrivals: list,
@@ -575,12 +621,11 @@ class SpanBuilder:
         return reason
 
     # ------------------------------------------------------------------ chunks
-    def _pair_chunks(self, ev: "_ByKind", senders: np.ndarray) -> np.ndarray:
-        self._sender_intervals(senders)
+    def _pair_chunks(self, p: Prepared) -> np.ndarray:
+        self._sender_intervals(p.senders)
         out = []
-        for name, bk, ek in _PAIRS:
+        for (name, _, _), (b_new, e_new) in zip(_PAIRS, p.pairs):
             pool = self._pools[name]
-            b_new, e_new = ev.kind(bk), ev.kind(ek)
             B = rowops.concat((pool.begins, b_new), EVENT_DTYPE) if len(pool.begins) else b_new
             En = rowops.concat((pool.ends, e_new), EVENT_DTYPE) if len(pool.ends) else e_new
             bi, ei = match(_key(B["req"], B["stage"], B["chunk"]), B["t"],
@@ -593,8 +638,8 @@ class SpanBuilder:
         # poll lag: producer PUT_END (request, stage, chunk) -> consumer GET_BEGIN
         # (request, b = producer stage, chunk)
         pool = self._poll
-        P = rowops.concat((pool.begins, ev.kind(E.PUT_END)), EVENT_DTYPE)
-        G = rowops.concat((pool.ends, ev.kind(E.GET_BEGIN)), EVENT_DTYPE)
+        P = rowops.concat((pool.begins, p.pairs[_PUT][1]), EVENT_DTYPE)
+        G = rowops.concat((pool.ends, p.gets), EVENT_DTYPE)
         pi, gi = match(_key(P["req"], P["stage"], P["chunk"]), P["t"],
                        _key(G["req"], G["b"], G["chunk"]), G["t"])
         if len(pi):

@@ -11,11 +11,10 @@ attribution needs, so the full OTLP dicts are dropped immediately.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import gc
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import orjson
@@ -624,137 +623,24 @@ def chunk_table(spans: list[Span]) -> tuple[Any, list[str]]:
     return np.array(rows, stt.SPAN_DTYPE), list(requests)
 
 
-# events per feed: a feed's temporaries (~300 bytes per event) stay in the caches (feeds of
-# 1M events took ~1.4x as long)
-FEED_EVENTS = 1 << 17
-
-
-def _read_ahead(items: Iterator[Any]) -> Iterator[Any]:
-    """``items``, the next one made by a thread while the caller works on this one (a
-    part's decompression, decoding and grouping by kind run beside the span building:
-    the second core)."""
-    import queue
-    import threading
-    q: queue.Queue = queue.Queue(maxsize=1)
-    stop = threading.Event()
-
-    def offer(item: tuple) -> bool:
-        while not stop.is_set():  # the reader may have left (an error): never block on it
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                pass
-        return False
-
-    def produce() -> None:
-        try:
-            for x in items:
-                if not offer((True, x)):
-                    return
-            offer((False, None))
-        except BaseException as exc:  # handed to the reader, raised there
-            offer((False, exc))
-
-    t = threading.Thread(target=produce, name="omnitrace-read-ahead", daemon=True)
-    t.start()
-    try:
-        while True:
-            more, x = q.get()
-            if not more:
-                if x is not None:
-                    raise x
-                return
-            yield x
-    finally:
-        stop.set()
-        t.join()
-
-
-@contextlib.contextmanager
-def _in_order_beside(fn: Callable[..., None], depth: int = 4) -> Iterator[Callable[..., None]]:
-    """``submit(*args)`` calls ``fn(*args)`` on one thread, in the order submitted, while
-    the caller goes on (the report's tables take one feed's spans while the builder makes
-    the next: most of both is numpy, which releases the GIL). Leaving waits for the
-    calls; the first error of one is raised then."""
-    import queue
-    import threading
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        while (item := q.get()) is not None:
-            if not errors:  # after an error the rest is only drained
-                try:
-                    fn(*item)
-                except BaseException as exc:  # handed to the caller, raised there
-                    errors.append(exc)
-
-    t = threading.Thread(target=work, name="omnitrace-report-tables", daemon=True)
-    t.start()
-    try:
-        yield lambda *args: q.put(args)
-    finally:
-        q.put(None)
-        t.join()
-    if errors:
-        raise errors[0]
-
-
 def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset()) -> bool:
     """Append the spans built from one run directory's event log; False if it has none."""
     from omnitrace import eventlog
-    from omnitrace.spantable import Prepared, SpanBuilder
-    stream = eventlog.stream_event_log(path)
-    if stream is None:
+    from omnitrace.analyze import eventload
+    try:
+        built = eventload.build(path, skip)
+    except eventlog.EventLogError as exc:
+        raise RunDirError(str(exc)) from None
+    if built is None:
         return False
-    log, parts = stream
-    # the events a part at a time, fed as the agent fed them live (the builder is
-    # incremental): the whole run's decoded events are never held at once
-    builder = SpanBuilder({}, culprits=False)  # blocked_by: no report reads it
-    # each feed's spans go straight into the report's tables (analyze/tables.py): the
-    # run's spans are never held whole
-    acc = tables.ReportTables()
-    strings = log.requests.strings
-    skipped = np.zeros(0, bool)  # per request id: a warm-up request (attribution skips it)
-
-    def take(f) -> None:
-        nonlocal skipped
-        if len(skipped) < len(strings):  # the string table grows as segments are read
-            skipped = np.concatenate((skipped, np.fromiter(
-                (r in skip for r in strings[len(skipped):]), bool, len(strings) - len(skipped))))
-        add(f, skipped)  # a new array when it grows: the tables' thread may hold the old
-
-    def prepared() -> Iterator[tuple[list, dict, int, Any]]:
-        """Each part as the builder's feeds (``spantable.Prepared``: grouped by kind here,
-        on the reader thread), with the rings as described up to it (the reader already
-        changes ``log.rings`` for the next part), its size and its STAGE_DIED events."""
-        for ev in parts:
-            feeds = [Prepared(ev[lo:lo + FEED_EVENTS]) for lo in range(0, len(ev), FEED_EVENTS)]
-            yield feeds, dict(log.rings), len(ev), ev[ev["kind"] == cv.Ev.STAGE_DIED]
-
-    died = []
-    with _in_order_beside(acc.add) as add:
-        try:
-            for feeds, rings, n, d in _read_ahead(prepared()):
-                builder.rings.update(rings)  # a part may add rings or re-describe one (new writer)
-                builder.ring_changed()
-                run.events += n
-                died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
-                for f in feeds:  # the builder takes any cut
-                    take(builder.feed(f))
-        except eventlog.EventLogError as exc:
-            raise RunDirError(str(exc)) from None
-        builder.rings.update(log.rings)
-        builder.ring_changed()
-        for idx in log.died:
-            builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
-        take(builder.flush())
+    log, acc = built.log, built.acc
+    run.events += built.events
     run.warnings.extend(f"{label}{w}" for w in log.warnings)
     run.torn_records += log.torn_records
-    run.stage_deaths.extend(sorted(died, key=lambda x: x[1]))
+    run.stage_deaths.extend(sorted(built.died, key=lambda x: x[1]))
     small, early, emits, figures, busy = acc.finish(
         {int(r.get("pid", 0)): int(r.get("replica", 0)) for r in log.rings.values()})
+    strings = log.requests.strings
     run.spans.extend(spans_from_table(small, emits, strings, log.rings))  # chunk spans: with_chunks
     run.skipped_spans += acc.skipped
     run.span_count += acc.rows - acc.skipped
