@@ -1,0 +1,94 @@
+"""analyze/eventload.py: an event log decoded and prepared by a forked helper process gives
+the same tables (and the same report) as one decoded here; a corrupt log is the same one
+error either way; a helper that dies or fails is replaced by the decoding done here."""
+import multiprocessing as mp
+import os
+
+import orjson
+import pytest
+
+from omnitrace import eventlog
+from omnitrace import spantable as stt
+from omnitrace.analyze import eventload, report, rundir
+
+
+def _account(built: eventload.Built) -> tuple:
+    """Everything a build gives the report, as comparable values (row order included)."""
+    log, acc = built.log, built.acc
+    small, early, emits, figures, busy = acc.finish(
+        {int(r.get("pid", 0)): int(r.get("replica", 0)) for r in log.rings.values()})
+    arrays = [small, early, emits, *figures.tables(), figures.first_start]
+    return ([a.tobytes() for a in arrays],
+            sorted((k, tuple(c.tobytes() for c in cols)) for k, cols in busy.items()),
+            built.events, built.died, log.rings, list(log.requests.strings), log.warnings,
+            log.torn_records, acc.rows, acc.skipped, len(small), len(early))
+
+
+@pytest.fixture
+def many_parts(monkeypatch):
+    """Small parts and feeds: the helper sends many, each with the request ids and ring
+    descriptions new in it."""
+    monkeypatch.setattr(eventlog, "STREAM_EVENTS", 1000)
+    monkeypatch.setattr(eventload, "FEED_EVENTS", 300)
+
+
+def test_the_helper_gives_the_tables_decoding_here_gives(real_run, many_parts):
+    bench = orjson.loads(open(os.path.join(real_run, "bench.json"), "rb").read())
+    skip = frozenset(rundir._warmup_ids(bench))
+    here = eventload.build(real_run, skip, helper=False)
+    beside = eventload.build(real_run, skip, helper=True)
+    want, got = _account(here), _account(beside)
+    assert skip and want[-3] > 0  # warm-up spans were left out
+    assert want[-2] > 50 and want[-1] > 500 and want[2] > 20 * 1000  # many parts
+    assert got == want
+    assert not mp.active_children()  # the helper was waited for
+
+
+def test_the_report_is_the_same_with_the_helper(real_run, monkeypatch):
+    here = report.build_report(rundir.load_run([real_run]), waterfalls=3)
+    monkeypatch.setattr(eventload, "HELPER_MIN_BYTES", 0)  # this small log: by the helper
+    assert eventload._helper_pays(real_run)
+    beside = report.build_report(rundir.load_run([real_run]), waterfalls=3)
+    assert here["window"]["attributed"] >= 10
+    assert orjson.dumps(beside) == orjson.dumps(here)
+
+
+def test_a_corrupt_log_is_the_same_one_error_from_the_helper(real_run, tmp_path):
+    d = tmp_path / "run"
+    os.makedirs(d / eventlog.DIR)
+    segments = eventlog.segments(real_run)
+    for src in segments:
+        data = open(src, "rb").read()
+        if src == segments[-1]:
+            data = data[:10] + b"\xff" * 30 + data[40:]
+        (d / eventlog.DIR / os.path.basename(src)).write_bytes(data)
+    errors = []
+    for helper in (False, True):
+        with pytest.raises(eventlog.EventLogError, match="corrupt event segment") as exc:
+            eventload.build(str(d), frozenset(), helper=helper)
+        errors.append(str(exc.value))
+    assert errors[0] == errors[1]
+    assert not mp.active_children()
+
+
+@pytest.mark.parametrize("how", ["dies", "raises"])
+def test_a_helper_that_dies_or_fails_is_replaced_by_decoding_here(real_run, many_parts,
+                                                                  monkeypatch, how):
+    parent = os.getpid()
+    arrays = stt.Prepared.arrays
+
+    def broken(self):  # called in the helper only
+        if os.getpid() != parent:
+            if how == "dies":
+                os._exit(9)  # killed, out of memory: nothing more on the pipe
+            raise MemoryError("no memory for the feed")
+        return arrays(self)
+
+    monkeypatch.setattr(stt.Prepared, "arrays", broken)
+    want = _account(eventload.build(real_run, frozenset(), helper=False))
+    assert _account(eventload.build(real_run, frozenset(), helper=True)) == want
+    assert not mp.active_children()
+
+
+def test_a_run_without_an_event_log_has_nothing_to_build(tmp_path):
+    assert eventload.build(str(tmp_path), frozenset(), helper=True) is None
