@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import sys
 import threading
 from typing import Any, Callable, Iterator
@@ -229,6 +230,8 @@ class _Helper:
 
 
 def _helper_main(path: str, rfd: int, wfd: int) -> None:
+    # Ctrl-C is the reader's to handle: it closes the pipe, and the helper leaves on EPIPE
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.close(rfd)
     out = _Pipe(wfd=wfd)
     try:
