@@ -117,9 +117,10 @@ class _ByKind:
     __slots__ = ("ev", "_kinds", "pos")
 
     def __init__(self, ev: np.ndarray) -> None:
-        order = np.argsort(ev["kind"], kind="stable")
+        kinds = ev["kind"]
+        order = np.argsort(kinds, kind="stable")
         self.ev, self.pos = rowops.take(ev, order), order
-        self._kinds = np.ascontiguousarray(self.ev["kind"])  # searchsorted copies a strided field per call
+        self._kinds = kinds[order]  # contiguous: searchsorted copies a strided field per call
 
     def _bounds(self, first: int, last: int) -> tuple[int, int]:
         lo, hi = np.searchsorted(self._kinds, (first, last + 1))

@@ -18,7 +18,6 @@ corrupt log is the same one-line error either way.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import multiprocessing as mp
 import os
 import pickle
@@ -26,6 +25,7 @@ import queue
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -47,14 +47,16 @@ class HelperFailed(Exception):
     """The helper process died or failed: the log is decoded here instead."""
 
 
+@dataclass
 class Built:
     """A log's tables, its decoder's account (rings, request ids, warnings, torn records:
     ``eventlog.EventLog`` without events), its event count and its STAGE_DIED events as
     (stage, time)."""
 
-    def __init__(self, log: eventlog.EventLog, acc: tables.ReportTables, events: int,
-                 died: list[tuple[int, int]]) -> None:
-        self.log, self.acc, self.events, self.died = log, acc, events, died
+    log: eventlog.EventLog
+    acc: tables.ReportTables
+    events: int
+    died: list[tuple[int, int]]
 
 
 def build(path: str, skip: frozenset[str], helper: bool | None = None) -> Built | None:
@@ -100,11 +102,6 @@ class _Reading:
             self.died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
             yield [ev[lo:lo + FEED_EVENTS] for lo in range(0, len(ev), FEED_EVENTS)], dict(self.log.rings)
 
-    def end(self) -> tuple[dict, list[int]]:
-        """The final rings and the pids of the writers that died."""
-        log = self.log
-        return dict(log.rings), [int(log.rings.get(i, {}).get("pid", 0)) for i in log.died]
-
 
 def _build_here(path: str, skip: frozenset[str]) -> Built:
     reading = _Reading(path)
@@ -113,7 +110,7 @@ def _build_here(path: str, skip: frozenset[str]) -> Built:
         for feeds, rings in reading.parts():  # made ready on the reader thread
             yield [stt.Prepared(f) for f in feeds], rings
 
-    acc = _tabulate(prepared(), _Warmup(reading.log.requests.strings, skip), reading.end)
+    acc = _tabulate(prepared(), _Warmup(reading.log.requests.strings, skip), lambda: reading.log)
     return Built(reading.log, acc, reading.events, reading.died)
 
 
@@ -134,11 +131,7 @@ def _build_beside(path: str, skip: frozenset[str]) -> Built:
                 yield [stt.Prepared.of_arrays(v, [helper.recv_rows(d) for d in stt.Prepared.ARRAY_DTYPES])
                        for v in values], rings
 
-        def end() -> tuple[dict, list[int]]:
-            log = final[0][0]
-            return dict(log.rings), [int(log.rings.get(i, {}).get("pid", 0)) for i in log.died]
-
-        acc = _tabulate(prepared(), _Warmup(strings, skip), end)
+        acc = _tabulate(prepared(), _Warmup(strings, skip), lambda: final[0][0])
         log, events, died = final[0]
         return Built(log, acc, events, died)
     finally:
@@ -146,9 +139,10 @@ def _build_beside(path: str, skip: frozenset[str]) -> Built:
 
 
 def _tabulate(parts: Iterator[tuple[list[stt.Prepared], dict]], warmup: "_Warmup",
-              end: Callable[[], tuple[dict, list[int]]]) -> tables.ReportTables:
+              final: Callable[[], eventlog.EventLog]) -> tables.ReportTables:
     """The pipeline: ``parts`` made on a thread, built here, tabulated on another thread;
-    ``end()`` gives the final rings and the pids of the writers that died."""
+    ``final()``: the decoder's log once every part is read (its final rings and the
+    writers that died)."""
     builder = stt.SpanBuilder({}, culprits=False)  # blocked_by: no report reads it
     acc = tables.ReportTables()
     with _in_order_beside(acc.add) as add:
@@ -158,11 +152,11 @@ def _tabulate(parts: Iterator[tuple[list[stt.Prepared], dict]], warmup: "_Warmup
             for f in feeds:  # the builder takes any cut
                 # the flags: a new array when they grow (the tables' thread may hold the old)
                 add(builder.feed(f), warmup.flags())
-        rings, dead = end()
-        builder.rings.update(rings)
+        log = final()
+        builder.rings.update(log.rings)
         builder.ring_changed()
-        for pid in dead:
-            builder.process_died(pid)
+        for idx in log.died:
+            builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
         add(builder.flush(), warmup.flags())
     return acc
 
@@ -266,7 +260,8 @@ class _Pipe:
 
     def __init__(self, rfd: int = -1, wfd: int = -1) -> None:
         self.rfd, self.wfd = rfd, wfd
-        with contextlib.suppress(OSError, AttributeError):  # fewer, larger writes and reads
+        with contextlib.suppress(ImportError, OSError, AttributeError):  # fewer, larger writes and reads
+            import fcntl
             fcntl.fcntl(rfd if rfd >= 0 else wfd, fcntl.F_SETPIPE_SZ, 1 << 20)
 
     def _write(self, data: memoryview) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass
-from typing import Any, Callable
 
 import numpy as np
 
@@ -147,25 +146,15 @@ class Growing:
         except (OSError, ValueError):
             self._buf = np.zeros(0, self.dtype)
 
-    def _room(self, k: int) -> None:
-        if self.n + k > len(self._buf):
-            grown = np.empty(max(2 * len(self._buf), self.n + k, 1024), self.dtype)
-            grown[:self.n] = self._buf[:self.n]
-            self._buf = grown
-
     def append(self, rows: np.ndarray) -> None:
         k = len(rows)
         if not k:
             return
-        self._room(k)
+        if self.n + k > len(self._buf):
+            grown = np.empty(max(2 * len(self._buf), self.n + k, 1024), self.dtype)
+            grown[:self.n] = self._buf[:self.n]
+            self._buf = grown
         rowops.assign(self._buf, self.n, rows)
-        self.n += k
-
-    def append_from(self, k: int, read_into: Callable[[np.ndarray], None]) -> None:
-        """Append ``k`` rows that ``read_into(rows)`` writes in their place (from a pipe:
-        no array beside)."""
-        self._room(k)
-        read_into(self._buf[self.n:self.n + k])
         self.n += k
 
     def view(self) -> np.ndarray:
@@ -224,49 +213,11 @@ class ReportTables:
         t = fa[emits["req"].astype(np.int64)]
         self.emits.append(rowops.select(emits, (t == 0) | (emits["t"] <= t)))
         for pid, stage, *cols in feed.busy:
-            for g, c in zip(self._sender((pid, stage)), cols):
+            grow = self.busy.get((pid, stage))
+            if grow is None:
+                grow = self.busy[(pid, stage)] = (Growing(np.int64), Growing(np.int64), Growing(np.uint32))
+            for g, c in zip(grow, cols):
                 g.append(c)
-
-    def _sender(self, key: tuple[int, int]) -> tuple[Growing, Growing, Growing]:
-        grow = self.busy.get(key)
-        if grow is None:
-            grow = self.busy[key] = (Growing(np.int64), Growing(np.int64), Growing(np.uint32))
-        return grow
-
-    def _columns(self) -> list[Growing]:
-        return [self.small, self.early, self.emits, *self.figures]
-
-    def send(self, pipe: Any) -> None:
-        """Write these tables to ``pipe`` (``eventload``'s: another process built them, of
-        other requests), for :meth:`receive` there."""
-        busy = [(key, cols[0].n) for key, cols in self.busy.items()]
-        pipe.send_obj((self.rows, self.skipped, [g.n for g in self._columns()], busy))
-        for g in self._columns():
-            pipe.send_rows(g.view())
-        for key, _ in busy:
-            for g in self.busy[key]:
-                pipe.send_rows(g.view())
-        pipe.send_rows(self.first_audio)
-        pipe.send_rows(self.first_start)
-
-    def receive(self, pipe: Any) -> None:
-        """Add the tables another process :meth:`send` of *other* requests than these:
-        rows appended, per-request columns taken where that side knows them (only one
-        side sends busy intervals: every builder closes every sender task)."""
-        rows, skipped, sizes, busy = pipe.recv_obj()
-        for g, k in zip(self._columns(), sizes):
-            g.append_from(k, pipe.recv_rows_into)
-        for key, k in busy:
-            for g in self._sender(key):
-                g.append_from(k, pipe.recv_rows_into)
-        first_audio, first_start = pipe.recv_rows(np.int64), pipe.recv_rows(np.int64)
-        n = len(first_audio)
-        self._grow(n - 1)
-        mine = self.first_audio[:n]
-        mine[:] = np.where(first_audio != 0, first_audio, mine)
-        np.minimum(self.first_start[:n], first_start, out=self.first_start[:n])
-        self.rows += rows
-        self.skipped += skipped
 
     def finish(self, replica_of: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                           ChunkFigures, Busy]:
