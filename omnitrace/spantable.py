@@ -151,7 +151,7 @@ class Prepared:
     numpy operations release the GIL (the report prepares its parts as it decodes them)."""
 
     __slots__ = ("events", "max_ring", "unknown", "steps", "emitted", "small", "senders", "reqs",
-                 "latest", "pairs", "gets")
+                 "latest", "pairs", "gets", "closed")
 
     def __init__(self, ev: np.ndarray) -> None:
         self.events = len(ev)
@@ -174,25 +174,39 @@ class Prepared:
         # builder's match then sorts the stamps it carries and these as sorted runs (a merge)
         self.pairs = [(_by_key(by.kind(b), "stage"), _by_key(by.kind(e), "stage")) for _, b, e in _PAIRS]
         self.gets = _by_key(by.kind(E.GET_BEGIN), "b")  # the poll lag's ends, by producer
+        # the sender tasks ``senders`` close, where a SenderTasks outside the builder has
+        # taken them (the report's helper process); None: the builder takes them
+        self.closed: Closed | None = None
 
     # what :meth:`arrays` gives, in order: dtypes of the arrays after the plain values
-    ARRAY_DTYPES = (EVENT_DTYPE, EVENT_DTYPE, EVENT_DTYPE, np.dtype(np.int64), np.dtype(np.int64),
+    ARRAY_DTYPES = (EVENT_DTYPE, EVENT_DTYPE, *(np.dtype(np.int64),) * 4, np.dtype(np.uint32),
                     *(EVENT_DTYPE,) * (2 * len(_PAIRS) + 1))
 
     def arrays(self) -> tuple[tuple, list[np.ndarray]]:
-        """Itself as (plain values, arrays of ``ARRAY_DTYPES``), for :meth:`of_arrays` in
-        another process (the report prepares feeds in a helper: ``analyze/eventload.py``)."""
-        return ((self.events, self.max_ring, self.unknown, self.steps, self.reqs),
-                [self.emitted, self.small, self.senders, *self.latest,
+        """Itself, its sender events taken as ``closed`` tasks, as (plain values, arrays of
+        ``ARRAY_DTYPES``), for :meth:`of_arrays` in another process (the report's helper
+        process: ``analyze/eventload.py``)."""
+        closed = self.closed if self.closed is not None else []
+        senders = [(pid, stage, len(starts)) for pid, stage, starts, _, _ in closed]
+        tasks = [np.concatenate([c[i] for c in closed]) if closed else np.zeros(0, self.ARRAY_DTYPES[i + 2])
+                 for i in (2, 3, 4)]
+        return ((self.events, self.max_ring, self.unknown, self.steps, self.reqs, senders),
+                [self.emitted, self.small, *self.latest, *tasks,
                  *(a for pair in self.pairs for a in pair), self.gets])
 
     @classmethod
     def of_arrays(cls, values: tuple, arrays: list[np.ndarray]) -> "Prepared":
         p = cls.__new__(cls)
-        p.events, p.max_ring, p.unknown, p.steps, p.reqs = values
-        p.emitted, p.small, p.senders, ids, times, *pairs, p.gets = arrays
+        p.events, p.max_ring, p.unknown, p.steps, p.reqs, senders = values
+        p.emitted, p.small, ids, times, starts, ends, reqs, *pairs, p.gets = arrays
         p.latest = (ids, times)
         p.pairs = list(zip(pairs[::2], pairs[1::2]))
+        p.senders = _EMPTY_EV
+        p.closed = []
+        lo = 0
+        for pid, stage, n in senders:
+            p.closed.append((pid, stage, starts[lo:lo + n], ends[lo:lo + n], reqs[lo:lo + n]))
+            lo += n
         return p
 
 
@@ -319,12 +333,51 @@ class _Pool:
 
 @dataclass
 class _Sender:
-    """Busy intervals of one sender (sorted, non-overlapping) and its open task."""
+    """Busy intervals of one sender (sorted, non-overlapping)."""
 
     starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     ends: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     reqs: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint32))
-    tail: np.ndarray = field(default_factory=lambda: _EMPTY_EV)  # from the open dequeue on
+
+
+# the tasks a feed's sender events closed, per sender: (pid, stage, starts, ends, requests),
+# each in time order (``Feed.busy``)
+Closed = list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]
+
+
+class SenderTasks:
+    """:func:`sender_tasks` applied feed by feed: each sender's (pid, stage) events from
+    its open dequeue on wait for the next feed. The builder keeps one; the report's helper
+    process keeps its own and hands the builder each feed's closed tasks
+    (``Prepared.closed``): the same events in the same order, the same tasks."""
+
+    def __init__(self) -> None:
+        self.tails: dict[tuple[int, int], np.ndarray] = {}
+
+    def close(self, ev: np.ndarray, pids: np.ndarray) -> Closed:
+        """This feed's sender events in time order (``Prepared.senders``; ``pids``: pid by
+        ring) -> the tasks they close."""
+        groups: dict[tuple[int, int], np.ndarray] = {}
+        if len(ev):
+            skey = (pids[ev["ring"]] << 16) | (ev["stage"].astype(np.int64) + 1)
+            for k in rowops.distinct(skey):
+                groups[(k >> 16, (k & 0xFFFF) - 1)] = rowops.select(ev, skey == k)
+        out: Closed = []
+        for key in set(groups) | {k for k, tail in self.tails.items() if len(tail)}:
+            new, tail = groups.get(key, _EMPTY_EV), self.tails.get(key, _EMPTY_EV)
+            seq = rowops.concat((tail, new), EVENT_DTYPE) if len(tail) else new
+            if not len(seq):
+                continue
+            d, end, open_from = sender_tasks(seq)
+            if len(d):
+                out.append((*key, seq["t"][d], end, seq["req"][d]))
+            self.tails[key] = seq[open_from:] if open_from < len(seq) else _EMPTY_EV
+        return out
+
+
+def ring_column(rings: dict[int, dict], n: int, name: str) -> np.ndarray:
+    """``name`` (pid, replica) of rings 0..n-1 as an int64 array (0 where unknown)."""
+    return np.array([rings.get(i, {}).get(name, 0) for i in range(n)], np.int64)
 
 
 class _Stage:
@@ -391,6 +444,7 @@ class SpanBuilder:
         self._pools = {name: _Pool() for name, _, _ in _PAIRS}
         self._poll = _Pool()  # begins: PUT_END rows, ends: GET_BEGIN rows
         self.senders: dict[tuple[int, int], _Sender] = {}
+        self._tasks = SenderTasks()
         self.reqs: dict[int, _Req] = {}
         self.last_t = np.zeros(1024, np.int64)  # per request id: latest event time
         self.dead_pids: set[int] = set()
@@ -402,14 +456,13 @@ class SpanBuilder:
         self.requests_freed = 0
         self._rows: list[tuple] = []  # request/stage spans of this feed
         self._emits: list[np.ndarray] = []
-        self._busy: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._busy: Closed = []
 
     # ------------------------------------------------------------------ rings
     def _ring_arrays(self, max_ring: int) -> None:
         n = max(max_ring + 1, max(self.rings, default=-1) + 1)
-        self._pids = np.array([self.rings.get(i, {}).get("pid", 0) for i in range(n)], np.int64)
-        self._replicas = np.array([self.rings.get(i, {}).get("replica", 0) for i in range(n)],
-                                  np.int64)
+        self._pids = ring_column(self.rings, n, "pid")
+        self._replicas = ring_column(self.rings, n, "replica")
 
     def ring_changed(self) -> None:
         """Call after adding or changing a ring description."""
@@ -623,7 +676,7 @@ class SpanBuilder:
 
     # ------------------------------------------------------------------ chunks
     def _pair_chunks(self, p: Prepared) -> np.ndarray:
-        self._sender_intervals(p.senders)
+        self._add_busy(self._tasks.close(p.senders, self._pids) if p.closed is None else p.closed)
         out = []
         for (name, _, _), (b_new, e_new) in zip(_PAIRS, p.pairs):
             pool = self._pools[name]
@@ -679,35 +732,16 @@ class SpanBuilder:
         return rows
 
     # ------------------------------------------------------------------ FIFO blocking
-    def _sender_intervals(self, ev: np.ndarray) -> None:
-        """Extend each sender's busy intervals with this feed's dequeues and ends."""
-        if not len(ev) and not any(len(s.tail) for s in self.senders.values()):
-            return
-        pids = self._pids[ev["ring"]] if len(ev) else np.empty(0, np.int64)
-        groups: dict[tuple[int, int], np.ndarray] = {}
-        if len(ev):
-            skey = (pids << 16) | (ev["stage"].astype(np.int64) + 1)
-            for k in rowops.distinct(skey):
-                groups[(k >> 16, (k & 0xFFFF) - 1)] = rowops.select(ev, skey == k)
-        for key in set(groups) | {k for k, s in self.senders.items() if len(s.tail)}:
-            snd = self.senders.get(key)
+    def _add_busy(self, closed: Closed) -> None:
+        """Extend each sender's busy intervals with the tasks this feed closed."""
+        for pid, stage, starts, end, reqs in closed:
+            snd = self.senders.get((pid, stage))
             if snd is None:
-                snd = self.senders[key] = _Sender()
-            new = groups.get(key, _EMPTY_EV)
-            seq = rowops.concat((snd.tail, new), EVENT_DTYPE) if len(snd.tail) else new
-            if not len(seq):
-                continue
-            self._close_tasks(key, snd, seq)
-
-    def _close_tasks(self, key: tuple[int, int], snd: _Sender, seq: np.ndarray) -> None:
-        d, end, open_from = sender_tasks(seq)
-        if len(d):
-            starts, reqs = seq["t"][d], seq["req"][d]
+                snd = self.senders[(pid, stage)] = _Sender()
             snd.starts = np.concatenate((snd.starts, starts))
             snd.ends = np.concatenate((snd.ends, end))
             snd.reqs = np.concatenate((snd.reqs, reqs))
-            self._busy.append((*key, starts, end, reqs))
-        snd.tail = seq[open_from:] if open_from < len(seq) else _EMPTY_EV
+        self._busy.extend(closed)
 
     def _trim_senders(self) -> None:
         waiting = self._pools[N_FIFO].begins

@@ -9,8 +9,10 @@ All three are mostly numpy, but each holds the GIL between its numpy calls: in o
 process, the builder's thread got the CPU for ~70% of the load's wall time, waiting the
 rest on the GIL the decoding held (50M events: builder 13.9 s of CPU in 20 s; decoding
 and preparing 8.1 s; tables 3.9 s). A large log is therefore decoded and prepared by a
-forked helper process, which hands each prepared feed over a pipe (its arrays written
-and read in place); this process only receives, builds and tabulates. Same feeds, same
+forked helper process, which also applies the sender rule (``spantable.SenderTasks``:
+the FIFO senders' busy intervals, from its own copy of the ring descriptions) and hands
+each prepared feed over a pipe (its arrays written and read in place); this process only
+receives, builds and tabulates. Same feeds, same
 order, so the same spans (tests/test_eventload.py). Where fork is unavailable or the
 helper fails, the log is decoded here, on a thread: slower, never a different answer. A
 corrupt log is the same one-line error either way.
@@ -231,9 +233,15 @@ def _helper_main(path: str, rfd: int, wfd: int) -> None:
     try:
         reading = _Reading(path)
         strings = reading.log.requests.strings
+        tasks = stt.SenderTasks()  # the sender rule here: the builder gets the closed tasks
         sent = 0
         for feeds, rings in reading.parts():
-            prepared = [stt.Prepared(f).arrays() for f in feeds]
+            prepared = [stt.Prepared(f) for f in feeds]
+            top = max([p.max_ring for p in prepared] + list(rings), default=-1) + 1
+            pids = stt.ring_column(rings, top, "pid")  # as the builder's, given these rings
+            for p in prepared:
+                p.closed = tasks.close(p.senders, pids)
+            prepared = [p.arrays() for p in prepared]
             out.send_obj(("part", rings, strings[sent:], [v for v, _ in prepared]))
             sent = len(strings)
             for _, arrays in prepared:
