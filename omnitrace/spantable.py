@@ -259,8 +259,7 @@ def sender_tasks(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     same = seq["req"][jj] == seq["req"][deq]
     valid = has & ((kj == E.FIFO_DEQUEUE)
                    | (same & ((kj == E.PUT_END) | (seq["chunk"][jj] == seq["chunk"][deq]))))
-    nd = np.searchsorted(deq, deq, "right")
-    next_deq = np.where(nd < len(deq), deq[np.minimum(nd, len(deq) - 1)], n)
+    next_deq = np.append(deq[1:], n)  # deq ascends: each one's next is the next in it
     j = np.where(valid, j, next_deq)
     done = j < n
     d = deq[done]
