@@ -247,10 +247,9 @@ def _helper_main(path: str, rfd: int, wfd: int) -> None:
             for _, arrays in prepared:
                 for a in arrays:
                     out.send_rows(a)
-        reading.log.warnings = list(reading.log.warnings)
         out.send_obj(("end", reading.log, reading.events, reading.died))
-    except OSError:  # the reader left (its own error, or Ctrl-C)
-        pass
+    except OSError:  # the reader left (its error, Ctrl-C), or a file would not read: the
+        pass  # reader then decodes the log itself and says why
     except eventlog.EventLogError as exc:
         with contextlib.suppress(OSError):
             out.send_obj(("error", str(exc)))
