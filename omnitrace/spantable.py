@@ -146,9 +146,10 @@ class _ByKind:
 class Prepared:
     """One feed's events made ready for the builder without reading any of its state: the
     known kinds that carry a request, grouped by kind, and what derives from them alone
-    (request and sender events in time order, the distinct requests). A reader may make
-    it on another thread, beside the builder's work on the previous feed: its few large
-    numpy operations release the GIL (the report prepares its parts as it decodes them)."""
+    (request and sender events in time order, the distinct requests, each pair kind's
+    stamps in key order). A reader may make it on another thread, beside the builder's work
+    on the previous feed (its few large numpy operations release the GIL), or in another
+    process (:meth:`arrays`: the report's helper, ``analyze/eventload.py``)."""
 
     __slots__ = ("events", "max_ring", "unknown", "steps", "emitted", "small", "senders", "reqs",
                  "latest", "pairs", "gets", "closed")
@@ -183,10 +184,11 @@ class Prepared:
                     *(EVENT_DTYPE,) * (2 * len(_PAIRS) + 1))
 
     def arrays(self) -> tuple[tuple, list[np.ndarray]]:
-        """Itself, its sender events taken as ``closed`` tasks, as (plain values, arrays of
-        ``ARRAY_DTYPES``), for :meth:`of_arrays` in another process (the report's helper
-        process: ``analyze/eventload.py``)."""
-        closed = self.closed if self.closed is not None else []
+        """Itself, its sender events taken as ``closed`` tasks (set them first), as (plain
+        values, arrays of ``ARRAY_DTYPES``), for :meth:`of_arrays` in another process."""
+        closed = self.closed
+        if closed is None:  # the sender events themselves do not travel
+            raise ValueError("Prepared.arrays: closed (SenderTasks.close of senders) not set")
         senders = [(pid, stage, len(starts)) for pid, stage, starts, _, _ in closed]
         tasks = [np.concatenate([c[i] for c in closed]) if closed else np.zeros(0, self.ARRAY_DTYPES[i + 2])
                  for i in (2, 3, 4)]

@@ -305,3 +305,16 @@ def test_match_pairs_the_kth_begin_of_a_key_with_its_kth_end(seed) -> None:
         assert got == _match_by_definition(bkey, bt, ekey, et)
         order = np.lexsort((bt[bi], bkey[bi]))  # pairs come out in (key, time) order
         assert (order == np.arange(len(bi))).all()
+
+
+@pytest.mark.parametrize("ids", [[3, 9, 3, 4, 9, 9], [1, 1 << 21, 1, 5, 1 << 21]],
+                         ids=["narrow: per id", "wide: by a sort"])
+def test_a_feeds_latest_time_per_request(ids) -> None:
+    """Prepared.latest (what the builder's last_t takes of a feed) is each request's
+    latest stamp, however far apart the feed's request ids are."""
+    rng = np.random.default_rng(1)
+    req = np.array(ids, np.uint32)
+    t = rng.integers(0, 1 << 40, len(ids)).astype(np.int64)
+    got_ids, got_t = stt._latest(req, t, sorted(set(ids)))
+    assert got_ids.tolist() == sorted(set(ids))
+    assert got_t.tolist() == [int(t[req == r].max()) for r in sorted(set(ids))]

@@ -18,6 +18,12 @@ T = TypeVar("T")
 MIN_WORK = 2000
 
 
+def fork_available() -> bool:
+    """Whether a forked child can take work here (not on Windows, nor where Python has no
+    fork start method)."""
+    return sys.platform != "win32" and "fork" in mp.get_all_start_methods()
+
+
 def _child(conn: Any, fn: Callable[..., Any], args: tuple) -> None:
     try:
         out = (True, fn(*args))
@@ -35,7 +41,7 @@ class Beside(Generic[T]):
     def __init__(self, fn: Callable[..., T], *args: Any) -> None:
         self._fn, self._args = fn, args
         self._proc = self._conn = None
-        if sys.platform == "win32" or "fork" not in mp.get_all_start_methods():
+        if not fork_available():
             return
         try:
             ctx = mp.get_context("fork")

@@ -25,7 +25,6 @@ import os
 import pickle
 import queue
 import signal
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -35,7 +34,7 @@ import numpy as np
 from omnitrace import conventions as cv
 from omnitrace import eventlog
 from omnitrace import spantable as stt
-from omnitrace.analyze import tables
+from omnitrace.analyze import beside, tables
 
 # events per feed: a feed's temporaries (~300 bytes per event) stay in the caches (feeds of
 # 1M events took ~1.4x as long)
@@ -78,7 +77,7 @@ def build(path: str, skip: frozenset[str], helper: bool | None = None) -> Built 
 
 
 def _helper_pays(path: str) -> bool:
-    if sys.platform == "win32" or "fork" not in mp.get_all_start_methods():
+    if not beside.fork_available():
         return False
     try:
         cores = len(os.sched_getaffinity(0))
