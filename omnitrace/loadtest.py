@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from omnitrace import conventions as cv
+from omnitrace.childproc import python_module
 from omnitrace.clihelp import DefaultsFormatter
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
 
@@ -59,7 +60,7 @@ class LoadtestConfig:
 
 
 def _py() -> list[str]:
-    return [sys.executable, "-m", "omnitrace"]
+    return python_module("omnitrace")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -212,7 +213,8 @@ def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> None:
     port = free_port()
     serve = ["serve", *([dep.model] if dep.model else []), "--port", str(port), *dep.serve_args]
     cmd = [*_py(), "run", "--run-dir", run_dir, *cfg.run_args, *serve]
-    print(f"omnitrace loadtest: starting {' '.join(shlex.quote(c) for c in cmd[2:])}", file=sys.stderr)
+    shown = ['omnitrace', *cmd[len(_py()):]]
+    print(f"omnitrace loadtest: starting {' '.join(shlex.quote(c) for c in shown)}", file=sys.stderr)
     server = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     try:

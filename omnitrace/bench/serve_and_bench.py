@@ -20,6 +20,8 @@ import time
 import urllib.error
 import urllib.request
 
+from omnitrace.childproc import python_module
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     port = args.port or free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "omnitrace.runtime.serve", "--port", str(port), *shlex.split(args.serve)]
+    cmd = python_module("omnitrace.runtime.serve", "--port", str(port), *shlex.split(args.serve))
     server = subprocess.Popen(cmd)
     try:
         why = wait_healthy(url, server, args.startup_timeout)

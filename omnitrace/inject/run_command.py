@@ -26,6 +26,7 @@ import time
 import orjson
 
 from omnitrace import conventions as cv
+from omnitrace.childproc import python_module
 from omnitrace.agent.config import EXPORTERS, AgentConfig
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
@@ -94,7 +95,7 @@ def serve_command(args: list[str]) -> tuple[list[str], dict[str, str]]:
     ``vllm.general_plugins`` entry point).
     """
     if not args or args[0].startswith("-"):
-        return [sys.executable, "-m", "omnitrace.runtime.serve", *args], {}
+        return python_module("omnitrace.runtime.serve", *args), {}
     model, rest = args[0], args[1:]
     extra = [] if "--omni" in rest else ["--omni"]
     return ["vllm", "serve", model, *extra, *rest], {"OMNITRACE_TARGET": "vllm-omni"}
@@ -215,7 +216,7 @@ def _resolve_command(cmd: list[str]) -> tuple[list[str], dict[str, str], int | N
 
 
 def _start_agent(cfg: AgentConfig) -> subprocess.Popen | None:
-    args = [sys.executable, "-m", "omnitrace.agent.main", "--config", cfg.to_json()]
+    args = python_module("omnitrace.agent.main", "--config", cfg.to_json())
     env = dict(os.environ)
     env.pop(cv.ENV_RUN_ID, None)  # the agent itself is not instrumented
     # own session: a Ctrl-C on the terminal reaches the command, not the agent, which

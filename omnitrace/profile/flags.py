@@ -58,7 +58,8 @@ def flame_config(ns: argparse.Namespace, run_dir: str) -> FlameConfig | None:
 def wrap(cfg: FlameConfig | None, cmd: list[str]) -> list[str]:
     if cfg is None:
         return cmd
-    return [sys.executable, "-m", "omnitrace.profile.runner", "--config", cfg.to_json(), "--", *cmd]
+    from omnitrace.childproc import python_module
+    return python_module("omnitrace.profile.runner", "--config", cfg.to_json(), "--", *cmd)
 
 
 def finish(cfg: FlameConfig | None) -> None:

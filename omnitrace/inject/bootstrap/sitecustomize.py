@@ -35,8 +35,10 @@ def _instrument() -> None:
     try:
         with open("/proc/self/cmdline", "rb") as f:
             argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
-        # "python -m pkg.mod" -> "pkg.mod"; "python script.py" / "vllm" -> its base name
-        name = argv[argv.index("-m") + 1] if "-m" in argv[:3] else os.path.basename(
+        # "python [-P] -m pkg.mod" (or childproc's 3.10 form) -> "pkg.mod";
+        # "python script.py" / "vllm" -> its base name
+        from omnitrace.childproc import module_of
+        name = module_of(argv) or os.path.basename(
             argv[1] if len(argv) > 1 and argv[0].startswith(("python", "/")) and
             argv[1].endswith(".py") else argv[0])
     except (OSError, ValueError, IndexError):
