@@ -136,6 +136,8 @@ def config_from_args(argv: list[str]) -> tuple[LoadtestConfig, argparse.Namespac
              "--range-ratio", str(args.range_ratio), "--seed", str(args.seed)]
     if args.warmup is not None:
         bench += ["--warmup", str(args.warmup)]
+    if args.overwrite:  # with --base-url the run directory's bench.json is replaced too
+        bench.append("--overwrite")
     run_args: list[str] = []
     if args.exporter:
         run_args += ["--exporter", args.exporter]

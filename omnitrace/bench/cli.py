@@ -6,7 +6,9 @@ level, ``measured_window`` {start_unix_ns, end_unix_ns} and the warm-up ids that
 excludes. The file is rewritten after every level, so an interrupted sweep keeps what it
 measured, labelled ``status: "interrupted"`` (the level cut short included, marked
 ``interrupted``). ``status: "complete"`` only when every request of every level succeeded;
-``complete-with-errors`` when every level ran but some requests failed.
+``complete-with-errors`` when every level ran but some requests failed. Results already at
+the destination are never replaced without ``--overwrite``, and results that cannot be
+written there are never lost (``omnitrace/bench/output.py``).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from omnitrace import conventions as cv
 from omnitrace.analyze.stats import summary
 from omnitrace.bench.client import RequestResult
 from omnitrace.bench.load import LevelResult, LoadSpec, run_level
+from omnitrace.bench.output import BenchOutput, OutputError
 from omnitrace.render.console import table
 
 
@@ -57,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--extra-body", default=None, help="JSON merged into every request body")
     p.add_argument("--out", default=None, help="bench.json path (default: $OMNITRACE_RUN_DIR/bench.json)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results already at --out (otherwise refused)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -88,15 +93,6 @@ def _doc(args: argparse.Namespace, levels: list[LevelResult], partial: list[Requ
                    for lv in levels],
         "requests": rows,
     }
-
-
-def _write(path: str | None, doc: dict[str, Any]) -> None:
-    if not path:
-        return
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    os.replace(tmp, path)  # a reader never sees a half-written bench.json
 
 
 def _cut_level(c: int, done: list[RequestResult]) -> LevelResult:
@@ -198,7 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         except (orjson.JSONDecodeError, AssertionError):
             p.error("--extra-body: a JSON object expected")
     run_dir = os.environ.get(cv.ENV_RUN_DIR)
-    out = args.out or (os.path.join(run_dir, "bench.json") if run_dir else None)
+    output = BenchOutput(args.out or (os.path.join(run_dir, "bench.json") if run_dir else None),
+                         args.overwrite)
+    try:
+        output.check()
+    except OutputError as exc:
+        print(f"omnitrace bench: {exc}", file=sys.stderr)
+        return 2
     spec = LoadSpec(base_url=args.base_url, model=args.model, endpoint=args.endpoint,
                     num_prompts=args.num_prompts, warmup=args.warmup, input_len=args.input_len,
                     output_len=args.output_len, range_ratio=args.range_ratio, seed=args.seed,
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             bar.close()
             partial = []
             levels.append(lv)
-            _write(out, _doc(args, levels, [], "running"))
+            output.write(_doc(args, levels, [], "running"))
             if lv.aborted:
                 status = "failed"
                 break
@@ -239,13 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     errors = [r for r in every if r.error]
     if status == "complete" and errors:
         status = "complete-with-errors"
-    _write(out, _doc(args, levels, partial, status))
+    out = output.finish(_doc(args, levels, partial, status))
     if levels:
         _print_summary(levels)
     if out:
         print(f"bench results: {out} ({status}"
               + (f": {len(errors)}/{len(every)} requests failed" if errors else "") + ")")
-    else:  # nothing to join the traces with later: say so rather than drop it silently
+    elif not output.path:  # nothing to join the traces with later: say so rather than drop it silently
         print(f"bench results: not written ({status}; not under `omnitrace run` and no --out: "
               "pass --out FILE, e.g. RUN_DIR/bench.json, so `omnitrace report` can tell "
               "warm-up from measured requests)", file=sys.stderr)
@@ -259,4 +261,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"omnitrace bench: {len(failed)}/{len(measured)} measured requests failed "
               f"(first: {failed[0].error})", file=sys.stderr)
         return 1
-    return 0
+    return 0 if out == output.path else 1  # results elsewhere than asked: a script must notice
