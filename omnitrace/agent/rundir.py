@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from typing import Any
 
 import orjson
@@ -42,6 +43,72 @@ def check_writable(path: str) -> str | None:
     except OSError as exc:
         return f"{exc.strerror or exc}"
     return None
+
+
+LOCK_FILE = ".omnitrace-lock"
+
+
+class RunDirBusy(Exception):
+    """One line for the user: another run is live in this directory."""
+
+
+def claim(path: str) -> int:
+    """Make ``path`` this run's: an fd holding an exclusive lock on ``path/.omnitrace-lock``
+    (kept open by `omnitrace run` and passed to its agent), or RunDirBusy naming the live
+    run. The kernel drops the lock when the last process holding it ends, so a killed
+    run never leaves a stale lock; the lock also closes the window before run.json exists.
+    A run.json saying "running" whose agent is alive (a run of an omnitrace without the
+    lock) is refused as well."""
+    import fcntl
+
+    fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunDirBusy(_busy(path, live_agent(path) or "starting or stopping")) from None
+    why = live_agent(path)
+    if why is not None:
+        os.close(fd)
+        raise RunDirBusy(_busy(path, why))
+    return fd
+
+
+def _busy(path: str, who: str) -> str:
+    return (f"run directory {path} belongs to a run that is still live ({who}); wait for it "
+            "to end, or choose another --run-dir (--overwrite never replaces a live run)")
+
+
+def live_agent(path: str) -> str | None:
+    """'run ID, agent pid N' if run.json says running and that agent process is alive on
+    this host, else None (finished, dead, unreadable, or on another host)."""
+    try:
+        with open(os.path.join(path, "run.json"), "rb") as f:
+            meta = orjson.loads(f.read())
+        run_id, pid = str(meta["run_id"]), int(meta["agent_pid"])
+        if meta.get("status") != "running" or meta.get("host") != socket.gethostname():
+            return None
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+    return f"run {run_id}, agent pid {pid}" if _is_agent(pid, run_id) else None
+
+
+def _is_agent(pid: int, run_id: str) -> bool:
+    """pid is alive and (where /proc tells) the agent of ``run_id``, not a reused pid."""
+    if os.path.isdir("/proc/self"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            return False
+        return b"omnitrace.agent.main" in cmd and run_id.encode() in cmd
+    try:  # no /proc here: alive is all we can tell
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def holds_run(path: str) -> str | None:

@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="cap on the run's event log on disk (e.g. 500M, 2G): past it new events "
                         "are counted, not recorded (default: no cap)")
     p.add_argument("--overwrite", action="store_true",
-                   help="use a --run-dir that already holds a run (its files are replaced)")
+                   help="use a --run-dir that already holds a finished or dead run (its files are "
+                        "replaced); a live run there is always refused")
     p.add_argument("--patches", action="append", default=[], metavar="DIR",
                    help="your own hook definitions (TARGET/VERSIONS/HOOKS modules, see "
                         "docs/vllm-omni.md), tried before the built-in ones; repeatable")
@@ -113,7 +114,7 @@ def parse_size(text: str) -> int:
 def _validate(ns: argparse.Namespace) -> AgentConfig:
     """Every check that can fail, before anything starts. Returns the agent's config."""
     from omnitrace.agent import export_otlp
-    from omnitrace.agent.rundir import check_writable, holds_run
+    from omnitrace.agent.rundir import check_writable
 
     kinds = []
     for k in (x.strip() for x in ns.exporter.split(",")):
@@ -169,10 +170,6 @@ def _validate(ns: argparse.Namespace) -> AgentConfig:
             max_bytes = parse_size(ns.max_run_bytes)
         except ValueError:
             raise UsageError(f"bad --max-run-bytes {ns.max_run_bytes!r} (want e.g. 500M, 2G)") from None
-    held = holds_run(run_dir)
-    if held is not None and not ns.overwrite:
-        raise UsageError(f"run directory {run_dir} already holds a run ({held}); choose "
-                         "another --run-dir, or pass --overwrite to replace it")
     why = check_writable(run_dir)
     if why is not None:
         raise UsageError(f"cannot write run directory {run_dir}: {why}")
@@ -180,6 +177,23 @@ def _validate(ns: argparse.Namespace) -> AgentConfig:
                        otlp_endpoints=endpoints, otlp_timeout_s=ns.otlp_timeout,
                        prometheus_port=port, prometheus_addr=ns.prometheus_addr,
                        max_run_bytes=max_bytes)
+
+
+def _claim(run_dir: str, overwrite: bool) -> int:
+    """The run directory locked for this run (the fd holding the lock), or UsageError: a
+    live run there is refused even with --overwrite (deleting its files under its agent
+    would mix two runs); a finished or dead one only without --overwrite."""
+    from omnitrace.agent.rundir import RunDirBusy, claim, holds_run
+    try:
+        lock = claim(run_dir)
+    except RunDirBusy as exc:
+        raise UsageError(str(exc)) from None
+    held = holds_run(run_dir)
+    if held is not None and not overwrite:
+        os.close(lock)
+        raise UsageError(f"run directory {run_dir} already holds a run ({held}); choose "
+                         "another --run-dir, or pass --overwrite to replace it")
+    return lock
 
 
 def _clear_run(run_dir: str) -> None:
@@ -215,14 +229,16 @@ def _resolve_command(cmd: list[str]) -> tuple[list[str], dict[str, str], int | N
     return cmd, extra, None
 
 
-def _start_agent(cfg: AgentConfig) -> subprocess.Popen | None:
+def _start_agent(cfg: AgentConfig, lock: int) -> subprocess.Popen | None:
     args = python_module("omnitrace.agent.main", "--config", cfg.to_json())
     env = dict(os.environ)
     env.pop(cv.ENV_RUN_ID, None)  # the agent itself is not instrumented
     # own session: a Ctrl-C on the terminal reaches the command, not the agent, which
     # must stay to do the final drain
+    # the run directory's lock goes with it: held while the agent writes there, even if
+    # this process is killed
     agent = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                             start_new_session=True)
+                             start_new_session=True, pass_fds=(lock,))
     assert agent.stdout is not None
     ready, _, _ = select.select([agent.stdout], [], [], AGENT_READY_TIMEOUT_S)
     line = agent.stdout.readline() if ready else b""
@@ -257,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = _validate(ns)
         flame = flame_flags.flame_config(ns, cfg.run_dir)
+        lock = _claim(cfg.run_dir, ns.overwrite)  # held until this process ends
     except (UsageError, flame_flags.FlameConfigError) as exc:
         print(f"omnitrace run: {exc}", file=sys.stderr)
         return 2
@@ -267,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.overwrite:
         _clear_run(cfg.run_dir)
 
-    agent = _start_agent(cfg)
+    agent = _start_agent(cfg, lock)
     if agent is None:
         return 2
     print(f"omnitrace run: run {cfg.run_id} -> {cfg.run_dir}", file=sys.stderr)
