@@ -109,7 +109,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="two server argument strings to compare")
     a.add_argument("--pattern", default="ABBA", help="run order of one repeat")
     a.add_argument("--repeats", type=int, default=1, help="times the pattern is run")
-    p.add_argument("--startup-timeout", type=float, default=180.0, help="seconds for the server to answer")
+    p.add_argument("--startup-timeout", type=float, default=None,
+                   help="seconds for the server to answer (default: 180; with --model 1200, "
+                        "vLLM-Omni starts its stages one after another)")
     p.add_argument("--no-html", action="store_true", help="skip report.html / compare.html")
     return p
 
@@ -155,10 +157,29 @@ def config_from_args(argv: list[str]) -> tuple[LoadtestConfig, argparse.Namespac
             deps = (Deployment("A", tuple(shlex.split(args.serve)), args.model),)
     except ValueError as exc:
         raise LoadtestError(f"server arguments: {exc}") from None
+    if args.model:
+        bench += ["--model", served_model_name(args.model, args.ab or [args.serve])]
+    startup = args.startup_timeout or (1200.0 if args.model else 180.0)
     cfg = LoadtestConfig(run_dir=args.run_dir or _default_dir(), bench_args=tuple(bench),
-                         run_args=tuple(run_args), startup_timeout_s=args.startup_timeout,
+                         run_args=tuple(run_args), startup_timeout_s=startup,
                          html=not args.no_html, base_url=args.base_url, deployments=deps)
     return cfg, args
+
+
+def served_model_name(model: str, serve_args: list[str]) -> str:
+    """The name requests must give: vLLM's ``--served-model-name`` (the first, if several
+    deployments name one), else the model argument itself."""
+    for args in serve_args:
+        try:
+            words = shlex.split(args)
+        except ValueError:  # reported where the deployments are parsed
+            continue
+        for i, w in enumerate(words):
+            if w == "--served-model-name" and i + 1 < len(words):
+                return words[i + 1]
+            if w.startswith("--served-model-name="):
+                return w.split("=", 1)[1]
+    return model
 
 
 # --------------------------------------------------------------------------- one run

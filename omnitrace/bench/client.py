@@ -37,6 +37,7 @@ class RequestResult:
     text_chunks: int = 0
     audio_chunks: int = 0
     completion_tokens: int | None = None
+    server_id: str | None = None  # the stream's ``id`` (the server's name for the request)
     status: int | None = None
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -124,6 +125,8 @@ def _handle(msg: str, res: RequestResult, st: float) -> bool:
         return True
     if not isinstance(data, dict):
         return False
+    if res.server_id is None and isinstance(data.get("id"), str):
+        res.server_id = data["id"]
     if (err := data.get("error")) is not None:
         res.error = f"stream error: {str(err.get('message', err) if isinstance(err, dict) else err)[:200]}"
         return True

@@ -99,6 +99,8 @@ def serve_command(args: list[str]) -> tuple[list[str], dict[str, str]]:
         return python_module("omnitrace.runtime.serve", *args), {}
     model, rest = args[0], args[1:]
     extra = [] if "--omni" in rest else ["--omni"]
+    if not any(a == "--host" or a.startswith("--host=") for a in rest):
+        extra += ["--host", "127.0.0.1"]  # vLLM's default is every interface
     return ["vllm", "serve", model, *extra, *rest], {"OMNITRACE_TARGET": "vllm-omni"}
 
 

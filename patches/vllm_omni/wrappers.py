@@ -15,6 +15,19 @@ Where each event comes from (stage = the recording process's stage, chunk = conn
 * CHUNK_SCHEDULED     ``process_pending_chunks`` moved the request into
                       ``requests_with_ready_chunks`` (consumer scheduler thread)
 * CHUNK_READY (<= 0.26) ``_poll_single_request`` returned True (get + commit in one method)
+* STAGE_ADD           vLLM's ``Scheduler.add_request`` in a stage process (a = waiting depth);
+                      the orchestrator's prewarm adds a request to the talker and code2wav
+                      at arrival, so their ``queue`` starts there
+* STAGE_SCHEDULE      ``OmniSchedulerMixin._wrap_omni_scheduler_output`` (the end of every
+                      ``schedule()``): the step's ``scheduled_new_reqs`` (a = running)
+* STAGE_EMIT/FINISH   ``update_from_output`` of the AR and generation schedulers: one EMIT
+                      per request output of the step (a = index, b = AUDIO where the stage's
+                      ``engine_output_type`` is audio), FINISH with its finish reason
+* REQUEST_DISPATCH    ``Orchestrator._on_stage_submitted`` for stage 0 (API process,
+                      orchestrator thread: the request went to the thinker's engine)
+* PACKET_RECEIVED     ``Orchestrator._handle_processed_outputs``: the first output of a
+                      request from a stage whose final output is audio
+* PACKET_RESUMED      the chat stream handler took that output from its result generator
 * REQUEST_ARRIVE / FIRST_TEXT / FIRST_AUDIO / END   ``OmniOpenAIServingChat`` streaming path;
                       with REQUEST_ARRIVE, the caller's W3C ``traceparent`` header (if any)
                       as :func:`omnitrace.tracecontext.record_traceparent` records it
@@ -55,9 +68,42 @@ API = cv.API_STAGE
 ADAPTER_MODULE = "vllm_omni.distributed.omni_connectors.transfer_adapter.chunk_transfer_adapter"
 SHM_MODULE = "vllm_omni.distributed.omni_connectors.connectors.shm_connector"
 CHAT_MODULE = "vllm_omni.entrypoints.openai.serving_chat"
+SCHED_MODULE = "vllm.v1.core.sched.scheduler"
+MIXIN_MODULE = "vllm_omni.core.sched.omni_scheduler_mixin"
+AR_MODULE = "vllm_omni.core.sched.omni_ar_scheduler"
+GEN_MODULE = "vllm_omni.core.sched.omni_generation_scheduler"
+ORCH_MODULE = "vllm_omni.engine.orchestrator"
 ADAPTER = "OmniChunkTransferAdapter"
 SHM = "SharedMemoryConnector"
 CHAT = "OmniOpenAIServingChat"
+
+
+# --------------------------------------------------------------------------- request ids
+_HEX = frozenset("0123456789abcdef")
+_api_ids: dict[str, str] = {}
+
+
+def api_request_id(engine_id: str) -> str:
+    """The API server's request id for an id the stages see.
+
+    The API server names a request ``chatcmpl-<X-Request-Id or uuid>`` (the ``id`` of every
+    SSE chunk it sends); ``AsyncOmni.generate`` then hands the engine
+    ``f"{api_id}-{uuid:.8}"`` (``_get_unique_request_id``), which is the
+    ``external_req_id`` every stage and connector key carries. Events are recorded under
+    the API id, so one request is one trace from arrival to last chunk. Ids without that
+    suffix (the engine driven without the API server) are kept as they are. Memoised: the
+    stage hooks ask once per event, the answer changes once per request.
+    """
+    hit = _api_ids.get(engine_id)
+    if hit is None:
+        tail = engine_id[-9:]
+        api = engine_id
+        if len(engine_id) > 9 and tail[0] == "-" and _HEX.issuperset(tail[1:]):
+            api = engine_id[:-9]
+        if len(_api_ids) >= 8192:  # bounded: old requests are done
+            _api_ids.clear()
+        hit = _api_ids[engine_id] = api
+    return hit
 
 
 # --------------------------------------------------------------------------- producer
@@ -163,11 +209,11 @@ def _flush_task(adapter: Any, task: dict, stamp: tuple, t_deq: int, left: int, c
         if spec is None:
             return
         prefix = (spec[0] if isinstance(spec, tuple) else spec).rstrip("_")
-        ext = prefix.rsplit("_", 1)[0]
+        ext = api_request_id(prefix.rsplit("_", 1)[0])
         _emit(E.FIFO_ENQUEUE, ext, stage, NO_CHUNK, ahead, peer, t_enq)
         _emit(E.FIFO_DEQUEUE, ext, stage, NO_CHUNK, left, peer, t_deq)
         return
-    ext = req.external_req_id
+    ext = api_request_id(req.external_req_id)
     put = cur[2]
     # no put: the index the next chunk will have (as omnitrace.runtime records it)
     chunk = put[3] if put is not None else adapter.put_req_chunk.get(ext, 0)
@@ -218,7 +264,8 @@ def wrap_put(orig: Callable[..., Any]) -> Callable[..., Any]:
         res = orig(self, from_stage, to_stage, put_key, data, *args, **kwargs)
         t1 = _now()
         try:
-            ext, _, chunk = put_key.rsplit("_", 2)
+            eid, _, chunk = put_key.rsplit("_", 2)
+            ext = api_request_id(eid)
             size = int(res[1]) if res and res[0] else 0
             cur = getattr(_tls, "task", None)
             if cur is not None:  # inside an adapter task: written with the task, in order
@@ -243,7 +290,8 @@ def wrap_get(orig: Callable[..., Any]) -> Callable[..., Any]:
             return res
         t1 = _now()
         try:
-            ext, src, chunk = get_key.rsplit("_", 2)
+            eid, src, chunk = get_key.rsplit("_", 2)
+            ext = api_request_id(eid)
             stage, c, peer = int(to_stage), int(chunk), int(src)
             size = int(res[1]) if isinstance(res, tuple) and len(res) > 1 else 0
             _emit(E.GET_BEGIN, ext, stage, c, 0, peer, t0)
@@ -264,7 +312,7 @@ def wrap_commit(orig: Callable[..., bool]) -> Callable[..., bool]:
             try:
                 stage = int(kwargs["stage_id"])
                 chunk = int(kwargs["chunk_id"])
-                ext = kwargs["connector_get_key"].rsplit("_", 2)[0]
+                ext = api_request_id(kwargs["connector_get_key"].rsplit("_", 2)[0])
                 _emit(E.CHUNK_READY, ext, stage, chunk, 0, stage - 1)
                 ready = getattr(self, "_ot_ready", None)
                 if ready is not None:
@@ -288,7 +336,7 @@ def wrap_poll_legacy(orig: Callable[..., bool]) -> Callable[..., bool]:
         if ok:
             try:
                 stage = int(self.connector.stage_id)
-                ext = request.external_req_id
+                ext = api_request_id(request.external_req_id)
                 _emit(E.CHUNK_READY, ext, stage, int(chunk), 0, stage - 1)
                 ready = getattr(self, "_ot_ready", None)
                 if ready is not None:
@@ -323,6 +371,144 @@ def wrap_pending(orig: Callable[..., Any]) -> Callable[..., Any]:
         return res
 
     return process_pending_chunks
+
+
+# --------------------------------------------------------------------------- stage scheduler
+class _SchedState:
+    """What a stage scheduler's hooks keep: its stage, output modality and, per engine
+    request id, the API id and the outputs emitted so far."""
+
+    __slots__ = ("stage", "modality", "ids")
+
+    def __init__(self, sched: Any) -> None:
+        mc = sched.vllm_config.model_config
+        self.stage = int(getattr(mc, "stage_id", 0) or 0)
+        audio = getattr(mc, "engine_output_type", None) == "audio"
+        self.modality = int(cv.Modality.AUDIO if audio else cv.Modality.TEXT)
+        self.ids: dict[str, list] = {}  # engine id -> [api id, outputs emitted]
+
+
+def _sched_state(sched: Any) -> _SchedState:
+    st = sched.__dict__.get("_ot_sched")
+    if st is None:
+        st = sched.__dict__["_ot_sched"] = _SchedState(sched)
+    return st
+
+
+def wrap_add_request(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def add_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        t = _now()
+        res = orig(self, request, *args, **kwargs)
+        try:
+            if getattr(self.vllm_config.model_config, "stage_id", None) is not None:
+                st = _sched_state(self)
+                eid = request.request_id
+                if eid not in st.ids:  # a streaming update re-adds a known request
+                    ext = api_request_id(getattr(request, "external_req_id", None) or eid)
+                    st.ids[eid] = [ext, 0]
+                    _emit(E.STAGE_ADD, ext, st.stage, NO_CHUNK, len(self.waiting), 0, t)
+        except Exception as exc:
+            hook_failed("stage add", exc)
+        return res
+
+    return add_request
+
+
+def wrap_schedule_output(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def _wrap_omni_scheduler_output(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        res = orig(self, scheduler_output, *args, **kwargs)
+        try:
+            new = getattr(res, "scheduled_new_reqs", None)
+            if new:
+                t = _now()
+                st = _sched_state(self)
+                for nr in new:
+                    hit = st.ids.get(nr.req_id)
+                    if hit is not None:
+                        _emit(E.STAGE_SCHEDULE, hit[0], st.stage, NO_CHUNK, len(self.running), 0, t)
+        except Exception as exc:
+            hook_failed("stage schedule", exc)
+        return res
+
+    return _wrap_omni_scheduler_output
+
+
+def wrap_update_from_output(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """The AR scheduler's ``update_from_output`` calls vLLM's through ``super()``; both
+    classes are wrapped, so only the outermost call records (a thread-local depth)."""
+
+    @functools.wraps(orig)
+    def update_from_output(self: Any, *args: Any, **kwargs: Any) -> Any:
+        depth = getattr(_tls, "ufo", 0)
+        _tls.ufo = depth + 1
+        try:
+            res = orig(self, *args, **kwargs)
+        finally:
+            _tls.ufo = depth
+        if depth == 0 and res:
+            try:
+                _emit_outputs(self, res)
+            except Exception as exc:
+                hook_failed("stage emit", exc)
+        return res
+
+    return update_from_output
+
+
+def _emit_outputs(sched: Any, res: dict) -> None:
+    t = _now()
+    st = _sched_state(sched)
+    for eco in res.values():
+        for o in getattr(eco, "outputs", ()) or ():
+            hit = st.ids.get(o.request_id)
+            if hit is None:
+                continue
+            _emit(E.STAGE_EMIT, hit[0], st.stage, NO_CHUNK, hit[1], st.modality, t)
+            hit[1] += 1
+            if o.finish_reason is not None:
+                aborted = str(getattr(o.finish_reason, "name", o.finish_reason)).upper() in ("ABORT", "ERROR")
+                status = cv.Status.ERROR if aborted else cv.Status.OK
+                _emit(E.STAGE_FINISH, hit[0], st.stage, NO_CHUNK, int(status), 0, t)
+                del st.ids[o.request_id]
+
+
+# --------------------------------------------------------------------------- orchestrator
+def wrap_stage_submitted(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def _on_stage_submitted(self: Any, stage_id: int, request_id: str, *args: Any, **kwargs: Any) -> Any:
+        if stage_id == 0:
+            try:
+                _emit(E.REQUEST_DISPATCH, api_request_id(str(request_id)), API, NO_CHUNK, 0, 0)
+            except Exception as exc:
+                hook_failed("request dispatch", exc)
+        return orig(self, stage_id, request_id, *args, **kwargs)
+
+    return _on_stage_submitted
+
+
+def wrap_processed_outputs(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    async def _handle_processed_outputs(self: Any, stage_id: int, replica_id: int, outputs: Any,
+                                        *args: Any, **kwargs: Any) -> Any:
+        try:
+            pool = self.stage_pools[stage_id]
+            if outputs and getattr(pool.stage_client, "final_output_type", None) == "audio":
+                t = _now()
+                seen = self.__dict__.setdefault("_ot_audio_seen", set())
+                for out in outputs:
+                    rid = out.request_id
+                    if rid not in seen:
+                        if len(seen) > 65536:
+                            seen.clear()
+                        seen.add(rid)
+                        _emit(E.PACKET_RECEIVED, api_request_id(rid), API, NO_CHUNK, 0, stage_id, t)
+        except Exception as exc:
+            hook_failed("packet received", exc)
+        return await orig(self, stage_id, replica_id, outputs, *args, **kwargs)
+
+    return _handle_processed_outputs
 
 
 # --------------------------------------------------------------------------- API server
@@ -365,7 +551,8 @@ def wrap_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def chat_completion_stream_generator(self: Any, request: Any, result_generator: Any,
                                          request_id: str, *args: Any, **kwargs: Any) -> Any:
-        gen = orig(self, request, result_generator, request_id, *args, **kwargs)
+        gen = orig(self, request, _stamp_resumed(result_generator, str(request_id)), request_id,
+                   *args, **kwargs)
         try:
             _api_process()
             t0 = _arrivals().get(id(request)) or _now()
@@ -380,6 +567,16 @@ def wrap_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
         return _watch_stream(gen, str(request_id))
 
     return chat_completion_stream_generator
+
+
+async def _stamp_resumed(gen: Any, rid: str) -> Any:
+    """The engine's outputs as the stream handler takes them; the first audio one stamped."""
+    audio = False
+    async for out in gen:
+        if not audio and getattr(out, "final_output_type", None) == "audio":
+            audio = True
+            _emit(E.PACKET_RESUMED, rid, API, NO_CHUNK, 0, 0)
+        yield out
 
 
 def _raw_request(args: tuple, kwargs: dict) -> Any:
@@ -462,4 +659,19 @@ def api_hooks() -> list[Hook]:
     return [
         Hook("api arrival", CHAT_MODULE, f"{CHAT}.create_chat_completion", wrap_create_chat),
         Hook("api stream", CHAT_MODULE, f"{CHAT}.chat_completion_stream_generator", wrap_stream),
+    ]
+
+
+def server_hooks() -> list[Hook]:
+    """The stage schedulers and the orchestrator: what only the real server runs (>= 0.30)."""
+    return [
+        Hook("stage add", SCHED_MODULE, "Scheduler.add_request", wrap_add_request),
+        Hook("stage schedule", MIXIN_MODULE, "OmniSchedulerMixin._wrap_omni_scheduler_output",
+             wrap_schedule_output),
+        Hook("stage emit (ar)", AR_MODULE, "OmniARScheduler.update_from_output", wrap_update_from_output),
+        Hook("stage emit (generation)", GEN_MODULE, "OmniGenerationScheduler.update_from_output",
+             wrap_update_from_output),
+        Hook("request dispatch", ORCH_MODULE, "Orchestrator._on_stage_submitted", wrap_stage_submitted),
+        Hook("packet received", ORCH_MODULE, "Orchestrator._handle_processed_outputs",
+             wrap_processed_outputs),
     ]
