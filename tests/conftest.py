@@ -48,6 +48,17 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The real-server tier (``vllm_serve``: minutes per server start) runs only when asked
+    for by name (``-m vllm_serve``, as .ci/run does), never as part of a default run."""
+    if "vllm_serve" in (config.getoption("markexpr") or ""):
+        return
+    keep = [i for i in items if i.get_closest_marker("vllm_serve") is None]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
+
+
 # --------------------------------------------------------------------------- shm
 def _is_project_segment(name: str) -> bool:
     return name.startswith(RING_PREFIX) or bool(POOL_RE.match(name)) or bool(CHUNK_RE.match(name))

@@ -155,14 +155,12 @@ def _wrap_processor(func: Callable[..., Any]) -> Callable[..., Any]:
     return processor
 
 
-def _instrument_adapter(adapter: Any) -> None:
+def _instrument_adapter(adapter: Any, cfg: Any) -> None:
     stage = int(adapter.connector.stage_id)
     adapter._ot_stage = stage
     adapter._ot_ready = {}
     replica = int(os.environ.get("VLLM_OMNI_REPLICA_ID", "0") or 0)
-    pname = multiprocessing.current_process().name  # StageEngineCoreProc_stage{S}_replica{R}
-    record.set_process_info(role="stage", stage=stage, replica=replica,
-                            name=None if pname == "MainProcess" else pname)
+    record.set_process_info(role="stage", stage=stage, replica=replica, name=_stage_name(cfg))
     if not isinstance(adapter._pending_save_reqs, StampedDeque):
         adapter._pending_save_reqs = StampedDeque(adapter._pending_save_reqs)
     func = getattr(adapter, "custom_process_next_stage_input_func", None)
@@ -170,12 +168,23 @@ def _instrument_adapter(adapter: Any) -> None:
         adapter.custom_process_next_stage_input_func = _wrap_processor(func)
 
 
+def _stage_name(cfg: Any) -> str | None:
+    """The stage's model part (``thinker``, ``talker``, ``code2wav``): what a user calls the
+    stage; the process name (``StageEngineCoreProc_stage{S}_replica{R}``) where the adapter
+    was given no model config (the test harness)."""
+    name = getattr(getattr(cfg, "model_config", None), "model_stage", None)
+    if isinstance(name, str) and name:
+        return name
+    pname = multiprocessing.current_process().name
+    return None if pname == "MainProcess" else pname
+
+
 def wrap_init(orig: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(orig)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)
         try:
-            _instrument_adapter(self)
+            _instrument_adapter(self, args[0] if args else kwargs.get("vllm_config"))
         except Exception as exc:
             hook_failed("adapter init", exc)
 
