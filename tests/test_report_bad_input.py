@@ -114,3 +114,64 @@ def test_corrupt_event_segment_is_one_line_and_exit_2(tmp_path):
     r = _report(str(d))
     assert r.returncode == 2 and "corrupt event segment" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def _mutated(src: str, dst: str, name: str, path: tuple, value) -> str:
+    """A copy of run directory ``src`` with one field of ``name`` set to ``value``."""
+    import shutil
+    shutil.copytree(src, dst)
+    with open(f"{dst}/{name}") as f:
+        doc = json.load(f)
+    cur = doc
+    for k in path[:-1]:
+        cur = cur[k]
+    cur[path[-1]] = value
+    with open(f"{dst}/{name}", "w") as f:
+        json.dump(doc, f)
+    return dst
+
+
+@pytest.mark.parametrize("name,path,value,says", [
+    ("agent.json", ("events_read",), "x", "'events_read' is a string, not an integer"),
+    ("agent.json", ("events_dropped",), [], "'events_dropped' is a list"),
+    ("agent.json", ("spans_built",), "12", "'spans_built' is a string"),
+    ("agent.json", ("rings",), 1.5, "'rings' is a number with a fraction, not a list"),
+    ("agent.json", ("rings", 0, "dropped"), "x", "'rings[0].dropped' is a string"),
+    ("agent.json", ("record",), [1], "'record' is a list, not an object"),
+    ("agent.json", ("record", "events_not_recorded"), "x", "'record.events_not_recorded' is a string"),
+    ("agent.json", ("exporters",), "x", "'exporters' is a string, not an object"),
+    ("run.json", ("events_never_drained",), "x", "'events_never_drained' is a string"),
+    ("run.json", ("status",), {"a": 1}, "'status' is an object, not a string"),
+    ("bench.json", ("requests", 0, "concurrency"), "x", "'requests[0].concurrency' is a string"),
+    ("bench.json", ("levels", 0, "measured_window"), [], "'levels[0].measured_window' is a list"),
+])
+def test_wrong_field_types_are_one_line_and_exit_2(real_run, tmp_path, name, path, value, says):
+    """Issue 25 item 8: valid JSON, a field of the wrong type: named in one line, exit 2."""
+    d = _mutated(real_run, str(tmp_path / "r"), name, path, value)
+    for cmd in (("report", d), ("report", d, "--json"), ("compare", d, real_run)):
+        r = subprocess.run([sys.executable, "-m", "omnitrace", *cmd], capture_output=True,
+                           text=True, timeout=120)
+        assert "Traceback" not in r.stderr, r.stderr
+        assert r.returncode == 2, (cmd, r.stdout[-2000:], r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and name in lines[0] and says in lines[0], r.stderr
+
+
+def test_the_real_run_itself_passes_the_type_checks(real_run):
+    """The checks follow what omnitrace writes: its own files are never refused."""
+    from omnitrace.analyze import fieldtypes
+    for name in ("run.json", "agent.json", "bench.json"):
+        with open(f"{real_run}/{name}") as f:
+            assert fieldtypes.check(name, json.load(f)) is None, name
+
+
+@pytest.mark.parametrize("flag", ["--json", "--html"])
+@pytest.mark.parametrize("where", ["missing-folder", "a-directory", "under-a-file"])
+def test_unwritable_output_is_one_line_and_exit_2(real_run, tmp_path, flag, where):
+    (tmp_path / "file").write_text("x")
+    out = {"missing-folder": tmp_path / "nope" / "r.out", "a-directory": tmp_path,
+           "under-a-file": tmp_path / "file" / "r.out"}[where]
+    r = _report(real_run, flag, str(out))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot write" in lines[0] and str(out) in lines[0], r.stderr

@@ -60,8 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # files first, the console last: a reader that stops early (`| head`) loses no file
     if args.json and args.json != "-":
-        with open(args.json, "wb") as f:
-            f.write(orjson.dumps(rep, option=orjson.OPT_INDENT_2))
+        try:
+            with open(args.json, "wb") as f:
+                f.write(orjson.dumps(rep, option=orjson.OPT_INDENT_2))
+        except OSError as e:
+            print(f"omnitrace report: cannot write {args.json}: {e.strerror or e}", file=sys.stderr)
+            return 2
     if args.html:
         from omnitrace.render.html import write_html
         try:

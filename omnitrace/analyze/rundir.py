@@ -22,7 +22,7 @@ import orjson
 from omnitrace import conventions as cv
 from omnitrace import rowops
 from omnitrace import spantable as stt
-from omnitrace.analyze import headofline, tables
+from omnitrace.analyze import fieldtypes, headofline, tables
 
 
 class RunDirError(Exception):
@@ -648,6 +648,13 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     return True
 
 
+def _check_types(name: str, doc: dict[str, Any] | None, pre: str) -> None:
+    """A field the report reads, of the wrong type: one line now, not a traceback later."""
+    why = fieldtypes.check(name, doc) if doc is not None else None
+    if why:
+        raise RunDirError(f"{pre}{name}: {why} (not a file omnitrace writes)")
+
+
 def _bench_shape_error(bench: dict[str, Any]) -> str | None:
     for key in ("levels", "requests"):
         v = bench.get(key)
@@ -702,6 +709,7 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
         label = os.path.basename(os.path.normpath(p)) if len(paths) > 1 else ""
         pre = f"{label}/" if label else ""
         rj = _load_json(os.path.join(p, "run.json"), pre + "run.json", run.warnings)
+        _check_types("run.json", rj, pre)
         if rj is None:
             run.warnings.append(f"{pre}run.json missing: run metadata unknown (agent killed before writing it?)")
         else:
@@ -710,6 +718,7 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
                 run.warnings.append(f"{pre}run status is {rj.get('status')!r}: the run did not finish "
                                     "cleanly; results are partial")
         aj = _load_json(os.path.join(p, "agent.json"), pre + "agent.json", run.warnings)
+        _check_types("agent.json", aj, pre)
         if aj is None:
             run.warnings.append(f"{pre}agent.json missing: recorder counters (events, drops) unknown")
         else:
@@ -719,6 +728,7 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
             why = _bench_shape_error(bj)
             if why:
                 raise RunDirError(f"{pre}bench.json: not an omnitrace bench file ({why})")
+            _check_types("bench.json", bj, pre)
         if bj is not None and run.bench is None:
             run.bench = _keyed_by_server_id(bj)
         pj = os.path.join(p, "processes.jsonl")
