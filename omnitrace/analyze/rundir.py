@@ -717,6 +717,13 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
             if rj.get("status") not in (None, "complete"):
                 run.warnings.append(f"{pre}run status is {rj.get('status')!r}: the run did not finish "
                                     "cleanly; results are partial")
+            left = rj.get("shm_leftovers")
+            if isinstance(left, dict) and any(left.values()):
+                run.warnings.append(
+                    f"{pre}the served processes left /dev/shm entries, removed after the run: "
+                    f"{len(left.get('wake_dirs') or ())} stale vLLM-Omni wake director(ies) of exited "
+                    f"stages, {len(left.get('chunk_segments') or ())} chunk segment(s) never read "
+                    "(a stage died mid-request?)")
         aj = _load_json(os.path.join(p, "agent.json"), pre + "agent.json", run.warnings)
         _check_types("agent.json", aj, pre)
         if aj is None:

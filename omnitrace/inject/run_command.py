@@ -329,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     if rc < 0:
         rc = 128 - rc  # killed by a signal: report it the way a shell does
     _stop_agent(agent, rc, cfg)
+    _sweep_leftovers(cfg.run_dir)
     flame_flags.finish(flame)  # profiles/: after the agent's last drain (it names the processes)
     if rc == 0:
         print(f"omnitrace run: done; see `omnitrace report {cfg.run_dir}`", file=sys.stderr)
@@ -336,6 +337,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"omnitrace run: the command failed (exit status {rc}); what it recorded is in "
               f"{cfg.run_dir} (`omnitrace report {cfg.run_dir}`)", file=sys.stderr)
     return rc
+
+
+def _sweep_leftovers(run_dir: str) -> None:
+    from omnitrace.inject.leftovers import sweep_run
+    removed = sweep_run(run_dir)
+    if removed and any(removed.values()):
+        print(f"omnitrace run: removed what the served processes left in /dev/shm: "
+              f"{len(removed['wake_dirs'])} vLLM-Omni wake director(ies) of exited stages, "
+              f"{len(removed['chunk_segments'])} unread chunk segment(s) (run.json: shm_leftovers)",
+              file=sys.stderr)
 
 
 def _stop_agent(agent: subprocess.Popen, rc: int, cfg: AgentConfig | None = None,

@@ -1,0 +1,123 @@
+"""What a served pipeline left in /dev/shm after ``omnitrace run``'s command ended.
+
+vLLM-Omni makes one ``omni_shm_wake_<n>_<stage pid>`` directory per stage process and
+never removes it, not even on a clean shutdown; a stage killed mid-request leaves the
+chunk segments it had written and nobody read (``<engine request id>_<stage>_<chunk>``,
+with their ``shm_<key>_lockfile.lock``). Once the command has ended, the ones of this
+run's processes (the pids of its rings) whose process is gone are removed and listed in
+run.json (``shm_leftovers``), so the report can say so and the next run starts clean.
+A chunk segment counts as the run's when it has the connector's key form with an engine
+request id (``<api id>-<uuid8>``) and was made while the run was on, after the run's
+processes are all gone (a second server running beside it would keep its own).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+SHM_DIR = "/dev/shm"
+WAKE_PREFIX = "omni_shm_wake_"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _wake_pid(name: str) -> int | None:
+    tail = name.rsplit("_", 1)[-1]
+    return int(tail) if name.startswith(WAKE_PREFIX) and tail.isdigit() else None
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _request_of(name: str) -> str | None:
+    """The engine request id of a chunk segment or its lock file (None: another name)."""
+    key = name[4:-len("_lockfile.lock")] if name.startswith("shm_") and name.endswith("_lockfile.lock") else name
+    parts = key.rsplit("_", 2)
+    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        return parts[0]
+    return None
+
+
+def _engine_id(rid: str) -> bool:
+    tail = rid[-9:]
+    return len(rid) > 9 and tail[0] == "-" and all(c in "0123456789abcdef" for c in tail[1:])
+
+
+def sweep(pids: set[int], since_unix_s: float, shm_dir: str = SHM_DIR) -> dict[str, list[str]]:
+    """Remove the run's stale leftovers; what was removed, by kind."""
+    if any(_alive(p) for p in pids):
+        return {"wake_dirs": [], "chunk_segments": []}
+    out: dict[str, list[str]] = {"wake_dirs": [], "chunk_segments": []}
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return out
+    for n in names:
+        pid = _wake_pid(n)
+        rid = None if pid is not None else _request_of(n)
+        if pid is not None and pid in pids and not _alive(pid):
+            kind = "wake_dirs"
+        elif rid is not None and _engine_id(rid) and _mtime(os.path.join(shm_dir, n)) >= since_unix_s:
+            kind = "chunk_segments"
+        else:
+            continue
+        path = os.path.join(shm_dir, n)
+        try:
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        except OSError:
+            continue
+        out[kind].append(n)
+    return out
+
+
+def sweep_run(run_dir: str, grace_s: float = 20.0) -> dict[str, list[str]]:
+    """After a run's command ended: its ring pids from agent.json, a grace for stage
+    processes still shutting down, the sweep, and run.json's ``shm_leftovers`` (only
+    when something was removed)."""
+    import time
+
+    import orjson
+
+    from omnitrace.agent.rundir import write_json_atomic
+
+    def load(name: str) -> dict:
+        try:
+            with open(os.path.join(run_dir, name), "rb") as f:
+                d = orjson.loads(f.read())
+            return d if isinstance(d, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    rings = load("agent.json").get("rings") or []
+    pids = {int(r["pid"]) for r in rings if isinstance(r, dict) and isinstance(r.get("pid"), int)}
+    pids.discard(os.getpid())
+    if not pids:
+        return {}
+    deadline = time.monotonic() + grace_s
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    meta = load("run.json")
+    since = int(meta.get("started_unix_ns") or 0) / 1e9
+    removed = sweep(pids, since)
+    if any(removed.values()):
+        meta["shm_leftovers"] = removed
+        try:
+            write_json_atomic(os.path.join(run_dir, "run.json"), meta)
+        except OSError:
+            pass
+    return removed
