@@ -358,8 +358,11 @@ def main(argv: list[str] | None = None) -> int:
         rep = report(cfg.run_dir, cfg.html)
         if rep not in (0, 3):
             return rep
+        if rep == 3:
+            print("omnitrace loadtest: no measured request got its first audio packet (the report "
+                  "above and bench.json say why)", file=sys.stderr)
         print(cfg.run_dir)
-        return rc
+        return rc or (1 if rep == 3 else 0)
     except LoadtestError as exc:
         print(f"omnitrace loadtest: {exc}", file=sys.stderr)
         return 1

@@ -37,6 +37,7 @@ class RequestResult:
     text_chunks: int = 0
     audio_chunks: int = 0
     completion_tokens: int | None = None
+    prompt_tokens: int | None = None  # as the server counted them (a real tokenizer: not input_len)
     server_id: str | None = None  # the stream's ``id`` (the server's name for the request)
     status: int | None = None
     error: str | None = None
@@ -133,6 +134,8 @@ def _handle(msg: str, res: RequestResult, st: float) -> bool:
     usage = data.get("usage")
     if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
         res.completion_tokens = usage["completion_tokens"]
+        if usage.get("prompt_tokens") is not None:
+            res.prompt_tokens = usage["prompt_tokens"]
     if data.get("choices"):
         modality = data.get("modality")
         if modality == "text":
