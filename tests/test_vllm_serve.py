@@ -135,6 +135,7 @@ def served030(tmp_path_factory) -> dict:
                                  url, MODEL_NAME, "8", "4", "vbc-"], env=_env(venv), text=True,
                                 capture_output=True, timeout=600)
         assert client.returncode == 0, client.stderr[-3000:]
+        killed = _kill_stage_mid_load(venv, url, run_dir / "bench-death.json", "StageEngineCoreProc_stage1")
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -143,9 +144,31 @@ def served030(tmp_path_factory) -> dict:
             server.kill()
             out, _ = server.communicate()
     assert server.returncode == 0, out[-5000:]
-    return {"venv": venv, "run_dir": run_dir, "output": out,
+    return {"venv": venv, "run_dir": run_dir, "output": out, "killed": killed,
             "client": [json.loads(x) for x in client.stdout.splitlines() if x.startswith("{")],
             "report": _report(venv, run_dir)}
+
+
+def _kill_stage_mid_load(venv: Path, url: str, out: Path, proc_name: str) -> int:
+    """SIGKILL the named stage process while ``omnitrace bench`` has requests in flight."""
+    load = subprocess.Popen([str(venv / "bin" / "omnitrace"), "bench", "--base-url", url, "--model", MODEL_NAME,
+                             "--concurrency", "4", "--num-prompts", "8", "--warmup", "0", "--input-len", "300",
+                             "--output-len", "16", "--out", str(out)], env=_env(venv),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.5)
+    pid = next(int(d) for d in os.listdir("/proc") if d.isdigit() and proc_name.encode() in
+               _cmdline(int(d)))
+    os.kill(pid, signal.SIGKILL)
+    load.wait(600)
+    return pid
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def _free_port() -> int:
@@ -294,3 +317,27 @@ def test_snapshot_fix_030_to_032_named_by_compare(served030, loadtest032) -> Non
               str(loadtest032["run_dir"]), timeout=300)
     assert cmp.returncode == 0, cmp.stderr[-2000:]
     assert "snapshot" in cmp.stdout, cmp.stdout[-3000:]
+
+
+def test_stage_death_named_counted_and_cleaned_up(served030, tmp_path) -> None:
+    """SIGKILL of the talker mid-load: the report names the dead stage and counts the
+    requests it failed; afterwards nothing of the run is left in /dev/shm, and the stale
+    wake directories vLLM-Omni left were removed and listed."""
+    d = served030["run_dir"]
+    death = json.loads((d / "bench-death.json").read_text())
+    failed_client = {r["id"] for r in death["requests"] if r.get("error")}
+    assert failed_client, "the kill came after the load: nothing failed"
+    view = tmp_path / "death"  # the record, with the load that saw the kill as its bench
+    view.mkdir()
+    for n in ("run.json", "agent.json", "events"):
+        (shutil.copytree if (d / n).is_dir() else shutil.copy)(d / n, view / n)
+    shutil.copy(d / "bench-death.json", view / "bench.json")
+    rep = _report(served030["venv"], view)
+    assert rep["window"]["failed"] >= len(failed_client), rep["window"]
+    text = json.dumps(rep["warnings"]) + json.dumps(rep["failures"])
+    assert "talker" in text or "stage 1" in text, text[-2000:]
+    run = json.loads((d / "run.json").read_text())
+    agent = json.loads((d / "agent.json").read_text())
+    pids = {int(r["pid"]) for r in agent["rings"]} | {served030["killed"]}
+    assert _leftovers(pids) == []
+    assert any(w.endswith(f"_{served030['killed']}") for w in run["shm_leftovers"]["wake_dirs"]), run

@@ -28,6 +28,7 @@ Where each event comes from (stage = the recording process's stage, chunk = conn
 * PACKET_RECEIVED     ``Orchestrator._handle_processed_outputs``: the first output of a
                       request from a stage whose final output is audio
 * PACKET_RESUMED      the chat stream handler took that output from its result generator
+* STAGE_DIED          ``Orchestrator._handle_dead_replica``: a stage replica's EngineCore died
 * REQUEST_ARRIVE / FIRST_TEXT / FIRST_AUDIO / END   ``OmniOpenAIServingChat`` streaming path;
                       with REQUEST_ARRIVE, the caller's W3C ``traceparent`` header (if any)
                       as :func:`omnitrace.tracecontext.record_traceparent` records it
@@ -520,6 +521,20 @@ def wrap_processed_outputs(orig: Callable[..., Any]) -> Callable[..., Any]:
     return _handle_processed_outputs
 
 
+def wrap_dead_replica(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """The orchestrator evicts a stage replica whose EngineCore died (its requests fail)."""
+
+    @functools.wraps(orig)
+    async def _handle_dead_replica(self: Any, stage_id: int, *args: Any, **kwargs: Any) -> Any:
+        try:
+            _emit(E.STAGE_DIED, "", int(stage_id), NO_CHUNK, 0, 0)
+        except Exception as exc:
+            hook_failed("stage died", exc)
+        return await orig(self, stage_id, *args, **kwargs)
+
+    return _handle_dead_replica
+
+
 # --------------------------------------------------------------------------- API server
 _api_named = False
 
@@ -683,4 +698,5 @@ def server_hooks() -> list[Hook]:
         Hook("request dispatch", ORCH_MODULE, "Orchestrator._on_stage_submitted", wrap_stage_submitted),
         Hook("packet received", ORCH_MODULE, "Orchestrator._handle_processed_outputs",
              wrap_processed_outputs),
+        Hook("stage died", ORCH_MODULE, "Orchestrator._handle_dead_replica", wrap_dead_replica),
     ]
