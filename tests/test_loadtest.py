@@ -37,24 +37,42 @@ def test_loadtest_one_command_to_the_report(tmp_path):
     assert rep.returncode == 0 and json.loads(rep.stdout)["window"]["attributed"] == 8
 
 
+def _requests_finished(run_dir: str) -> int:
+    """Requests the agent has seen end (0 until agent.json exists; it is replaced whole)."""
+    try:
+        with open(os.path.join(run_dir, "agent.json")) as f:
+            return int(json.load(f).get("requests_freed", 0))
+    except (OSError, ValueError):
+        return 0
+
+
 def test_loadtest_ctrl_c_leaves_a_loadable_run(tmp_path):
     d = str(tmp_path / "lt")
+    # output to files, not pipes: a pipe nobody reads while we wait would fill up with
+    # the progress bar and stall the load
+    out_f, err_f = open(tmp_path / "out", "w+"), open(tmp_path / "err", "w+")
     proc = subprocess.Popen([sys.executable, "-m", "omnitrace", "loadtest", "--run-dir", d,
                              "--concurrency", "4", "--num-prompts", "5000", "--input-len", "200",
-                             "--output-len", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--output-len", "20"], stdout=out_f, stderr=err_f,
                             text=True, env=_env(), start_new_session=True)
     try:
-        # wait until the load is running (the bench has finished some requests)
-        deadline = time.monotonic() + 120
-        events = os.path.join(d, "events")
-        while time.monotonic() < deadline and not (os.path.isdir(events) and os.listdir(events)):
-            time.sleep(0.3)
-        time.sleep(3)
+        # wait until the load is running: a request has gone through the whole pipeline
+        # (the agent counts it in agent.json once its end is recorded), so the bench has
+        # requests done and in flight. (events/ is no signal: the agent writes the first
+        # segment's header before the server even answers.)
+        deadline = time.monotonic() + 180
+        while _requests_finished(d) < 1:
+            assert proc.poll() is None and time.monotonic() < deadline, "the load never got going"
+            time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
-        out, err = proc.communicate(timeout=180)
+        proc.wait(timeout=180)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        out_f.close()
+        err_f.close()
+    err = (tmp_path / "err").read_text()
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted" in err and d in err and "Traceback" not in err
     rep = subprocess.run([sys.executable, "-m", "omnitrace", "report", d, "--json"],
