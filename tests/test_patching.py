@@ -212,7 +212,7 @@ def test_api_stream_wrapper_stamps_arrival_first_text_first_audio_end(tmp_path: 
 
     evs = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [e[0] for e in evs] == ["REQUEST_ARRIVE", "REQUEST_FIRST_TEXT", "REQUEST_FIRST_AUDIO", "REQUEST_END"], evs
-    assert all(e[1] == "chatcmpl-abc_1" and e[2] == -1 for e in evs)
+    assert all(e[1] == "abc_1" and e[2] == -1 for e in evs)  # the id the client named it by
     assert evs[0][4] == 77 and evs[-1][3] == 0 and evs[-1][4] > 100  # b = bytes sent
 
 

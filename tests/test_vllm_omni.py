@@ -153,10 +153,11 @@ def test_chunk_spans_across_producer_and_consumer(venv: Path, tmp_root: Path) ->
     if not snapshots:
         assert not [s for s in spans if s["name"] == cv.SPAN_SNAPSHOT]
     for ext in out["ext_ids"]:
-        trace = f"{cv.trace_id_for(ext):032x}"
+        rid = ext.removeprefix("chatcmpl-")  # recorded as the client named it (wrappers.api_request_id)
+        trace = f"{cv.trace_id_for(rid):032x}"
         for chunk in range(CHUNKS):
-            prod = {n: one(n, ext, 0, chunk) for n in producer_spans}
-            cons = {n: one(n, ext, 1, chunk) for n in (cv.SPAN_GET, cv.SPAN_WAIT_SCHEDULE)}
+            prod = {n: one(n, rid, 0, chunk) for n in producer_spans}
+            cons = {n: one(n, rid, 1, chunk) for n in (cv.SPAN_GET, cv.SPAN_WAIT_SCHEDULE)}
             for s in prod.values():
                 assert s[cv.ATTR_PEER_STAGE_ID] == 1 and s["trace"] == trace
                 assert s["res"][cv.ATTR_STAGE_ID] == 0 and s["res"][cv.ATTR_ROLE] == "stage"

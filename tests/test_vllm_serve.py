@@ -237,9 +237,9 @@ def test_counts_equal_what_the_server_did(loadtest032) -> None:
     spans, watcher = loadtest032["spans"], loadtest032["watcher"]
     created = ShmWatcher.chunks(watcher.created)
     removed = ShmWatcher.chunks(watcher.removed)
-    engine_of = {}  # api id -> engine id (<api id>-<uuid8>), from the segment names
+    engine_of = {}  # request id (the client's) -> engine id (chatcmpl-<id>-<uuid8>), from segment names
     for (eid, _stage) in created:
-        engine_of[eid[:-9]] = eid
+        engine_of[eid[len("chatcmpl-"):-9]] = eid
     count: Counter = Counter()
     keys = set()
     for s in spans:
@@ -261,8 +261,9 @@ def test_counts_equal_what_the_server_did(loadtest032) -> None:
     seg_keys = set()
     for n in watcher.created:
         m = __import__("shm_watcher").CHUNK_KEY.match(n)
-        if m and m["req"][:-9] in tokens:
-            seg_keys.add((m["req"][:-9], int(m["stage"]), int(m["chunk"])))
+        rid = m["req"][len("chatcmpl-"):-9] if m else None
+        if rid in tokens:
+            seg_keys.add((rid, int(m["stage"]), int(m["chunk"])))
     assert keys == seg_keys
 
 
@@ -289,7 +290,7 @@ def test_nothing_left_in_dev_shm(loadtest032) -> None:
 # --------------------------------------------------------------------------- 0.30
 def test_vllm_omni_client_sees_audio_after_the_server_sent_it(served030) -> None:
     """vLLM-Omni's own client's AUDIO_TTFP >= omnitrace's server TTFP, request by request
-    (joined by the id it sent: the server names it chatcmpl-<id>)."""
+    (joined by the id it sent)."""
     rows = served030["client"]
     assert len(rows) == 8 and all(r["success"] for r in rows), rows
     d = served030["run_dir"]
@@ -297,11 +298,11 @@ def test_vllm_omni_client_sees_audio_after_the_server_sent_it(served030) -> None
     alone.mkdir()
     for n in ("run.json", "agent.json", "events"):
         (shutil.copytree if (d / n).is_dir() else shutil.copy)(d / n, alone / n)
-    rep = _report(served030["venv"], alone, "--requests", "chatcmpl-vbc-")
+    rep = _report(served030["venv"], alone, "--requests", "vbc-")
     server = {r["id"]: r["ttfp_ms"] for r in rep["requests"]}
     assert len(server) == 8, sorted(server)
     for r in rows:
-        assert r["audio_ttfp_s"] * 1e3 >= server[f"chatcmpl-{r['id']}"], r
+        assert r["audio_ttfp_s"] * 1e3 >= server[r["id"]], r
 
 
 def test_snapshot_fix_030_to_032_named_by_compare(served030, loadtest032) -> None:
@@ -335,7 +336,7 @@ def test_stage_death_named_counted_and_cleaned_up(served030, tmp_path) -> None:
     rep = _report(served030["venv"], view)
     assert rep["window"]["failed"] >= len(failed_client), rep["window"]
     text = json.dumps(rep["warnings"]) + json.dumps(rep["failures"])
-    assert "talker" in text or "stage 1" in text, text[-2000:]
+    assert "talker" in text.lower() or "stage 1" in text.lower(), text[-2000:]
     run = json.loads((d / "run.json").read_text())
     agent = json.loads((d / "agent.json").read_text())
     pids = {int(r["pid"]) for r in agent["rings"]} | {served030["killed"]}

@@ -178,7 +178,10 @@ stages:
     input_connectors:
       from_stage_0: connector_of_shared_memory
     default_sampling_params:
-      seed: 42
+      # no per-request seed: a seeded request gets its own torch.Generator, and a CPU
+      # generator has no offset to rewind when a chunked prefill's sample is discarded
+      # ("CPU Generator does not use offset" kills the stage on prompts > 4096 tokens in
+      # flight)
       temperature: 0.9
       top_k: 50
       # random weights never sample the codec EOS on purpose: 60 codec frames = 4 audio

@@ -667,17 +667,6 @@ def _bench_shape_error(bench: dict[str, Any]) -> str | None:
     return None
 
 
-def _keyed_by_server_id(bench: dict[str, Any]) -> dict[str, Any]:
-    """Request rows keyed by the id the server gave the request (the SSE chunks' ``id``,
-    which its traces carry: vLLM-Omni's ``chatcmpl-<X-Request-Id>``) where the client saw
-    one; the id the client sent stays as ``client_id``."""
-    for r in bench.get("requests") or ():
-        sid = r.get("server_id")
-        if isinstance(sid, str) and sid and sid != r.get("id"):
-            r["client_id"], r["id"] = r.get("id"), sid
-    return bench
-
-
 def _warmup_ids(bench: dict[str, Any] | None) -> set[str]:
     """Warm-up request ids from bench.json: their spans are never needed (saves time)."""
     if not bench:
@@ -737,7 +726,7 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
                 raise RunDirError(f"{pre}bench.json: not an omnitrace bench file ({why})")
             _check_types("bench.json", bj, pre)
         if bj is not None and run.bench is None:
-            run.bench = _keyed_by_server_id(bj)
+            run.bench = bj
         pj = os.path.join(p, "processes.jsonl")
         if os.path.exists(pj):
             for _, line in _read_lines(pj, pre + "processes.jsonl", run.warnings):

@@ -81,30 +81,40 @@ CHAT = "OmniOpenAIServingChat"
 
 # --------------------------------------------------------------------------- request ids
 _HEX = frozenset("0123456789abcdef")
+CHAT_PREFIX = "chatcmpl-"
 _api_ids: dict[str, str] = {}
 
 
 def api_request_id(engine_id: str) -> str:
-    """The API server's request id for an id the stages see.
+    """The request's id in omnitrace: the one its client gave it.
 
-    The API server names a request ``chatcmpl-<X-Request-Id or uuid>`` (the ``id`` of every
-    SSE chunk it sends); ``AsyncOmni.generate`` then hands the engine
-    ``f"{api_id}-{uuid:.8}"`` (``_get_unique_request_id``), which is the
+    The chat route names a request ``chatcmpl-<X-Request-Id>`` (``chatcmpl-<uuid>`` when
+    the client sent none): the ``id`` of every SSE chunk. ``AsyncOmni.generate`` then
+    hands the engine ``f"{that}-{uuid:.8}"`` (``_get_unique_request_id``), the
     ``external_req_id`` every stage and connector key carries. Events are recorded under
-    the API id, so one request is one trace from arrival to last chunk. Ids without that
-    suffix (the engine driven without the API server) are kept as they are. Memoised: the
-    stage hooks ask once per event, the answer changes once per request.
+    ``X-Request-Id`` (both affixes dropped), so one request is one trace from arrival to
+    its last chunk and joins any client's own records (omnitrace bench, vLLM-Omni's
+    benchmark client) without knowing the server's naming: a request that failed before
+    its first chunk never saw the server's id. Ids without the affixes (the engine driven
+    without the API server) are kept as they are. Memoised: the stage hooks ask once per
+    event, the answer changes once per request.
     """
     hit = _api_ids.get(engine_id)
     if hit is None:
         tail = engine_id[-9:]
-        api = engine_id
-        if len(engine_id) > 9 and tail[0] == "-" and _HEX.issuperset(tail[1:]):
-            api = engine_id[:-9]
+        rid = engine_id
+        if len(rid) > 9 and tail[0] == "-" and _HEX.issuperset(tail[1:]) and rid.startswith(CHAT_PREFIX):
+            rid = rid[:-9]
+        rid = chat_request_id(rid)
         if len(_api_ids) >= 8192:  # bounded: old requests are done
             _api_ids.clear()
-        hit = _api_ids[engine_id] = api
+        hit = _api_ids[engine_id] = rid
     return hit
+
+
+def chat_request_id(api_id: str) -> str:
+    """The chat route's ``chatcmpl-<X-Request-Id>`` as the client named it."""
+    return api_id[len(CHAT_PREFIX):] if api_id.startswith(CHAT_PREFIX) and len(api_id) > len(CHAT_PREFIX) else api_id
 
 
 # --------------------------------------------------------------------------- producer
@@ -396,6 +406,10 @@ class _SchedState:
         audio = getattr(mc, "engine_output_type", None) == "audio"
         self.modality = int(cv.Modality.AUDIO if audio else cv.Modality.TEXT)
         self.ids: dict[str, list] = {}  # engine id -> [api id, outputs emitted]
+        # named before its first event: a stage's first ring may come before its adapter
+        replica = int(os.environ.get("VLLM_OMNI_REPLICA_ID", "0") or 0)
+        record.set_process_info(role="stage", stage=self.stage, replica=replica,
+                                name=_stage_name(sched.vllm_config))
 
 
 def _sched_state(sched: Any) -> _SchedState:
@@ -575,20 +589,20 @@ def wrap_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def chat_completion_stream_generator(self: Any, request: Any, result_generator: Any,
                                          request_id: str, *args: Any, **kwargs: Any) -> Any:
-        gen = orig(self, request, _stamp_resumed(result_generator, str(request_id)), request_id,
-                   *args, **kwargs)
+        rid = chat_request_id(str(request_id))
+        gen = orig(self, request, _stamp_resumed(result_generator, rid), request_id, *args, **kwargs)
         try:
             _api_process()
             t0 = _arrivals().get(id(request)) or _now()
             max_tokens = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", None) or 0
-            _emit(E.REQUEST_ARRIVE, request_id, API, NO_CHUNK, 0, int(max_tokens), t0)
+            _emit(E.REQUEST_ARRIVE, rid, API, NO_CHUNK, 0, int(max_tokens), t0)
             headers = getattr(_raw_request(args, kwargs), "headers", None)
             if headers is not None:  # the caller's W3C trace context, if it sent one
-                tracecontext.record_traceparent(str(request_id), headers, t0)
+                tracecontext.record_traceparent(rid, headers, t0)
         except Exception as exc:
             hook_failed("request arrival", exc)
             return gen
-        return _watch_stream(gen, str(request_id))
+        return _watch_stream(gen, rid)
 
     return chat_completion_stream_generator
 
