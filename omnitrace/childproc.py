@@ -6,10 +6,15 @@ folder that holds a checkout named ``omnitrace`` (``~`` after cloning into
 Python >= 3.11 has ``-P`` (no unsafe path entry); 3.10 runs the module through ``-c``
 with the empty entry ('' = the current directory) taken off first. Either way the child
 sees the parent's interpreter and the installed package, never the cwd.
+
+``start`` also starts such a child with SIGINT blocked until it can take a Ctrl-C.
 """
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
+from typing import Any
 
 # 3.10: `-c CODE MODULE ARGS...` -> sys.argv == ['-c', MODULE, ARGS...] and sys.path[0] == ''
 _RUN_MODULE = ("import runpy, sys\n"
@@ -44,3 +49,21 @@ def module_of(argv: list[str]) -> str | None:
             return None
         i += 1
     return None
+
+
+def start(cmd: list[str], **popen_kw: Any) -> subprocess.Popen:
+    """Popen ``cmd`` (one of ours: it calls accept_sigint() once it can take a Ctrl-C)
+    with SIGINT blocked. A Ctrl-C on the terminal reaches the whole process group; one
+    that lands while the child's interpreter starts and imports would kill it with a
+    traceback. Blocked, it stays pending (the mask survives exec, and Python leaves it as
+    it finds it) and is taken where the child handles it."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return subprocess.Popen(cmd, **popen_kw)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def accept_sigint() -> None:
+    """From here on a Ctrl-C (one pending from start-up included) is delivered."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"omnitrace: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     try:
+        # started by another omnitrace command, a Ctrl-C may be pending since start-up
+        # (childproc.start): taken here, where it is one line, not a traceback
+        from omnitrace.childproc import accept_sigint
+        accept_sigint()
         module = importlib.import_module(COMMANDS[name][0])
         return int(module.main(rest) or 0)
     except KeyboardInterrupt:  # Ctrl-C before the command took charge of it (e.g. while

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from omnitrace import conventions as cv
+from omnitrace import childproc
 from omnitrace.childproc import python_module
 from omnitrace.clihelp import DefaultsFormatter
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
@@ -221,9 +222,19 @@ def _wait_quietly(proc: subprocess.Popen | None, timeout_s: float) -> None:
             proc.kill()
 
 
+def _run_child(cmd: list[str]) -> int:
+    """One of our commands to its end; on Ctrl-C (it got one too) its own quiet exit first."""
+    proc = childproc.start(cmd)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        _wait_quietly(proc, 30)
+        raise
+
+
 def bench(url: str, run_dir: str, bench_args: tuple[str, ...]) -> int:
     cmd = [*_py(), "bench", "--base-url", url, "--out", os.path.join(run_dir, "bench.json"), *bench_args]
-    proc = subprocess.Popen(cmd)
+    proc = childproc.start(cmd)
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -238,7 +249,7 @@ def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> None:
     cmd = [*_py(), "run", "--run-dir", run_dir, *cfg.run_args, *serve]
     shown = ['omnitrace', *cmd[len(_py()):]]
     print(f"omnitrace loadtest: starting {' '.join(shlex.quote(c) for c in shown)}", file=sys.stderr)
-    server = subprocess.Popen(cmd)
+    server = childproc.start(cmd)
     url = f"http://127.0.0.1:{port}"
     try:
         why = wait_healthy(url, server, cfg.startup_timeout_s)
@@ -268,7 +279,7 @@ def report(run_dir: str, html: bool) -> int:
     cmd = [*_py(), "report", run_dir]
     if html:
         cmd += ["--html", os.path.join(run_dir, "report.html")]
-    return subprocess.run(cmd).returncode
+    return _run_child(cmd)
 
 
 # --------------------------------------------------------------------------- A/B
@@ -325,7 +336,7 @@ def run_ab(cfg: LoadtestConfig, pattern: str, repeats: int) -> int:
     import orjson
     with open(os.path.join(cfg.run_dir, "compare.json"), "wb") as f:
         f.write(orjson.dumps(res, option=orjson.OPT_INDENT_2))
-    subprocess.run([*_py(), "compare", "--a", *runs["A"], "--b", *runs["B"]])
+    _run_child([*_py(), "compare", "--a", *runs["A"], "--b", *runs["B"]])
     print(f"\nA = {' '.join(deps['A'].serve_args) or 'default'}; B = {' '.join(deps['B'].serve_args) or 'default'}; "
           f"order {''.join(order)}; {len(runs['A'])} + {len(runs['B'])} runs")
     lines = verdicts(res)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from report_util import _env
 
 SMALL = ["--concurrency", "4", "--num-prompts", "8", "--input-len", "200", "--output-len", "12"]
@@ -121,3 +123,61 @@ def test_loadtest_bad_input_is_one_line(tmp_path):
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert not os.path.exists(tmp_path / "x")  # nothing started, nothing written
+
+
+def _stderr_has(path, text: str) -> bool:
+    try:
+        return text in path.read_text()
+    except OSError:
+        return False
+
+
+def _processes_named(run_dir: str, name: str) -> bool:
+    try:
+        with open(os.path.join(run_dir, "processes.jsonl")) as f:
+            return any(json.loads(line).get("name") == name for line in f if line.strip())
+    except (OSError, ValueError):
+        return False
+
+
+# moments in the first seconds, each by what has happened, not by a delay: the `omnitrace
+# run` child just started (importing), its agent up (run.json: the server command starting
+# and importing), the server's API process known to the agent (stages being spawned)
+EARLY = {
+    "run-starting": lambda d, err: _stderr_has(err, "omnitrace loadtest: starting"),
+    "agent-up": lambda d, err: os.path.exists(os.path.join(d, "run.json")),
+    "server-starting": lambda d, err: _processes_named(d, "api"),
+}
+
+
+@pytest.mark.parametrize("moment", list(EARLY))
+def test_loadtest_ctrl_c_in_the_first_seconds(tmp_path, moment):
+    """Issue 25 item 6: Ctrl-C while the children start and import: no traceback from any
+    of them, exit 130, and a run.json (if the run got that far) that says interrupted,
+    written by an agent that is gone when the prompt returns."""
+    d = str(tmp_path / "lt")
+    err_path = tmp_path / "err"
+    with open(err_path, "w") as err_f:
+        proc = subprocess.Popen([sys.executable, "-m", "omnitrace", "loadtest", "--run-dir", d,
+                                 *SMALL], stdout=subprocess.DEVNULL, stderr=err_f, env=_env(),
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not EARLY[moment](d, err_path):
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
+                time.sleep(0.01)
+            os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole group
+            proc.wait(timeout=180)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    err = err_path.read_text()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "Fatal Python error" not in err, err[-3000:]
+    assert "interrupted" in err
+    run_json = os.path.join(d, "run.json")
+    if moment != "run-starting" or os.path.exists(run_json):
+        run = json.load(open(run_json))
+        assert run["status"] == "interrupted", run
+        assert not os.path.exists(f"/proc/{run['agent_pid']}"), "the agent outlived the prompt"

@@ -108,6 +108,7 @@ class Agent:
         self._oldest_pending = 0.0
         self.final_s = 0.0
         self.views_failed = ""  # why the live views were switched off, if they were
+        self.end_status = "complete"  # run.json's at the end; `omnitrace run` may say otherwise
         self.max_rss = 0
         self._last_export_counts: dict[tuple[str, str], int] = {}
         self._drain_thread = threading.Thread(target=self._drain_loop, name="omnitrace-drain",
@@ -498,12 +499,14 @@ class Agent:
 
 def _watch_stdin(agent: Agent) -> None:
     for line in sys.stdin:
-        parts = line.split()
+        parts = line.split()  # "exit RC [STATUS]": STATUS e.g. "interrupted" (Ctrl-C)
         if parts[:1] == ["exit"]:
             try:
                 agent.exit_code = int(parts[1])
             except (IndexError, ValueError):
                 pass
+            if parts[2:3] == ["interrupted"]:
+                agent.end_status = "interrupted"
             break
     agent.stop.set()
 
@@ -527,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         agent.run()
     finally:
-        agent.finish("complete")
+        agent.finish(agent.end_status)
     return 0
 
 

@@ -25,6 +25,7 @@ import time
 
 import orjson
 
+from omnitrace import childproc
 from omnitrace import conventions as cv
 from omnitrace.childproc import python_module
 from omnitrace.agent.config import EXPORTERS, AgentConfig
@@ -286,9 +287,24 @@ def main(argv: list[str] | None = None) -> int:
     if ns.overwrite:
         _clear_run(cfg.run_dir)
 
+    sigs = _Signals()  # from here a Ctrl-C is remembered and forwarded, never a traceback
+    try:
+        return _run_with_agent(cfg, lock, ns, full_cmd, extra_env, flame, sigs)
+    finally:
+        sigs.restore()
+
+
+def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cmd: list[str],
+                    extra_env: dict[str, str], flame, sigs: "_Signals") -> int:
+    from omnitrace.profile import flags as flame_flags
     agent = _start_agent(cfg, lock)
     if agent is None:
         return 2
+    if sigs.got:  # Ctrl-C while the agent started: the command never starts
+        _stop_agent(agent, 128 + sigs.got[0], cfg, sigs.status())
+        print(f"omnitrace run: interrupted before the command started; {cfg.run_dir} holds "
+              "an empty run", file=sys.stderr)
+        return 128 + sigs.got[0]
     print(f"omnitrace run: run {cfg.run_id} -> {cfg.run_dir}", file=sys.stderr)
     env = dict(os.environ)
     env.update(extra_env)
@@ -306,32 +322,28 @@ def main(argv: list[str] | None = None) -> int:
                                            [p for p in env.get(ENV_PATCHES, "").split(os.pathsep) if p])
     env.update(plugin_env(env))
 
+    # our own server takes a Ctrl-C once its handlers are in (childproc.start); anything
+    # else gets it as from the terminal
+    ours = childproc.module_of(full_cmd) == "omnitrace.runtime.serve"
     try:  # --flame: the profile runner starts the command under py-spy
-        child = subprocess.Popen(flame_flags.wrap(flame, full_cmd), env=env)
+        popen = childproc.start if ours and flame is None else subprocess.Popen
+        child = popen(flame_flags.wrap(flame, full_cmd), env=env)
     except OSError as exc:
         print(f"omnitrace run: {full_cmd[0]}: {exc.strerror}", file=sys.stderr)
         rc = 127 if isinstance(exc, FileNotFoundError) else 126
         _stop_agent(agent, rc, cfg)
         return rc
-
-    def forward(signum: int, _frame: object) -> None:
-        try:
-            child.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        rc = child.wait()
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    sigs.attach(child)
+    rc = child.wait()
     if rc < 0:
         rc = 128 - rc  # killed by a signal: report it the way a shell does
-    _stop_agent(agent, rc, cfg)
+    _stop_agent(agent, rc, cfg, sigs.status())
     _sweep_leftovers(cfg.run_dir)
     flame_flags.finish(flame)  # profiles/: after the agent's last drain (it names the processes)
-    if rc == 0:
+    if sigs.status() == "interrupted":
+        print(f"omnitrace run: interrupted; what was recorded is in {cfg.run_dir} "
+              f"(`omnitrace report {cfg.run_dir}`)", file=sys.stderr)
+    elif rc == 0:
         print(f"omnitrace run: done; see `omnitrace report {cfg.run_dir}`", file=sys.stderr)
     else:
         print(f"omnitrace run: the command failed (exit status {rc}); what it recorded is in "
@@ -349,14 +361,53 @@ def _sweep_leftovers(run_dir: str) -> None:
               file=sys.stderr)
 
 
+class _Signals:
+    """SIGINT, SIGTERM and SIGHUP for `omnitrace run` once its agent may start: remembered
+    (a signal before the command runs means it never starts) and forwarded to the command
+    once it runs, whose exit then ends the run as usual."""
+
+    KINDS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.got: list[int] = []
+        self.child: subprocess.Popen | None = None
+        self.old = {s: signal.signal(s, self._handle) for s in self.KINDS}
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.got.append(signum)
+        self._send(signum)
+
+    def _send(self, signum: int) -> None:
+        try:
+            if self.child is not None:
+                self.child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    def attach(self, child: subprocess.Popen) -> None:
+        """Forward from now on, and what came while the command was being started."""
+        self.child = child
+        for signum in list(self.got):
+            self._send(signum)
+
+    def status(self) -> str | None:
+        """run.json's status for a run ended by Ctrl-C (else the agent's own)."""
+        return "interrupted" if signal.SIGINT in self.got else None
+
+    def restore(self) -> None:
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+
 def _stop_agent(agent: subprocess.Popen, rc: int, cfg: AgentConfig | None = None,
-                stall_s: float = 90.0) -> None:
-    """Tell the agent to finish and wait for it: its final drain, at most a few seconds
-    of live views, and its exporters' final flush (bounded by --otlp-timeout). The limit
-    is on *no progress* (agent.json unchanged for ``stall_s``), after which it is killed."""
+                status: str | None = None, stall_s: float = 90.0) -> None:
+    """Tell the agent to finish (with run.json's ``status`` if not "complete") and wait
+    for it: its final drain, at most a few seconds of live views, and its exporters'
+    final flush (bounded by --otlp-timeout). The limit is on *no progress* (agent.json
+    unchanged for ``stall_s``), after which it is killed."""
     try:
         assert agent.stdin is not None
-        agent.stdin.write(f"exit {rc}\n".encode())
+        agent.stdin.write(f"exit {rc}{' ' + status if status else ''}\n".encode())
         agent.stdin.close()
     except (BrokenPipeError, OSError):
         pass
