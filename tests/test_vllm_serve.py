@@ -98,13 +98,13 @@ def _leftovers(pids: set[int]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def loadtest032(tmp_path_factory) -> dict:
-    """``omnitrace loadtest --model DIR --flame`` on 0.32.0rc1, from nothing to the report."""
+    """``omnitrace loadtest --model DIR`` on 0.32.0rc1, from nothing to the report."""
     venv = _venv(".venv-vllm-032")
     run_dir = tmp_path_factory.mktemp("real032") / "run"
     watcher = ShmWatcher()
     try:
         lt = _ot(venv, "loadtest", "--model", str(venv / "tiny-qwen3-omni" / "model"),
-                 "--serve", " ".join(_serve_args(venv)), "--run-dir", str(run_dir), "--flame", *LOAD,
+                 "--serve", " ".join(_serve_args(venv)), "--run-dir", str(run_dir), *LOAD,
                  timeout=1500)
     finally:
         watcher.stop()
@@ -116,12 +116,18 @@ def loadtest032(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def served030(tmp_path_factory) -> dict:
-    """0.30.0 under ``omnitrace run serve MODEL``: the same load by ``omnitrace bench``, then
-    vLLM-Omni's own client, then SIGTERM (the server's own shutdown)."""
+    """0.30.0 under ``omnitrace run --flame serve MODEL``: the same load by ``omnitrace
+    bench``, then vLLM-Omni's own client, then a stage killed mid-load, then SIGTERM (the
+    server's own shutdown). Sampled at 100 Hz: 0.30's snapshot (a recursive copy of the
+    request) takes ~0.1-1 ms a call, a few dozen samples over the load."""
     venv = _venv(".venv-vllm")
-    run_dir = tmp_path_factory.mktemp("real030") / "run"
-    port = _free_port()
-    server = subprocess.Popen([str(venv / "bin" / "omnitrace"), "run", "--run-dir", str(run_dir), "serve",
+    tmp = tmp_path_factory.mktemp("real030")
+    run_dir = tmp / "run"
+    port, mport, pport = _free_port(), _free_port(), _free_port()
+    prom = _prometheus(tmp, {"omnitrace": mport, "vllm-omni": port}, pport)
+    server = subprocess.Popen([str(venv / "bin" / "omnitrace"), "run", "--run-dir", str(run_dir), "--flame",
+                               "--flame-rate", "100", "--exporter", "prometheus", "--prometheus-port", str(mport),
+                               "serve",
                                str(venv / "tiny-qwen3-omni" / "model"), "--port", str(port),
                                *_serve_args(venv)],
                               env=_env(venv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -131,6 +137,7 @@ def served030(tmp_path_factory) -> dict:
         bench = _ot(venv, "bench", "--base-url", url, "--model", MODEL_NAME, *LOAD, "--out",
                     str(run_dir / "bench.json"), timeout=900)
         assert bench.returncode == 0, bench.stderr[-3000:]
+        panels = _dashboard_answers(pport)
         client = subprocess.run([str(venv / "bin" / "python"), str(ROOT / "tests" / "vllm_omni_client.py"),
                                  url, MODEL_NAME, "8", "4", "vbc-"], env=_env(venv), text=True,
                                 capture_output=True, timeout=600)
@@ -143,10 +150,54 @@ def served030(tmp_path_factory) -> dict:
         except subprocess.TimeoutExpired:
             server.kill()
             out, _ = server.communicate()
+        prom.terminate()
+        prom.wait(30)
     assert server.returncode == 0, out[-5000:]
-    return {"venv": venv, "run_dir": run_dir, "output": out, "killed": killed,
+    return {"venv": venv, "run_dir": run_dir, "output": out, "killed": killed, "panels": panels,
             "client": [json.loads(x) for x in client.stdout.splitlines() if x.startswith("{")],
             "report": _report(venv, run_dir)}
+
+
+def _prometheus(tmp: Path, jobs: dict[str, int], pport: int) -> subprocess.Popen:
+    """A real Prometheus scraping omnitrace's agent and the vLLM-Omni API server."""
+    prom = shutil.which("prometheus")
+    if prom is None:
+        pytest.fail("prometheus is not installed (scripts/test.sh installs it: apt-get install prometheus)")
+    cfg = "global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n" + "".join(
+        f"  - job_name: {job}\n    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
+        for job, port in jobs.items())
+    (tmp / "prometheus.yml").write_text(cfg)
+    return subprocess.Popen([prom, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{pport}", "--log.level=warn"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _dashboard_answers(pport: int, timeout_s: float = 90) -> dict[str, list[str]]:
+    """Every Prometheus query of the dashboards, as Grafana sends it, right after the load:
+    panel -> the queries that returned no number."""
+    import math
+    import urllib.parse
+
+    from dashboard_util import prometheus_queries
+
+    def answered(expr: str) -> bool:
+        url = f"http://127.0.0.1:{pport}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                res = json.loads(r.read())["data"]["result"]
+        except (OSError, KeyError, ValueError):
+            return False
+        return any(math.isfinite(float(x["value"][1])) for x in res)
+
+    todo = {(q.panel, q.ref): q for q in prometheus_queries()}
+    deadline = time.monotonic() + timeout_s
+    while todo and time.monotonic() < deadline:
+        todo = {k: q for k, q in todo.items() if not answered(q.expr)}
+        time.sleep(2)
+    out: dict[str, list[str]] = {}
+    for (panel, ref), q in todo.items():
+        out.setdefault(panel, []).append(f"[{ref}] {q.expr}" + (" (vLLM-Omni row)" if q.vllm_omni_only else ""))
+    return out
 
 
 def _kill_stage_mid_load(venv: Path, url: str, out: Path, proc_name: str) -> int:
@@ -267,13 +318,13 @@ def test_counts_equal_what_the_server_did(loadtest032) -> None:
     assert keys == seg_keys
 
 
-def test_flame_profiles_per_real_stage_process(loadtest032) -> None:
-    prof = loadtest032["run_dir"] / "profiles"
+def test_flame_profiles_per_real_stage_process(served030) -> None:
+    prof = served030["run_dir"] / "profiles"
     names = sorted(p.name for p in prof.glob("*.speedscope.json"))
     for stage in ("thinker", "talker", "code2wav"):
         assert any(stage in n for n in names), names
-    venv = loadtest032["venv"]
-    fl = _ot(venv, "flame", str(loadtest032["run_dir"]), "--stage", "thinker", "--category", "snapshot",
+    venv = served030["venv"]
+    fl = _ot(venv, "flame", str(served030["run_dir"]), "--stage", "thinker", "--category", "snapshot",
              "--json", timeout=300)
     assert fl.returncode == 0, fl.stderr[-2000:]
     sel = json.loads(fl.stdout)
@@ -342,3 +393,11 @@ def test_stage_death_named_counted_and_cleaned_up(served030, tmp_path) -> None:
     pids = {int(r["pid"]) for r in agent["rings"]} | {served030["killed"]}
     assert _leftovers(pids) == []
     assert any(w.endswith(f"_{served030['killed']}") for w in run["shm_leftovers"]["wake_dirs"]), run
+
+
+def test_dashboards_answer_on_the_real_server(served030) -> None:
+    """A real Prometheus scraping the agent and the vLLM-Omni server under load: every
+    panel of the vLLM-Omni row (vllm:*, vllm_omni:*) and every omnitrace panel returns
+    data, except the ones listed here with the reason they cannot on this load."""
+    empty = served030["panels"]
+    assert not empty, "panels without data:\n" + "\n".join(f"{p}: {q}" for p, qs in empty.items() for q in qs)

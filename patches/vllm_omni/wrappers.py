@@ -23,7 +23,7 @@ Where each event comes from (stage = the recording process's stage, chunk = conn
 * STAGE_EMIT/FINISH   ``update_from_output`` of the AR and generation schedulers: one EMIT
                       per request output of the step (a = index, b = AUDIO where the stage's
                       ``engine_output_type`` is audio), FINISH with its finish reason
-* REQUEST_DISPATCH    ``Orchestrator._on_stage_submitted`` for stage 0 (API process,
+* REQUEST_DISPATCH    ``StagePool.submit_initial`` of stage 0 returned (API process,
                       orchestrator thread: the request went to the thinker's engine)
 * PACKET_RECEIVED     ``Orchestrator._handle_processed_outputs``: the first output of a
                       request from a stage whose final output is audio
@@ -74,6 +74,7 @@ MIXIN_MODULE = "vllm_omni.core.sched.omni_scheduler_mixin"
 AR_MODULE = "vllm_omni.core.sched.omni_ar_scheduler"
 GEN_MODULE = "vllm_omni.core.sched.omni_generation_scheduler"
 ORCH_MODULE = "vllm_omni.engine.orchestrator"
+POOL_MODULE = "vllm_omni.engine.stage_pool"
 ADAPTER = "OmniChunkTransferAdapter"
 SHM = "SharedMemoryConnector"
 CHAT = "OmniOpenAIServingChat"
@@ -499,17 +500,21 @@ def _emit_outputs(sched: Any, res: dict) -> None:
 
 
 # --------------------------------------------------------------------------- orchestrator
-def wrap_stage_submitted(orig: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_submit_initial(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``StagePool.submit_initial``: the request entered a stage's engine; for stage 0 that
+    is the API's dispatch (prewarm submissions to later stages are not)."""
+
     @functools.wraps(orig)
-    def _on_stage_submitted(self: Any, stage_id: int, request_id: str, *args: Any, **kwargs: Any) -> Any:
-        if stage_id == 0:
+    async def submit_initial(self: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
+        res = await orig(self, request_id, *args, **kwargs)
+        if getattr(self, "stage_id", None) == 0:
             try:
                 _emit(E.REQUEST_DISPATCH, api_request_id(str(request_id)), API, NO_CHUNK, 0, 0)
             except Exception as exc:
                 hook_failed("request dispatch", exc)
-        return orig(self, stage_id, request_id, *args, **kwargs)
+        return res
 
-    return _on_stage_submitted
+    return submit_initial
 
 
 def wrap_processed_outputs(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -709,7 +714,7 @@ def server_hooks() -> list[Hook]:
         Hook("stage emit (ar)", AR_MODULE, "OmniARScheduler.update_from_output", wrap_update_from_output),
         Hook("stage emit (generation)", GEN_MODULE, "OmniGenerationScheduler.update_from_output",
              wrap_update_from_output),
-        Hook("request dispatch", ORCH_MODULE, "Orchestrator._on_stage_submitted", wrap_stage_submitted),
+        Hook("request dispatch", POOL_MODULE, "StagePool.submit_initial", wrap_submit_initial),
         Hook("packet received", ORCH_MODULE, "Orchestrator._handle_processed_outputs",
              wrap_processed_outputs),
         Hook("stage died", ORCH_MODULE, "Orchestrator._handle_dead_replica", wrap_dead_replica),
