@@ -125,15 +125,16 @@ def served030(tmp_path_factory) -> dict:
     run_dir = tmp / "run"
     port, mport, pport = _free_port(), _free_port(), _free_port()
     prom = _prometheus(tmp, {"omnitrace": mport, "vllm-omni": port}, pport)
+    log = open(tmp / "server.log", "wb")  # noqa: SIM115 (closed below)
     server = subprocess.Popen([str(venv / "bin" / "omnitrace"), "run", "--run-dir", str(run_dir), "--flame",
                                "--flame-rate", "100", "--exporter", "prometheus", "--prometheus-port", str(mport),
                                "serve",
                                str(venv / "tiny-qwen3-omni" / "model"), "--port", str(port),
                                *_serve_args(venv)],
-                              env=_env(venv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              env=_env(venv), stdout=log, stderr=subprocess.STDOUT)  # a pipe nobody reads would fill
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, server, 1200)
+        _wait_healthy(url, server, 1200, tmp / "server.log")
         bench = _ot(venv, "bench", "--base-url", url, "--model", MODEL_NAME, *LOAD, "--out",
                     str(run_dir / "bench.json"), timeout=900)
         assert bench.returncode == 0, bench.stderr[-3000:]
@@ -146,12 +147,14 @@ def served030(tmp_path_factory) -> dict:
     finally:
         server.send_signal(signal.SIGTERM)
         try:
-            out, _ = server.communicate(timeout=180)
+            server.wait(timeout=180)
         except subprocess.TimeoutExpired:
             server.kill()
-            out, _ = server.communicate()
+            server.wait()
+        log.close()
         prom.terminate()
         prom.wait(30)
+    out = (tmp / "server.log").read_text(errors="replace")
     assert server.returncode == 0, out[-5000:]
     return {"venv": venv, "run_dir": run_dir, "output": out, "killed": killed, "panels": panels,
             "client": [json.loads(x) for x in client.stdout.splitlines() if x.startswith("{")],
@@ -229,11 +232,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, log: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"the server exited ({proc.returncode}): {proc.stdout.read()[-3000:]}")
+            pytest.fail(f"the server exited ({proc.returncode}): {log.read_text(errors='replace')[-3000:]}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
                 if r.status == 200:
