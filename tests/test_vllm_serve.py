@@ -63,9 +63,9 @@ def _ot(venv: Path, *args: str, **kw) -> subprocess.CompletedProcess:
                           capture_output=True, **kw)
 
 
-def _report(venv: Path, run_dir: Path, *extra: str) -> dict:
+def _report(venv: Path, run_dir: Path, *extra: str, ok: tuple[int, ...] = (0,)) -> dict:
     rep = _ot(venv, "report", str(run_dir), "--json", *extra, timeout=300)
-    assert rep.returncode == 0, rep.stderr[-3000:]
+    assert rep.returncode in ok, rep.stderr[-3000:]
     return json.loads(rep.stdout)
 
 
@@ -336,9 +336,14 @@ def test_flame_profiles_per_real_stage_process(served030) -> None:
 
 
 def test_nothing_left_in_dev_shm(loadtest032) -> None:
+    """0.32 leaves one wake directory per stage even on a clean shutdown: removed after
+    the run, listed in run.json (the report says so)."""
     agent = json.loads((loadtest032["run_dir"] / "agent.json").read_text())
-    pids = {int(r["pid"]) for r in agent["rings"]}
-    assert _leftovers(pids) == []
+    pids = {int(r["pid"]) for r in agent["rings"] if r["role"] == "stage"}
+    assert _leftovers(pids | {int(r["pid"]) for r in agent["rings"]}) == []
+    run = json.loads((loadtest032["run_dir"] / "run.json").read_text())
+    assert sorted(int(w.rsplit("_", 1)[1]) for w in run["shm_leftovers"]["wake_dirs"]) == sorted(pids)
+    assert "stale vLLM-Omni wake director" in " ".join(loadtest032["report"]["warnings"])
 
 
 # --------------------------------------------------------------------------- 0.30
@@ -387,7 +392,7 @@ def test_stage_death_named_counted_and_cleaned_up(served030, tmp_path) -> None:
     for n in ("run.json", "agent.json", "events"):
         (shutil.copytree if (d / n).is_dir() else shutil.copy)(d / n, view / n)
     shutil.copy(d / "bench-death.json", view / "bench.json")
-    rep = _report(served030["venv"], view)
+    rep = _report(served030["venv"], view, ok=(0, 3))  # 3: no measured request attributed
     assert rep["window"]["failed"] >= len(failed_client), rep["window"]
     text = json.dumps(rep["warnings"]) + json.dumps(rep["failures"])
     assert "talker" in text.lower() or "stage 1" in text.lower(), text[-2000:]
@@ -395,12 +400,16 @@ def test_stage_death_named_counted_and_cleaned_up(served030, tmp_path) -> None:
     agent = json.loads((d / "agent.json").read_text())
     pids = {int(r["pid"]) for r in agent["rings"]} | {served030["killed"]}
     assert _leftovers(pids) == []
-    assert any(w.endswith(f"_{served030['killed']}") for w in run["shm_leftovers"]["wake_dirs"]), run
+    # what the dead talker wrote and nobody read was removed after the run, and listed
+    left = run["shm_leftovers"]["chunk_segments"]
+    assert left and all("_0_" in n for n in left), run["shm_leftovers"]
 
 
 def test_dashboards_answer_on_the_real_server(served030) -> None:
     """A real Prometheus scraping the agent and the vLLM-Omni server under load: every
     panel of the vLLM-Omni row (vllm:*, vllm_omni:*) and every omnitrace panel returns
     data, except the ones listed here with the reason they cannot on this load."""
-    empty = served030["panels"]
+    # a live span exporter's panel: this run exports to Prometheus only
+    not_here = {"Spans per second by exporter and outcome"}
+    empty = {p: qs for p, qs in served030["panels"].items() if p not in not_here}
     assert not empty, "panels without data:\n" + "\n".join(f"{p}: {q}" for p, qs in empty.items() for q in qs)

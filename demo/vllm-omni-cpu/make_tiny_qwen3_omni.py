@@ -153,7 +153,9 @@ connectors:
 stages:
   - stage_id: 0
     max_model_len: 4096
-    max_num_batched_tokens: 4096
+    # a step takes every waiting prompt whole (16 x 4096 tokens): no chunked prefill, so
+    # a request's thinker steps (and save_async calls) are its output tokens
+    max_num_batched_tokens: 65536
     max_num_seqs: 32
     kv_cache_memory_bytes: 134217728
     moe_backend: auto
@@ -167,7 +169,7 @@ stages:
 
   - stage_id: 1
     max_model_len: 4096
-    max_num_batched_tokens: 4096
+    max_num_batched_tokens: 65536
     max_num_seqs: 32
     kv_cache_memory_bytes: 134217728
     moe_backend: auto
