@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from omnitrace.bench.serve_and_bench import free_port
 from shm_watcher import ShmWatcher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,7 +124,7 @@ def served030(tmp_path_factory) -> dict:
     venv = _venv(".venv-vllm")
     tmp = tmp_path_factory.mktemp("real030")
     run_dir = tmp / "run"
-    port, mport, pport = _free_port(), _free_port(), _free_port()
+    port, mport, pport = free_port(), free_port(), free_port()
     prom = _prometheus(tmp, {"omnitrace": mport, "vllm-omni": port}, pport)
     log = open(tmp / "server.log", "wb")  # noqa: SIM115 (closed below)
     server = subprocess.Popen([str(venv / "bin" / "omnitrace"), "run", "--run-dir", str(run_dir), "--flame",
@@ -225,26 +226,11 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the server exited ({proc.returncode}): {log.read_text(errors='replace')[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"the server did not answer {url}/health in {timeout_s} s")
+    from omnitrace.bench.serve_and_bench import wait_healthy
+    why = wait_healthy(url, proc, timeout_s)
+    if why:
+        pytest.fail(f"{why}: {log.read_text(errors='replace')[-3000:]}")
 
 
 # --------------------------------------------------------------------------- 0.32: loadtest

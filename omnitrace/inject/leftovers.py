@@ -15,18 +15,10 @@ from __future__ import annotations
 import os
 import shutil
 
+from omnitrace.agent.collect import pid_alive as _alive
+
 SHM_DIR = "/dev/shm"
 WAKE_PREFIX = "omni_shm_wake_"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _wake_pid(name: str) -> int | None:
