@@ -319,7 +319,7 @@ def test_flame_profiles_per_real_stage_process(served030) -> None:
         assert any(stage in n for n in names), names
     venv = served030["venv"]
     fl = _ot(venv, "flame", str(served030["run_dir"]), "--stage", "thinker", "--category", "snapshot",
-             "--json", timeout=300)
+             "-o", str(served030["run_dir"] / "flame-thinker-snapshot"), "--json", timeout=300)
     assert fl.returncode == 0, fl.stderr[-2000:]
     sel = json.loads(fl.stdout)
     assert sel["samples"] > 0, sel
