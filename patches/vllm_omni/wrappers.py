@@ -113,6 +113,13 @@ def api_request_id(engine_id: str) -> str:
     return hit
 
 
+def _chunk_key(key: str) -> tuple[str, int, int]:
+    """A connector key ``{engine id}_{producer stage}_{chunk}`` (ids may hold ``_``) as
+    (request id, producer stage, chunk)."""
+    eid, src, chunk = key.rsplit("_", 2)
+    return api_request_id(eid), int(src), int(chunk)
+
+
 def chat_request_id(api_id: str) -> str:
     """The chat route's ``chatcmpl-<X-Request-Id>`` as the client named it."""
     return api_id[len(CHAT_PREFIX):] if api_id.startswith(CHAT_PREFIX) and len(api_id) > len(CHAT_PREFIX) else api_id
@@ -285,14 +292,13 @@ def wrap_put(orig: Callable[..., Any]) -> Callable[..., Any]:
         res = orig(self, from_stage, to_stage, put_key, data, *args, **kwargs)
         t1 = _now()
         try:
-            eid, _, chunk = put_key.rsplit("_", 2)
-            ext = api_request_id(eid)
             size = int(res[1]) if res and res[0] else 0
             cur = getattr(_tls, "task", None)
-            if cur is not None:  # inside an adapter task: written with the task, in order
-                cur[2] = (t0, t1, size, int(chunk), int(to_stage))
+            if cur is not None:  # inside an adapter task: written with the task (its id), in order
+                cur[2] = (t0, t1, size, int(put_key.rsplit("_", 1)[1]), int(to_stage))
             else:
-                stage, peer, c = int(from_stage), int(to_stage), int(chunk)
+                ext, _, c = _chunk_key(put_key)
+                stage, peer = int(from_stage), int(to_stage)
                 _emit(E.PUT_BEGIN, ext, stage, c, 0, peer, t0)
                 _emit(E.PUT_END, ext, stage, c, size, peer, t1)
         except Exception as exc:
@@ -311,9 +317,8 @@ def wrap_get(orig: Callable[..., Any]) -> Callable[..., Any]:
             return res
         t1 = _now()
         try:
-            eid, src, chunk = get_key.rsplit("_", 2)
-            ext = api_request_id(eid)
-            stage, c, peer = int(to_stage), int(chunk), int(src)
+            ext, peer, c = _chunk_key(get_key)
+            stage = int(to_stage)
             size = int(res[1]) if isinstance(res, tuple) and len(res) > 1 else 0
             _emit(E.GET_BEGIN, ext, stage, c, 0, peer, t0)
             _emit(E.GET_END, ext, stage, c, size, peer, t1)
@@ -333,7 +338,7 @@ def wrap_commit(orig: Callable[..., bool]) -> Callable[..., bool]:
             try:
                 stage = int(kwargs["stage_id"])
                 chunk = int(kwargs["chunk_id"])
-                ext = api_request_id(kwargs["connector_get_key"].rsplit("_", 2)[0])
+                ext = _chunk_key(kwargs["connector_get_key"])[0]
                 _emit(E.CHUNK_READY, ext, stage, chunk, 0, stage - 1)
                 ready = getattr(self, "_ot_ready", None)
                 if ready is not None:
