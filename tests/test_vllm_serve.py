@@ -360,7 +360,7 @@ def test_snapshot_fix_030_to_032_named_by_compare(served030, loadtest032) -> Non
     snapshot per call falls >= 5x in omnitrace's spans, and compare names it."""
     def per_call(rep: dict) -> float:
         row = next(r for r in rep["snapshot"] if r["stage_id"] == 0)
-        return row["mean_us"]
+        return row["p50_us"]  # the mean carries a loaded machine's outliers (0.30: 3412 vs p50 533 us)
 
     old, new = per_call(served030["report"]), per_call(loadtest032["report"])
     assert old >= 5 * new, (old, new)
