@@ -256,7 +256,9 @@ def test_report_with_a_forked_walk_equals_the_report_in_one_process(real_run, mo
     assert walked >= 10 and one["head_of_line"] and one["waterfalls"]
     assert forked == one
     asked = report.build_report(run, waterfalls=2, waterfall_ids=[last], per_request_segments=False)
-    assert [w["id"] for w in asked["waterfalls"]][-1] == last and asked == one_asked
+    # the asked id is drawn (last, or among the slowest when it is one of them: which
+    # requests are slowest depends on the run's timing)
+    assert last in [w["id"] for w in asked["waterfalls"]] and asked == one_asked
 
 
 def test_report_without_every_rows_path_differs_only_in_those_paths(real_run):
