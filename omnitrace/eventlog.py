@@ -15,6 +15,10 @@ u32)`` and ``length`` payload bytes:
 * ``RECORDS`` (2) ring slots exactly as in the ring (``omnitrace.record`` layout, STRING
   records included), decoded by ``record.SlotDecoder``, the one decoder of that layout.
 * ``DIED``    (3) no payload: the ring's writer process is gone; its last records precede it.
+* ``ACCOUNT`` (6) JSON ``{events_written, dropped, events_read}``: ring ``ring``'s final
+  counts, from its header once the agent read it for the last time (writer gone, or the
+  agent's final drain): what the report's accounting identity starts from. Written even
+  past ``max_bytes`` (one small block per ring).
 
 Why hand-made blocks in zstd rather than a columnar file format: the drain thread must
 copy slots at memcpy speed without decoding them, and a reader must recover everything
@@ -42,7 +46,7 @@ import zstandard
 from omnitrace import record, rowops
 
 BLOCK = struct.Struct("<B3xII")
-RING, RECORDS, DIED, STRINGS, HEADER = 1, 2, 3, 4, 5
+RING, RECORDS, DIED, STRINGS, HEADER, ACCOUNT = 1, 2, 3, 4, 5, 6
 DIR = "events"
 SEGMENT_RAW_BYTES = 64 << 20  # ~2M slots; compresses to a few MB
 ZSTD_LEVEL = 3  # ~5x on event records at hundreds of MB/s: the drain thread's budget
@@ -70,8 +74,17 @@ def segments(run_dir: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- writer
+RETRY_S = 5.0  # after a write error (disk full), how often a fresh segment is tried
+
+
 class EventLogWriter:
-    """Appends blocks to the current segment; used by the agent's drain thread only."""
+    """Appends blocks to the current segment; used by the agent's drain thread only.
+
+    A write error (disk full, I/O error) never leaves a half-written block behind: the
+    segment is cut back to its last whole flush and closed, the events of that commit and
+    of every later one are counted in ``events_not_recorded`` (``failed`` says why), and
+    every ``RETRY_S`` a fresh segment is tried; recording resumes when one can be written.
+    Ring, death and account blocks wait for it (they are what the report counts with)."""
 
     def __init__(self, run_dir: str, run_id: str, offset_ns: int, max_bytes: int | None = None,
                  segment_raw_bytes: int = SEGMENT_RAW_BYTES) -> None:
@@ -84,20 +97,28 @@ class EventLogWriter:
         self._obj = None
         self.segment = -1
         self._seg_raw = 0
+        self._seg_bytes = 0  # the open segment's size on disk (a failed write is cut back to it)
         self._buf: list[bytes] = []
+        self._meta: list[bytes] = []  # this commit's non-record blocks (kept if it fails)
+        self._buf_events = 0
         self.rings: dict[int, bytes] = {}  # ring -> its RING payload (repeated per segment)
         self.raw_bytes = 0  # block bytes before compression
         self.bytes_written = 0  # compressed bytes on disk
         self.events_recorded = 0
-        self.events_not_recorded = 0  # after the cap: exact, counted by the decoder
+        self.events_not_recorded = 0  # cap or write error: exact, counted by the decoder
         self.capped = False
+        self.failed = ""  # the last write error while recording is off ("" = recording)
+        self.write_errors = 0
+        self.last_error = ""  # kept after recording resumed: why events were not recorded
+        self._retry_at = 0.0
+        self.final_only = False  # after a write error at the end: only the last blocks
 
     def _open_segment(self, tables: dict[int, dict[int, str]]) -> None:
         self.segment += 1
-        self._fd = os.open(segment_path(self.run_dir, self.segment),
-                           os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        path = segment_path(self.run_dir, self.segment)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         self._obj = self._zc.compressobj()
-        self._seg_raw = 0
+        self._seg_raw = self._seg_bytes = 0
         head = [self._block(HEADER, 0, orjson.dumps({
             "run_id": self.run_id, "segment": self.segment,
             "created_unix_ns": time.time_ns(), "offset_ns": self.offset_ns}))]
@@ -107,76 +128,149 @@ class EventLogWriter:
             if table:
                 head.append(self._block(STRINGS, idx, orjson.dumps(
                     {str(k): v for k, v in table.items()})))
-        self._write(b"".join(head))
+        try:
+            self._write(b"".join(head))
+        except OSError:  # not even its head fits: no empty segment is left behind
+            os.close(self._fd)
+            self._fd = -1
+            os.unlink(path)
+            self.segment -= 1
+            raise
 
     @staticmethod
     def _block(kind: int, idx: int, payload: bytes) -> bytes:
         return BLOCK.pack(kind, idx, len(payload)) + payload
 
+    def _meta_block(self, block: bytes) -> None:
+        self._buf.append(block)
+        self._meta.append(block)
+
     def ring(self, idx: int, info: dict) -> None:
         payload = orjson.dumps(info)
         self.rings[idx] = payload
-        self._buf.append(self._block(RING, idx, payload))
+        self._meta_block(self._block(RING, idx, payload))
 
     def records(self, idx: int, raw: bytes, events: int) -> None:
         """``raw`` slots of ring ``idx`` holding ``events`` event records."""
-        if self.capped:
+        if self.capped or self.failed:
             self.events_not_recorded += events
             return
         self._buf.append(BLOCK.pack(RECORDS, idx, len(raw)))
         self._buf.append(raw)
-        self.events_recorded += events
+        self._buf_events += events
 
     def died(self, idx: int) -> None:
-        self._buf.append(self._block(DIED, idx, b""))
+        self._meta_block(self._block(DIED, idx, b""))
+
+    def account(self, idx: int, counts: dict) -> None:
+        """Ring ``idx``'s final counts (``ACCOUNT``), after its last records."""
+        self._meta_block(self._block(ACCOUNT, idx, orjson.dumps(counts)))
 
     def _write(self, data: bytes) -> None:
         assert self._obj is not None
         out = self._obj.compress(data) + self._obj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
-        os.write(self._fd, out)
+        self._write_out(out)
         self._seg_raw += len(data)
         self.raw_bytes += len(data)
+
+    def _write_out(self, out: bytes) -> None:
+        """All of ``out`` or nothing: a partial write (disk full) is cut off again."""
+        view, done = memoryview(out), 0
+        try:
+            while done < len(out):
+                done += os.write(self._fd, view[done:])
+        except OSError:
+            if done:
+                os.ftruncate(self._fd, self._seg_bytes)
+            raise
+        self._seg_bytes += len(out)
         self.bytes_written += len(out)
 
-    def commit(self, tables: dict[int, dict[int, str]], can_rotate: bool = True) -> bool:
-        """Write this cycle's blocks; True if the cap was reached by this commit.
+    def commit(self, tables: dict[int, dict[int, str]], can_rotate: bool = True) -> str:
+        """Write this cycle's blocks. Returns what changed, for the agent to say once:
+        "capped" (``max_bytes`` reached), "failed" (a write error: ``failed`` says which),
+        "resumed" (a fresh segment took writes again), or "".
         ``tables`` and ``can_rotate`` describe the state right after these blocks: each
         ring's string table (the head of the next segment), and False while a string's
         bytes are cut between this cycle's read and the next (no segment may start there)."""
-        newly_capped = False
+        change = ""
         if self.max_bytes is not None and not self.capped and self.bytes_written >= self.max_bytes:
-            self.capped = newly_capped = True  # from the next records() on
+            self.capped = True  # from the next records() on
+            change = "capped"
+        if self.failed:
+            if self.final_only or not (can_rotate and time.monotonic() >= self._retry_at
+                                       and self._resume(tables)):
+                return change
+            change = "resumed"
         if not self._buf:
-            return newly_capped
-        if self._fd < 0:
-            self._open_segment({})  # the first segment's strings are in its records
-        data = b"".join(self._buf)
+            return change
+        try:
+            if self._fd < 0:
+                self._open_segment({})  # the first segment's strings are in its records
+            self._write(b"".join(self._buf))
+        except OSError as exc:
+            self._fail(exc)
+            return "failed"
+        self.events_recorded += self._buf_events
+        self._buf_events = 0
         self._buf.clear()
-        self._write(data)
+        self._meta.clear()
         if can_rotate and self._seg_raw >= self.segment_raw_bytes:
-            self._close_segment()
+            try:
+                self._close_segment()
+                self._open_segment(tables)
+            except OSError as exc:
+                self._fail(exc)
+                return "failed"
+        return change
+
+    def _fail(self, exc: OSError) -> None:
+        """Recording off after a write error; this commit's events are not recorded."""
+        self.failed = self.last_error = exc.strerror or str(exc)
+        self.write_errors += 1
+        self.events_not_recorded += self._buf_events
+        self._buf_events = 0
+        self._buf = list(self._meta)  # the ring/death/account blocks wait for a segment
+        self._retry_at = time.monotonic() + RETRY_S
+        if self._fd >= 0:
+            os.close(self._fd)  # the frame stays unfinished: a reader sees where it ends
+            self._fd = -1
+
+    def _resume(self, tables: dict[int, dict[int, str]]) -> bool:
+        try:
             self._open_segment(tables)
-        return newly_capped
+        except OSError as exc:
+            self.failed = exc.strerror or str(exc)
+            self._retry_at = time.monotonic() + RETRY_S
+            return False
+        self.failed = ""
+        return True
 
     def _close_segment(self) -> None:
         if self._fd >= 0:
             assert self._obj is not None
-            out = self._obj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
-            os.write(self._fd, out)
-            self.bytes_written += len(out)
+            self._write_out(self._obj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
             os.close(self._fd)
             self._fd = -1
 
     def close(self, tables: dict[int, dict[int, str]] | None = None) -> None:
-        if self._buf:
+        """Write what is left and finish the segment; after a write error, one last try at
+        a fresh segment for the ring, death and account blocks."""
+        if self.failed:
+            self._retry_at, self.final_only = 0.0, False
+        if self._buf or self.failed:
             self.commit(tables or {})
-        self._close_segment()
+        try:
+            self._close_segment()
+        except OSError as exc:
+            self._fail(exc)
 
     def counters(self) -> dict:
         return {"segments": self.segment + 1, "raw_bytes": self.raw_bytes,
                 "bytes_written": self.bytes_written, "events_recorded": self.events_recorded,
                 "events_not_recorded": self.events_not_recorded, "capped": self.capped,
-                "max_bytes": self.max_bytes}
+                "max_bytes": self.max_bytes, "write_error": self.failed,
+                "last_write_error": self.last_error, "write_errors": self.write_errors}
 
 
 # ----------------------------------------------------------------------------- reader
@@ -188,9 +282,12 @@ class EventLog:
     requests: record.RequestIds = field(default_factory=record.RequestIds)
     events: np.ndarray = field(default_factory=lambda: np.empty(0, EVENT_DTYPE))
     died: set[int] = field(default_factory=set)
+    accounts: dict[int, dict] = field(default_factory=dict)  # ring -> its ACCOUNT block
     offset_ns: int = 0
     segments: int = 0
     torn_records: int = 0
+    torn_segments: int = 0  # segments that end early (cut mid-frame): see the accounting
+    last_torn: bool = False  # the last one does (also what a live agent's open segment does)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -209,7 +306,7 @@ def _blocks(path: str, last: bool, log: EventLog) -> Iterator[tuple[int, int, me
 
     def header(buf: bytes | memoryview, off: int) -> tuple[int, int, int]:
         kind, idx, length = BLOCK.unpack_from(buf, off)
-        if kind not in (RING, RECORDS, DIED, STRINGS, HEADER):
+        if kind not in (RING, RECORDS, DIED, STRINGS, HEADER, ACCOUNT):
             raise EventLogError(f"{path}: corrupt event segment (block type {kind})")
         return kind, idx, length
 
@@ -251,9 +348,11 @@ def _blocks(path: str, last: bool, log: EventLog) -> Iterator[tuple[int, int, me
             log.torn_records += length // record.RECORD_SIZE - have
             yield kind, idx, view[BLOCK.size:BLOCK.size + have * record.RECORD_SIZE]
     if pending or not dobj.eof:
+        log.torn_segments += 1
+        log.last_torn = last
         where = "last segment" if last else "segment"
-        log.warnings.append(f"events/{name}: {where} is torn (agent killed mid-write?); "
-                            f"{log.torn_records} record(s) in its partial block lost")
+        log.warnings.append(f"events/{name}: {where} ends early (agent killed mid-write, disk "
+                            "full, or the file was cut): see the report's event accounting")
 
 
 def read_event_log(run_dir: str) -> EventLog | None:
@@ -328,6 +427,8 @@ def _segment_events(paths: list[str], log: EventLog) -> Iterator[np.ndarray]:
                 dec.load_table({int(k): v for k, v in obj.items()})
             elif kind == DIED:
                 log.died.add(idx)
+            elif kind == ACCOUNT:
+                log.accounts[idx] = obj
     yield _events_of(parts, log.offset_ns)
 
 

@@ -41,12 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def iter_spans(run_dir: str):
-    """Lists of :class:`omnitrace.otlp.OtlpSpan` for the whole run, feed by feed, and the
-    event log (for its counters) last."""
+def iter_spans(run_dir: str, seen: dict | None = None):
+    """Lists of :class:`omnitrace.otlp.OtlpSpan` for the whole run, feed by feed; the
+    decoded event log goes into ``seen["log"]`` (for its accounting)."""
     log = eventlog.read_event_log(run_dir)
     if log is None:
         raise eventlog.EventLogError(f"{run_dir}: no event log (events/) in this run directory")
+    if seen is not None:
+        seen["log"] = log
     run_id = _run_id(run_dir)
     builder = SpanBuilder(log.rings)
     builder.ring_changed()
@@ -73,6 +75,15 @@ def _run_id(run_dir: str) -> str:
     return str(rid or os.path.basename(os.path.normpath(run_dir)))
 
 
+def _say_accounting(run_dir: str, log: eventlog.EventLog) -> None:
+    """What the spans leave out: one line, only when not every event is in the record."""
+    from omnitrace.analyze import accounting
+    led = accounting.of_run_dir(run_dir, log)
+    if not accounting.complete(led):
+        print(f"omnitrace export: warning: the spans are built from part of the run: "
+              f"{accounting.headline(led)}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not os.path.isdir(args.run):
@@ -92,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
                                               max_queue_spans=1 << 62)
     out = None
     total = 0
+    seen: dict = {}
     try:
-        for run_id, spans in iter_spans(args.run):
+        for run_id, spans in iter_spans(args.run, seen):
             total += len(spans)
             if exporter is not None:
                 if resources is None:
@@ -112,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if out is not None and out is not sys.stdout.buffer:
             out.close()
+    _say_accounting(args.run, seen["log"])
     if exporter is not None:
         exporter.close(deadline_s=max(30.0, args.timeout * 3))
         c = exporter.counters()

@@ -14,11 +14,14 @@ Layout (little endian)::
 
     header (256 B): magic, version, record size, capacity, write cursor, read cursor,
                     dropped, anchor (perf_counter_ns, time_ns), pid, tid, stage, replica,
-                    role, thread name, process name
+                    string slots, role, thread name, process name
     records: capacity x 32 B = (t_ns q, a q, request u32, chunk i32, kind u16, stage i16, b i32)
 
 A full ring drops the *new* record and counts it (exact drop count; nothing is
-overwritten). Request ids are interned per ring: the first use writes a STRING record
+overwritten). The header's string-slot counter (bumped on the rare interning path only)
+makes the events a ring's hook sites wrote exact from its header alone, at any time and
+after any death: ``write cursor - string slots + dropped`` (the accounting identity's
+first term, ``events_written``). Request ids are interned per ring: the first use writes a STRING record
 (request = id number, a = byte length) followed by the raw bytes in the next slots.
 Recording is off (``emit`` is a no-op) unless ``OMNITRACE_RUN_ID`` is set.
 """
@@ -44,9 +47,10 @@ RECORD = struct.Struct("<qqIiHhi")
 RECORD_SIZE = RECORD.size  # 32
 assert RECORD_SIZE == 32
 _U64 = struct.Struct("<Q")
-_HEAD = struct.Struct("<8sII QQQQ qq qq ii I 4x 32s 32s 64s")  # see offsets below
+_HEAD = struct.Struct("<8sII QQQQ qq qq ii Q 32s 32s 64s")  # see offsets below
 OFF_WRITE, OFF_READ, OFF_DROPPED = 24, 32, 40
 OFF_STAGE = 80
+OFF_STRING_SLOTS = 88
 MAX_STRING = 255
 MAX_INTERNED = 1 << 12  # the id table is reset past this (re-interning a live id costs one
 # STRING record): bounds the writer's and the agent's per-ring tables to 4096 ids
@@ -139,7 +143,7 @@ class Ring:
     """The writer side of one thread's ring. Only its owning thread calls :meth:`record`."""
 
     __slots__ = ("pid", "tid", "name", "shm", "buf", "capacity", "_mask", "_w", "_free",
-                 "_dropped", "_ids", "_cur")
+                 "_dropped", "_ids", "_cur", "_string_slots")
 
     def __init__(self, run_id: str, info: ProcessInfo, capacity: int = DEFAULT_RECORDS,
                  thread_name: str | None = None) -> None:
@@ -156,6 +160,7 @@ class Ring:
         self._w = 0
         self._free = capacity
         self._dropped = 0
+        self._string_slots = 0
         self._ids: dict[str, int] = {}
         thread_name = thread_name or threading.current_thread().name
         mono = time.perf_counter_ns()
@@ -193,7 +198,9 @@ class Ring:
             buf[off:off + RECORD_SIZE] = raw[i * RECORD_SIZE:(i + 1) * RECORD_SIZE]
         self._w = w + slots
         self._free -= slots
-        _U64.pack_into(buf, OFF_WRITE, self._w)
+        self._string_slots += slots
+        _U64.pack_into(buf, OFF_STRING_SLOTS, self._string_slots)  # before the cursor: a
+        _U64.pack_into(buf, OFF_WRITE, self._w)  # reader never sees more slots than counted
         self._ids[req] = rid
         return rid
 
@@ -316,9 +323,20 @@ class RingHeader:
     tid: int
     stage: int
     replica: int
+    string_slots: int
     role: str
     thread: str
     process: str
+
+    @property
+    def events_published(self) -> int:
+        """Event records this ring's writer published (string slots are not events)."""
+        return self.write - self.string_slots
+
+    @property
+    def events_written(self) -> int:
+        """Events this ring's hook sites wrote: published plus dropped (ring full)."""
+        return self.events_published + self.dropped
 
     def to_wall_ns(self, mono_ns: int) -> int:
         return self.anchor_wall_ns + (mono_ns - self.anchor_mono_ns)
@@ -342,10 +360,10 @@ class RingReader:
         self._decoder: SlotDecoder | None = None
 
     def header(self) -> RingHeader:
-        (_, _, _, cap, write, read, dropped, amono, awall, pid, tid, stage, replica, _,
+        (_, _, _, cap, write, read, dropped, amono, awall, pid, tid, stage, replica, strs,
          role, thread, proc) = _HEAD.unpack_from(self.buf, 0)
         return RingHeader(self.name, cap, write, read, dropped, amono, awall, pid, tid,
-                          stage, replica, _text(role), _text(thread), _text(proc))
+                          stage, replica, strs, _text(role), _text(thread), _text(proc))
 
     def drain(self, max_records: int = 1 << 20) -> Iterator[tuple[int, str, int, int, int, int, int]]:
         """Yield (kind, request, stage, chunk, a, b, t_ns) for every new record."""

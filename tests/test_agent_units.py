@@ -223,7 +223,7 @@ def test_torn_last_segment_loses_only_its_torn_records(tmp_path):
     torn = eventlog.read_event_log(str(tmp_path))
     assert 0 < len(torn.events) < 3000
     assert len(torn.events) + torn.torn_records <= 3000
-    assert torn.warnings and "torn" in torn.warnings[0]
+    assert torn.warnings and "ends early" in torn.warnings[0] and torn.torn_segments == 1 and torn.last_torn
 
 
 def test_corrupt_segment_is_one_clear_error(tmp_path):

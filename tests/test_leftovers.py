@@ -37,6 +37,14 @@ def test_sweep_removes_only_the_runs_stale_entries(tmp_path) -> None:
 
 
 def test_sweep_waits_for_the_runs_processes(tmp_path) -> None:
+    """While one of the run's processes lives, its wake directory and every chunk segment
+    stay (it may still read them): the segments are counted as kept, naming the process;
+    a dead stage's wake directory goes all the same."""
+    dead = _dead_pid()
     (tmp_path / f"omni_shm_wake_0_{os.getpid()}").mkdir()
-    assert sweep({os.getpid()}, 0.0, str(tmp_path)) == {"wake_dirs": [], "chunk_segments": []}
-    assert os.listdir(tmp_path) == [f"omni_shm_wake_0_{os.getpid()}"]
+    (tmp_path / f"omni_shm_wake_0_{dead}").mkdir()
+    (tmp_path / "chatcmpl-a-0123abcd_0_1").write_bytes(b"x")
+    out = sweep({os.getpid(), dead}, 0.0, str(tmp_path))
+    assert out == {"wake_dirs": [f"omni_shm_wake_0_{dead}"], "chunk_segments": [],
+                   "chunk_segments_kept": ["chatcmpl-a-0123abcd_0_1"], "alive_pids": [os.getpid()]}
+    assert sorted(os.listdir(tmp_path)) == sorted([f"omni_shm_wake_0_{os.getpid()}", "chatcmpl-a-0123abcd_0_1"])

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from omnitrace.bench.serve_and_bench import free_port
+from omnitrace.inject.leftovers import request_of
 from shm_watcher import ShmWatcher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,16 +86,22 @@ def _spans(venv: Path, run_dir: Path) -> list[dict]:
     return spans
 
 
-def _leftovers(pids: set[int]) -> list[str]:
-    """What this run's processes left in /dev/shm: chunk segments and their lock files
-    (named after requests), omnitrace's rings, and vLLM-Omni's wake directories of them."""
+def _leftovers(pids: set[int], ids: set[str]) -> list[str]:
+    """What this run left in /dev/shm: vLLM-Omni's wake directories of its processes, and
+    the chunk segments and lock files of its requests (``ids``: the other module fixture's
+    server may have left its own)."""
     out = []
     for n in os.listdir("/dev/shm"):
+        rid = request_of(n)
         if n.startswith("omni_shm_wake_") and int(n.rsplit("_", 1)[1]) in pids:
             out.append(n)
-        elif "chatcmpl-" in n:
+        elif rid is not None and rid.removeprefix("chatcmpl-")[:-9] in ids:
             out.append(n)
     return out
+
+
+def _ids(*bench_files: Path) -> set[str]:
+    return {str(r["id"]) for f in bench_files for r in json.loads(f.read_text())["requests"]}
 
 
 @pytest.fixture(scope="module")
@@ -331,8 +338,9 @@ def test_nothing_left_in_dev_shm(loadtest032) -> None:
     the run, listed in run.json (the report says so)."""
     agent = json.loads((loadtest032["run_dir"] / "agent.json").read_text())
     pids = {int(r["pid"]) for r in agent["rings"] if r["role"] == "stage"}
-    assert _leftovers(pids | {int(r["pid"]) for r in agent["rings"]}) == []
     run = json.loads((loadtest032["run_dir"] / "run.json").read_text())
+    left = _leftovers(pids | {int(r["pid"]) for r in agent["rings"]}, _ids(loadtest032["run_dir"] / "bench.json"))
+    assert left == [], (left, run.get("shm_leftovers"))
     assert sorted(int(w.rsplit("_", 1)[1]) for w in run["shm_leftovers"]["wake_dirs"]) == sorted(pids)
     assert "stale vLLM-Omni wake director" in " ".join(loadtest032["report"]["warnings"])
 
@@ -390,7 +398,8 @@ def test_stage_death_named_counted_and_cleaned_up(served030, tmp_path) -> None:
     run = json.loads((d / "run.json").read_text())
     agent = json.loads((d / "agent.json").read_text())
     pids = {int(r["pid"]) for r in agent["rings"]} | {served030["killed"]}
-    assert _leftovers(pids) == []
+    ids = _ids(d / "bench.json", d / "bench-death.json") | {r["id"] for r in served030["client"]}
+    assert _leftovers(pids, ids) == [], run.get("shm_leftovers")
     # what the dead talker wrote and nobody read was removed after the run, and listed
     left = run["shm_leftovers"]["chunk_segments"]
     assert left and all("_0_" in n for n in left), run["shm_leftovers"]

@@ -109,6 +109,7 @@ class Agent:
         self.final_s = 0.0
         self.views_failed = ""  # why the live views were switched off, if they were
         self.end_status = "complete"  # run.json's at the end; `omnitrace run` may say otherwise
+        self.drain_error = ""
         self.max_rss = 0
         self._last_export_counts: dict[tuple[str, str], int] = {}
         self._drain_thread = threading.Thread(target=self._drain_loop, name="omnitrace-drain",
@@ -233,6 +234,7 @@ class Agent:
                     pass
                 idx = self._ring(src)
                 self.log.died(idx)
+                self._account(src, idx)
                 self.pending.append((idx, None))
                 self.collector.retire(src)
                 self._drops(src)
@@ -241,13 +243,34 @@ class Agent:
                     proc["exited"] = True
                     self.procs_dirty = True
         cut = any(dec.cut for dec in self.decoders.values())
-        if self.log.commit(self._tables(), can_rotate=not cut):
-            print(f"omnitrace agent: warning: the run's event log reached --max-run-bytes "
-                  f"({self.cfg.max_run_bytes} bytes): new events are counted, not recorded",
-                  file=sys.stderr, flush=True)
+        self._say(self.log.commit(self._tables(), can_rotate=not cut))
         self.cycles += 1
         self.max_cycle_ms = max(self.max_cycle_ms, (time.perf_counter() - t0) * 1e3)
         return backlog
+
+    def _account(self, src: RingSource, idx: int) -> None:
+        """The ring's final counts into the record, once the agent has read it to the end."""
+        h = src.header = src.reader.header()
+        src.dropped = h.dropped
+        self.log.account(idx, {"events_written": h.events_written, "dropped": h.dropped,
+                               "events_read": src.events})
+
+    def _say(self, change: str) -> None:
+        """One line when recording stops or resumes (never one per event)."""
+        rec = self.log
+        if change == "capped":
+            msg = (f"warning: the run's event log reached --max-run-bytes ({self.cfg.max_run_bytes} "
+                   "bytes): new events are counted, not recorded")
+        elif change == "failed":
+            msg = (f"warning: cannot write the event log ({rec.failed}): recording stopped, the "
+                   f"pipeline is unaffected; events are counted, not recorded (retrying every "
+                   f"{eventlog.RETRY_S:.0f} s)")
+        elif change == "resumed":
+            msg = (f"the event log is writable again: recording resumed "
+                   f"({rec.events_not_recorded} events were not recorded)")
+        else:
+            return
+        print(f"omnitrace agent: {msg}", file=sys.stderr, flush=True)
 
     def _drain_loop(self) -> None:
         interval = self.cfg.interval_ms / 1e3
@@ -270,13 +293,16 @@ class Agent:
                 pass
             while self.drain_cycle(reap=False):  # rings of processes still alive (orphans)
                 pass
+            for src in self.collector.sources.values():
+                self._account(src, self._ring(src))
             self.collector.close(unlink=True)
             for src in self.collector.all_sources():
                 self._drops(src, final=True)
             self.log.close(self._tables())
         except Exception as exc:  # the main thread must still finish
-            print(f"omnitrace agent: drain thread failed: {type(exc).__name__}: {exc}",
-                  file=sys.stderr, flush=True)
+            self.drain_error = f"{type(exc).__name__}: {exc}"
+            print(f"omnitrace agent: drain thread failed: {self.drain_error}; recording stopped "
+                  "(run.json: status drain-failed)", file=sys.stderr, flush=True)
         finally:
             self.drained.set()
 
@@ -337,15 +363,26 @@ class Agent:
             self.metrics.count_events(ev, self.rings)
         return n
 
+    @staticmethod
+    def _header_now(src: RingSource) -> record.RingHeader:
+        """A live ring's header as of now (the drain thread refreshes ``src.header`` only
+        when it reads); the last one if the drain thread retired the ring meanwhile."""
+        try:
+            return src.reader.header()
+        except (TypeError, ValueError, AttributeError):
+            return src.header
+
     def counters(self) -> dict:
         rings = []
         idx_of = self.ring_idx
+        live = set(self.collector.sources)
         for src in self.collector.all_sources():
-            h = src.header
+            h = self._header_now(src) if src.name in live else src.header
             rings.append({"name": src.name, "index": idx_of.get(src.name), "pid": h.pid,
                           "tid": h.tid, "thread": h.thread, "role": h.role, "stage": h.stage,
                           "replica": h.replica, "capacity": h.capacity, "events": src.events,
-                          "dropped": src.dropped, "writer_exited": src.dead})
+                          "events_written": h.events_written, "dropped": h.dropped,
+                          "writer_exited": src.dead})
         rss = _rss_bytes()
         self.max_rss = max(self.max_rss, rss)
         exporters = {}
@@ -360,14 +397,24 @@ class Agent:
         for view in self.views:
             views.update(view.counters())
         b = self.builder
+        rec = self.log.counters()
+        written = sum(r["events_written"] for r in rings)
+        dropped = sum(r["dropped"] for r in rings)
         return {
             "events_read": self.events_read,
-            "events_dropped": sum(r["dropped"] for r in rings),
+            "events_dropped": dropped,
+            # the accounting identity's terms as the agent knows them now (the report's
+            # figures come from the final counts: omnitrace.analyze.accounting)
+            "accounting": {"events_written": written, "recorded": rec["events_recorded"],
+                           "dropped_in_rings": dropped,
+                           "not_drained_yet": written - dropped - self.events_read,
+                           "not_recorded": rec["events_not_recorded"],
+                           "in_flight": self.events_read - rec["events_recorded"] - rec["events_not_recorded"]},
             "rings_seen": self.collector.stats.rings_seen,
             "rings_unlinked": self.collector.stats.rings_unlinked,
             "ring_attach_errors": self.collector.stats.errors,
             "rings": rings,
-            "record": self.log.counters(),
+            "record": rec,
             "spans_built": b.spans_built,
             "spans_incomplete": b.incomplete_spans,
             "step_events": b.step_events,
@@ -389,8 +436,7 @@ class Agent:
 
     def write_side_files(self) -> None:
         if self.procs_dirty:
-            self.procs_dirty = False
-            self.rundir.write_processes(list(self.processes.values()))
+            self.procs_dirty = not self.rundir.write_processes(list(self.processes.values()))
         c = self.counters()
         self._export_counters(c)
         self.rundir.write_agent(c)
@@ -448,6 +494,9 @@ class Agent:
 
     def finish(self, status: str) -> None:
         """Final drain (drain thread), the views' share of it, exporters, files."""
+        if self.log.failed or self.rundir.failing:  # the disk filled up: the space held back
+            self.log.final_only = True  # is for the final counts, not for more records
+            self.rundir.release_reserve()
         self.stop.set()
         if not self._drain_thread.is_alive() and not self.drained.is_set():
             self._drain_thread.start()  # run() never started it (an early stop)
@@ -486,6 +535,9 @@ class Agent:
             pusher.close(max(2.0, min(30.0, timeout + 1.0)))
         self.procs_dirty = True
         self.write_side_files()
+        if self.drain_error:  # the record is not complete, whatever the command did
+            status = "drain-failed"
+            self.meta["drain_error"] = self.drain_error
         self.meta.update(ended_unix_ns=time.time_ns(), status=status, exit_code=self.exit_code)
         self.rundir.write_run(self.meta)
         self.rundir.close()

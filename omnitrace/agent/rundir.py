@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 import socket
-from typing import Any
+import sys
+from typing import Any, Callable
 
 import orjson
 from google.protobuf.json_format import MessageToDict
@@ -122,34 +123,93 @@ def holds_run(path: str) -> str | None:
 
 
 class RunDir:
-    """Rewrites the small JSON files and appends metrics lines."""
+    """Rewrites the small JSON files and appends metrics lines. A write that fails (disk
+    full) leaves the previous version in place and is said once per file, on stderr; the
+    next write tries again (the final one is what the report reads)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         os.makedirs(path, exist_ok=True)
-        self._metrics = open(os.path.join(path, "metrics.jsonl"), "ab")
+        self._metrics = open(os.path.join(path, "metrics.jsonl"), "ab", buffering=0)
+        self.failing: dict[str, str] = {}  # file -> the error of its last failed write
+        self.write_errors = 0
+        self._reserve()
+
+    RESERVE = ".omnitrace-reserve"
+    RESERVE_BYTES = 1 << 20
+
+    def _reserve(self) -> None:
+        """Space held back for the run's final files: on a disk that fills up during the
+        run it is given back at the end (:meth:`release_reserve`), so the final counts,
+        run.json and agent.json still fit and the report can account for every event."""
+        try:
+            fd = os.open(self.file(self.RESERVE), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, self.RESERVE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError:
+            self.release_reserve()  # not even that much room: nothing held
+
+    def release_reserve(self) -> None:
+        try:
+            os.unlink(self.file(self.RESERVE))
+        except OSError:
+            pass
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
+    def _guard(self, name: str, write: Callable[[], None]) -> bool:
+        try:
+            write()
+        except OSError as exc:
+            self.write_errors += 1
+            why = exc.strerror or str(exc)
+            if name not in self.failing:
+                print(f"omnitrace agent: warning: cannot write {name} ({why}); the previous "
+                      "version stays, the next update tries again", file=sys.stderr, flush=True)
+            self.failing[name] = why
+            try:
+                os.unlink(self.file(name) + ".tmp")
+            except OSError:
+                pass
+            return False
+        self.failing.pop(name, None)
+        return True
+
     def write_metrics(self, request: Any) -> None:
-        self._metrics.write(otlp_json(request) + b"\n")
-        self._metrics.flush()
+        self._guard("metrics.jsonl", lambda: self._append_line(otlp_json(request) + b"\n"))
 
-    def write_run(self, meta: dict) -> None:
-        write_json_atomic(self.file("run.json"), meta)
+    def _append_line(self, line: bytes) -> None:
+        """A whole line or none: a partial write (disk full) is cut off again."""
+        f = self._metrics
+        at = f.seek(0, os.SEEK_END)
+        try:
+            n = f.write(line)
+            if n != len(line):
+                raise OSError(28, "No space left on device")
+        except OSError:
+            f.truncate(at)
+            raise
 
-    def write_processes(self, procs: list[dict]) -> None:
-        tmp = self.file("processes.jsonl.tmp")
-        with open(tmp, "wb") as f:
-            for p in procs:
-                f.write(orjson.dumps(p) + b"\n")
-        os.replace(tmp, self.file("processes.jsonl"))
+    def write_run(self, meta: dict) -> bool:
+        return self._guard("run.json", lambda: write_json_atomic(self.file("run.json"), meta))
 
-    def write_agent(self, counters: dict) -> None:
-        write_json_atomic(self.file("agent.json"), counters)
+    def write_processes(self, procs: list[dict]) -> bool:
+        def write() -> None:
+            tmp = self.file("processes.jsonl.tmp")
+            with open(tmp, "wb") as f:
+                for p in procs:
+                    f.write(orjson.dumps(p) + b"\n")
+            os.replace(tmp, self.file("processes.jsonl"))
+        return self._guard("processes.jsonl", write)
+
+    def write_agent(self, counters: dict) -> bool:
+        return self._guard("agent.json", lambda: write_json_atomic(self.file("agent.json"), counters))
 
     def close(self) -> None:
+        self.release_reserve()
         try:
             self._metrics.close()
         except OSError:

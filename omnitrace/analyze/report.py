@@ -12,6 +12,7 @@ from omnitrace import __version__
 from omnitrace import conventions as cv
 from omnitrace import rowops
 from omnitrace import spantable as stt
+from omnitrace.analyze import accounting
 from omnitrace.analyze import attribution as at
 from omnitrace.analyze import components, failures, headofline, walk, waterfall
 from omnitrace.analyze.beside import MIN_WORK, Beside
@@ -68,11 +69,43 @@ def _agent_counters(run: Run) -> dict[str, Any]:
                 for k in e:
                     e[k] += int(c.get(k, 0) or 0)
     never = sum(int(r.get("events_never_drained", 0) or 0) for r in run.run_json)
+    acc = None
+    if run.ledger is not None:  # the identity's figures replace the agent's (maybe stale) ones
+        led = run.ledger
+        acc = led.to_dict() | {"headline": accounting.headline(led)}
+        if led.known and not led.live:
+            dropped, never, not_recorded = led.dropped_in_rings, led.never_drained, led.not_recorded
     return {"known": known, "events": events, "dropped": dropped, "spans_built": spans,
             "rings_with_drops": rings, "never_drained": never, "not_recorded": not_recorded,
-            "torn_records": run.torn_records, "exporters": exporters,
+            "torn_records": run.torn_records, "accounting": acc, "exporters": exporters,
             "requests_not_exported": sampled_reqs, "spans_not_exported": sampled_spans,
             "views_failed": views_failed}
+
+
+def _accounting_warnings(recorder: dict[str, Any]) -> list[str]:
+    """One warning per place events went other than the record, with the identity's
+    figures (the agent's own counters where a run has no accounting)."""
+    acc = recorder.get("accounting") or {}
+    out = []
+    if recorder["never_drained"]:
+        out.append(f"THE AGENT DIED: {recorder['never_drained']} events were never drained "
+                   "from the rings; requests they belong to are incomplete")
+    if recorder["not_recorded"]:
+        why = acc.get("not_recorded_why") or "max-run-bytes"
+        cause = "--max-run-bytes reached" if why == "max-run-bytes" else f"the event log could not be written ({why})"
+        out.append(f"{cause}: {recorder['not_recorded']} events were not recorded; requests "
+                   "then are missing or incomplete")
+    if acc.get("known") and not acc.get("live"):
+        if acc["lost"] > 0:
+            out.append(f"{acc['lost']} events lost ({acc['lost_why'] or 'cause unknown'}): "
+                       "written at hook sites, not in the record")
+        if not acc["closes"]:
+            out.append(f"THE EVENT ACCOUNTING DOES NOT CLOSE: {acc['headline']}")
+    elif acc.get("notes"):
+        out.append(f"event accounting unknown: {acc['notes'][0]}")
+    elif recorder["torn_records"]:
+        out.append(f"{recorder['torn_records']} events lost in a torn event segment")
+    return out
 
 
 def _first_seen(run: Run, reqs: dict[str, at.RequestSpans]) -> dict[str, int]:
@@ -490,15 +523,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
 
     server = [t * NS_TO_MS for t in w.ttfp_ns]  # walk order (a float mean depends on it)
     client = [r["client_ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
-    if recorder["never_drained"]:
-        warnings.insert(0, f"THE AGENT DIED: {recorder['never_drained']} events were never drained "
-                           "from the rings; requests they belong to are incomplete")
-    if recorder["not_recorded"]:
-        warnings.insert(0, f"--max-run-bytes reached: {recorder['not_recorded']} events were not "
-                           "recorded; requests after the cap are missing or incomplete")
-    if recorder["torn_records"]:
-        warnings.append(f"{recorder['torn_records']} events lost in a torn event segment "
-                        "(agent killed mid-write)")
+    warnings[:0] = _accounting_warnings(recorder)
     for kind, c in recorder["exporters"].items():
         if c["failed"] or c["dropped"]:
             warnings.append(f"live {kind} exporter did not deliver {c['failed'] + c['dropped']} spans "

@@ -22,6 +22,7 @@ import orjson
 from omnitrace import conventions as cv
 from omnitrace import rowops
 from omnitrace import spantable as stt
+from omnitrace.agent.rundir import live_agent
 from omnitrace.analyze import fieldtypes, headofline, tables
 
 
@@ -77,6 +78,7 @@ class Run:
     skipped_spans: int = 0  # spans of warm-up requests, not loaded
     events: int = 0  # events read from event logs
     torn_records: int = 0  # records lost in torn event segments
+    ledger: Any = None  # accounting.Ledger: where every event written went (event-log runs)
     # what the per-stage figures read of the chunk spans (tables.ChunkFigures; req indexes
     # chunk_requests; every request: the selection is the report's); ``spans`` holds objects
     # only for request, stage and queue spans
@@ -623,10 +625,12 @@ def chunk_table(spans: list[Span]) -> tuple[Any, list[str]]:
     return np.array(rows, stt.SPAN_DTYPE), list(requests)
 
 
-def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset()) -> bool:
-    """Append the spans built from one run directory's event log; False if it has none."""
+def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset(),
+                run_json: dict[str, Any] | None = None, agent: dict[str, Any] | None = None) -> bool:
+    """Append the spans built from one run directory's event log, and its accounting
+    (from ``run_json`` and ``agent``, the directory's files); False if it has no log."""
     from omnitrace import eventlog
-    from omnitrace.analyze import eventload
+    from omnitrace.analyze import accounting, eventload
     try:
         built = eventload.build(path, skip)
     except eventlog.EventLogError as exc:
@@ -635,8 +639,17 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
         return False
     log, acc = built.log, built.acc
     run.events += built.events
+    live = bool(run_json) and run_json.get("status") == "running" and live_agent(path) is not None
+    torn = log.torn_segments
+    if live and log.last_torn:  # a live agent's segment is open, not torn
+        torn -= 1
+        last = os.path.basename(eventlog.segments(path)[-1])
+        log.warnings = [w for w in log.warnings if not w.startswith(f"events/{last}:")]
     run.warnings.extend(f"{label}{w}" for w in log.warnings)
     run.torn_records += log.torn_records
+    led = accounting.ledger(built.events, log.rings, log.accounts, torn > 0, agent, run_json)
+    led.live = live
+    run.ledger = led if run.ledger is None else run.ledger.merged(led)
     run.stage_deaths.extend(sorted(built.died, key=lambda x: x[1]))
     small, early, emits, figures, busy = acc.finish(
         {int(r.get("pid", 0)): int(r.get("replica", 0)) for r in log.rings.values()})
@@ -690,6 +703,7 @@ def load_run(paths: list[str], skip_warmup: bool = True) -> Run:
 
 def _load_run(paths: list[str], skip_warmup: bool) -> Run:
     run = Run(paths=list(paths))
+    files: dict[str, tuple[dict | None, dict | None]] = {}  # path -> (run.json, agent.json)
     if not paths:
         raise RunDirError("no run directory given")
     for p in paths:
@@ -707,12 +721,16 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
                 run.warnings.append(f"{pre}run status is {rj.get('status')!r}: the run did not finish "
                                     "cleanly; results are partial")
             left = rj.get("shm_leftovers")
-            if isinstance(left, dict) and any(left.values()):
+            if isinstance(left, dict) and (left.get("wake_dirs") or left.get("chunk_segments")):
                 run.warnings.append(
                     f"{pre}the served processes left /dev/shm entries, removed after the run: "
                     f"{len(left.get('wake_dirs') or ())} stale vLLM-Omni wake director(ies) of exited "
                     f"stages, {len(left.get('chunk_segments') or ())} chunk segment(s) never read "
                     "(a stage died mid-request?)")
+            if isinstance(left, dict) and left.get("chunk_segments_kept"):
+                run.warnings.append(
+                    f"{pre}{len(left['chunk_segments_kept'])} chunk segment(s) never read were left "
+                    f"in /dev/shm: process(es) {left.get('alive_pids')} of the run outlived it")
         aj = _load_json(os.path.join(p, "agent.json"), pre + "agent.json", run.warnings)
         _check_types("agent.json", aj, pre)
         if aj is None:
@@ -727,6 +745,7 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
             _check_types("bench.json", bj, pre)
         if bj is not None and run.bench is None:
             run.bench = bj
+        files[p] = (rj, aj)
         pj = os.path.join(p, "processes.jsonl")
         if os.path.exists(pj):
             for _, line in _read_lines(pj, pre + "processes.jsonl", run.warnings):
@@ -740,7 +759,7 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
     for p in paths:
         label = os.path.basename(os.path.normpath(p)) if len(paths) > 1 else ""
         pre = f"{label}/" if label else ""
-        if load_events(p, run, pre, skip):
+        if load_events(p, run, pre, skip, *files.get(p, (None, None))):
             continue
         sp = os.path.join(p, "spans.jsonl")  # a run recorded before the event log
         if not os.path.exists(sp):

@@ -33,7 +33,7 @@ def _mtime(path: str) -> float:
         return 0.0
 
 
-def _request_of(name: str) -> str | None:
+def request_of(name: str) -> str | None:
     """The engine request id of a chunk segment or its lock file (None: another name)."""
     key = name[4:-len("_lockfile.lock")] if name.startswith("shm_") and name.endswith("_lockfile.lock") else name
     parts = key.rsplit("_", 2)
@@ -47,37 +47,40 @@ def _engine_id(rid: str) -> bool:
     return len(rid) > 9 and tail[0] == "-" and all(c in "0123456789abcdef" for c in tail[1:])
 
 
-def sweep(pids: set[int], since_unix_s: float, shm_dir: str = SHM_DIR) -> dict[str, list[str]]:
-    """Remove the run's stale leftovers; what was removed, by kind."""
-    if any(_alive(p) for p in pids):
-        return {"wake_dirs": [], "chunk_segments": []}
-    out: dict[str, list[str]] = {"wake_dirs": [], "chunk_segments": []}
+def sweep(pids: set[int], since_unix_s: float, shm_dir: str = SHM_DIR) -> dict[str, list]:
+    """Remove the run's stale leftovers; what was removed, by kind. Wake directories go
+    per exited stage; chunk segments only once all of the run's processes are gone (a live
+    one may still read them): while some live, the ones found are kept and counted."""
+    alive = sorted(p for p in pids if _alive(p))
+    out: dict[str, list] = {"wake_dirs": [], "chunk_segments": [], "chunk_segments_kept": [],
+                            "alive_pids": alive}
     try:
         names = os.listdir(shm_dir)
     except OSError:
         return out
     for n in names:
         pid = _wake_pid(n)
-        rid = None if pid is not None else _request_of(n)
-        if pid is not None and pid in pids and not _alive(pid):
+        rid = None if pid is not None else request_of(n)
+        if pid is not None and pid in pids and pid not in alive:
             kind = "wake_dirs"
         elif rid is not None and _engine_id(rid) and _mtime(os.path.join(shm_dir, n)) >= since_unix_s:
-            kind = "chunk_segments"
+            kind = "chunk_segments_kept" if alive else "chunk_segments"
         else:
             continue
         path = os.path.join(shm_dir, n)
-        try:
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            else:
-                os.unlink(path)
-        except OSError:
-            continue
+        if kind != "chunk_segments_kept":
+            try:
+                if os.path.isdir(path):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
+            except OSError:
+                continue
         out[kind].append(n)
     return out
 
 
-def sweep_run(run_dir: str, grace_s: float = 20.0) -> dict[str, list[str]]:
+def sweep_run(run_dir: str, grace_s: float = 60.0) -> dict[str, list]:
     """After a run's command ended: its ring pids from agent.json, a grace for stage
     processes still shutting down, the sweep, and run.json's ``shm_leftovers`` (only
     when something was removed)."""
@@ -106,7 +109,7 @@ def sweep_run(run_dir: str, grace_s: float = 20.0) -> dict[str, list[str]]:
     meta = load("run.json")
     since = int(meta.get("started_unix_ns") or 0) / 1e9
     removed = sweep(pids, since)
-    if any(removed.values()):
+    if any(removed[k] for k in ("wake_dirs", "chunk_segments", "chunk_segments_kept")):
         meta["shm_leftovers"] = removed
         try:
             write_json_atomic(os.path.join(run_dir, "run.json"), meta)

@@ -202,8 +202,9 @@ def _claim(run_dir: str, overwrite: bool) -> int:
 def _clear_run(run_dir: str) -> None:
     """--overwrite: remove the files an earlier run wrote (only those)."""
     from omnitrace import eventlog
+    from omnitrace.agent.rundir import RunDir
     for name in ("run.json", "agent.json", "spans.jsonl", "metrics.jsonl", "processes.jsonl",
-                 "bench.json", "events.bin"):
+                 "bench.json", "events.bin", RunDir.RESERVE):
         try:
             os.unlink(os.path.join(run_dir, name))
         except FileNotFoundError:
@@ -334,7 +335,7 @@ def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cm
         _stop_agent(agent, rc, cfg)
         return rc
     sigs.attach(child)
-    rc = child.wait()
+    rc = _wait_command(child, agent)
     if rc < 0:
         rc = 128 - rc  # killed by a signal: report it the way a shell does
     _stop_agent(agent, rc, cfg, sigs.status())
@@ -354,11 +355,15 @@ def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cm
 def _sweep_leftovers(run_dir: str) -> None:
     from omnitrace.inject.leftovers import sweep_run
     removed = sweep_run(run_dir)
-    if removed and any(removed.values()):
+    if removed and (removed["wake_dirs"] or removed["chunk_segments"]):
         print(f"omnitrace run: removed what the served processes left in /dev/shm: "
               f"{len(removed['wake_dirs'])} vLLM-Omni wake director(ies) of exited stages, "
               f"{len(removed['chunk_segments'])} unread chunk segment(s) (run.json: shm_leftovers)",
               file=sys.stderr)
+    if removed and removed["chunk_segments_kept"]:
+        print(f"omnitrace run: {len(removed['chunk_segments_kept'])} unread chunk segment(s) left in "
+              f"/dev/shm: process(es) {', '.join(map(str, removed['alive_pids']))} of the run are "
+              "still alive and may read them (run.json: shm_leftovers)", file=sys.stderr)
 
 
 class _Signals:
@@ -399,6 +404,22 @@ class _Signals:
             signal.signal(s, h)
 
 
+def _wait_command(child: subprocess.Popen, agent: subprocess.Popen) -> int:
+    """The command's exit status; an agent that dies meanwhile is said at once (the
+    command goes on, unrecorded: its rings fill and count what they drop)."""
+    while True:
+        try:
+            return child.wait(1.0 if agent.returncode is None else None)
+        except subprocess.TimeoutExpired:
+            pass
+        arc = agent.poll()
+        if arc is not None:
+            how = f"signal {-arc}" if arc < 0 else f"exit status {arc}"
+            print(f"omnitrace run: the agent (pid {agent.pid}) died ({how}) while the command "
+                  "runs: recording stopped; the command goes on; the report will count what "
+                  "was not recorded (run.json: status agent-killed)", file=sys.stderr, flush=True)
+
+
 def _stop_agent(agent: subprocess.Popen, rc: int, cfg: AgentConfig | None = None,
                 status: str | None = None, stall_s: float = 90.0) -> None:
     """Tell the agent to finish (with run.json's ``status`` if not "complete") and wait
@@ -434,44 +455,61 @@ def _stop_agent(agent: subprocess.Popen, rc: int, cfg: AgentConfig | None = None
             print(f"omnitrace run: the agent made no progress for {stall_s:.0f} s during its "
                   "final flush and was killed", file=sys.stderr)
             break
-    if agent.returncode != 0 and cfg is not None:
-        _mark_agent_killed(cfg, rc)
+    if cfg is not None:
+        _count_rings_left(cfg, agent.returncode)
 
 
-def undrained_events(run_id: str) -> tuple[int, int]:
-    """(events never drained, events dropped) over the run's rings still in /dev/shm:
-    from each ring's cursors, the slots between read and write decoded and counted."""
+def rings_left(run_id: str) -> list[dict]:
+    """The run's rings still in /dev/shm once its agent is gone (it unlinks every ring it
+    read to the end): for each, its writer's counts from the header and the events never
+    drained (the slots between its read and write cursors, decoded), for run.json's
+    ``rings_left`` (the report's accounting reads them)."""
     from omnitrace import record
-    never = dropped = 0
+    out = []
     for name in record.discover(run_id):
         try:
             reader = record.RingReader(name)
         except (OSError, ValueError):
             continue
         try:
-            dropped += reader.dropped()
+            h = reader.header()
             dec = record.SlotDecoder(record.RequestIds())
+            never = 0
             while True:
                 raw = reader.read_raw()
                 if not raw:
                     break
                 never += len(dec.decode(raw))
+            out.append({"name": name, "events_written": h.events_written, "dropped": h.dropped,
+                        "never_drained": never})
         finally:
             reader.close()
-    return never, dropped
+    return out
 
 
-def _mark_agent_killed(cfg: AgentConfig, rc: int) -> None:
-    """The agent died before its final flush: count what it never drained, say so in
-    run.json, and remove the run's rings (shared memory outlives processes)."""
+def _count_rings_left(cfg: AgentConfig, rc: int) -> None:
+    """After the agent exited: rings it did not read to the end (it was killed, or its
+    drain thread failed) are counted into run.json and removed (shared memory outlives
+    processes); an agent that died says so (status agent-killed)."""
     from omnitrace import record
-    from omnitrace.agent.rundir import write_json_atomic
-    never, dropped = undrained_events(cfg.run_id)
-    print(f"omnitrace run: the agent died before its final flush; {never} events were never "
-          "drained (run.json: status agent-killed)", file=sys.stderr)
-    for name in record.discover(cfg.run_id):
+    from omnitrace.agent.rundir import RunDir, write_json_atomic
+    try:  # a killed agent could not give back the space it held for its final files
+        os.unlink(os.path.join(cfg.run_dir, RunDir.RESERVE))
+    except OSError:
+        pass
+    left = rings_left(cfg.run_id)
+    if not left and rc == 0:
+        return
+    never = sum(r["never_drained"] for r in left)
+    if rc != 0:
+        print(f"omnitrace run: the agent died before its final flush; {never} events were never "
+              "drained (run.json: status agent-killed)", file=sys.stderr)
+    elif never:
+        print(f"omnitrace run: the agent did not drain {never} events (run.json: rings_left)",
+              file=sys.stderr)
+    for r in left:
         try:
-            os.unlink(os.path.join(record.SHM_DIR, name))
+            os.unlink(os.path.join(record.SHM_DIR, r["name"]))
         except OSError:
             pass
     path = os.path.join(cfg.run_dir, "run.json")
@@ -480,12 +518,15 @@ def _mark_agent_killed(cfg: AgentConfig, rc: int) -> None:
             meta = orjson.loads(f.read())
     except (OSError, ValueError):
         meta = {}
-    meta.update(status="agent-killed", exit_code=rc, ended_unix_ns=time.time_ns(),
-                events_never_drained=never, events_dropped_in_rings=dropped)
+    meta.update(events_never_drained=never, events_dropped_in_rings=sum(r["dropped"] for r in left),
+                rings_left=left)
+    if rc != 0:
+        meta.update(status="agent-killed", exit_code=rc, ended_unix_ns=time.time_ns())
     try:
         write_json_atomic(path, meta)
-    except OSError:
-        pass
+    except OSError as exc:
+        print(f"omnitrace run: cannot write {path} ({exc.strerror or exc}): the report will "
+              "count these events as unaccounted", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ def render(rep: dict[str, Any], limit: int = 20) -> str:
                                f"{rec['spans_built']}" if rec["known"] else "counters unknown (no agent.json)")
                + "".join(f" {k}={rec[k]}" for k in ("never_drained", "not_recorded", "torn_records")
                          if rec.get(k)))
+    if rec.get("accounting"):
+        out.append(rec["accounting"]["headline"])
     for kind, c in (rec.get("exporters") or {}).items():
         out.append(f"exporter {kind}: exported={c['exported']} failed={c['failed']} "
                    f"dropped={c['dropped']}" + (f" not_exported_by_sampling="

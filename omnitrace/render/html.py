@@ -139,6 +139,7 @@ def figures(rep: dict[str, Any]) -> list[tuple[str, go.Figure | None]]:
 _CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
 .warn{background:#fff3cd;border:1px solid #e0b000;padding:.6em;margin:.3em 0}
 .drop{background:#f8d7da;border:1px solid #c00;padding:.6em;font-weight:bold}
+.acct{color:#444;padding:.2em 0;font-size:90%}
 pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}
 .plot{margin:1em 0;border:1px solid #ddd}.empty{color:#777;font-style:italic}
 .legend{display:grid;grid-template-columns:max-content auto;gap:.2em 1em;font-size:13px}
@@ -168,6 +169,10 @@ def to_html(rep: dict[str, Any]) -> str:
     if rep["recorder"]["dropped"]:
         banners.append(f'<div class="drop">The recorder dropped {rep["recorder"]["dropped"]} events '
                        "in this run: affected requests are attributed from incomplete spans.</div>")
+    acc = rep["recorder"].get("accounting")
+    if acc:  # the identity, always: a reader sees what share of the events the report holds
+        cls = "acct" if acc.get("closes") and not acc.get("lost") else "warn"
+        banners.append(f'<div class="{cls}">{html.escape(acc["headline"])}</div>')
     banners += [f'<div class="warn">{html.escape(w)}</div>' for w in rep["warnings"]]
     run_ids = ", ".join(str(r.get("run_id")) for r in rep["run"]) or "unknown run"
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"

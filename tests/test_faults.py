@@ -1,0 +1,194 @@
+"""Fault injection: every event a hook site writes is accounted for, whatever breaks.
+
+Each test breaks one thing for real (a full ring, the size cap, the agent SIGKILLed at
+three moments, a segment cut at 10/50/90 %, a full disk: a real tmpfs) and checks the
+report's accounting identity against a count omnitrace does not make: the number of
+``record`` calls the writer made. The identity must close to the event, with the loss
+named where the user looks (the report's header and warnings, ``omnitrace export``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pytest
+
+from tests.agent_util import WRITER, omnitrace_run, read_json
+
+# A writer of exactly N events (random payloads: they do not compress away), a new request
+# id every 50 (string records between them), paced so a default ring never fills; it
+# SIGKILLs the run's agent just before event KILL_AT (-1: never) and then waits a moment.
+EMITTER = textwrap.dedent("""
+    import json, os, random, signal, sys, time
+    from omnitrace import record
+    n, kill_at, run_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    def kill_agent():
+        pid = json.load(open(os.path.join(run_dir, "run.json")))["agent_pid"]
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(1.5)  # `omnitrace run` notices while the command still runs
+    for i in range(n):
+        if i == kill_at:
+            kill_agent()
+        record.emit(200 + i % 3, f"r{i // 50}", 0, a=random.getrandbits(62))  # kinds no span reads
+        if i % 2000 == 1999:
+            time.sleep(0.005)
+    if kill_at == n:
+        kill_agent()
+""")
+
+
+def _calls(r: int, c: int) -> int:
+    """record() calls pipeline_writer makes for r requests and c chunks."""
+    return 12 * r + 12 * c * r
+
+
+def _emit(run_dir, n: int, kill_at: int = -1, *extra: str) -> subprocess.CompletedProcess:
+    return omnitrace_run(["--run-dir", str(run_dir), "--run-id", f"fault-{uuid.uuid4().hex[:8]}", *extra,
+                          "--", sys.executable, "-c", EMITTER, str(n), str(kill_at), str(run_dir)],
+                         timeout=180)
+
+
+def _report(run_dir) -> tuple[dict, str]:
+    """The report's accounting (--json) and its console text."""
+    cmd = [sys.executable, "-m", "omnitrace", "report", str(run_dir)]
+    js = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=120)
+    txt = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    for r in (js, txt):
+        assert r.returncode in (0, 3), r.stderr  # 3: no measured request (no bench here)
+        assert "Traceback" not in r.stderr, r.stderr
+    rep = json.loads(js.stdout)
+    return rep, txt.stdout
+
+
+def _assert_closes(acc: dict, written: int) -> None:
+    """The identity, term by term, against the writer's own count."""
+    assert acc["known"] and acc["events_written"] == written, acc
+    assert (acc["recorded"] + acc["dropped_in_rings"] + acc["never_drained"] + acc["not_recorded"]
+            + acc["lost"]) == written, acc
+    assert acc["closes"] and acc["lost"] >= 0, acc
+
+
+def test_a_clean_run_records_every_event_written(tmp_path) -> None:
+    d = tmp_path / "run"
+    res = omnitrace_run(["--run-dir", str(d), "--", sys.executable, WRITER, str(tmp_path / "w.json"),
+                         "--requests", "6", "--chunks", "4"])
+    assert res.returncode == 0, res.stderr
+    rep, txt = _report(d)
+    acc = rep["recorder"]["accounting"]
+    _assert_closes(acc, _calls(6, 4))
+    assert acc["recorded"] == _calls(6, 4) and acc["lost"] == 0
+    assert f"events: {_calls(6, 4)} written = {_calls(6, 4)} recorded (100.0% recorded)" in txt
+    assert read_json(str(d), "agent.json")["accounting"]["events_written"] == _calls(6, 4)
+
+
+def test_full_rings_counted_exactly(tmp_path) -> None:
+    d = tmp_path / "run"
+    res = omnitrace_run(["--run-dir", str(d), "--ring-records", "64", "--", sys.executable, WRITER,
+                         str(tmp_path / "w.json"), "--requests", "4", "--chunks", "20", "--put-sleep-ms", "0"])
+    assert res.returncode == 0, res.stderr
+    rep, txt = _report(d)
+    acc = rep["recorder"]["accounting"]
+    _assert_closes(acc, _calls(4, 20))
+    assert acc["dropped_in_rings"] > 0 and acc["lost"] == 0
+    assert rep["recorder"]["dropped"] == acc["dropped_in_rings"]
+    assert "dropped in rings (full)" in txt
+
+
+def test_size_cap_counted_as_not_recorded(tmp_path) -> None:
+    d = tmp_path / "run"
+    res = omnitrace_run(["--run-dir", str(d), "--max-run-bytes", "1k", "--", sys.executable, WRITER,
+                         str(tmp_path / "w.json"), "--requests", "40", "--chunks", "20"])
+    assert res.returncode == 0, res.stderr
+    rep, txt = _report(d)
+    acc = rep["recorder"]["accounting"]
+    _assert_closes(acc, _calls(40, 20))
+    assert acc["not_recorded"] > 0 and acc["not_recorded_why"] == "max-run-bytes" and acc["lost"] == 0
+    assert "not recorded (max-run-bytes)" in txt
+
+
+@pytest.mark.parametrize("moment", ["before-any-event", "mid-run", "after-the-last-event"])
+def test_agent_sigkill_accounted_at_every_moment(tmp_path, moment) -> None:
+    """The agent SIGKILLed before the first event, halfway, after the last: the command
+    goes on; `omnitrace run` says so when it happens; whatever the agent had read and
+    not written is the identity's loss, named "agent died"."""
+    n = 40_000
+    kill_at = {"before-any-event": 0, "mid-run": n // 2, "after-the-last-event": n}[moment]
+    d = tmp_path / "run"
+    res = _emit(d, n, kill_at)
+    assert res.returncode == 0, res.stderr
+    assert "the agent (pid" in res.stderr and "died (signal 9) while the command runs" in res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    run = read_json(str(d), "run.json")
+    assert run["status"] == "agent-killed"
+    rep, txt = _report(d)
+    acc = rep["recorder"]["accounting"]
+    _assert_closes(acc, n)
+    assert acc["agent_died"] and acc["never_drained"] == run["events_never_drained"]
+    if moment == "before-any-event":
+        assert acc["recorded"] == 0 and acc["never_drained"] == n
+    assert "THE AGENT DIED" in " ".join(rep["warnings"]) or acc["never_drained"] == 0
+    assert "written =" in txt
+    assert not (d / ".omnitrace-reserve").exists()
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.5, 0.9])
+def test_torn_segment_loss_counted_exactly(tmp_path, keep) -> None:
+    """A segment cut to 10/50/90 % of its bytes: what is gone is the identity's loss (the
+    count comes from the rings, not from what is left), named in the report and by
+    `omnitrace export`."""
+    src = tmp_path / "run"
+    n = 30_000
+    res = _emit(src, n)
+    assert res.returncode == 0, res.stderr
+    d = tmp_path / f"cut-{int(keep * 100)}"
+    shutil.copytree(src, d)
+    seg = sorted((d / "events").iterdir())[-1]
+    data = seg.read_bytes()
+    seg.write_bytes(data[:int(len(data) * keep)])
+    rep, txt = _report(d)
+    acc = rep["recorder"]["accounting"]
+    _assert_closes(acc, n)
+    assert acc["lost"] > 0 and acc["lost_why"] == "torn segment" and acc["recorded"] < n
+    assert f"{acc['lost']} events lost (torn segment)" in " ".join(rep["warnings"])
+    ex = subprocess.run([sys.executable, "-m", "omnitrace", "export", str(d), "--otlp-json",
+                         str(tmp_path / "x.jsonl")], capture_output=True, text=True, timeout=120)
+    assert ex.returncode == 0 and f"{acc['lost']} lost (torn segment)" in ex.stderr, ex.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 3 MiB tmpfs (root only: mounting needs CAP_SYS_ADMIN)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or 'not root'}): the disk-full "
+                    "case needs one")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full_keeps_the_command_going_and_counts_what_was_not_written(tmp_path, small_disk) -> None:
+    """The run directory's disk fills up mid-run: one line says so, the command is not
+    disturbed, run.json's status is true, and the report accounts for every event (the
+    space held back for the final files lets the final counts land)."""
+    n = 400_000
+    d = small_disk / "run"
+    res = _emit(d, n)
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.count("cannot write the event log (No space left on device)") == 1, res.stderr
+    run = read_json(str(d), "run.json")
+    assert run["status"] == "complete"
+    rep, txt = _report(d)
+    acc = rep["recorder"]["accounting"]
+    _assert_closes(acc, n)
+    assert acc["not_recorded"] > 0 and acc["not_recorded_why"] == "No space left on device", acc
+    assert acc["lost"] == 0, acc
+    assert "could not be written (No space left on device)" in " ".join(rep["warnings"])
