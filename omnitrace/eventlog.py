@@ -283,6 +283,7 @@ class EventLog:
     events: np.ndarray = field(default_factory=lambda: np.empty(0, EVENT_DTYPE))
     died: set[int] = field(default_factory=set)
     accounts: dict[int, dict] = field(default_factory=dict)  # ring -> its ACCOUNT block
+    run_ids: set[str] = field(default_factory=set)  # from the segment headers (one, unless mixed)
     offset_ns: int = 0
     segments: int = 0
     torn_records: int = 0
@@ -420,6 +421,7 @@ def _segment_events(paths: list[str], log: EventLog) -> Iterator[np.ndarray]:
                     yield _events_of(parts, log.offset_ns)
                     parts, held = [], 0
                 log.offset_ns = int(obj["offset_ns"])
+                log.run_ids.add(str(obj.get("run_id")))
             elif kind == STRINGS:
                 dec = decoders.get(idx)
                 if dec is None:

@@ -192,3 +192,22 @@ def test_disk_full_keeps_the_command_going_and_counts_what_was_not_written(tmp_p
     assert acc["not_recorded"] > 0 and acc["not_recorded_why"] == "No space left on device", acc
     assert acc["lost"] == 0, acc
     assert "could not be written (No space left on device)" in " ".join(rep["warnings"])
+
+
+def test_files_of_two_runs_in_one_directory_are_named(tmp_path) -> None:
+    """The report checks that the event log, run.json and bench.json are one run's: a
+    segment of another run, or a bench file whose requests were sent while the run was
+    not on, is named (the report still reads what is there)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        res = omnitrace_run(["--run-dir", str(d), "--", sys.executable, WRITER, str(tmp_path / f"{d.name}.json"),
+                             "--requests", "2", "--chunks", "2"])
+        assert res.returncode == 0, res.stderr
+    shutil.copy(next((a / "events").iterdir()), b / "events" / "seg-000001.zst")
+    start = read_json(str(b), "run.json")["started_unix_ns"]
+    (b / "bench.json").write_text(json.dumps({"levels": [], "requests": [
+        {"id": f"x{i}", "start_unix_ns": start - 3600 * 10**9, "warmup": False} for i in range(4)]}))
+    rep, _ = _report(b)
+    text = " ".join(rep["warnings"])
+    assert "events/ holds segments of 2 runs" in text, text
+    assert "bench.json does not belong to this run: 4 of its 4 requests" in text, text

@@ -9,7 +9,9 @@ here is on the pipeline's hot path; the pipeline never waits on an exporter.
 """
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -31,6 +33,36 @@ SCOPE = InstrumentationScope("omnitrace.agent", __version__)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _OK = Status(StatusCode.UNSET)
 _ERR = Status(StatusCode.ERROR)
+
+# The SDK exporters log a line per failed attempt and retry (16-30 lines per 50 s with a
+# collector down): kept off the console; Health below says it once, with the counts.
+logging.getLogger("opentelemetry.exporter").setLevel(logging.CRITICAL)
+
+
+class Health:
+    """One line when a backend stops taking data and one when it takes it again, with
+    what was lost meanwhile: never a line per attempt."""
+
+    def __init__(self, what: str, unit: str) -> None:
+        self.what, self.unit = what, unit
+        self.down_since: float | None = None
+        self.lost_while_down = 0
+
+    def ok(self) -> None:
+        if self.down_since is not None:
+            self._say(f"reachable again after {time.monotonic() - self.down_since:.0f} s; "
+                      f"{self.lost_while_down} {self.unit} were not delivered meanwhile")
+            self.down_since, self.lost_while_down = None, 0
+
+    def failed(self, n: int, error: str) -> None:
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            self._say(f"unreachable ({error}); {self.unit} are counted as not delivered "
+                      "(the run's record keeps every span: `omnitrace export` resends them)")
+        self.lost_while_down += n
+
+    def _say(self, msg: str) -> None:
+        print(f"omnitrace agent: {self.what}: {msg}", file=sys.stderr, flush=True)
 
 
 class ConfigError(ValueError):
@@ -116,8 +148,9 @@ class QueuedExporter:
     """A worker thread draining a bounded queue of span batches into one exporter."""
 
     def __init__(self, kind: str, exporter, max_queue_spans: int = 65536,
-                 max_batch: int = 512) -> None:
+                 max_batch: int = 512, endpoint: str = "") -> None:
         self.kind, self.exporter = kind, exporter
+        self.health = Health(f"{kind} span export{' to ' + endpoint if endpoint else ''}", "spans")
         self.max_queue_spans, self.max_batch = max_queue_spans, max_batch
         self.queue: deque[list[ReadableSpan]] = deque()
         self.queued = 0
@@ -167,6 +200,10 @@ class QueuedExporter:
                 else:
                     self.failed += len(batch)
                 self._cond.notify_all()
+            if ok:
+                self.health.ok()
+            else:
+                self.health.failed(len(batch), self.last_error)
 
     def close(self, deadline_s: float) -> None:
         """Export what is queued until the deadline; whatever is left counts as dropped."""
@@ -195,7 +232,8 @@ class QueuedExporter:
 
 def build(kinds: Iterable[str], endpoints: dict[str, str | None], timeout_s: float | None,
           max_queue_spans: int = 65536) -> list[QueuedExporter]:
-    return [QueuedExporter(k, make_exporter(k, endpoints.get(k), timeout_s), max_queue_spans)
+    return [QueuedExporter(k, make_exporter(k, endpoints.get(k), timeout_s), max_queue_spans,
+                           endpoint=endpoints.get(k) or "")
             for k in kinds]
 
 
@@ -228,6 +266,7 @@ class MetricsPusher:
             base = endpoint or (normalize_endpoint(kind, env) if env else "http://localhost:4318/v1/traces")
             self.url = base[:-len("/v1/traces")] + "/v1/metrics" if base.endswith("/v1/traces") \
                 else base.rstrip("/") + "/v1/metrics"
+        self.health = Health(f"{kind} metrics push to {self.url}", "pushes")
 
     def push(self, request) -> None:
         if not self._busy.acquire(blocking=False):
@@ -247,9 +286,11 @@ class MetricsPusher:
                 with urllib.request.urlopen(req, timeout=self.timeout) as r:
                     r.read()
             self.sent += 1
+            self.health.ok()
         except Exception as exc:  # a collector that is down must not kill the agent
             self.failed += 1
             self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+            self.health.failed(1, self.last_error)
         finally:
             self._busy.release()
 

@@ -82,6 +82,15 @@ def _agent_counters(run: Run) -> dict[str, Any]:
             "views_failed": views_failed}
 
 
+def _undelivered(c: dict[str, Any], in_record: int, sampled_out: int) -> None:
+    """A live exporter's spans not delivered, by cause, against the spans the record
+    rebuilds: failed, dropped (queue full), sampled out, and the rest never built live (the
+    views skipped or stopped); what the agent cannot count live, the record shows."""
+    c["sampled_out"] = sampled_out
+    c["undelivered"] = max(0, in_record - c["exported"])
+    c["not_built_live"] = max(0, c["undelivered"] - c["failed"] - c["dropped"] - sampled_out)
+
+
 def _accounting_warnings(recorder: dict[str, Any]) -> list[str]:
     """One warning per place events went other than the record, with the identity's
     figures (the agent's own counters where a run has no accounting)."""
@@ -524,11 +533,14 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     server = [t * NS_TO_MS for t in w.ttfp_ns]  # walk order (a float mean depends on it)
     client = [r["client_ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
     warnings[:0] = _accounting_warnings(recorder)
+    in_record = run.span_count + run.skipped_spans
     for kind, c in recorder["exporters"].items():
-        if c["failed"] or c["dropped"]:
-            warnings.append(f"live {kind} exporter did not deliver {c['failed'] + c['dropped']} spans "
-                            f"(failed {c['failed']}, dropped {c['dropped']}); `omnitrace export` "
-                            "can resend them from the record")
+        _undelivered(c, in_record, recorder["spans_not_exported"])
+        if c["undelivered"]:
+            warnings.append(f"live {kind} exporter did not deliver {c['undelivered']} of the record's "
+                            f"{in_record} spans (failed {c['failed']}, dropped {c['dropped']} (queue full), "
+                            f"sampled out {c['sampled_out']}, never built live {c['not_built_live']}); "
+                            "`omnitrace export` can resend them from the record")
     if recorder["views_failed"]:
         warnings.append(f"the agent's live views failed ({recorder['views_failed']}): live metrics "
                         "and OTLP export stopped there; this report reads the complete record")

@@ -646,6 +646,7 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
         last = os.path.basename(eventlog.segments(path)[-1])
         log.warnings = [w for w in log.warnings if not w.startswith(f"events/{last}:")]
     run.warnings.extend(f"{label}{w}" for w in log.warnings)
+    run.warnings.extend(label + w for w in _mixed(log.run_ids, run_json))
     run.torn_records += log.torn_records
     led = accounting.ledger(built.events, log.rings, log.accounts, torn > 0, agent, run_json)
     led.live = live
@@ -659,6 +660,33 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     run.span_count += acc.rows - acc.skipped
     add_chunks(run, figures, early, busy, strings)
     return True
+
+
+def _mixed(log_ids: set[str], run_json: dict[str, Any] | None) -> list[str]:
+    """Files of two runs in one directory: the event log's run ids against run.json's."""
+    rid = str((run_json or {}).get("run_id") or "")
+    if len(log_ids) > 1:
+        return [f"events/ holds segments of {len(log_ids)} runs ({', '.join(sorted(log_ids))}): "
+                "two runs are mixed in this directory"]
+    if rid and log_ids and rid not in log_ids:
+        return [f"events/ belongs to run {next(iter(log_ids))}, run.json to run {rid}: two runs "
+                "are mixed in this directory"]
+    return []
+
+
+def _bench_outside(bench: dict[str, Any] | None, run_json: list[dict[str, Any]]) -> str | None:
+    """bench.json of another run: most of its requests were sent while no run was on."""
+    spans = [(int(r.get("started_unix_ns") or 0), int(r.get("ended_unix_ns") or 0) or 1 << 62)
+             for r in run_json if isinstance(r.get("started_unix_ns"), int)]
+    starts = [int(q["start_unix_ns"]) for q in (bench or {}).get("requests") or ()
+              if isinstance(q, dict) and isinstance(q.get("start_unix_ns"), int)]
+    if not spans or not starts:
+        return None
+    outside = sum(1 for t in starts if not any(a <= t <= b for a, b in spans))
+    if outside * 2 <= len(starts):
+        return None
+    return (f"bench.json does not belong to this run: {outside} of its {len(starts)} requests "
+            "were sent while the run was not on (a bench file of another run?)")
 
 
 def _check_types(name: str, doc: dict[str, Any] | None, pre: str) -> None:
@@ -755,6 +783,9 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
                     pass
         from omnitrace.profile.finalize import warnings_for  # --flame runs: missing profiles
         run.warnings.extend(pre + w for w in warnings_for(p))
+    why = _bench_outside(run.bench, run.run_json)
+    if why:
+        run.warnings.append(why)
     skip = frozenset(_warmup_ids(run.bench) if skip_warmup else ())
     for p in paths:
         label = os.path.basename(os.path.normpath(p)) if len(paths) > 1 else ""

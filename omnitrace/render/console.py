@@ -43,9 +43,8 @@ def render(rep: dict[str, Any], limit: int = 20) -> str:
         out.append(rec["accounting"]["headline"])
     for kind, c in (rec.get("exporters") or {}).items():
         out.append(f"exporter {kind}: exported={c['exported']} failed={c['failed']} "
-                   f"dropped={c['dropped']}" + (f" not_exported_by_sampling="
-                                                f"{rec['spans_not_exported']} spans"
-                                                if rec.get("spans_not_exported") else ""))
+                   f"dropped={c['dropped']} sampled_out={c.get('sampled_out', 0)} "
+                   f"never_built_live={c.get('not_built_live', 0)}")
     for msg in rep["warnings"]:
         out.append(f"warning: {msg}")
     t = rep["ttfp"]
