@@ -21,9 +21,11 @@ environment restored) BEFORE the test is failed, so one leak does not cascade.
 """
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from typing import Any
@@ -49,6 +51,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _deselect_real_server_tier(config, items)
+
+
+def _deselect_real_server_tier(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The real-server tier (``vllm_serve``: minutes per server start) runs only when asked
     for by name (``-m vllm_serve``, as .ci/run does), never as part of a default run."""
     if "vllm_serve" in (config.getoption("markexpr") or ""):
@@ -267,3 +273,37 @@ def no_leaked_global_state():
 
         if problems:
             pytest.fail("test leaked global state:\n  " + "\n  ".join(problems), pytrace=False)
+
+
+# --------------------------------------------------------------------------- tiers
+# ``-m unit``: the in-process tier (seconds: run it after every change). A test marked
+# unit that starts a process fails, so the tier stays in-process. With
+# OMNITRACE_TIER_SURVEY=FILE, every test instead appends "nodeid<TAB>spawned<TAB>seconds"
+# to FILE: how the tier's membership is chosen.
+_SPAWNERS = ((subprocess.Popen, "_execute_child"), (os, "fork"), (os, "posix_spawn"),
+             (multiprocessing.util, "spawnv_passfds"))
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_stay_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    survey = os.environ.get("OMNITRACE_TIER_SURVEY")
+    unit = request.node.get_closest_marker("unit") is not None
+    if not unit and not survey:
+        yield
+        return
+    spawned: list[str] = []
+    for owner, name in _SPAWNERS:
+        real = getattr(owner, name)
+
+        def guard(*args: Any, _real=real, _name=name, **kwargs: Any) -> Any:
+            spawned.append(_name)
+            if unit:
+                raise AssertionError(f"a unit-tier test started a process ({_name}): keep it "
+                                     "in-process or move it out of the unit tier")
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(owner, name, guard)
+    t0 = time.monotonic()
+    yield
+    if survey:
+        with open(survey, "a") as f:
+            f.write(f"{request.node.nodeid}\t{int(bool(spawned))}\t{time.monotonic() - t0:.2f}\n")

@@ -73,7 +73,8 @@ def rewrite_event_log(src: str, dst: str, windows: int, segment_raw_bytes: int =
     for name in ("run.json", "agent.json", "bench.json", "processes.jsonl"):
         if os.path.exists(os.path.join(src, name)):
             shutil.copy(os.path.join(src, name), dst)
-    w = eventlog.EventLogWriter(dst, "rewritten", log.offset_ns, segment_raw_bytes=segment_raw_bytes)
+    run_id = next(iter(log.run_ids), "rewritten")  # the same run, cut differently
+    w = eventlog.EventLogWriter(dst, run_id, log.offset_ns, segment_raw_bytes=segment_raw_bytes)
     ev = log.events[np.argsort(log.events["t"], kind="stable")]
     strings = log.requests.strings
     tables: dict[int, dict[int, str]] = {}
@@ -98,5 +99,7 @@ def rewrite_event_log(src: str, dst: str, windows: int, segment_raw_bytes: int =
         w.commit(tables)
     for idx in log.died:
         w.died(idx)
+    for idx, counts in log.accounts.items():  # the rings' final counts: the same events
+        w.account(idx, counts)
     w.close(tables)
     return w.segment + 1

@@ -211,3 +211,35 @@ def test_files_of_two_runs_in_one_directory_are_named(tmp_path) -> None:
     text = " ".join(rep["warnings"])
     assert "events/ holds segments of 2 runs" in text, text
     assert "bench.json does not belong to this run: 4 of its 4 requests" in text, text
+
+
+def test_a_live_run_is_reported_as_live_not_torn(tmp_path) -> None:
+    """A report on a run whose agent is still running: its open segment is not called
+    torn, and the accounting waits for the end instead of claiming a loss."""
+    import time
+    d = tmp_path / "run"
+    script = ("import time\nfrom omnitrace import record\n"
+              "for i in range(500):\n    record.emit(200, 'r', 0)\n"
+              "open(__import__('sys').argv[1], 'w').close()\ntime.sleep(60)\n")
+    ready = tmp_path / "emitted"
+    proc = subprocess.Popen([sys.executable, "-m", "omnitrace", "run", "--run-dir", str(d), "--",
+                             sys.executable, "-c", script, str(ready)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ready.exists(), "the writer never ran"
+        rep, txt = None, ""
+        while time.monotonic() < deadline:  # until the agent has drained the 500 events
+            rep, txt = _report(d)
+            if rep["recorder"]["accounting"] and rep["recorder"]["accounting"]["recorded"] == 500:
+                break
+            time.sleep(0.2)
+        acc = rep["recorder"]["accounting"]
+        assert acc["live"] and acc["recorded"] == 500, acc
+        assert "500 recorded so far (the run is live" in txt, txt
+        assert not any("ends early" in w or "torn" in w or "lost" in w for w in rep["warnings"]), rep["warnings"]
+    finally:
+        proc.terminate()
+        proc.wait(60)

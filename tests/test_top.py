@@ -128,6 +128,9 @@ def test_top_plain_tables_on_a_run_directory(live):
     assert r.stdout.count("omnitrace top") == 2 and "\x1b[" not in r.stdout
     assert "last 1." in r.stdout or "last 0." in r.stdout  # the second table is a window
     assert "Where TTFP goes" in r.stdout
+    # the run's event accounting as the agent knows it now (agent.json)
+    line = next(x for x in r.stdout.splitlines() if x.startswith("events: "))
+    assert " written = " in line and " recorded" in line, line
 
 
 def test_top_bad_source_is_one_line():

@@ -145,12 +145,12 @@ def served030(tmp_path_factory) -> dict:
         _wait_healthy(url, server, 1200, tmp / "server.log")
         bench = _ot(venv, "bench", "--base-url", url, "--model", MODEL_NAME, *LOAD, "--request-timeout", "180",
                     "--out", str(run_dir / "bench.json"), timeout=900)
-        # seen once on a loaded machine: one request's talker stopped receiving after 8 of
-        # the thinker's 15 chunks and the server never finished it (the report shows it:
-        # consumer-never-scheduled, an incomplete code2wav span); one such failure is the
-        # server's, not a reason to stop checking the rest
+        # under load 0.30 leaves some requests unfinished (seen: 1-3 of 16 beside a core
+        # burner): a consumer stage stops polling a request after a slow get, its chunks stay
+        # in /dev/shm unread and the client times out. The server's failure, not a reason to
+        # stop checking the rest; the report must count each one
         failed = json.loads((run_dir / "bench.json").read_text())["levels"][0]["summary"]["failed"]
-        assert bench.returncode == 0 or failed <= 1, bench.stderr[-3000:]
+        assert bench.returncode == 0 or failed <= 4, bench.stderr[-3000:]
         panels = _dashboard_answers(pport)
         client = subprocess.run([str(venv / "bin" / "python"), str(ROOT / "tests" / "vllm_omni_client.py"),
                                  url, MODEL_NAME, "8", "4", "vbc-"], env=_env(venv), text=True,
@@ -401,7 +401,9 @@ def test_stage_death_named_counted_and_cleaned_up(served030, tmp_path) -> None:
     ids = _ids(d / "bench.json", d / "bench-death.json") | {r["id"] for r in served030["client"]}
     assert _leftovers(pids, ids) == [], run.get("shm_leftovers")
     # what the dead talker wrote and nobody read was removed after the run, and listed
-    left = run["shm_leftovers"]["chunk_segments"]
+    died = _ids(d / "bench-death.json")
+    left = [n for n in run["shm_leftovers"]["chunk_segments"]
+            if request_of(n).removeprefix("chatcmpl-")[:-9] in died]
     assert left and all("_0_" in n for n in left), run["shm_leftovers"]
 
 
@@ -413,3 +415,14 @@ def test_dashboards_answer_on_the_real_server(served030) -> None:
     not_here = {"Spans per second by exporter and outcome"}
     empty = {p: qs for p, qs in served030["panels"].items() if p not in not_here}
     assert not empty, "panels without data:\n" + "\n".join(f"{p}: {q}" for p, qs in empty.items() for q in qs)
+
+
+def test_requests_the_server_never_finished_are_counted(served030) -> None:
+    """Whatever the 0.30 server failed to finish under the load (often none) is counted by
+    the report exactly as the client saw it, and the run's accounting still closes."""
+    bench = json.loads((served030["run_dir"] / "bench.json").read_text())
+    failed = bench["levels"][0]["summary"]["failed"]
+    rep = served030["report"]
+    assert rep["window"]["failed"] == failed, (rep["window"], failed)
+    acc = rep["recorder"]["accounting"]
+    assert acc["closes"] and acc["recorded"] + acc["dropped_in_rings"] == acc["events_written"], acc

@@ -33,18 +33,20 @@ import numpy as np
 from omnitrace import conventions as cv
 from omnitrace import eventlog
 from omnitrace import spantable as stt
+from omnitrace import categories
 from omnitrace.profile.store import Store, save_npz
 
 E = cv.Ev
 THREADS = ("scheduler", "sender", "receiver", "api")
-CATEGORIES = ("snapshot", "fifo_blocked", "fifo_own", "process", "put", "get", "poll_lag",
-              "wait_schedule", "compute", "queue")
 # category -> (span name code or None, default thread kind)
 _SPANS = {"snapshot": (stt.N_SNAPSHOT, "scheduler"), "fifo_blocked": (stt.N_FIFO, "sender"),
           "fifo_own": (stt.N_FIFO, "sender"), "process": (stt.N_PROCESS, "sender"),
           "put": (stt.N_PUT, "sender"), "get": (stt.N_GET, "receiver"),
           "poll_lag": (stt.N_POLL, "receiver"), "wait_schedule": (stt.N_WAIT, "scheduler"),
           "queue": (stt.N_QUEUE, "scheduler"), "compute": (None, "scheduler")}
+# the attribution categories a flame selection can pick (in the vocabulary's order)
+CATEGORIES = tuple(c for c in categories.CATEGORIES if c in _SPANS)
+assert len(CATEGORIES) == len(_SPANS), "a flame category missing from omnitrace.categories"
 # the event kinds the index is built from
 _INDEX_KINDS = (E.SNAPSHOT_BEGIN, E.SNAPSHOT_END, E.FIFO_ENQUEUE, E.FIFO_DEQUEUE, E.PROCESS_BEGIN,
                 E.PROCESS_END, E.PUT_BEGIN, E.PUT_END, E.GET_BEGIN, E.GET_END, E.CHUNK_READY,

@@ -8,15 +8,11 @@ import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from omnitrace.analyze.attribution import CATEGORIES, DESCRIPTIONS
+from omnitrace.categories import CATEGORIES, COLORS, DESCRIPTIONS
 from omnitrace.render import waterfall_fig
 from omnitrace.render.console import render as render_text
 from omnitrace.render.flame_html import flame_section
 
-# One colour per category, the same in every plot.
-COLORS = dict(zip(CATEGORIES, ("#393b79", "#6b6ecf", "#8c564b", "#17becf", "#1f77b4", "#ff7f0e",
-                               "#d62728", "#e377c2", "#9467bd", "#2ca02c", "#bcbd22", "#98df8a",
-                               "#637939", "#e7ba52", "#ad494a", "#c7c7c7")))
 HEATMAP_TOP = 30
 # Stages told apart by bar pattern where colour already means the category.
 PATTERNS = ("", "/", "x", ".", "\\", "+", "-", "|")

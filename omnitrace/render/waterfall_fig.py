@@ -12,7 +12,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from omnitrace.analyze.attribution import DESCRIPTIONS
+from omnitrace.categories import DESCRIPTIONS
 
 _KINDS = ("stage", "queue", "snapshot", "fifo", "process", "put", "poll_lag", "get", "wait_schedule")
 _KIND_COLORS = {"stage": "#c7c7c7", "queue": "#8c564b", "snapshot": "#ff7f0e", "fifo": "#d62728",

@@ -83,6 +83,12 @@ def render(v: model.View, history: dict[str, deque], width: int = 100) -> str:
     out.append("")
     out.append(f"recorder: events {v.events:.0f}, dropped {v.dropped:.0f}   agent lag {v.lag_s:.2f} s   "
                f"exporters lost {v.export_lost:.0f} spans, sampled out {v.sampled_out:.0f}")
+    a = v.accounting
+    if a:  # the run's identity as the agent knows it now (the report closes it at the end)
+        terms = [(a["dropped_in_rings"], "dropped"), (a["not_drained_yet"], "in rings"),
+                 (a["in_flight"], "in flight"), (a["not_recorded"], "not recorded")]
+        out.append(f"events: {a['events_written']} written = {a['recorded']} recorded"
+                   + "".join(f" + {n} {what}" for n, what in terms if n))
     return "\n".join(line[:width] for line in out)
 
 

@@ -81,6 +81,7 @@ class View:
     culprits: list[dict] = field(default_factory=list)
     events: float = 0.0
     dropped: float = 0.0
+    accounting: dict = field(default_factory=dict)  # agent.json's identity terms, when read
     lag_s: float = 0.0
     export_lost: float = 0.0
     sampled_out: float = 0.0
@@ -155,6 +156,7 @@ def build(cur: Sample, prev: Sample | None, source: str) -> View:
             v.snapshot[label(st)] = (1e3 * (quantile(0.5, h) or 0), 1e3 * (quantile(0.99, h) or 0))
     views = cur.agent.get("views", {}) if cur.agent else {}
     v.culprits = [dict(c, stage=label(str(c.get("stage")))) for c in views.get("head_of_line_top_culprits", [])]
+    v.accounting = (cur.agent or {}).get("accounting") or {}
     v.events = cur.total("omnitrace_events_total")
     v.dropped = cur.total("omnitrace_events_dropped_total")
     v.lag_s = cur.total("omnitrace_agent_lag_seconds")
