@@ -35,6 +35,7 @@ def _official_json(spans: list, rc: export_otlp.ResourceCache) -> dict:
     return d
 
 
+@pytest.mark.unit
 def test_otlp_json_equals_official_encoder_output():
     rc = export_otlp.ResourceCache("r1")
     spans = [otlp.OtlpSpan(cv.SPAN_FIFO, 123456789, 42, 7, 1000, 2000,
@@ -60,6 +61,7 @@ def _ev(rows: list[tuple]) -> np.ndarray:
     return a
 
 
+@pytest.mark.unit
 def test_request_state_is_freed_and_incomplete_spans_flushed():
     b = stt.SpanBuilder(dict(RINGS))
     b.ring_changed()
@@ -89,6 +91,7 @@ def test_request_state_is_freed_and_incomplete_spans_flushed():
     assert sum(ttfp[0][1]) == 100
 
 
+@pytest.mark.unit
 def test_ring_strings_wrap_and_drop_count_exact(tmp_path, monkeypatch):
     monkeypatch.setenv(cv.ENV_RUN_ID, f"unit-{os.getpid()}")
     ring = record.Ring(f"unit-{os.getpid()}", record.ProcessInfo(), 64)
@@ -189,6 +192,7 @@ def _small_log(tmp_path, n: int = 3000, **kw) -> eventlog.EventLogWriter:
     return w
 
 
+@pytest.mark.unit
 def test_blocks_cut_anywhere_between_inflated_pieces_decode_the_same(tmp_path):
     """The reader inflates a segment a slice at a time, and zstd hands out whole zstd
     blocks: a segment re-compressed with a zstd block ending every few bytes cuts block
@@ -211,6 +215,7 @@ def test_blocks_cut_anywhere_between_inflated_pieces_decode_the_same(tmp_path):
         assert (got.events == want.events).all()
 
 
+@pytest.mark.unit
 def test_torn_last_segment_loses_only_its_torn_records(tmp_path):
     w = _small_log(tmp_path)
     w.close()
@@ -226,6 +231,7 @@ def test_torn_last_segment_loses_only_its_torn_records(tmp_path):
     assert torn.warnings and "ends early" in torn.warnings[0] and torn.torn_segments == 1 and torn.last_torn
 
 
+@pytest.mark.unit
 def test_corrupt_segment_is_one_clear_error(tmp_path):
     w = _small_log(tmp_path)
     w.close()
@@ -238,6 +244,7 @@ def test_corrupt_segment_is_one_clear_error(tmp_path):
         eventlog.read_event_log(str(tmp_path))
 
 
+@pytest.mark.unit
 def test_max_bytes_stops_recording_and_counts_exactly(tmp_path):
     w = _small_log(tmp_path, n=20000, max_bytes=2000)
     w.close()
@@ -248,6 +255,7 @@ def test_max_bytes_stops_recording_and_counts_exactly(tmp_path):
     assert len(log.events) == c["events_recorded"]
 
 
+@pytest.mark.unit
 def test_orphan_stamps_leave_after_the_idle_timeout():
     """A begin whose request has no request/stage state (an adapter-only run) does not
     wait forever: it is emitted incomplete ("timeout") once the run is idle_timeout past it."""
@@ -277,6 +285,7 @@ def _long_wait(n_tasks: int) -> np.ndarray:
     return ev[np.argsort(ev["t"], kind="stable")]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("cuts", [1, 40])
 def test_fifo_blocked_counts_every_task_waited_behind(cuts):
     """blocked_ns of a FIFO wait behind 40,000 other tasks: all of them, in one feed (the
@@ -293,6 +302,7 @@ def test_fifo_blocked_counts_every_task_waited_behind(cuts):
     assert fifo["by0"] == 2 and fifo["by1"] == 0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("values", [[], [7], [3, -2, 3, 0, -2, 65535], [5, 1 << 40, 5, -(1 << 33)],
                                     [(i % 13) << 30 for i in range(100)]],
                          ids=["empty", "one", "narrow with negatives", "wide, few: peeled",

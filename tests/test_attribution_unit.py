@@ -1,6 +1,8 @@
 """Attribution arithmetic on a hand-written three-stage trace (exact expected tiling)."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -21,6 +23,7 @@ EXPECTED_US = {
 }
 
 
+@pytest.mark.unit
 def test_worked_example_tiles_exactly(tmp_path):
     run = load_run([write_run(str(tmp_path / "r"), [line(three_stage_request("a"))])])
     reqs = request_spans(run)
@@ -35,6 +38,7 @@ def test_worked_example_tiles_exactly(tmp_path):
     assert a.hops == [(0, 1, 0), (1, 2, 0)]
 
 
+@pytest.mark.unit
 def test_overlap_is_clamped_and_gaps_become_remainder(tmp_path):
     spans = three_stage_request("b")
     for s in spans:  # put overlaps the poll window; shift the talker snapshot to leave a gap
@@ -46,6 +50,7 @@ def test_overlap_is_clamped_and_gaps_become_remainder(tmp_path):
     assert all(x.end == y.start for x, y in zip(a.segments, a.segments[1:]))
 
 
+@pytest.mark.unit
 def test_report_aggregates_and_sum_error_zero(tmp_path):
     lines = [line(three_stage_request(f"r{i}", off=i * 2000, blocked_by=[f"r{i - 1}"])) for i in range(1, 6)]
     bench = {"requests": [{"id": f"r{i}", "warmup": i == 1, "ttfp_s": 0.0009 + 0.0001} for i in range(1, 6)]}
@@ -77,6 +82,7 @@ def test_json_and_html_cli(tmp_path):
     assert "<script src=" not in text and "Plotly" in text and os.path.getsize(html) > 1_000_000
 
 
+@pytest.mark.unit
 def test_several_tasks_under_one_chunk_index_take_the_last(tmp_path):
     """The talker labels its no-chunk tasks with the next chunk's index: the walk must use
     the task that produced the chunk (latest before the put), not the first one."""
@@ -91,6 +97,7 @@ def test_several_tasks_under_one_chunk_index_take_the_last(tmp_path):
     assert {k: v // US for k, v in a.totals().items()} == EXPECTED_US
 
 
+@pytest.mark.unit
 def test_only_no_chunk_task_recorded_is_flagged(tmp_path):
     """If the trace holds only a 0-byte (no-chunk) task under the index, the producing task
     is unrecorded: its time goes to the producer's compute and the hop is reported."""

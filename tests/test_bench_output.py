@@ -82,6 +82,7 @@ def test_unwritable_destination_is_refused_before_the_load(tmp_path, server, whe
     assert not seen
 
 
+@pytest.mark.unit
 def test_create_never_replaces(tmp_path):
     dest, tmp = tmp_path / "bench.json", tmp_path / "t"
     dest.write_text("theirs")

@@ -72,6 +72,7 @@ def test_the_310_form_on_python_310(decoy_cwd):
     assert list(json.loads(r.stdout)) == ["a", "b"]
 
 
+@pytest.mark.unit
 def test_module_of_names_the_module():
     assert module_of(["python", "-m", "pkg.mod", "x"]) == "pkg.mod"
     assert module_of(["python", "-P", "-X", "dev", "-m", "pkg.mod"]) == "pkg.mod"

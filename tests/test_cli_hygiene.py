@@ -80,6 +80,7 @@ def test_serve_port_in_use_names_the_port_and_the_flag():
     assert str(port) in r.stderr and "--port" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.unit
 def test_ctrl_c_while_a_command_starts_is_one_line(monkeypatch, capsys):
     """Ctrl-C that lands before a command handles it itself (while its modules import,
     seconds on a loaded machine: seen as a traceback from `loadtest`'s bench) exits 130

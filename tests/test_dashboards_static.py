@@ -117,6 +117,7 @@ def test_schema_check_catches_a_broken_dashboard(tmp_path):
     assert "'w'" in out and '"middle"' in out and "colour" in out, out[-3000:]
 
 
+@pytest.mark.unit
 def test_datasources_are_variables_and_rates_use_rate_interval():
     for path in dashboard_files():
         dash = load(path)
@@ -150,6 +151,7 @@ def test_datasources_are_variables_and_rates_use_rate_interval():
         assert "$__rate_interval" in text
 
 
+@pytest.mark.unit
 def test_omnitrace_panels_cover_the_issue_and_vllm_omni_panels_are_their_own_row():
     queries = prometheus_queries()
     omni = [q for q in queries if not q.vllm_omni_only]
@@ -186,6 +188,7 @@ def test_omnitrace_panels_cover_the_issue_and_vllm_omni_panels_are_their_own_row
     assert [r for r, _ in panels(overview)].count(VLLM_OMNI_ROW) == len({q.panel for q in vllm})
 
 
+@pytest.mark.unit
 def test_request_dashboard_opens_a_trace_from_jaeger_or_tempo():
     dash = load(os.path.join(GRAFANA_DIR, "omnitrace-request.json"))
     variables = {v["name"]: v for v in dash["templating"]["list"]}

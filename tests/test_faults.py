@@ -124,7 +124,7 @@ def test_agent_sigkill_accounted_at_every_moment(tmp_path, moment) -> None:
     assert "the agent (pid" in res.stderr and "died (signal 9) while the command runs" in res.stderr
     assert "Traceback" not in res.stderr, res.stderr
     run = read_json(str(d), "run.json")
-    assert run["status"] == "agent-killed"
+    assert run["status"] == "agent-killed" and run["exit_code"] == 0  # the command's status
     rep, txt = _report(d)
     acc = rep["recorder"]["accounting"]
     _assert_closes(acc, n)

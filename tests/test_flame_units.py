@@ -121,6 +121,7 @@ def _store(rows: list[tuple[int, int, int, int, int]], rounds: list[int]) -> Sto
     return Store(st, r, frames, stacks, 10, {(1, 7): "MainThread"})
 
 
+@pytest.mark.unit
 def test_select_counts_each_sample_once_per_round():
     # work over rounds 0, 10, 20; idle over 30, 40
     store = _store([(0, 30, 1, 7, 0), (30, 50, 1, 7, 1)], [0, 10, 20, 30, 40])
@@ -133,6 +134,7 @@ def test_select_counts_each_sample_once_per_round():
     assert len(linked.select(store, other)) == 0  # another thread: nothing
 
 
+@pytest.mark.unit
 def test_svg_and_speedscope_writers():
     stacks = {("main", "work (a.py)"): 0.75, ("main", "idle (a.py)"): 0.25, ("main", "tiny"): 1e-6}
     svg = render.svg(stacks, "t <&>", "sub")
@@ -151,6 +153,7 @@ def test_svg_and_speedscope_writers():
     json.dumps(doc)
 
 
+@pytest.mark.unit
 def test_rounds_cluster_one_sample_of_all_threads():
     stamps = np.array([1000, 1003, 1010, 5000, 5002, 5100, 9000])
     assert ct.rounds(stamps, gap_us=50).tolist() == [1000, 5000, 5100, 9000]

@@ -3,6 +3,8 @@ span of the slowest requests and of requests with head-of-line blocking, counts 
 Real OTLP/HTTP exporter against a real socket that never answers (a hung collector)."""
 from __future__ import annotations
 
+import pytest
+
 import random
 
 import numpy as np
@@ -29,6 +31,7 @@ def _request(req: int, ttfp_ns: int, blocked: bool, chunks: int = 9) -> np.ndarr
     return rows
 
 
+@pytest.mark.unit
 def test_sampling_keeps_slow_and_blocked_requests_and_counts_the_rest():
     hang = HangingEndpoint()
     exp = export_otlp.QueuedExporter(

@@ -144,6 +144,7 @@ def test_nothing_happens_without_a_run(demo: Path) -> None:
     assert proc.returncode == 0 and proc.stdout.strip() == "None" and not proc.stderr, proc.stderr
 
 
+@pytest.mark.unit
 def test_vllm_plugins_env_is_appended_not_replaced() -> None:
     from omnitrace.inject.vllm_plugin import plugin_env
 
@@ -153,6 +154,7 @@ def test_vllm_plugins_env_is_appended_not_replaced() -> None:
     assert plugin_env({"VLLM_PLUGINS": ""}) == {"VLLM_PLUGINS": "omnitrace"}
 
 
+@pytest.mark.unit
 def test_builtin_patch_sets_ship_with_the_package() -> None:
     from omnitrace.inject.patching import load_patch_sets
 

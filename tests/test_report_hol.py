@@ -82,6 +82,7 @@ def test_only_critical_path_waits_before_the_first_packet_count(tmp_path):
     assert rep["head_of_line"] == [] and rep["head_of_line_victims"] == []
 
 
+@pytest.mark.unit
 def test_two_senders_blocked_at_once_split_evenly():
     pieces = [(0, 10, 1), (5, 15, 2), (5, 10, 1)]
     assert hol_reference._union_split(pieces) == (15, {1: 7.5, 2: 7.5})
@@ -128,6 +129,7 @@ def _random_schedule(rng: np.random.Generator, n_req: int = 40, chunks: int = 8)
     return victims, table, busy
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("seed", range(6))
 def test_vectorised_equals_the_reference_loop(seed, monkeypatch):
     victims, table, busy = _random_schedule(np.random.default_rng(seed))

@@ -135,7 +135,7 @@ def test_half_written_run_dir(run_dir, tmp_path):
                        text=True, timeout=60)
     assert "Traceback" not in r.stderr and r.returncode in (0, 3)
     out = r.stdout
-    assert "torn" in out and "agent.json missing" in out and "'running'" in out
+    assert "ends early" in out and "agent.json missing" in out and "'running'" in out
     assert "results are partial" in out
 
 

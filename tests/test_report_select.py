@@ -2,6 +2,8 @@
 window and warm-up count; and chunk waits that never ended are marked, not walked."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
@@ -51,6 +53,7 @@ def test_bad_window_is_one_line_exit_2(tmp_path):
         assert r.returncode == 2 and "--window" in r.stderr, r.stderr
 
 
+@pytest.mark.unit
 def test_never_scheduled_wait_is_marked_not_writer_died():
     """CHUNK_READY on the consumer, never CHUNK_SCHEDULED, then every process exits: the
     consumer's scheduler never took the chunk; its writer did not die mid-span."""

@@ -174,6 +174,7 @@ def server(tmp_path_factory):
 
 
 # --------------------------------------------------------------------------- tests
+@pytest.mark.unit
 @pytest.mark.timeout(60)
 def test_text_and_audio_stream(server):
     rid = f"{TAG}-one"
@@ -191,6 +192,7 @@ def test_text_and_audio_stream(server):
     assert shm_entries(rid) == []
 
 
+@pytest.mark.unit
 @pytest.mark.timeout(60)
 def test_prompt_tokens_field_and_generated_id(server):
     status, raw, headers = post(server, chat_body(3, omnitrace_prompt_tokens=2500))
@@ -202,6 +204,7 @@ def test_prompt_tokens_field_and_generated_id(server):
     check_stream(parse_sse(raw), f"{TAG}-pt", 7, 3)
 
 
+@pytest.mark.unit
 @pytest.mark.timeout(90)
 def test_concurrency_32(server):
     async def one(session, i):
@@ -222,6 +225,7 @@ def test_concurrency_32(server):
     assert shm_entries(f"{TAG}-c") == []
 
 
+@pytest.mark.unit
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("body,needle", [
     (b"{not json", "invalid JSON"),
@@ -248,6 +252,7 @@ def test_bad_input_is_400(server, body, needle):
     assert needle in msg and "\n" not in msg
 
 
+@pytest.mark.unit
 def test_oversized_body_is_413_as_json(server):
     from omnitrace.runtime.api import MAX_BODY_BYTES
     status, raw, headers = post(server, b"{" + b" " * MAX_BODY_BYTES + b"}", f"{TAG}-big")
@@ -256,6 +261,7 @@ def test_oversized_body_is_413_as_json(server):
     assert "larger than" in json.loads(raw)["error"]["message"]
 
 
+@pytest.mark.unit
 @pytest.mark.timeout(60)
 def test_bad_request_id_and_duplicates(server):
     status, raw, _ = post(server, chat_body(2), "bad/id")
@@ -265,6 +271,7 @@ def test_bad_request_id_and_duplicates(server):
     check_stream(parse_sse(raw), f"{TAG}-after-bad", 3, 2)
 
 
+@pytest.mark.unit
 @pytest.mark.timeout(60)
 def test_cancel_mid_stream_leaves_no_segments(server):
     rid = f"{TAG}-cancel"
@@ -288,6 +295,7 @@ def test_cancel_mid_stream_leaves_no_segments(server):
     check_stream(parse_sse(raw), f"{TAG}-after-cancel", 3, 5)
 
 
+@pytest.mark.unit
 @pytest.mark.timeout(60)
 def test_broken_chunk_fails_only_its_request(server):
     from omnitrace.runtime.shm import HDR, MAGIC, Segment

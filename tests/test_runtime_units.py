@@ -28,6 +28,7 @@ def default_dict() -> dict:
 
 
 # --------------------------------------------------------------------------- config
+@pytest.mark.unit
 def test_default_pipeline_is_qwen3_omni_shape():
     cfg = config.load()
     assert [(s.name, s.kind, s.inputs, s.produces, s.emits) for s in cfg.stages] == [
@@ -42,6 +43,7 @@ def test_default_pipeline_is_qwen3_omni_shape():
     assert config.from_dict(config.to_dict(cfg)).stages == cfg.stages
 
 
+@pytest.mark.unit
 def test_example_is_the_packaged_default():
     with open(os.path.join(ROOT, "examples", "qwen3_omni.yaml")) as f:
         example = f.read()
@@ -49,6 +51,7 @@ def test_example_is_the_packaged_default():
         assert example == f.read(), "examples/qwen3_omni.yaml must stay a copy of the packaged default"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("edit,message", [
     (lambda d: d["stages"][1].update(max_batch_size=0),
      "stages[1].max_batch_size: must be a positive integer, got 0"),
@@ -77,6 +80,7 @@ def test_invalid_config_names_the_field(edit, message):
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
+@pytest.mark.unit
 def test_invalid_yaml_and_missing_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("stages: [\n  - name: x\n   kind")
@@ -86,6 +90,7 @@ def test_invalid_yaml_and_missing_file(tmp_path):
         config.load(str(tmp_path / "missing.yaml"))
 
 
+@pytest.mark.unit
 def test_two_stage_pipeline_is_valid():
     d = default_dict()
     d["stages"] = d["stages"][:1]
@@ -94,6 +99,7 @@ def test_two_stage_pipeline_is_valid():
 
 
 # --------------------------------------------------------------------------- snapshot
+@pytest.mark.unit
 @pytest.mark.parametrize("strategy", snapshot.STRATEGIES)
 def test_snapshot_is_independent_of_the_live_request(strategy):
     fn, _ = snapshot.get(strategy)
@@ -109,6 +115,7 @@ def test_snapshot_is_independent_of_the_live_request(strategy):
 
 
 # --------------------------------------------------------------------------- shm connector
+@pytest.mark.unit
 @pytest.mark.parametrize("mode", ["per-chunk", "pool"])
 def test_connector_round_trip_and_cleanup(mode):
     prod, cons = ShmConnector(0, mode, f"{TAG}pool"), ShmConnector(1, mode, f"{TAG}x")
@@ -137,6 +144,7 @@ def test_connector_round_trip_and_cleanup(mode):
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"{TAG}pool")]
 
 
+@pytest.mark.unit
 def test_pool_reuses_slots_per_size_class_and_falls_back_past_its_budget():
     prod, cons = ShmConnector(0, "pool", f"{TAG}grow", pool_max_bytes=4 << 20), ShmConnector(1, "pool", "")
     rid = f"{TAG}-grow"
@@ -169,6 +177,7 @@ def test_pool_reuses_slots_per_size_class_and_falls_back_past_its_budget():
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"{TAG}grow") or n.startswith(rid)]
 
 
+@pytest.mark.unit
 def test_half_written_segment_is_a_miss():
     key = f"{TAG}-half_0_0"
     seg = Segment.create(key, HDR_SIZE + 16)  # created, header magic not yet written
@@ -181,6 +190,7 @@ def test_half_written_segment_is_a_miss():
 
 
 # --------------------------------------------------------------------------- chunking rules
+@pytest.mark.unit
 def test_codec_chunk_boundaries():
     ch = config.ChunkConfig()
     sent, chunks = 0, []
@@ -191,6 +201,7 @@ def test_codec_chunk_boundaries():
     assert chunks == [4, 29, 54, 79, 104, 120]
 
 
+@pytest.mark.unit
 def test_processors_payload_sizes():
     ch = config.ChunkConfig()
     hp = HiddenProcessor(ch)
@@ -214,6 +225,7 @@ def test_processors_payload_sizes():
 
 
 # --------------------------------------------------------------------------- threads
+@pytest.mark.unit
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("mode", ["per-chunk", "pool"])
 def test_fifo_sender_receiver_deliver_in_order(mode):

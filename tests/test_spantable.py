@@ -141,6 +141,7 @@ RINGS = {0: {"pid": 10, "replica": 0, "role": "stage", "stage": 0, "process": "t
          1: {"pid": 10, "replica": 0, "role": "stage", "stage": 0, "process": "thinker"}}
 
 
+@pytest.mark.unit
 def test_end_before_begin_across_feeds_and_retries_pair_in_order():
     b = stt.SpanBuilder(dict(RINGS))
     b.ring_changed()
@@ -158,6 +159,7 @@ def test_end_before_begin_across_feeds_and_retries_pair_in_order():
     assert [(r[10], r[11], r[12]) for r in snaps] == [(300, 310, 0), (400, 450, 1)]
 
 
+@pytest.mark.unit
 def test_blocked_time_and_culprits_by_hand():
     """Sender busy with request 2 over [10, 40] and request 3 over [40, 45], then
     request 1's own task; request 1's chunk waited [5, 50]: blocked 30 + 5 = 35 ns,
@@ -187,6 +189,7 @@ def test_blocked_time_and_culprits_by_hand():
     assert int(fifo[2]["v2"]) == 0
 
 
+@pytest.mark.unit
 def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
     """The busy intervals the builder hands out (``Feed.busy``, what the report's
     head-of-line rule reads) and those rebuilt from spans (a run recorded before the event
@@ -288,6 +291,7 @@ def _match_by_definition(bkey, bt, ekey, et) -> set:
     return {pair for k in b.keys() & e.keys() for pair in zip(b[k], e[k])}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("seed", range(4))
 def test_match_pairs_the_kth_begin_of_a_key_with_its_kth_end(seed) -> None:
     """Every path of ``match``: keys once or repeated (a chunk index held over steps), a
@@ -309,6 +313,7 @@ def test_match_pairs_the_kth_begin_of_a_key_with_its_kth_end(seed) -> None:
         assert (order == np.arange(len(bi))).all()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("ids", [[3, 9, 3, 4, 9, 9], [1, 1 << 21, 1, 5, 1 << 21]],
                          ids=["narrow: per id", "wide: by a sort"])
 def test_a_feeds_latest_time_per_request(ids) -> None:

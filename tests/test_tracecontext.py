@@ -23,6 +23,7 @@ TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("value,ok", [
     (f"00-{TRACE}-{PARENT}-01", True),
     (f"00-{TRACE.upper()}-{PARENT}-00", True),  # case-insensitive on the way in
@@ -40,6 +41,7 @@ def test_parse_traceparent(value, ok):
         assert got[:2] == (int(TRACE, 16), int(PARENT, 16))
 
 
+@pytest.mark.unit
 def test_encoding_round_trips():
     rng = random.Random(7)
     for trace, parent in [(1, 1), ((1 << 128) - 1, (1 << 64) - 1), (1 << 127, 1 << 63)] + \

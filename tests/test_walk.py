@@ -101,6 +101,7 @@ def test_report_by_the_batch_walk_equals_the_report_by_the_reference(real_run, m
     assert orjson.dumps(fast) == orjson.dumps(ref)  # the JSON's order too
 
 
+@pytest.mark.unit
 def test_a_batch_beyond_the_compact_keys_is_walked_by_the_reference():
     rows = np.zeros(2, stt.SPAN_DTYPE)
     assert walk.fits(rows)

@@ -456,7 +456,7 @@ def _stop_agent(agent: subprocess.Popen, rc: int, cfg: AgentConfig | None = None
                   "final flush and was killed", file=sys.stderr)
             break
     if cfg is not None:
-        _count_rings_left(cfg, agent.returncode)
+        _count_rings_left(cfg, rc, agent.returncode)
 
 
 def rings_left(run_id: str) -> list[dict]:
@@ -487,7 +487,7 @@ def rings_left(run_id: str) -> list[dict]:
     return out
 
 
-def _count_rings_left(cfg: AgentConfig, rc: int) -> None:
+def _count_rings_left(cfg: AgentConfig, rc: int, agent_rc: int) -> None:
     """After the agent exited: rings it did not read to the end (it was killed, or its
     drain thread failed) are counted into run.json and removed (shared memory outlives
     processes); an agent that died says so (status agent-killed)."""
@@ -498,10 +498,10 @@ def _count_rings_left(cfg: AgentConfig, rc: int) -> None:
     except OSError:
         pass
     left = rings_left(cfg.run_id)
-    if not left and rc == 0:
+    if not left and agent_rc == 0:
         return
     never = sum(r["never_drained"] for r in left)
-    if rc != 0:
+    if agent_rc != 0:
         print(f"omnitrace run: the agent died before its final flush; {never} events were never "
               "drained (run.json: status agent-killed)", file=sys.stderr)
     elif never:
@@ -520,7 +520,7 @@ def _count_rings_left(cfg: AgentConfig, rc: int) -> None:
         meta = {}
     meta.update(events_never_drained=never, events_dropped_in_rings=sum(r["dropped"] for r in left),
                 rings_left=left)
-    if rc != 0:
+    if agent_rc != 0:  # exit_code stays the command's
         meta.update(status="agent-killed", exit_code=rc, ended_unix_ns=time.time_ns())
     try:
         write_json_atomic(path, meta)
