@@ -84,26 +84,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.category is not None:
             iv, rt = linked.intervals(run, args.category, args.stage, args.request, args.thread)
-            idx = linked.select(store, iv)
+            n_samples = len(linked.select(store, iv))
+            idx, secs = linked.select_time(store, iv)
             summary.update(spans=iv.spans, intervals=int(len(iv.start)),
                            interval_s=round(linked.covered_ns(iv) / 1e9, 6), notes=iv.notes)
         else:
-            idx = _whole(run, store, args.stage, args.thread)
+            n_samples, idx, secs = _whole(run, store, args.stage, args.thread)
     except linked.SelectError as exc:
         print(f"omnitrace flame: {exc}", file=sys.stderr)
         return 2
     label = "-".join(x for x in (args.stage, args.category, args.thread, args.request) if x)
-    stacks = collapsed(store, idx)
+    stacks = collapsed(store, idx, secs)
     svg_path, ss_path = _outputs(args.output, label)
     title = f"omnitrace flame: {label}"
-    sub = (f"{len(idx)} samples at {1e9 / store.period_ns:.0f} Hz"
+    sub = (f"{float(secs.sum()):.3f} s sampled ({n_samples} samples at {1e9 / store.period_ns:.0f} Hz)"
            + (f" in {summary['spans']} spans' intervals ({summary['interval_s']:.3f} s)"
               if args.category else ""))
     with open(svg_path, "w", encoding="utf-8") as f:
         f.write(render.svg(stacks, title, sub))
     with open(ss_path, "wb") as f:
         f.write(orjson.dumps(render.speedscope([(label, stacks)], title)))
-    summary.update(samples=int(len(idx)), seconds=round(len(idx) * store.period_ns / 1e9, 3),
+    summary.update(samples=int(n_samples), seconds=round(float(secs.sum()), 3),
                    svg=svg_path, speedscope=ss_path,
                    top=[{"function": k, "inclusive": round(i, 4), "self": round(s, 4)}
                         for k, i, s in _top(stacks, args.top)])
@@ -131,8 +132,10 @@ def _index(run: str) -> dict:
         return {"profiles": [], "missing": []}
 
 
-def _whole(run: str, store: Any, stage: str | None, thread: str | None) -> np.ndarray:
-    """A stage's process (or one of its threads) over the whole profile."""
+def _whole(run: str, store: Any, stage: str | None,
+           thread: str | None) -> tuple[int, np.ndarray, np.ndarray]:
+    """A stage's process (or one of its threads) over the whole profile: (samples, stretch
+    indices, seconds), each stretch weighted by its duration (what was sampled)."""
     from omnitrace.profile import linked
     st = store.stretches
     mask = np.ones(len(st), bool)
@@ -147,8 +150,8 @@ def _whole(run: str, store: Any, stage: str | None, thread: str | None) -> np.nd
             k = linked.THREADS.index(thread)
             tids = {rt.thread_of(p, k) for p in pids} - {None}
             mask &= np.isin(st["tid"], np.fromiter(tids, np.int64, len(tids)))
-    idx, _ = store.samples(mask)
-    return idx
+    idx = np.flatnonzero(mask)
+    return len(store.samples(mask)[0]), idx, (st["end"][idx] - st["t"][idx]) / 1e9
 
 
 def _list(run: str, index: dict, store: Any, as_json: bool) -> int:

@@ -62,10 +62,10 @@ def _category_graphs(run_dir: str, rep: dict[str, Any]) -> list[str]:
     out = []
     for cat, sid, label in cats:
         iv, _ = linked.intervals(run_dir, cat, str(sid), index=index)
-        idx = linked.select(store, iv)
-        sub = (f"{len(idx)} samples on the working thread inside {iv.spans} spans' intervals "
-               f"({linked.covered_ns(iv) / 1e9:.3f} s)")
-        out.append(render.svg(collapsed(store, idx), f"{label} {cat}", sub))
+        idx, secs = linked.select_time(store, iv)
+        sub = (f"{float(secs.sum()):.3f} s sampled on the working thread inside {iv.spans} spans' "
+               f"intervals ({linked.covered_ns(iv) / 1e9:.3f} s)")
+        out.append(render.svg(collapsed(store, idx, secs), f"{label} {cat}", sub))
     return out
 
 
