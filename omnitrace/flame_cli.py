@@ -84,10 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.category is not None:
             iv, rt = linked.intervals(run, args.category, args.stage, args.request, args.thread)
-            n_samples = len(linked.select(store, iv))
-            idx, secs = linked.select_time(store, iv)
+            idx, secs, sampled = linked.select_time(store, iv)
+            n_samples = len(idx)
             summary.update(spans=iv.spans, intervals=int(len(iv.start)),
-                           interval_s=round(linked.covered_ns(iv) / 1e9, 6), notes=iv.notes)
+                           interval_s=round(linked.covered_ns(iv) / 1e9, 6),
+                           sampled_s=round(sampled, 3), notes=iv.notes)
         else:
             n_samples, idx, secs = _whole(run, store, args.stage, args.thread)
     except linked.SelectError as exc:
@@ -97,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     stacks = collapsed(store, idx, secs)
     svg_path, ss_path = _outputs(args.output, label)
     title = f"omnitrace flame: {label}"
-    sub = (f"{float(secs.sum()):.3f} s sampled ({n_samples} samples at {1e9 / store.period_ns:.0f} Hz)"
+    sub = (f"{float(secs.sum()):.3f} s ({n_samples} samples at {1e9 / store.period_ns:.0f} Hz"
+           + (f"; py-spy saw {summary['sampled_s']:.3f} s of it)" if args.category else ")")
            + (f" in {summary['spans']} spans' intervals ({summary['interval_s']:.3f} s)"
               if args.category else ""))
     with open(svg_path, "w", encoding="utf-8") as f:

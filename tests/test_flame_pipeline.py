@@ -104,10 +104,10 @@ def test_snapshot_spans_flame_is_the_snapshot_function(run_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["samples"] >= 30, summary  # enough to mean something
-    # seconds from what was sampled (each sample held until its process's next written
-    # round), not samples x the nominal period, which read 33-43% low: within 10% on a quiet
-    # machine, 12-15% seen beside a load (py-spy misses rounds); 25% holds both
-    assert abs(summary["seconds"] - summary["interval_s"]) <= 0.25 * summary["interval_s"], summary
+    # seconds are the spans' time split by the samples, not samples x the nominal period
+    # (which read 33-43% low); how much of it py-spy saw is stated beside
+    assert abs(summary["seconds"] - summary["interval_s"]) <= 0.1 * summary["interval_s"], summary
+    assert 0 < summary["sampled_s"], summary
     sh, _ = share(out + ".speedscope.json", "snapshot_recursive")
     print(f"\nthinker snapshot spans: {summary['samples']} samples, {sh:.1%} in snapshot_recursive")
     assert sh >= 0.8
@@ -121,7 +121,7 @@ def test_fifo_blocked_sender_flame_is_put_and_processing(run_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["samples"] >= 30, summary
-    assert abs(summary["seconds"] - summary["interval_s"]) <= 0.25 * summary["interval_s"], summary
+    assert abs(summary["seconds"] - summary["interval_s"]) <= 0.1 * summary["interval_s"], summary
     work, _ = share(out + ".speedscope.json", "ShmConnector.put", "HiddenProcessor.process")
     with open(out + ".speedscope.json") as f:
         doc = json.load(f)

@@ -385,27 +385,7 @@ def resolve_stage(text: str, rt: RunThreads) -> int:
 def select(store: Store, iv: Intervals) -> np.ndarray:
     """Stretch indices of the samples inside the intervals (their union per thread), one
     entry per sample."""
-    if not len(iv.start) or not len(store.stretches):
-        return np.zeros(0, np.int64)
-    out = []
-    st = store.stretches
-    key_iv = (iv.pid << 32) | iv.tid
-    for k in np.unique(key_iv).tolist():
-        pid, tid = k >> 32, k & 0xFFFFFFFF
-        mask = (st["pid"] == pid) & (st["tid"] == tid)
-        if not mask.any():
-            continue
-        idx, t = store.samples(mask)
-        order = np.argsort(t, kind="stable")
-        idx, t = idx[order], t[order]
-        m = key_iv == k
-        a, b = _union(iv.start[m], iv.end[m])
-        lo = np.searchsorted(t, a, "left")
-        hi = np.searchsorted(t, b, "left")
-        cnt = hi - lo
-        pos = np.repeat(lo, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
-        out.append(idx[pos])
-    return np.concatenate(out) if out else np.zeros(0, np.int64)
+    return select_time(store, iv)[0]
 
 
 # a longer gap is py-spy paused, not a held stack (held stacks of ~10 periods are common:
@@ -413,18 +393,21 @@ def select(store: Store, iv: Intervals) -> np.ndarray:
 HOLD_MAX_PERIODS = 50
 
 
-def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
-    """(stretch index, seconds) of every sample of the working thread inside the intervals
-    (their union per thread). A sample stands for the time until its process's next
-    written round (at most ``HOLD_MAX_PERIODS`` periods): py-spy writes a round only when
-    some thread changed, and falls behind under load, so samples x the nominal period read
-    low (33-43% seen). Unbiased the way counting is: an interval shorter than the gap holds
-    a sample with probability length / gap, and the sample stands for the gap."""
+def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray, float]:
+    """The samples of the working thread inside the intervals (their union per thread) and
+    the seconds each stands for: the spans' covered time of that thread, split over its
+    samples by the time each stands for (until its process's next written round, at most
+    ``HOLD_MAX_PERIODS`` periods). So a selection's seconds are the spans' own time (where
+    its thread was sampled at all) and its stacks' shares come from what py-spy saw;
+    samples x the nominal period read 33-43% low (py-spy writes a round only when some
+    thread changed, and falls behind under load). Also returns ``sampled_s``, the samples'
+    own time before the split: how much of the covered time py-spy saw."""
+    empty = np.zeros(0, np.int64), np.zeros(0), 0.0
     if not len(iv.start) or not len(store.stretches):
-        return np.zeros(0, np.int64), np.zeros(0)
+        return empty
     st = store.stretches
     key_iv = (iv.pid << 32) | iv.tid
-    out_i, out_w = [], []
+    out_i, out_w, sampled = [], [], 0.0
     for k in np.unique(key_iv).tolist():
         pid, tid = k >> 32, k & 0xFFFFFFFF
         mask = (st["pid"] == pid) & (st["tid"] == tid)
@@ -434,16 +417,20 @@ def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
         a, b = _union(iv.start[key_iv == k], iv.end[key_iv == k])
         j = np.searchsorted(a, t, "right") - 1
         inside = (j >= 0) & (t < b[np.maximum(j, 0)])
-        idx, t, j = idx[inside], t[inside], j[inside]
+        idx, t = idx[inside], t[inside]
+        if not len(idx):
+            continue
         lo, hi = np.searchsorted(store.rounds["pid"], (pid, pid + 1))
         rounds = store.rounds["t"][lo:hi]
         nxt = np.searchsorted(rounds, t, "right")
         until = np.where(nxt < len(rounds), rounds[np.minimum(nxt, len(rounds) - 1)], t + store.period_ns)
+        held = np.minimum(until - t, HOLD_MAX_PERIODS * store.period_ns).astype(np.float64)
+        sampled += float(held.sum()) / 1e9
         out_i.append(idx)
-        out_w.append(np.minimum(until - t, HOLD_MAX_PERIODS * store.period_ns) / 1e9)
+        out_w.append(held * (float((b - a).sum()) / 1e9 / held.sum()))
     if not out_i:
-        return np.zeros(0, np.int64), np.zeros(0)
-    return np.concatenate(out_i), np.concatenate(out_w)
+        return empty
+    return np.concatenate(out_i), np.concatenate(out_w), sampled
 
 
 def covered_ns(iv: Intervals) -> int:
