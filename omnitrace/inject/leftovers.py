@@ -80,7 +80,7 @@ def sweep(pids: set[int], since_unix_s: float, shm_dir: str = SHM_DIR) -> dict[s
     return out
 
 
-def sweep_run(run_dir: str, grace_s: float = 60.0) -> dict[str, list]:
+def sweep_run(run_dir: str, grace_s: float = 20.0) -> dict[str, list]:
     """After a run's command ended: its ring pids from agent.json, a grace for stage
     processes still shutting down, the sweep, and run.json's ``shm_leftovers`` (only
     when something was removed)."""
