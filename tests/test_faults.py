@@ -1,7 +1,7 @@
 """Fault injection: every event a hook site writes is accounted for, whatever breaks.
 
 Each test breaks one thing for real (a full ring, the size cap, the agent SIGKILLed at
-three moments, a segment cut at 10/50/90 %, a full disk: a real tmpfs) and checks the
+three moments, a segment cut at 10/50/90 %, a full disk: a real 2 MiB tmpfs) and checks the
 report's accounting identity against a count omnitrace does not make: the number of
 ``record`` calls the writer made. The identity must close to the event, with the loss
 named where the user looks (the report's header and warnings, ``omnitrace export``).
@@ -116,7 +116,7 @@ def test_agent_sigkill_accounted_at_every_moment(tmp_path, moment) -> None:
     """The agent SIGKILLed before the first event, halfway, after the last: the command
     goes on; `omnitrace run` says so when it happens; whatever the agent had read and
     not written is the identity's loss, named "agent died"."""
-    n = 40_000
+    n = 20_000
     kill_at = {"before-any-event": 0, "mid-run": n // 2, "after-the-last-event": n}[moment]
     d = tmp_path / "run"
     res = _emit(d, n, kill_at)
@@ -136,17 +136,26 @@ def test_agent_sigkill_accounted_at_every_moment(tmp_path, moment) -> None:
     assert not (d / ".omnitrace-reserve").exists()
 
 
+TORN_EVENTS = 20_000
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """One clean run of TORN_EVENTS events, cut three ways by the test below."""
+    d = tmp_path_factory.mktemp("whole") / "run"
+    res = _emit(d, TORN_EVENTS)
+    assert res.returncode == 0, res.stderr
+    return d
+
+
 @pytest.mark.parametrize("keep", [0.1, 0.5, 0.9])
-def test_torn_segment_loss_counted_exactly(tmp_path, keep) -> None:
+def test_torn_segment_loss_counted_exactly(tmp_path, finished_run, keep) -> None:
     """A segment cut to 10/50/90 % of its bytes: what is gone is the identity's loss (the
     count comes from the rings, not from what is left), named in the report and by
     `omnitrace export`."""
-    src = tmp_path / "run"
-    n = 30_000
-    res = _emit(src, n)
-    assert res.returncode == 0, res.stderr
+    n = TORN_EVENTS
     d = tmp_path / f"cut-{int(keep * 100)}"
-    shutil.copytree(src, d)
+    shutil.copytree(finished_run, d)
     seg = sorted((d / "events").iterdir())[-1]
     data = seg.read_bytes()
     seg.write_bytes(data[:int(len(data) * keep)])
@@ -162,10 +171,10 @@ def test_torn_segment_loss_counted_exactly(tmp_path, keep) -> None:
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A real 3 MiB tmpfs (root only: mounting needs CAP_SYS_ADMIN)."""
+    """A real 2 MiB tmpfs (root only: mounting needs CAP_SYS_ADMIN)."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(mnt)],
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mnt)],
                        capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or 'not root'}): the disk-full "
@@ -178,7 +187,7 @@ def test_disk_full_keeps_the_command_going_and_counts_what_was_not_written(tmp_p
     """The run directory's disk fills up mid-run: one line says so, the command is not
     disturbed, run.json's status is true, and the report accounts for every event (the
     space held back for the final files lets the final counts land)."""
-    n = 400_000
+    n = 200_000
     d = small_disk / "run"
     res = _emit(d, n)
     assert res.returncode == 0, res.stderr
