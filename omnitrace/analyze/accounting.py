@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-TERMS = ("recorded", "dropped_in_rings", "never_drained", "not_recorded", "lost")
 
 
 @dataclass
