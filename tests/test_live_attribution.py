@@ -122,3 +122,18 @@ def test_view_on_the_record_in_any_cut_equals_the_walk(run_dir, cuts):
     assert set(live) == set(offline)
     for k, v in offline.items():
         assert live[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+    # the head-of-line leaderboard: the report's head-of-line table summed per culprit
+    from omnitrace.analyze.report import build_report
+    run.bench = None  # every request, warm-up included, as the live view walks them
+    rep = build_report(run)
+    assert rep["window"]["attributed"] == view.attributed
+    assert rep["head_of_line_pairs"] == len(rep["head_of_line"]) > 0, "c=6: some request waited behind another"
+    want: dict[str, float] = {}
+    for h in rep["head_of_line"]:
+        want[h["culprit"]] = want.get(h["culprit"], 0.0) + h["blocked_ms"]
+    got = {who: ns / 1e6 for who, ns in view.culprit_ns.items()}
+    assert got.keys() == want.keys()
+    for who, ms in want.items():
+        assert got[who] == pytest.approx(ms, rel=1e-9, abs=1e-9), who
+    top = view.top_culprits()
+    assert [c["culprit"] for c in top] == sorted(want, key=want.get, reverse=True)[:len(top)]

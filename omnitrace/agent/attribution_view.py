@@ -13,6 +13,11 @@ request's first packet are dropped as they arrive (attribution never walks them)
 a request not seen arriving within :attr:`UNKNOWN_S` are dropped (counted), a run without
 API hooks holds nothing after :attr:`NO_API_S`, and a request is released once the record has moved on past its
 end (:attr:`SETTLE_NS`), so a stage's span drained a moment later still counts.
+
+The head-of-line leaderboard (agent.json ``views.head_of_line_top_culprits``, what
+`omnitrace top` shows) is the report's rule (:mod:`omnitrace.analyze.headofline`) applied
+to the same walks, over the sender tasks of the last :attr:`BUSY_KEEP_NS`: the report's
+head-of-line table summed per culprit.
 """
 from __future__ import annotations
 
@@ -24,7 +29,9 @@ from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.analyze import attribution as at
+from omnitrace.analyze import headofline
 from omnitrace.analyze.rundir import spans_from_table
+from omnitrace.analyze.tables import busy_by_replica
 from omnitrace.spantable import Feed
 
 _STATUS = {int(s): s.name.lower() for s in cv.Status}
@@ -69,6 +76,9 @@ class AttributionView:
     UNKNOWN_S = 10.0  # rows of a request not seen arriving are dropped after this long
     NO_API_S = 30.0  # no arrival at all in this long: a run without API hooks
     DONE_MEMORY = 1 << 12  # attributed requests remembered, so their late rows are dropped
+    # sender tasks kept for the head-of-line rule (event time): a victim's waits lie between
+    # its arrival and first packet, walked SETTLE_MAX_S after its end at the latest
+    BUSY_KEEP_NS = 120 * 10**9
 
     def __init__(self, metrics: Metrics, requests: list[str], rings: dict[int, dict]) -> None:
         self.metrics = metrics
@@ -88,9 +98,12 @@ class AttributionView:
         self.attributed = 0
         self.not_attributed = 0  # ended without a first packet, or the walk found no path
         self.rows_dropped = 0  # rows of requests never seen arriving (UNKNOWN_S)
-        # (stage, culprit request id) -> critical-path ns others waited behind its tasks
-        self.culprit_ns: dict[tuple[int, str], float] = {}
-        self.culprit_victims: dict[tuple[int, str], set[str]] = {}
+        # culprit request id -> wall ns others' first packets waited behind its tasks
+        # (the report's head-of-line rule: analyze.headofline), and those others
+        self.culprit_ns: dict[str, float] = {}
+        self.culprit_victims: dict[str, set[int]] = {}
+        # (pid, stage) -> the sender's closed tasks (starts, ends, requests), feed by feed
+        self.busy: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 
     def feed(self, feed: Feed) -> None:
         now = time.monotonic()
@@ -134,6 +147,7 @@ class AttributionView:
                     self.ended.setdefault(req, (now, end))
         if len(feed.emits) and holding:
             self.emits.append(feed.emits)
+        self._keep_busy(feed)
         stale = [r for r, t in self.unknown.items() if now - t >= self.UNKNOWN_S]
         if stale:
             self._drop(stale)
@@ -171,6 +185,8 @@ class AttributionView:
                                  chunks_before_ttfp=True)
         totals: dict[tuple[int, str], int] = {}
         hol: dict[int, int] = {}
+        req_of = {self.requests[r]: r for r in reqs}
+        victims = []
         for r in at.index_requests(spans).values():
             a = at.attribute(r)
             if a is None:
@@ -182,7 +198,8 @@ class AttributionView:
                 totals[key] = totals.get(key, 0) + ns
                 if key[1] == at.FIFO_BLOCKED:
                     hol[key[0]] = hol.get(key[0], 0) + ns
-            self._culprits(r, a)
+            victims.append(headofline.Victim(req_of[a.rid], a.arrival, a.ttfp, a.hops))
+        self._culprits(victims, table)
         for (stage, cat), ns in totals.items():
             self.metrics.attribution.labels(str(stage), cat).inc(ns / 1e9)
         for stage, ns in hol.items():
@@ -196,24 +213,32 @@ class AttributionView:
         while len(self.done) > self.DONE_MEMORY:
             del self.done[next(iter(self.done))]
 
-    def _culprits(self, r: at.RequestSpans, a: at.Attribution) -> None:
-        """Credit each critical-path FIFO wait behind other requests to those requests
-        (the FIFO span's culprits, evenly): the live "who blocked whom" leaderboard."""
-        for seg in a.segments:
-            if seg.category != at.FIFO_BLOCKED:
-                continue
-            for (prod, _cons, _c), names in r.producer.items():
-                if prod != seg.stage:
-                    continue
-                f = next((x for x in names.get(cv.SPAN_FIFO, ()) if x.start <= seg.start < x.end
-                          and x.blocked_by), None)
-                if f is not None:
-                    share = seg.dur / len(f.blocked_by)
-                    for who in f.blocked_by:
-                        key = (seg.stage, who)
-                        self.culprit_ns[key] = self.culprit_ns.get(key, 0) + share
-                        self.culprit_victims.setdefault(key, set()).add(r.rid)
-                    break
+    def _keep_busy(self, feed: Feed) -> None:
+        """The sender tasks this feed closed, and none that ended BUSY_KEEP_NS before the
+        newest event (no victim walked from now on waited that long ago)."""
+        for pid, stage, starts, ends, reqs in feed.busy:
+            if len(starts):
+                self.busy.setdefault((pid, stage), []).append((starts, ends, reqs))
+        horizon = self.newest_ns - self.BUSY_KEEP_NS
+        for parts in self.busy.values():
+            while parts and parts[0][1][-1] < horizon:
+                parts.pop(0)
+
+    def _culprits(self, victims: list[headofline.Victim], table: np.ndarray) -> None:
+        """Credit each victim's head-of-line wall time to the requests whose tasks it
+        waited behind, by the report's rule (:func:`headofline.blocked_pairs`): the live
+        "who blocked whom" leaderboard equals the report's head-of-line table summed per
+        culprit."""
+        if not victims:
+            return
+        replica_of = {int(r["pid"]): int(r.get("replica", 0)) for r in self.rings.values() if "pid" in r}
+        senders = {k: tuple(np.concatenate(c) for c in zip(*parts)) for k, parts in self.busy.items() if parts}
+        hp = headofline.blocked_pairs(victims, table, busy_by_replica(senders, replica_of))
+        for v, c, ns in zip(hp.victim.tolist(), hp.culprit.tolist(), hp.pair_wall.tolist()):
+            if ns > 0:
+                who = self.requests[c]
+                self.culprit_ns[who] = self.culprit_ns.get(who, 0.0) + ns
+                self.culprit_victims.setdefault(who, set()).add(victims[v].req)
         if len(self.culprit_ns) > 4 * self.TOP_CULPRITS + 1000:  # bounded: keep the leaders
             top = sorted(self.culprit_ns, key=self.culprit_ns.get, reverse=True)[:4 * self.TOP_CULPRITS]
             self.culprit_ns = {k: self.culprit_ns[k] for k in top}
@@ -221,8 +246,8 @@ class AttributionView:
 
     def top_culprits(self) -> list[dict]:
         top = sorted(self.culprit_ns, key=self.culprit_ns.get, reverse=True)[:self.TOP_CULPRITS]
-        return [{"stage": st, "culprit": who, "blocked_s": round(self.culprit_ns[(st, who)] / 1e9, 6),
-                 "victims": len(self.culprit_victims[(st, who)])} for st, who in top]
+        return [{"culprit": who, "blocked_s": round(self.culprit_ns[who] / 1e9, 6),
+                 "victims": len(self.culprit_victims[who])} for who in top]
 
     def close(self, deadline_s: float) -> None:
         if self.ended:

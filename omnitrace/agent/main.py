@@ -128,6 +128,9 @@ class Agent:
         self.metric_pushers = [export_otlp.MetricsPusher(k, self.cfg.otlp_endpoints.get(k),
                                                          self.cfg.otlp_timeout_s)
                                for k in self.cfg.otlp_kinds]
+        # by0..by2 (a sort over every FIFO wait x sender task overlap) only for the spans
+        # a live OTLP exporter sends (omni.fifo.blocked_by); no view reads them otherwise
+        self.builder.culprits = bool(self.exporters)
         if self.exporters:
             self.views.append(OtlpView(self.exporters, SpanConverter(
                 self.requests.strings, self.rings, self.cfg.run_id)))

@@ -75,7 +75,7 @@ def render(v: model.View, history: dict[str, deque], width: int = 100) -> str:
     out.append("Head-of-line: whose tasks others' first packets waited behind")
     if v.culprits:
         for c in v.culprits[:5]:
-            out.append(f"  {c['stage']:<14} {c['culprit'][:40]:<40} {c['blocked_s'] * 1e3:9.2f} ms "
+            out.append(f"  {c['culprit'][:48]:<48} {c['blocked_s'] * 1e3:9.2f} ms "
                        f"over {c['victims']} request(s)")
     else:
         out.append("  (none yet; the leaderboard needs a run directory)" if v.source.startswith("http")

@@ -155,7 +155,7 @@ def build(cur: Sample, prev: Sample | None, source: str) -> View:
         if h is not None and h.count > 0:
             v.snapshot[label(st)] = (1e3 * (quantile(0.5, h) or 0), 1e3 * (quantile(0.99, h) or 0))
     views = cur.agent.get("views", {}) if cur.agent else {}
-    v.culprits = [dict(c, stage=label(str(c.get("stage")))) for c in views.get("head_of_line_top_culprits", [])]
+    v.culprits = list(views.get("head_of_line_top_culprits", []))
     v.accounting = (cur.agent or {}).get("accounting") or {}
     v.events = cur.total("omnitrace_events_total")
     v.dropped = cur.total("omnitrace_events_dropped_total")

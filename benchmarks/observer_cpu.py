@@ -1,0 +1,294 @@
+"""What does watching cost in CPU? CPU-seconds per request and per recorded event, per
+process role, bare against instrumented, in alternating rounds.
+
+Throughput is the wrong instrument on a small shared machine (it moves +-20% between
+rounds by itself); the CPU a process spent is disturbed far less by neighbours. Per round
+and variant, a fresh server:
+
+1. warm-up load (``--warmup`` requests), then wait until the agent has read every ring;
+2. CPU of every process of the run (utime + stime, ``/proc/PID/stat``, which keeps the
+   time of exited threads) and the events every ring's hook sites wrote (ring headers:
+   ``write - string slots + dropped``);
+3. the measured load (``--num-prompts`` requests, no warm-up), then the same wait;
+4. CPU and events again. Per role: CPU delta / measured requests; events likewise.
+
+Roles: ``api`` (the server process), ``stage0..N`` (its stage processes in spawn order =
+pipeline order; named from the rings where there are rings), ``agent``, ``py-spy``,
+``run`` (the `omnitrace run` supervisor), ``other`` (multiprocessing's resource tracker).
+``pipeline`` = api + stages: what the server itself spends, the in-situ figure.
+
+Deltas against ``bare`` per round (the rounds pair up: variants run in rotating,
+alternately reversed order), 95% bootstrap CIs over rounds.
+
+    python benchmarks/observer_cpu.py --rounds 5 --concurrency 16 --num-prompts 96 \\
+        --warmup 16 --input-len 1500 --output-len 60 [--variants bare,omnitrace,flame-nb]
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from observer_effect import _server_cmd  # noqa: E402
+from omnitrace import record  # noqa: E402
+from omnitrace.bench.serve_and_bench import free_port, wait_healthy  # noqa: E402
+
+ALL = ("bare", "omnitrace", "flame-nb", "flame-b")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds) of a live process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _tree(root: int) -> dict[int, tuple[int, float]]:
+    procs = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit() and (s := _stat(int(d))):
+            procs[int(d)] = s
+    keep, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in procs:
+            keep[pid] = procs[pid]
+            todo += [c for c, (pp, _) in procs.items() if pp == pid]
+    return keep
+
+
+def _role(pid: int, root: int, instrumented: bool) -> str:
+    cmd = _cmdline(pid)
+    if "omnitrace.agent.main" in cmd:
+        return "agent"
+    if "py-spy" in cmd.split(" ", 1)[0] or os.path.basename(cmd.split(" ", 1)[0]) == "py-spy":
+        return "py-spy"
+    if "resource_tracker" in cmd:
+        return "other"
+    if "multiprocessing.spawn" in cmd:
+        return "stage"
+    if pid == root and instrumented:
+        return "run"
+    return "api"
+
+
+def cpu_by_role(root: int, instrumented: bool) -> dict[int, tuple[str, float]]:
+    """pid -> (role, CPU seconds) for every process under ``root``; stages numbered by pid."""
+    out = {pid: (_role(pid, root, instrumented), cpu) for pid, (_, cpu) in _tree(root).items()}
+    stages = sorted(p for p, (r, _) in out.items() if r == "stage")
+    for i, pid in enumerate(stages):
+        out[pid] = (f"stage{i}", out[pid][1])
+    return out
+
+
+def _rings(run_id: str) -> list[record.RingHeader]:
+    heads = []
+    for path in glob.glob(f"/dev/shm/{record.segment_name(run_id, 0, 0).rsplit('.', 2)[0]}.*"):
+        try:
+            r = record.RingReader(os.path.basename(path))
+        except (OSError, ValueError):
+            continue
+        heads.append(r.header())
+        r.close()
+    return heads
+
+
+def _run_id(run_dir: str) -> str | None:
+    try:
+        with open(os.path.join(run_dir, "run.json")) as f:
+            return json.load(f)["run_id"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _settle(run_id: str | None, timeout_s: float = 30.0) -> None:
+    """Wait until the agent has read every ring of the run (its CPU for the load is spent)."""
+    if run_id is None:
+        time.sleep(0.5)
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(h.read >= h.write for h in _rings(run_id)):
+            time.sleep(0.3)  # the agent's work on the last batch after its read
+            return
+        time.sleep(0.1)
+
+
+def _bench(port: int, args: argparse.Namespace, n: int, out: str, env: dict) -> dict:
+    subprocess.run([sys.executable, "-m", "omnitrace", "bench", "--base-url", f"http://127.0.0.1:{port}",
+                    "--concurrency", str(args.concurrency), "--num-prompts", str(n), "--warmup", "0",
+                    "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+                    "--seed", str(args.seed), "--no-progress", "--overwrite", "--out", out],
+                   env=env, check=True, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        return json.load(f)
+
+
+def run_one(variant: str, args: argparse.Namespace, work: str) -> dict:
+    port = free_port()
+    run_dir = os.path.join(work, f"{variant}-{time.time_ns()}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNITRACE_")}
+    server = subprocess.Popen(_server_cmd(variant, port, run_dir, args.serve.split()), env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    instrumented = variant != "bare"
+    try:
+        why = wait_healthy(f"http://127.0.0.1:{port}", server, 180)
+        if why:
+            raise RuntimeError(f"{variant}: {why}")
+        _bench(port, args, args.warmup, os.path.join(work, "warm.json"), env)
+        rid = _run_id(run_dir) if instrumented else None
+        _settle(rid)
+        cpu0, ev0 = cpu_by_role(server.pid, instrumented), _rings(rid) if rid else []
+        doc = _bench(port, args, args.num_prompts, os.path.join(work, "measured.json"), env)
+        _settle(rid)
+        cpu1, ev1 = cpu_by_role(server.pid, instrumented), _rings(rid) if rid else []
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    reqs = [r for r in doc["requests"] if not r.get("error")]
+    n = len(doc["requests"])
+    roles: dict[str, float] = {}
+    for pid, (role, cpu) in cpu1.items():
+        roles[role] = roles.get(role, 0.0) + (cpu - cpu0.get(pid, (role, 0.0))[1]) / n
+    names = {}
+    for h in ev1:
+        names.setdefault(h.pid, h.process)
+    stage_names = {role: names.get(pid, role) for pid, (role, _) in cpu1.items() if role.startswith("stage")}
+    before = {h.name: h.events_written for h in ev0}
+    events = sum(h.events_written - before.get(h.name, 0) for h in ev1) / n
+    win = doc["levels"][0]["measured_window"]
+    wall = (int(win["end_unix_ns"]) - int(win["start_unix_ns"])) / 1e9
+    return {"variant": variant, "requests": n, "failed": n - len(reqs), "cpu_ms_per_request":
+            {k: v * 1e3 for k, v in roles.items()}, "events_per_request": events,
+            "stage_names": stage_names, "throughput": len(reqs) / wall if wall > 0 else 0.0,
+            "ttfp_p50_ms": float(np.percentile([r["ttfp_s"] for r in reqs if r.get("ttfp_s")], 50)) * 1e3}
+
+
+def pipeline_ms(r: dict) -> float:
+    return sum(v for k, v in r["cpu_ms_per_request"].items() if k == "api" or k.startswith("stage"))
+
+
+def _ci(values: list[float], rng: np.random.Generator, n: int = 4000) -> tuple[float, float, float]:
+    """Mean over rounds and its 95% bootstrap CI (rounds resampled)."""
+    x = np.asarray(values, dtype=float)
+    boots = x[rng.integers(0, len(x), (n, len(x)))].mean(axis=1)
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return float(x.mean()), float(lo), float(hi)
+
+
+def summarise(results: dict[str, list[dict]], rng: np.random.Generator) -> list[dict]:
+    rows = []
+    bare = results["bare"]
+    for v, rs in results.items():
+        roles = sorted({k for r in rs for k in r["cpu_ms_per_request"]})
+        row = {"variant": v, "rounds": len(rs),
+               "cpu_ms_per_request": {k: float(np.median([r["cpu_ms_per_request"].get(k, 0.0) for r in rs]))
+                                      for k in roles},
+               "pipeline_ms": float(np.median([pipeline_ms(r) for r in rs])),
+               "events_per_request": float(np.median([r["events_per_request"] for r in rs])),
+               "throughput": float(np.median([r["throughput"] for r in rs])),
+               "ttfp_p50_ms": float(np.median([r["ttfp_p50_ms"] for r in rs])),
+               "failed": sum(r["failed"] for r in rs)}
+        if v != "bare":
+            added = [pipeline_ms(r) - pipeline_ms(b) for r, b in zip(rs, bare)]
+            row["pipeline_added_ms"] = _ci(added, rng)
+            row["pipeline_added_pct"] = _ci([a / pipeline_ms(b) * 100 for a, b in zip(added, bare)], rng)
+            row["pipeline_added_us_per_event"] = _ci(
+                [a * 1e3 / r["events_per_request"] for a, r in zip(added, rs)], rng)
+            for role in ("agent", "py-spy"):
+                if any(role in r["cpu_ms_per_request"] for r in rs):
+                    row[f"{role}_us_per_event"] = _ci(
+                        [r["cpu_ms_per_request"].get(role, 0.0) * 1e3 / r["events_per_request"] for r in rs], rng)
+            if "flame" in v:
+                ref = results.get("omnitrace")
+                if ref:
+                    row["pipeline_added_vs_omnitrace_pct"] = _ci(
+                        [(pipeline_ms(r) - pipeline_ms(o)) / pipeline_ms(o) * 100 for r, o in zip(rs, ref)], rng)
+        rows.append(row)
+    return rows
+
+
+def _fmt(ci: tuple | None, unit: str = "") -> str:
+    return "—" if ci is None else f"{ci[0]:+.2f}{unit} [{ci[1]:+.2f}, {ci[2]:+.2f}]"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", default="bare,omnitrace", help=f"comma list of {', '.join(ALL)}")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--num-prompts", type=int, default=96)
+    p.add_argument("--warmup", type=int, default=16)
+    p.add_argument("--input-len", type=int, default=1500)
+    p.add_argument("--output-len", type=int, default=60)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--serve", default="", help="server arguments (one string)")
+    p.add_argument("--json", default=None, help="write every round and the summary here")
+    args = p.parse_args()
+    variants = args.variants.split(",")
+    if "bare" not in variants or set(variants) - set(ALL):
+        p.error(f"variants: a comma list of {', '.join(ALL)} including bare")
+    results: dict[str, list[dict]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory(prefix="observer-cpu-") as work:
+        for rnd in range(args.rounds):
+            shift = rnd % len(variants)
+            order = variants[shift:] + variants[:shift]
+            order = order[::-1] if rnd % 2 else order
+            for v in order:
+                r = run_one(v, args, work)
+                results[v].append(r)
+                print(f"round {rnd + 1} {v:<9} pipeline {pipeline_ms(r):6.1f} ms/req  "
+                      f"agent {r['cpu_ms_per_request'].get('agent', 0):5.2f}  "
+                      f"py-spy {r['cpu_ms_per_request'].get('py-spy', 0):5.2f}  "
+                      f"events/req {r['events_per_request']:7.0f}  {r['throughput']:5.2f} req/s",
+                      file=sys.stderr, flush=True)
+    rows = summarise(results, np.random.default_rng(0))
+    names = next((r["stage_names"] for v, rs in results.items() if v != "bare" for r in rs), {})
+    print(f"\nc={args.concurrency}, {args.num_prompts} measured requests after {args.warmup} warm-up, "
+          f"{args.input_len} in / {args.output_len} out, {args.rounds} rounds; stages: "
+          + ", ".join(f"{k}={v}" for k, v in sorted(names.items())))
+    roles = sorted({k for r in rows for k in r["cpu_ms_per_request"]})
+    print("| variant | " + " | ".join(roles) + " | pipeline ms/req | events/req | added pipeline ms/req "
+          "[95% CI] | added % | added µs/event | agent µs/event | py-spy µs/event | req/s | TTFP p50 ms |")
+    print("|---" * (len(roles) + 10) + "|")
+    for r in rows:
+        print(f"| {r['variant']} | " + " | ".join(f"{r['cpu_ms_per_request'].get(k, 0):.2f}" for k in roles)
+              + f" | {r['pipeline_ms']:.1f} | {r['events_per_request']:.0f} | {_fmt(r.get('pipeline_added_ms'))} | "
+              f"{_fmt(r.get('pipeline_added_pct'), '%')} | {_fmt(r.get('pipeline_added_us_per_event'))} | "
+              f"{_fmt(r.get('agent_us_per_event'))} | {_fmt(r.get('py-spy_us_per_event'))} | "
+              f"{r['throughput']:.2f} | {r['ttfp_p50_ms']:.0f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "rounds": results, "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
