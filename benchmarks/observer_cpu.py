@@ -17,6 +17,10 @@ pipeline order; named from the rings where there are rings), ``agent``, ``py-spy
 ``run`` (the `omnitrace run` supervisor), ``other`` (multiprocessing's resource tracker).
 ``pipeline`` = api + stages: what the server itself spends, the in-situ figure.
 
+``--tree NAME=PATH`` adds the variant ``omnitrace@NAME``: `omnitrace run` from another
+checkout (e.g. ``git worktree add /tmp/base HEAD~1``), to compare two versions of the
+agent and hooks in one run.
+
 Deltas against ``bare`` per round (the rounds pair up: variants run in rotating,
 alternately reversed order), 95% bootstrap CIs over rounds.
 
@@ -151,7 +155,10 @@ def run_one(variant: str, args: argparse.Namespace, work: str) -> dict:
     port = free_port()
     run_dir = os.path.join(work, f"{variant}-{time.time_ns()}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNITRACE_")}
-    server = subprocess.Popen(_server_cmd(variant, port, run_dir, args.serve.split()), env=env,
+    base, _, tree = variant.partition("@")
+    if tree:  # that checkout's omnitrace first on the path (the agent's and the stages' too)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (args.trees[tree], env.get("PYTHONPATH")) if p)
+    server = subprocess.Popen(_server_cmd(base, port, run_dir, args.serve.split()), env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     instrumented = variant != "bare"
     try:
@@ -226,11 +233,13 @@ def summarise(results: dict[str, list[dict]], rng: np.random.Generator) -> list[
                 if any(role in r["cpu_ms_per_request"] for r in rs):
                     row[f"{role}_us_per_event"] = _ci(
                         [r["cpu_ms_per_request"].get(role, 0.0) * 1e3 / r["events_per_request"] for r in rs], rng)
-            if "flame" in v:
-                ref = results.get("omnitrace")
-                if ref:
-                    row["pipeline_added_vs_omnitrace_pct"] = _ci(
-                        [(pipeline_ms(r) - pipeline_ms(o)) / pipeline_ms(o) * 100 for r, o in zip(rs, ref)], rng)
+            ref = results.get("omnitrace")
+            if ref and v != "omnitrace":  # --flame or another checkout, paired with omnitrace's round
+                row["pipeline_added_vs_omnitrace_pct"] = _ci(
+                    [(pipeline_ms(r) - pipeline_ms(o)) / pipeline_ms(o) * 100 for r, o in zip(rs, ref)], rng)
+                row["agent_vs_omnitrace_pct"] = _ci(
+                    [(r["cpu_ms_per_request"].get("agent", 0) / o["cpu_ms_per_request"]["agent"] - 1) * 100
+                     for r, o in zip(rs, ref)], rng)
         rows.append(row)
     return rows
 
@@ -250,11 +259,15 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--serve", default="", help="server arguments (one string)")
+    p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
+                   help="add variant omnitrace@NAME: omnitrace from the checkout at PATH")
     p.add_argument("--json", default=None, help="write every round and the summary here")
     args = p.parse_args()
     variants = args.variants.split(",")
     if "bare" not in variants or set(variants) - set(ALL):
         p.error(f"variants: a comma list of {', '.join(ALL)} including bare")
+    args.trees = dict(t.split("=", 1) for t in args.tree)
+    variants += [f"omnitrace@{name}" for name in args.trees]
     results: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="observer-cpu-") as work:
         for rnd in range(args.rounds):
@@ -284,6 +297,10 @@ def main() -> int:
               f"{_fmt(r.get('pipeline_added_pct'), '%')} | {_fmt(r.get('pipeline_added_us_per_event'))} | "
               f"{_fmt(r.get('agent_us_per_event'))} | {_fmt(r.get('py-spy_us_per_event'))} | "
               f"{r['throughput']:.2f} | {r['ttfp_p50_ms']:.0f} |")
+    for r in rows:
+        if "pipeline_added_vs_omnitrace_pct" in r:
+            print(f"{r['variant']} against omnitrace, paired by round: pipeline CPU "
+                  f"{_fmt(r['pipeline_added_vs_omnitrace_pct'], '%')}, agent CPU {_fmt(r['agent_vs_omnitrace_pct'], '%')}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rounds": results, "rows": rows}, f, indent=2)

@@ -29,12 +29,36 @@ from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.analyze import attribution as at
-from omnitrace.analyze import headofline
+from omnitrace.analyze import headofline, walk
 from omnitrace.analyze.rundir import spans_from_table
 from omnitrace.analyze.tables import busy_by_replica
 from omnitrace.spantable import Feed
 
 _STATUS = {int(s): s.name.lower() for s in cv.Status}
+
+
+def _before_first_packet(rows: np.ndarray, roots: np.ndarray) -> np.ndarray:
+    """The chunk ``rows`` that began by their request's first audio packet (``roots``:
+    the requests' ``omni.request`` rows, t2 = first packet; none: no row kept), the rows
+    attribution walks (as ``spans_from_table(chunks_before_ttfp=True)``)."""
+    order = np.argsort(roots["req"], kind="stable")
+    req, first = roots["req"][order].astype(np.int64), roots["t2"][order]
+    if not len(req):
+        return rows[:0]
+    pos = np.minimum(np.searchsorted(req, rows["req"].astype(np.int64)), len(req) - 1)
+    limit = np.where((req[pos] == rows["req"]) & (first[pos] > 0), first[pos], 0)
+    return rows[rows["start"] <= limit]
+
+
+def _owned(rows: np.ndarray, num: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` of the requests numbered ``num`` grouped by request (table order within
+    one), and each one's index in ``num``: the batch walk's (rows, owner)."""
+    rank = np.argsort(num)
+    pos = np.minimum(np.searchsorted(num[rank], rows["req"].astype(np.int64)), max(len(num) - 1, 0))
+    mine = (num[rank[pos]] == rows["req"]) if len(num) else np.zeros(len(rows), bool)
+    owner = rank[pos[mine]]
+    o = np.argsort(owner, kind="stable")
+    return rows[mine][o], owner[o]
 
 
 class RequestView:
@@ -181,24 +205,19 @@ class AttributionView:
 
     def _attribute(self, reqs: list[int]) -> None:
         table, emits = self._take(reqs)
-        spans = spans_from_table(table, emits, self.requests, self.rings,
-                                 chunks_before_ttfp=True)
         totals: dict[tuple[int, str], int] = {}
         hol: dict[int, int] = {}
-        req_of = {self.requests[r]: r for r in reqs}
         victims = []
-        for r in at.index_requests(spans).values():
-            a = at.attribute(r)
-            if a is None:
-                self.not_attributed += 1
-                continue
+        found, none = self._walk(table, emits, {self.requests[r]: r for r in reqs})
+        self.not_attributed += none
+        for req, arrival, ttfp, hops, tot in found:
             self.attributed += 1
             self.metrics.attributed.inc()
-            for key, ns in a.totals().items():
+            for key, ns in tot.items():
                 totals[key] = totals.get(key, 0) + ns
                 if key[1] == at.FIFO_BLOCKED:
                     hol[key[0]] = hol.get(key[0], 0) + ns
-            victims.append(headofline.Victim(req_of[a.rid], a.arrival, a.ttfp, a.hops))
+            victims.append(headofline.Victim(req, arrival, ttfp, hops))
         self._culprits(victims, table)
         for (stage, cat), ns in totals.items():
             self.metrics.attribution.labels(str(stage), cat).inc(ns / 1e9)
@@ -212,6 +231,43 @@ class AttributionView:
             self.done[r] = None
         while len(self.done) > self.DONE_MEMORY:
             del self.done[next(iter(self.done))]
+
+    def _walk(self, table: np.ndarray, emits: np.ndarray, num_of: dict[str, int]) -> tuple[list[tuple], int]:
+        """The report's attribution of the requests in ``table``: the batch walk
+        (:func:`walk.walk`) over the chunk rows begun before their request's first packet,
+        as rows (no span objects: they were most of this view's cost); the reference walk
+        where the batch keys do not hold the numbers. Returns (per attributed request:
+        (request id number, arrival, first packet, hops, totals by (stage, category)),
+        how many were not attributed)."""
+        chunk = table["name"] >= stt.N_SNAPSHOT
+        reqs = at.index_requests(spans_from_table(table[~chunk], emits, self.requests, self.rings))
+        rids = list(reqs)
+        num = np.array([num_of[r] for r in rids], np.int64)
+        rows, owner = _owned(_before_first_packet(table[chunk], table[table["name"] == stt.N_REQUEST]), num)
+        if not walk.fits(rows) or len(rids) >= 1 << 16:
+            return self._walk_reference(table, emits, num_of)
+        wk = walk.walk(rids, [walk.inputs(reqs[r]) for r in rids], rows, owner)
+        found = []
+        for i in np.flatnonzero(wk.ok).tolist():
+            lo, hi = int(wk.seg_lo[i]), int(wk.seg_lo[i + 1])
+            tot: dict[tuple[int, str], int] = {}
+            for st, c, ns in zip(wk.seg_stage[lo:hi].tolist(), wk.seg_cat[lo:hi].tolist(),
+                                 (wk.seg_end[lo:hi] - wk.seg_start[lo:hi]).tolist()):
+                tot[(st, at.CATEGORIES[c])] = tot.get((st, at.CATEGORIES[c]), 0) + ns
+            found.append((int(num[i]), int(wk.arrival[i]), int(wk.ttfp[i]), wk.hops[i], tot))
+        return found, len(rids) - len(found)
+
+    def _walk_reference(self, table: np.ndarray, emits: np.ndarray,
+                        num_of: dict[str, int]) -> tuple[list[tuple], int]:
+        spans = spans_from_table(table, emits, self.requests, self.rings, chunks_before_ttfp=True)
+        found, none = [], 0
+        for r in at.index_requests(spans).values():
+            a = at.attribute(r)
+            if a is None:
+                none += 1
+            else:
+                found.append((num_of[a.rid], a.arrival, a.ttfp, a.hops, a.totals()))
+        return found, none
 
     def _keep_busy(self, feed: Feed) -> None:
         """The sender tasks this feed closed, and none that ended BUSY_KEEP_NS before the

@@ -65,6 +65,8 @@ class Agent:
     # (a few hundred numpy calls) is paid 4 times a second, not 50
     VIEW_BATCH_EVENTS = 1 << 17  # ... or sooner when this much is waiting
     DISCOVER_PERIOD_S = 0.25  # new rings (listing /dev/shm) and dead writers, this often
+    HURRY_MS = 10.0  # the next drain cycle this soon when a ring filled HURRY_FILL since the last
+    HURRY_FILL = 1 / 8
     FINAL_VIEW_S = 2.0  # at the end, the views get this long for what is still waiting
 
     def __init__(self, cfg: AgentConfig) -> None:
@@ -194,7 +196,8 @@ class Agent:
         return idx
 
     def _take(self, src: RingSource) -> bool:
-        """Copy, record and decode one ring's new slots; True if more are waiting."""
+        """Copy, record and decode one ring's new slots; True if more are waiting or the
+        ring filled ``HURRY_FILL`` of its capacity since the last cycle."""
         raw = src.reader.read_raw(self.RAW_SLOTS)
         src.dropped = src.reader.dropped()
         if not raw:
@@ -215,13 +218,13 @@ class Agent:
                     self._oldest_pending = time.monotonic()
                 self.pending.append((idx, rec))
                 self.pending_events += n
-        return len(raw) >= self.RAW_SLOTS * record.RECORD_SIZE
+        return len(raw) >= min(self.RAW_SLOTS, src.reader.capacity * self.HURRY_FILL) * record.RECORD_SIZE
 
     def _tables(self) -> dict[int, dict[int, str]]:
         return {idx: dec.strings for idx, dec in self.decoders.items()}
 
     def drain_cycle(self, reap: bool) -> bool:
-        """One pass over every ring; True if some ring had more than a cycle's worth."""
+        """One pass over every ring; True if some ring is filling fast (see :meth:`_take`)."""
         t0 = time.perf_counter()
         backlog = False
         if reap:  # listing /dev/shm every cycle was a visible share of the agent's CPU
@@ -284,14 +287,13 @@ class Agent:
                 reap = now >= next_reap
                 if reap:
                     next_reap = now + self.DISCOVER_PERIOD_S
-                if not self.drain_cycle(reap):
-                    due = now + interval
-                    if self.stop.wait(max(0.0, due - time.monotonic())):
-                        break
-                    # how late this thread got the GIL back (the views run meanwhile)
-                    lag_ms = (time.monotonic() - due) * 1e3
-                    self.max_drain_lag_ms = max(self.max_drain_lag_ms, lag_ms)
-                    self.drain_lags[bisect.bisect_left(self.LAG_BOUNDS_MS, lag_ms)] += 1
+                due = now + (self.HURRY_MS / 1e3 if self.drain_cycle(reap) else interval)
+                if self.stop.wait(max(0.0, due - time.monotonic())):
+                    break
+                # how late this thread got the GIL back (the views run meanwhile)
+                lag_ms = (time.monotonic() - due) * 1e3
+                self.max_drain_lag_ms = max(self.max_drain_lag_ms, lag_ms)
+                self.drain_lags[bisect.bisect_left(self.LAG_BOUNDS_MS, lag_ms)] += 1
             while self.drain_cycle(reap=True):
                 pass
             while self.drain_cycle(reap=False):  # rings of processes still alive (orphans)
