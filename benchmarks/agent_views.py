@@ -1,8 +1,8 @@
 """Where the live agent's CPU goes, per event: a real run's record replayed through the
 agent's own span builder and views, in the feeds the agent makes (what was drained in
-``VIEW_PERIOD_S`` of event time), each component timed on its own (CPU time).
+``Agent.VIEW_PERIOD_S`` of event time), each component timed on its own (CPU time).
 
-    python benchmarks/agent_views.py RUN_DIR [--period 0.25] [--json OUT]
+    python benchmarks/agent_views.py RUN_DIR [--period S] [--culprits] [--json OUT]
 
 RUN_DIR is any run's directory with an event log (e.g. ``omnitrace run --run-dir R serve``
 under ``omnitrace bench``). The views read the clock to settle requests; the replay gives
@@ -25,6 +25,7 @@ from omnitrace import eventlog  # noqa: E402
 from omnitrace.agent import attribution_view  # noqa: E402
 from omnitrace.agent.attribution_view import AttributionView, RequestView  # noqa: E402
 from omnitrace.agent.export_prometheus import Metrics  # noqa: E402
+from omnitrace.agent.main import Agent  # noqa: E402
 from omnitrace.agent.views import MetricsView  # noqa: E402
 from omnitrace.spantable import SpanBuilder  # noqa: E402
 
@@ -89,7 +90,8 @@ def replay(run_dir: str, period_s: float, culprits: bool = False) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir")
-    p.add_argument("--period", type=float, default=0.25, help="event-time seconds per feed")
+    p.add_argument("--period", type=float, default=Agent.VIEW_PERIOD_S,
+                   help=f"event-time seconds per feed (default: the agent's, {Agent.VIEW_PERIOD_S})")
     p.add_argument("--culprits", action="store_true",
                    help="rank each FIFO span's blocking requests (what a live OTLP exporter adds)")
     p.add_argument("--json", default=None)

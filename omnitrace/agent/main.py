@@ -61,8 +61,9 @@ class Agent:
     RAW_SLOTS = 1 << 15  # slots per ring per drain cycle (1 MiB): bounds the copy in
     # memory, and a busy ring cannot starve the others for long (round-robin)
     VIEW_BACKLOG_EVENTS = 2_000_000  # decoded events waiting for the views (~70 MB)
-    VIEW_PERIOD_S = 0.25  # the views take what is waiting this often: a feed's fixed cost
-    # (a few hundred numpy calls) is paid 4 times a second, not 50
+    VIEW_PERIOD_S = 1.0  # the views take what is waiting this often: a feed's fixed cost
+    # (a few hundred numpy calls, ~2 ms) is paid once a second (at 0.25 s it was a third of
+    # the views' CPU at c=16: benchmarks/agent_views.py); dashboards scrape every 5-15 s
     VIEW_BATCH_EVENTS = 1 << 17  # ... or sooner when this much is waiting
     DISCOVER_PERIOD_S = 0.25  # new rings (listing /dev/shm) and dead writers, this often
     HURRY_MS = 10.0  # the next drain cycle this soon when a ring filled HURRY_FILL since the last
@@ -486,7 +487,7 @@ class Agent:
             if now >= next_tick:
                 self._to_views(lambda: self.builder.tick(now))
                 self.metrics.queue.set(self.builder.open_requests())
-                next_tick = now + 0.25
+                next_tick = now + self.VIEW_PERIOD_S
             if now >= next_side:
                 self.write_side_files()
                 next_side = now + 1.0
