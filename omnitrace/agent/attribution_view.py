@@ -240,7 +240,8 @@ class AttributionView:
         (request id number, arrival, first packet, hops, totals by (stage, category)),
         how many were not attributed)."""
         chunk = table["name"] >= stt.N_SNAPSHOT
-        reqs = at.index_requests(spans_from_table(table[~chunk], emits, self.requests, self.rings))
+        reqs = at.index_requests(spans_from_table(table[~chunk], emits, self.requests, self.rings,
+                                                  emit_events_too=False))
         rids = list(reqs)
         num = np.array([num_of[r] for r in rids], np.int64)
         rows, owner = _owned(_before_first_packet(table[chunk], table[table["name"] == stt.N_REQUEST]), num)

@@ -397,13 +397,14 @@ def _emit_firsts(emits: np.ndarray) -> dict[tuple[int, int, int], tuple[int | No
 
 
 def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
-                     chunks_before_ttfp: bool = False) -> list[Span]:
+                     chunks_before_ttfp: bool = False, emit_events_too: bool = True) -> list[Span]:
     """Span-table rows (``omnitrace.spantable``) -> report :class:`Span` objects; with
     ``chunks_before_ttfp`` only chunk spans that began before their request's first audio
-    packet (all attribution can walk) become objects."""
+    packet (all attribution can walk) become objects. Without ``emit_events_too`` stage
+    spans carry no ``omni.emit`` events (the walk reads only their first emits, kept)."""
     from omnitrace.otlp import emit_events
     names = stt.NAMES
-    by_stage = emit_events(emits)
+    by_stage = emit_events(emits if emit_events_too else emits[emits["modality"] == -1])
     firsts = _emit_firsts(emits)
     keep = np.ones(len(table), bool)
     if chunks_before_ttfp:
