@@ -1,12 +1,14 @@
 """Run the real reference pipeline + bench under `omnitrace run`, and report on it."""
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shlex
 import subprocess
 import sys
 
+import jsonschema  # at import: its optional format checkers import six, which hooks sys.meta_path
 import yaml
 
 from omnitrace.runtime import config
@@ -18,6 +20,74 @@ def chromium() -> str:
     """Debian's Chromium (Playwright drives it); the test fails naming the package if missing."""
     from tests.system_deps import need
     return need("chromium", "chromium", CHROMIUM)
+SPEEDSCOPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "dashboards", "schema-check", "node_modules", "speedscope", "dist", "release")
+
+
+def speedscope_release() -> str:
+    """speedscope's own release (its viewer and file-format-schema.json), pinned in
+    dashboards/schema-check; the test fails naming the install step if it is missing."""
+    import pytest
+    if not os.path.isfile(os.path.join(SPEEDSCOPE, "file-format-schema.json")):
+        pytest.fail("needs speedscope's npm package: run scripts/test.sh, or "
+                    "npm ci --prefix dashboards/schema-check", pytrace=False)
+    return SPEEDSCOPE
+
+
+def speedscope_errors(doc: dict) -> list[str]:
+    """What speedscope's own file-format schema says is wrong with ``doc`` (none: valid)."""
+    with open(os.path.join(speedscope_release(), "file-format-schema.json")) as f:
+        schema = json.load(f)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def open_in_speedscope(paths: list[str]) -> dict[str, str]:
+    """Each speedscope file opened by speedscope itself (its release, served on 127.0.0.1)
+    in Chromium: file name -> the profile name its toolbar shows; raises on a page error."""
+    import functools
+    import shutil
+    import tempfile
+    import threading
+
+    from playwright.sync_api import sync_playwright
+    with tempfile.TemporaryDirectory() as d:
+        app = os.path.join(d, "app")
+        shutil.copytree(speedscope_release(), app)
+        for p in paths:
+            shutil.copy(p, app)
+        handler = functools.partial(_QuietHandler, directory=app)
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        base = f"http://127.0.0.1:{srv.server_address[1]}"
+        shown = {}
+        try:
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+                try:
+                    for p in paths:
+                        page = browser.new_page(viewport={"width": 1200, "height": 800})
+                        errors: list[str] = []
+                        page.on("pageerror", lambda e: errors.append(str(e)))
+                        name = os.path.basename(p)
+                        page.goto(f"{base}/index.html#profileURL={base}/{name}")
+                        page.wait_for_function("document.title.endsWith(' - speedscope')", timeout=30_000)
+                        if errors:
+                            raise AssertionError(f"speedscope on {name}: {errors}")
+                        shown[name] = page.inner_text("body")
+                        page.close()
+                finally:
+                    browser.close()
+        finally:
+            srv.shutdown()
+    return shown
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # the test's output stays the test's
+        pass
+
+
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 

@@ -10,6 +10,7 @@ renders them offline in Chromium.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from report_util import CHROMIUM_ARGS, chromium
+from report_util import CHROMIUM_ARGS, chromium, open_in_speedscope, speedscope_errors
 
 # the seed scenario's shape (c=32, 2,500-token prompts), shorter: 32 requests, 160 tokens
 # 100 Hz (the default is 25): enough samples in a 10-second run
@@ -89,6 +90,24 @@ def test_every_stage_and_the_api_have_a_profile(run_dir):
         assert c["calibrated"] and c["agreeing"] >= 0.5 * c["clock_samples"], c  # a wrong offset: ~5%
     names = {t["name"] for p in index["profiles"] if p["name"] == "thinker" for t in p["threads"]}
     assert {"MainThread", "sender"} <= names and "omnitrace-flame-clock" not in names
+
+
+def test_every_speedscope_file_is_valid_and_opens_in_speedscope(run_dir, tmp_path):
+    """speedscope's own schema accepts each file (per stage, and a span-linked selection),
+    and speedscope itself opens each in Chromium, showing its profiles."""
+    flame(run_dir, "--stage", "thinker", "--category", "snapshot", "-o", str(tmp_path / "sel"))
+    paths = sorted(glob.glob(os.path.join(run_dir, "profiles", "*.speedscope.json"))) + \
+        [str(tmp_path / "sel.speedscope.json")]
+    assert len(paths) == 5
+    docs = {}
+    for p in paths:
+        with open(p) as f:
+            docs[os.path.basename(p)] = doc = json.load(f)
+        assert speedscope_errors(doc) == [], p
+    shown = open_in_speedscope(paths)
+    for name, doc in docs.items():
+        first = doc["profiles"][doc.get("activeProfileIndex", 0)]["name"]
+        assert first in shown[name], (name, first, shown[name][:300])
 
 
 def test_thinker_profile_shows_the_recursive_snapshot(run_dir):

@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
+from report_util import speedscope_errors
 
 from omnitrace.profile import chrometrace as ct
 from omnitrace.profile import clock, linked, render
@@ -171,3 +172,12 @@ def test_flame_options_bad_input(tmp_path, args, needle):
     assert r.returncode == 2 and needle in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not os.path.exists(tmp_path / "r" / "run.json")  # nothing started
+
+
+@pytest.mark.unit
+def test_speedscope_writer_follows_speedscopes_own_schema():
+    stacks = {("main", "work (a.py)"): 0.75, ("main", "idle (a.py)"): 0.25}
+    assert speedscope_errors(render.speedscope([("p", stacks), ("q", {})], "x")) == []
+    broken = render.speedscope([("p", stacks)], "x")
+    broken["profiles"][0]["type"] = "stacks"  # the schema's check is real
+    assert speedscope_errors(broken)
