@@ -226,6 +226,25 @@ class _Walker:
         return list(reversed(self.segs))
 
 
+def _delivery(r: RequestSpans, w: _Walker, ttfp: int, missing: list[str]) -> tuple[int | None, int]:
+    """The API's part, from the first audio packet's emit to the client's first packet
+    (SSE write, event-loop lag, delivery); the emitting stage and the emit time."""
+    emit = first_audio_emit(r)
+    if emit is None:
+        missing.append("omni.emit")
+        return (max(r.stages) if r.stages else None), ttfp
+    stage, t = emit
+    api = cv.API_STAGE
+    recv = event_time(r.request, cv.EVENT_API_PACKET_RECEIVED)
+    resumed = event_time(r.request, cv.EVENT_API_PACKET_RESUMED)
+    if resumed is not None and t <= resumed <= ttfp:
+        w.push(resumed, ttfp, api, SSE_WRITE)
+    if recv is not None and t <= recv <= w.cursor:
+        w.push(recv, w.cursor, api, LOOP_LAG)
+    w.push(t, w.cursor, api, DELIVER)
+    return stage, t
+
+
 def attribute(r: RequestSpans) -> Attribution | None:
     """The critical path of one request; None when it has no arrival or no first packet."""
     if r.request is None:
@@ -238,21 +257,7 @@ def attribute(r: RequestSpans) -> Attribution | None:
     missing: list[str] = []
     hops: list[tuple[int, int, int]] = []
     stale: list[tuple[int, int, int]] = []
-    emit = first_audio_emit(r)
-    if emit is None:
-        missing.append("omni.emit")
-        stage = max(r.stages) if r.stages else None
-        t = ttfp
-    else:
-        stage, t = emit
-        api = cv.API_STAGE
-        recv = event_time(r.request, cv.EVENT_API_PACKET_RECEIVED)
-        resumed = event_time(r.request, cv.EVENT_API_PACKET_RESUMED)
-        if resumed is not None and t <= resumed <= ttfp:
-            w.push(resumed, ttfp, api, SSE_WRITE)
-        if recv is not None and t <= recv <= w.cursor:
-            w.push(recv, w.cursor, api, LOOP_LAG)
-        w.push(t, w.cursor, api, DELIVER)
+    stage, t = _delivery(r, w, ttfp, missing)
     seen: set[tuple[int, int, int]] = set()
     for _ in range(_MAX_HOPS):
         if stage is None:

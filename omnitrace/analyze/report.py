@@ -415,62 +415,20 @@ def _walk_here(requests: int, figure_rows: int) -> int:
     return int(requests * min(max(0.5 - figs / (2 * walk), 0.0), 0.5))
 
 
-def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: Selection,
-                  n_waterfalls: int, waterfall_ids: list[str]) -> dict[str, Any]:
-    reqs = at.index_requests(run.spans)
+def _stage_names(reqs: dict[str, at.RequestSpans]) -> dict[int, str]:
+    """Stage number -> the name its stage spans carry (the first seen)."""
     names: dict[int, str] = {}
     for r in reqs.values():
         for st, sp in r.stages.items():
             n = sp.attrs.get(cv.ATTR_STAGE_NAME) if sp.attrs else None
             if n:
                 names.setdefault(st, str(n))
+    return names
 
-    label = _Labels(names).__getitem__
 
-    def died_label(stage: int) -> str:
-        return f"{stage} ({names[stage]})" if stage in names else str(stage)
-
-    first_seen = _first_seen(run, reqs)
-    measured, how, bench_rows = _measured(run, first_seen, level, sel)
-    recorder = _agent_counters(run)
-    has_api = any(r.request is not None for r in reqs.values())
-
-    # ---- failures: by cause, before anything is called missing
-    bench_measured = measured & set(bench_rows)
-    traced_status = {rid: (int(reqs[rid].request.attrs.get(cv.ATTR_STATUS, 0) or 0), reqs[rid].request.end)
-                     for rid in measured if rid in reqs and reqs[rid].request is not None
-                     and rid not in bench_rows}
-    fails = failures.summarize((bench_rows[i] for i in sorted(bench_measured)), traced_status,
-                               run.stage_deaths, died_label)
-    failed_ids = set(fails.pop("failed_ids"))
-
-    # requests without an API request (component-level run) or without a trace: counted below
-    walked = [rid for rid in sorted(measured) if rid in reqs and reqs[rid].request is not None]
-    # a long run: a forked child walks the later requests while this process computes the
-    # component figures and walks the first ones
-    k = _walk_here(len(walked), sum(len(t) for t in run.figures.tables()) if run.figures else 0)
-    ctx = _RowContext(bench_rows, label, per_request_segments, n_waterfalls, set(waterfall_ids))
-    later = Beside(_walk_packed, run, reqs, walked[k:], ctx) if k < len(walked) else None
-
-    # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
-    rows = components.Rows(run.figures, run.chunk_requests, measured)
-    fifo, snapshot, transfer = components.figures(rows, label)
-    chunk_incomplete = components.incomplete(rows)
-    del rows
-
-    w = _walk(run, reqs, walked[:k], ctx)
-    if later is not None:
-        w.extend(later.result())
-    no_ttfp = [rid for rid in w.none if rid not in failed_ids]
-    traced = set(first_seen)
-    untraced = sorted(i for i in bench_measured - traced if i not in failed_ids)
-
-    # ---- per request, slowest first
-    requests = [w.rows[i] for i in sorted(range(len(w.rows)), key=lambda i: -w.ttfp_ns[i])]
-    sum_err = [abs(r["sum_error_ns"]) for r in requests]
-    diffs = [r["client_ttfp_ms"] - r["ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
-
-    # ---- aggregate per stage and category (zeros included so means add up to mean TTFP)
+def _aggregate(w: _Walked, label: Callable[[int], str]) -> list[dict[str, Any]]:
+    """Per stage and category over the attributed requests, zeros included so the means
+    add up to the mean TTFP."""
     totals = w.totals
     keys = sorted({k for t in totals for k in t}, key=lambda k: (k[0] if k[0] >= 0 else 99,
                                                                  at.CATEGORIES.index(k[1])))
@@ -481,11 +439,12 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
         agg.append({"stage": label(k[0]), "stage_id": k[0], "category": k[1],
                     "mean_ms": s["mean"], "p50_ms": s["p50"], "p99_ms": s["p99"],
                     "share": (s["mean"] / (mean_ttfp * NS_TO_MS)) if mean_ttfp else 0.0})
+    return agg
 
-    # ---- head of line, in wall time, over the critical-path chunks of attributed requests
-    cidx = run.chunk_index()
-    busy = run.busy
-    early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
+
+def _head_of_line(run: Run, w: _Walked, requests: list[dict[str, Any]]
+                  ) -> tuple[list[dict[str, Any]], int, list[dict[str, Any]]]:
+    """The largest (victim, culprit) pairs as rows, how many pairs there are, the victims."""
     hp = w.hp
     hol_rows, hol_victims = [], []
     ttfp_of = {r["id"]: r["ttfp_ms"] for r in requests}
@@ -510,11 +469,18 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
                              "tasks": int(hp.pair_tasks[j]), "victim_ttfp_ms": ttfp_of[vid]})
     hol_victims.sort(key=lambda r: (-r["blocked_ms"], r["victim"]))
 
-    # ---- waterfalls: the slowest N and any asked for by id
-    wf_ids = [r["id"] for r in requests[:n_waterfalls]] + [i for i in waterfall_ids]
+    return hol_rows, hol_pairs, hol_victims
+
+
+def _waterfalls(run: Run, reqs: dict[str, at.RequestSpans], w: _Walked, requests: list[dict[str, Any]],
+                label: Callable[[int], str], per_request_segments: bool, wf_ids: list[str],
+                n_waterfalls: int, warnings: list[str]) -> list[dict[str, Any]]:
+    """The waterfalls of ``wf_ids`` (the slowest and those asked for); the slowest rows
+    get their critical path when the report does not give every row one."""
+    cidx = run.chunk_index()
+    early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
     by_rid = {a.rid: a for a in w.kept}
     wfs = []
-    warnings = list(run.warnings)
     row_of = {r["id"]: r for r in requests[:n_waterfalls]} if not per_request_segments else {}
     for rid in dict.fromkeys(wf_ids):
         a = by_rid.get(rid)
@@ -528,10 +494,16 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
         # out first: sorting all the early rows for ten requests took seconds on a long run
         mine = rowops.select(early, early["req"] == i) if i >= 0 else early[:0]
         mine = rowops.take(mine, np.lexsort((mine["chunk"], mine["stage"], mine["name"], mine["start"])))
-        wfs.append(waterfall.build(a, reqs[rid], mine, busy, run.chunk_requests, label, i))
+        wfs.append(waterfall.build(a, reqs[rid], mine, run.busy, run.chunk_requests, label, i))
 
-    server = [t * NS_TO_MS for t in w.ttfp_ns]  # walk order (a float mean depends on it)
-    client = [r["client_ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
+    return wfs
+
+
+def _add_warnings(warnings: list[str], run: Run, reqs: dict[str, at.RequestSpans], recorder: dict[str, Any],
+                  fails: dict[str, Any], measured: set[str], w: _Walked, requests: list[dict[str, Any]],
+                  has_api: bool, no_ttfp: list[str], untraced: list[str],
+                  chunk_incomplete: dict[str, int]) -> None:
+    """The report's warnings, each rule in turn; the loudest first (inserted at the top)."""
     warnings[:0] = _accounting_warnings(recorder)
     in_record = run.span_count + run.skipped_spans
     for kind, c in recorder["exporters"].items():
@@ -580,6 +552,71 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     if chunk_incomplete:
         warnings.append("chunk spans without their end event, left out of every figure: "
                         + ", ".join(f"{n} {k}" for k, n in sorted(chunk_incomplete.items())))
+
+
+def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: Selection,
+                  n_waterfalls: int, waterfall_ids: list[str]) -> dict[str, Any]:
+    reqs = at.index_requests(run.spans)
+    names = _stage_names(reqs)
+    label = _Labels(names).__getitem__
+
+    def died_label(stage: int) -> str:
+        return f"{stage} ({names[stage]})" if stage in names else str(stage)
+
+    first_seen = _first_seen(run, reqs)
+    measured, how, bench_rows = _measured(run, first_seen, level, sel)
+    recorder = _agent_counters(run)
+    has_api = any(r.request is not None for r in reqs.values())
+
+    # ---- failures: by cause, before anything is called missing
+    bench_measured = measured & set(bench_rows)
+    traced_status = {rid: (int(reqs[rid].request.attrs.get(cv.ATTR_STATUS, 0) or 0), reqs[rid].request.end)
+                     for rid in measured if rid in reqs and reqs[rid].request is not None
+                     and rid not in bench_rows}
+    fails = failures.summarize((bench_rows[i] for i in sorted(bench_measured)), traced_status,
+                               run.stage_deaths, died_label)
+    failed_ids = set(fails.pop("failed_ids"))
+
+    # requests without an API request (component-level run) or without a trace: counted below
+    walked = [rid for rid in sorted(measured) if rid in reqs and reqs[rid].request is not None]
+    # a long run: a forked child walks the later requests while this process computes the
+    # component figures and walks the first ones
+    k = _walk_here(len(walked), sum(len(t) for t in run.figures.tables()) if run.figures else 0)
+    ctx = _RowContext(bench_rows, label, per_request_segments, n_waterfalls, set(waterfall_ids))
+    later = Beside(_walk_packed, run, reqs, walked[k:], ctx) if k < len(walked) else None
+
+    # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
+    rows = components.Rows(run.figures, run.chunk_requests, measured)
+    fifo, snapshot, transfer = components.figures(rows, label)
+    chunk_incomplete = components.incomplete(rows)
+    del rows
+
+    w = _walk(run, reqs, walked[:k], ctx)
+    if later is not None:
+        w.extend(later.result())
+    no_ttfp = [rid for rid in w.none if rid not in failed_ids]
+    traced = set(first_seen)
+    untraced = sorted(i for i in bench_measured - traced if i not in failed_ids)
+
+    # ---- per request, slowest first
+    requests = [w.rows[i] for i in sorted(range(len(w.rows)), key=lambda i: -w.ttfp_ns[i])]
+    sum_err = [abs(r["sum_error_ns"]) for r in requests]
+    diffs = [r["client_ttfp_ms"] - r["ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
+
+    agg = _aggregate(w, label)
+
+    # ---- head of line, in wall time, over the critical-path chunks of attributed requests
+    hol_rows, hol_pairs, hol_victims = _head_of_line(run, w, requests)
+
+    # ---- waterfalls: the slowest N and any asked for by id
+    warnings = list(run.warnings)
+    wfs = _waterfalls(run, reqs, w, requests, label, per_request_segments,
+                      [r["id"] for r in requests[:n_waterfalls]] + list(waterfall_ids), n_waterfalls, warnings)
+
+    server = [t * NS_TO_MS for t in w.ttfp_ns]  # walk order (a float mean depends on it)
+    client = [r["client_ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
+    _add_warnings(warnings, run, reqs, recorder, fails, measured, w, requests, has_api,
+                  no_ttfp, untraced, chunk_incomplete)
     return {
         "omnitrace_version": __version__,
         "runs": [{"path": p} for p in run.paths],

@@ -250,7 +250,7 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
 
     name, rowno = rows["name"], np.arange(len(rows))
     stage, peer, chunk = rows["stage"], rows["peer"], rows["chunk"]
-    start, end, v1, v2 = rows["start"], rows["end"], rows["v1"], rows["v2"]
+    start, end, v1 = rows["start"], rows["end"], rows["v1"]
     prod_code = _code(owner, stage, peer, chunk)
     cons_code = _code(owner, peer, stage, chunk)
 
@@ -264,21 +264,7 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
     snap, proc = index(name == stt.N_SNAPSHOT, prod_code), index(name == stt.N_PROCESS, prod_code)
     made = index((name == stt.N_PROCESS) & (v1 > 0), prod_code)
 
-    # ---- delivery: [first audio emit, first packet]
-    emit_t, has_emit = _opt([x.emit[1] if x and x.emit else None for x in ins])
-    cur_stage, has_stage = _opt([(x.emit[0] if x.emit else x.last_stage) if x else None for x in ins])
-    has_stage &= ok
-    t = np.where(has_emit, emit_t, ttfp)
-    for i in np.flatnonzero(ok & ~has_emit).tolist():
-        missing[i].append("omni.emit")
-    recv, has_recv = _opt([x.recv if x else None for x in ins])
-    resumed, has_res = _opt([x.resumed if x else None for x in ins])
-    e = np.flatnonzero(ok & has_emit)
-    m = e[has_res[e] & (emit_t[e] <= resumed[e]) & (resumed[e] <= ttfp[e])]
-    W.push(m, resumed[m], ttfp[m], cv.API_STAGE, at.SSE_WRITE)
-    m = e[has_recv[e] & (emit_t[e] <= recv[e]) & (recv[e] <= W.cursor[e])]
-    W.push(m, recv[m], W.cursor[m], cv.API_STAGE, at.LOOP_LAG)
-    W.push(e, emit_t[e], W.cursor[e], cv.API_STAGE, at.DELIVER)
+    t, cur_stage, has_stage = _delivery(W, ins, ok, ttfp, missing)
 
     # ---- hops
     origin = np.full(n, _NONE, np.int64)
@@ -318,38 +304,7 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
         notes.append((~have_put, _M_PUT))
         pui = pu[have_put]
         W.push(idx[have_put], start[pui], end[pui], prod[have_put], at.PUT)
-        # the producing task (the reference's comment says why): procs = its process spans
-        # ending by the cursor, or all; made = those with payload bytes
-        cur = W.cursor[idx]
-        n_proc = proc.count(pc)
-        some_by = proc.any_by(pc, cur)
-        made_by = made.by(pc, cur, fallback=False)
-        made_any = made.by(pc, np.full(len(idx), np.iinfo(np.int64).max), fallback=False)
-        mk = np.where(some_by, made_by, made_any)
-        put_bytes = np.where(have_put, v1[np.maximum(pu, 0)], 0)
-        is_stale = have_put & (put_bytes > 0) & (n_proc > 0) & (mk < 0)
-        notes.append((is_stale, _M_TASK))
-        pr = np.where(mk >= 0, mk, proc.by(pc, cur))
-        pr = np.where(is_stale, _NONE, pr)
-        cut = np.where(pr >= 0, start[np.maximum(pr, 0)], cur)
-        fi = np.where(is_stale, _NONE, fifo.by(pc, cut))
-        cut = np.where(fi >= 0, start[np.maximum(fi, 0)], cut)
-        sn = np.where(is_stale, _NONE, snap.by(pc, cut))
-        have = pr >= 0
-        notes.append((~have & ~is_stale, _M_PROCESS))
-        pri = pr[have]
-        W.push(idx[have], start[pri], end[pri], prod[have], at.PROCESS)
-        have = fi >= 0
-        notes.append((~have & ~is_stale, _M_FIFO))
-        f = fi[have]
-        dur = end[f] - start[f]
-        blocked = np.maximum(0, np.minimum(v2[f], dur))
-        W.push(idx[have], end[f] - (dur - blocked), end[f], prod[have], at.FIFO_OWN)
-        W.push(idx[have], start[f], start[f] + blocked, prod[have], at.FIFO_BLOCKED)
-        have = sn >= 0
-        notes.append((~have & ~is_stale, _M_SNAPSHOT))
-        s = sn[have]
-        W.push(idx[have], start[s], end[s], prod[have], at.SNAPSHOT)
+        _producer_task(W, rows, idx, pc, prod, have_put, pu, (proc, made, fifo, snap), notes)
         for mask, kind in notes:  # in the order the reference notes them
             for j in np.flatnonzero(mask).tolist():
                 hop = (int(prod[j]), int(cons[j]), int(c[j]))
@@ -362,7 +317,76 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
         cur_stage[idx] = prod
         active = idx
 
-    # ---- [arrival, first stage's add]: parse, then dispatch
+    _dispatch(W, ins, ok, arrival, origin, has_origin)
+    lo, s0, s1, sst, scat, sdet = W.in_time_order(n)
+    return Walked(rids, ok, arrival, ttfp, lo, s0, s1, sst, scat, sdet,
+                  [h[::-1] for h in hops], missing, stale)  # hops: walked backward
+
+
+def _producer_task(W: _Segments, rows: np.ndarray, idx: np.ndarray, pc: np.ndarray, prod: np.ndarray,
+                   have_put: np.ndarray, pu: np.ndarray, ix: tuple, notes: list) -> None:
+    """The producing task's process, FIFO and snapshot spans of each hop ``idx`` (the
+    reference's ``attribute`` says how the task is found), pushed; what is missing noted."""
+    proc, made, fifo, snap = ix
+    start, end, v1, v2 = rows["start"], rows["end"], rows["v1"], rows["v2"]
+    # the producing task (the reference's comment says why): procs = its process spans
+    # ending by the cursor, or all; made = those with payload bytes
+    cur = W.cursor[idx]
+    n_proc = proc.count(pc)
+    some_by = proc.any_by(pc, cur)
+    made_by = made.by(pc, cur, fallback=False)
+    made_any = made.by(pc, np.full(len(idx), np.iinfo(np.int64).max), fallback=False)
+    mk = np.where(some_by, made_by, made_any)
+    put_bytes = np.where(have_put, v1[np.maximum(pu, 0)], 0)
+    is_stale = have_put & (put_bytes > 0) & (n_proc > 0) & (mk < 0)
+    notes.append((is_stale, _M_TASK))
+    pr = np.where(mk >= 0, mk, proc.by(pc, cur))
+    pr = np.where(is_stale, _NONE, pr)
+    cut = np.where(pr >= 0, start[np.maximum(pr, 0)], cur)
+    fi = np.where(is_stale, _NONE, fifo.by(pc, cut))
+    cut = np.where(fi >= 0, start[np.maximum(fi, 0)], cut)
+    sn = np.where(is_stale, _NONE, snap.by(pc, cut))
+    have = pr >= 0
+    notes.append((~have & ~is_stale, _M_PROCESS))
+    pri = pr[have]
+    W.push(idx[have], start[pri], end[pri], prod[have], at.PROCESS)
+    have = fi >= 0
+    notes.append((~have & ~is_stale, _M_FIFO))
+    f = fi[have]
+    dur = end[f] - start[f]
+    blocked = np.maximum(0, np.minimum(v2[f], dur))
+    W.push(idx[have], end[f] - (dur - blocked), end[f], prod[have], at.FIFO_OWN)
+    W.push(idx[have], start[f], start[f] + blocked, prod[have], at.FIFO_BLOCKED)
+    have = sn >= 0
+    notes.append((~have & ~is_stale, _M_SNAPSHOT))
+    s = sn[have]
+    W.push(idx[have], start[s], end[s], prod[have], at.SNAPSHOT)
+
+
+def _delivery(W: _Segments, ins: list[RequestInputs | None], ok: np.ndarray, ttfp: np.ndarray,
+              missing: list[list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[first audio emit, first packet] of every request (``attribution._delivery``);
+    returns where the hops begin: the emit time, the emitting stage, whether there is one."""
+    emit_t, has_emit = _opt([x.emit[1] if x and x.emit else None for x in ins])
+    cur_stage, has_stage = _opt([(x.emit[0] if x.emit else x.last_stage) if x else None for x in ins])
+    has_stage &= ok
+    t = np.where(has_emit, emit_t, ttfp)
+    for i in np.flatnonzero(ok & ~has_emit).tolist():
+        missing[i].append("omni.emit")
+    recv, has_recv = _opt([x.recv if x else None for x in ins])
+    resumed, has_res = _opt([x.resumed if x else None for x in ins])
+    e = np.flatnonzero(ok & has_emit)
+    m = e[has_res[e] & (emit_t[e] <= resumed[e]) & (resumed[e] <= ttfp[e])]
+    W.push(m, resumed[m], ttfp[m], cv.API_STAGE, at.SSE_WRITE)
+    m = e[has_recv[e] & (emit_t[e] <= recv[e]) & (recv[e] <= W.cursor[e])]
+    W.push(m, recv[m], W.cursor[m], cv.API_STAGE, at.LOOP_LAG)
+    W.push(e, emit_t[e], W.cursor[e], cv.API_STAGE, at.DELIVER)
+    return t, cur_stage, has_stage
+
+
+def _dispatch(W: _Segments, ins: list[RequestInputs | None], ok: np.ndarray, arrival: np.ndarray,
+              origin: np.ndarray, has_origin: np.ndarray) -> None:
+    """[arrival, first stage's add]: parse, then dispatch (or unwalked: no stage reached)."""
     done = np.flatnonzero(ok & (W.cursor > arrival))
     walked, lost = done[has_origin[done]], done[~has_origin[done]]
     W.unwalked(lost)
@@ -377,10 +401,6 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
     W.push(m, arrival[m], parsed[m], cv.API_STAGE, at.PARSE)
     m = w[~p_ok]
     W.push(m, arrival[m], W.cursor[m], cv.API_STAGE, at.DISPATCH)
-
-    lo, s0, s1, sst, scat, sdet = W.in_time_order(n)
-    return Walked(rids, ok, arrival, ttfp, lo, s0, s1, sst, scat, sdet,
-                  [h[::-1] for h in hops], missing, stale)  # hops: walked backward
 
 
 def _terminate(W: _Segments, ins: list[RequestInputs | None], idx: np.ndarray, stage: np.ndarray,

@@ -346,8 +346,9 @@ class Api:
         return web.json_response({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "owned_by": "omnitrace"}]})
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        t_arrive = time.perf_counter_ns()  # TTFP counts from here: parsing is the API's share
+    async def _admit(self, request: web.Request) -> tuple[str, int, int, str | None] | web.Response:
+        """(request id, prompt tokens, max tokens, model) of a request the server takes,
+        or the error response that refuses it."""
         p = self.p
         if p.dead:
             return _error(503, p.dead, "server_error")
@@ -371,6 +372,15 @@ class Api:
             return _error(409, f"x-request-id: {rid!r} is already in flight")
         if len(p.flights) >= p.capacity:
             return _error(503, f"server busy: {len(p.flights)} requests in flight", "server_error")
+        return rid, prompt, max_tokens, model
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        t_arrive = time.perf_counter_ns()  # TTFP counts from here: parsing is the API's share
+        p = self.p
+        admitted = await self._admit(request)
+        if isinstance(admitted, web.Response):
+            return admitted
+        rid, prompt, max_tokens, model = admitted
         t_parsed = time.perf_counter_ns()
         record.emit(_EV_ARRIVE, rid, _API, -1, prompt, max_tokens, t_arrive)
         tracecontext.record_traceparent(rid, request.headers, t_arrive)  # join the caller's trace
