@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from omnitrace import conventions as cv
-from omnitrace.analyze.rundir import Span
+from omnitrace.analyze.span import Span
 
 # the vocabulary (names, descriptions, colours) lives in omnitrace.categories; the rule here
 from omnitrace.categories import (CATEGORIES, COMPUTE, DELIVER, DESCRIPTIONS, DISPATCH,  # noqa: F401

@@ -88,7 +88,7 @@ def sweep_run(run_dir: str, grace_s: float = 20.0) -> dict[str, list]:
 
     import orjson
 
-    from omnitrace.agent.rundir import write_json_atomic
+    from omnitrace.runfiles import write_json_atomic
 
     def load(name: str) -> dict:
         try:

@@ -117,7 +117,7 @@ def parse_size(text: str) -> int:
 def _validate(ns: argparse.Namespace) -> AgentConfig:
     """Every check that can fail, before anything starts. Returns the agent's config."""
     from omnitrace.agent import export_otlp
-    from omnitrace.agent.rundir import check_writable
+    from omnitrace.runfiles import check_writable
 
     kinds = []
     for k in (x.strip() for x in ns.exporter.split(",")):
@@ -186,7 +186,7 @@ def _claim(run_dir: str, overwrite: bool) -> int:
     """The run directory locked for this run (the fd holding the lock), or UsageError: a
     live run there is refused even with --overwrite (deleting its files under its agent
     would mix two runs); a finished or dead one only without --overwrite."""
-    from omnitrace.agent.rundir import RunDirBusy, claim, holds_run
+    from omnitrace.runfiles import RunDirBusy, claim, holds_run
     try:
         lock = claim(run_dir)
     except RunDirBusy as exc:
@@ -202,7 +202,7 @@ def _claim(run_dir: str, overwrite: bool) -> int:
 def _clear_run(run_dir: str) -> None:
     """--overwrite: remove the files an earlier run wrote (only those)."""
     from omnitrace import eventlog
-    from omnitrace.agent.rundir import RunDir
+    from omnitrace.runfiles import RunDir
     for name in ("run.json", "agent.json", "spans.jsonl", "metrics.jsonl", "processes.jsonl",
                  "bench.json", "events.bin", RunDir.RESERVE):
         try:
@@ -492,7 +492,7 @@ def _count_rings_left(cfg: AgentConfig, rc: int, agent_rc: int) -> None:
     drain thread failed) are counted into run.json and removed (shared memory outlives
     processes); an agent that died says so (status agent-killed)."""
     from omnitrace import record
-    from omnitrace.agent.rundir import RunDir, write_json_atomic
+    from omnitrace.runfiles import RunDir, write_json_atomic
     try:  # a killed agent could not give back the space it held for its final files
         os.unlink(os.path.join(cfg.run_dir, RunDir.RESERVE))
     except OSError:

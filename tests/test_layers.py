@@ -1,0 +1,101 @@
+"""The package's layers hold (docs/architecture.md, "Layers"): a module imports only its
+own layer and the ones below, and no two modules import each other, directly or round
+about. Read from the source (ast), every import, lazy ones inside functions included."""
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(ROOT, "omnitrace")
+
+# lowest first; a module belongs to the layer of its longest matching prefix
+LAYERS = [
+    ("core", ("omnitrace", "omnitrace.conventions", "omnitrace.categories", "omnitrace.rowops",
+              "omnitrace.record", "omnitrace.tracecontext", "omnitrace.eventlog", "omnitrace.spantable",
+              "omnitrace.otlp", "omnitrace.runfiles", "omnitrace.childproc", "omnitrace.clihelp")),
+    ("runtime", ("omnitrace.runtime",)),
+    ("profile", ("omnitrace.profile",)),
+    ("analyze", ("omnitrace.analyze",)),
+    ("agent", ("omnitrace.agent",)),
+    ("render", ("omnitrace.render",)),
+    ("commands", ("omnitrace.cli", "omnitrace.__main__", "omnitrace.loadtest", "omnitrace.bench",
+                  "omnitrace.inject", "omnitrace.top", "omnitrace.export_cli", "omnitrace.flame_cli",
+                  "omnitrace.analyze.report_cli", "omnitrace.analyze.compare_cli")),
+]
+
+
+def layer_of(module: str) -> int:
+    best, rank = "", -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > len(best):
+                best, rank = p, i
+    return rank
+
+
+def modules() -> dict[str, str]:
+    out = {}
+    for root, dirs, files in os.walk(PKG):
+        dirs[:] = [d for d in dirs if d not in ("__pycache__", "patches")]  # patches: hook data
+        for name in files:
+            if name.endswith(".py"):
+                rel = os.path.relpath(os.path.join(root, name), ROOT)[:-3].split(os.sep)
+                out[".".join(rel[:-1] if rel[-1] == "__init__" else rel)] = os.path.join(root, name)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("omnitrace"):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    graph[mod].add(sub if sub in mods else node.module)
+            elif isinstance(node, ast.Import):
+                graph[mod].update(a.name for a in node.names if a.name.startswith("omnitrace"))
+    return {m: {t for t in ts if t in mods and t != m} for m, ts in graph.items()}
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in modules() if layer_of(m) < 0] == []
+
+
+def test_no_import_from_a_higher_layer():
+    bad = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
+           for m, ts in import_graph().items() for t in sorted(ts) if layer_of(t) > layer_of(m)]
+    assert bad == []
+
+
+def test_no_import_circle():
+    graph = import_graph()
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                circles.append(" -> ".join(path[path.index(t):] + [t]))
+            elif t not in state:
+                visit(t, path + [t])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert circles == []
+
+
+def test_the_check_sees_an_upward_import():
+    assert layer_of("omnitrace.analyze.report_cli") > layer_of("omnitrace.render.console") \
+        > layer_of("omnitrace.analyze.report") > layer_of("omnitrace.spantable")
+    assert "omnitrace.analyze.span" in import_graph()["omnitrace.analyze.attribution"]
