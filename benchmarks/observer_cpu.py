@@ -30,10 +30,8 @@ alternately reversed order), 95% bootstrap CIs over rounds.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,7 +42,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from observer_effect import _server_cmd  # noqa: E402
+from observer_effect import _server_cmd, stop_server  # noqa: E402
 from omnitrace import record  # noqa: E402
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy  # noqa: E402
 
@@ -110,9 +108,9 @@ def cpu_by_role(root: int, instrumented: bool) -> dict[int, tuple[str, float]]:
 
 def _rings(run_id: str) -> list[record.RingHeader]:
     heads = []
-    for path in glob.glob(f"/dev/shm/{record.segment_name(run_id, 0, 0).rsplit('.', 2)[0]}.*"):
+    for name in record.discover(run_id):
         try:
-            r = record.RingReader(os.path.basename(path))
+            r = record.RingReader(name)
         except (OSError, ValueError):
             continue
         heads.append(r.header())
@@ -173,12 +171,7 @@ def run_one(variant: str, args: argparse.Namespace, work: str) -> dict:
         _settle(rid)
         cpu1, ev1 = cpu_by_role(server.pid, instrumented), _rings(rid) if rid else []
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(120)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server)
     reqs = [r for r in doc["requests"] if not r.get("error")]
     n = len(doc["requests"])
     roles: dict[str, float] = {}

@@ -75,6 +75,16 @@ def _server_cmd(variant: str, port: int, run_dir: str, serve: list[str]) -> list
     return [*py, "run", "--run-dir", run_dir, *opts, "serve", "--port", str(port), *serve]
 
 
+def stop_server(server: subprocess.Popen) -> None:
+    """SIGTERM (the server's and `omnitrace run`'s orderly stop), SIGKILL after 120 s."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(120)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
 def run_one(variant: str, args: argparse.Namespace, work: str, otlp_port: int) -> dict:
     port = free_port()
     run_dir = os.path.join(work, f"{variant}-{time.time_ns()}")
@@ -96,12 +106,7 @@ def run_one(variant: str, args: argparse.Namespace, work: str, otlp_port: int) -
                         "--seed", str(args.seed), "--no-progress", "--out", out],
                        env=env, check=True, stdout=subprocess.DEVNULL)
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(120)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server)
     with open(out) as f:
         doc = json.load(f)
     reqs = [r for r in doc["requests"] if not r.get("warmup") and not r.get("error")]
