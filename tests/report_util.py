@@ -42,6 +42,24 @@ def speedscope_errors(doc: dict) -> list[str]:
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
 
 
+def replay_timeline(prof: dict, frames: list[dict]) -> list[tuple[float, float, tuple[str, ...]]]:
+    """An evented speedscope profile -> (start ms, end ms, stack of frame names) of each
+    time between events with something open, as speedscope's time-order view draws it."""
+    out, stack, last = [], [], None
+    for ev in prof["events"]:
+        if stack and last is not None and ev["at"] > last:
+            out.append((last, ev["at"], tuple(frames[f]["name"] for f in stack)))
+        if ev["type"] == "O":
+            stack.append(ev["frame"])
+        else:
+            assert stack and stack[-1] == ev["frame"], "closed out of order"
+            stack.pop()
+        assert last is None or ev["at"] >= last
+        last = ev["at"]
+    assert not stack
+    return out
+
+
 def open_in_speedscope(paths: list[str]) -> dict[str, str]:
     """Each speedscope file opened by speedscope itself (its release, served on 127.0.0.1)
     in Chromium: file name -> the profile name its toolbar shows; raises on a page error."""

@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from report_util import CHROMIUM_ARGS, chromium, open_in_speedscope, speedscope_errors
+from report_util import CHROMIUM_ARGS, chromium, open_in_speedscope, replay_timeline, speedscope_errors
 
 # the seed scenario's shape (c=32, 2,500-token prompts), shorter: 32 requests, 160 tokens
 # 100 Hz (the default is 25): enough samples in a 10-second run
@@ -56,11 +56,18 @@ def share(speedscope_path: str, *functions: str) -> tuple[float, float]:
     frames = doc["shared"]["frames"]
     hit = total = 0.0
     for prof in doc["profiles"]:
-        for stack, w in zip(prof["samples"], prof["weights"]):
+        for names, w in weighted_stacks(prof, frames):
             total += w
-            if any(frames[i]["name"] in functions for i in stack):
+            if any(n in functions for n in names):
                 hit += w
     return (hit / total if total else 0.0), total
+
+
+def weighted_stacks(prof: dict, frames: list[dict]) -> list[tuple[tuple[str, ...], float]]:
+    """(stack of frame names, ms) of a sampled or an evented (timeline) speedscope profile."""
+    if prof["type"] == "sampled":
+        return [(tuple(frames[i]["name"] for i in s), w) for s, w in zip(prof["samples"], prof["weights"])]
+    return [(names, end - start) for start, end, names in replay_timeline(prof, frames)]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +89,11 @@ def test_every_stage_and_the_api_have_a_profile(run_dir):
         with open(os.path.join(pdir, f"{p['name']}.speedscope.json")) as f:
             doc = json.load(f)
         assert doc["$schema"].endswith("file-format-schema.json")
-        assert sum(len(x["samples"]) for x in doc["profiles"]) > 10
+        assert {x["type"] for x in doc["profiles"]} == {"evented"}  # a true timeline per thread
+        assert sum(len(x["events"]) for x in doc["profiles"]) > 20
+        # the timeline holds the same thread time as the profile's figure
+        ms = sum(w for x in doc["profiles"] for _, w in weighted_stacks(x, doc["shared"]["frames"]))
+        assert ms / 1e3 == pytest.approx(p["seconds"], rel=0.01, abs=0.01)
         root = ET.parse(os.path.join(pdir, f"{p['name']}.svg")).getroot()
         assert root.tag.endswith("svg") and len(root.findall(".//{http://www.w3.org/2000/svg}rect")) > 10
     # the clock put every process's samples on the event log's clock

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-from report_util import speedscope_errors
+from report_util import replay_timeline, speedscope_errors
 
 from omnitrace.profile import chrometrace as ct
 from omnitrace.profile import clock, linked, render
@@ -181,3 +181,21 @@ def test_speedscope_writer_follows_speedscopes_own_schema():
     broken = render.speedscope([("p", stacks)], "x")
     broken["profiles"][0]["type"] = "stacks"  # the schema's check is real
     assert speedscope_errors(broken)
+
+
+@pytest.mark.unit
+def test_speedscope_timeline_is_what_happened():
+    ms = 1_000_000
+    t0 = 5_000 * ms
+    main = [(t0, t0 + 10 * ms, ("main (a.py)", "work (a.py)")),
+            (t0 + 10 * ms, t0 + 15 * ms, ("main (a.py)", "idle (a.py)")),
+            (t0 + 30 * ms, t0 + 40 * ms, ("main (a.py)", "work (a.py)"))]  # 15 ms unseen
+    sender = [(t0 + 2 * ms, t0 + 4 * ms, ("send (b.py)",))]
+    doc = render.speedscope_timeline([("thread MainThread (1)", main), ("thread sender (2)", sender)], "p")
+    assert speedscope_errors(doc) == []
+    frames = doc["shared"]["frames"]
+    got = replay_timeline(doc["profiles"][0], frames)
+    assert got == [(0.0, 10.0, ("main", "work")), (10.0, 15.0, ("main", "idle")),
+                   (30.0, 40.0, ("main", "work"))]  # in time order, the gap kept
+    assert replay_timeline(doc["profiles"][1], frames) == [(2.0, 4.0, ("send",))]  # one time axis
+    assert doc["profiles"][0]["endValue"] == 40.0

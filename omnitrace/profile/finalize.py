@@ -9,7 +9,7 @@
   helpers) are not kept;
 * ``--flame-window measured`` keeps only the bench's measured window(s);
 * writes ``samples.npz`` (every stack with its time, pid and native thread id: what
-  `omnitrace flame` selects from), per profile ``NAME.speedscope.json`` and ``NAME.svg``,
+  `omnitrace flame` selects from), per profile ``NAME.speedscope.json`` (a timeline per thread) and ``NAME.svg``,
   and ``index.json`` (what is there, what is missing and why, the clock's precision).
 """
 from __future__ import annotations
@@ -226,7 +226,8 @@ def finalize(run_dir: str) -> dict:
         mask = st["pid"] == pid
         if mask.any():
             stacks, tlist = _by_thread(store, mask)
-            _write(pdir, name, stacks, tlist, f"{name} (pid {pid})", f"py-spy {rate} Hz")
+            _write(pdir, name, stacks, _timeline(store, mask, tlist), f"{name} (pid {pid})",
+                   f"py-spy {rate} Hz")
             entry.update(tool="py-spy", seconds=round(sum(stacks.values()), 3),
                          threads=[{"tid": t, "name": n} for t, n in tlist])
             index["profiles"].append(entry)
@@ -274,17 +275,33 @@ def _by_thread(store: Store, mask: np.ndarray) -> tuple[render.Collapsed, list[t
     return collapsed(store, idx, weights, root=root, root_labels=labels), tlist
 
 
-def _write(pdir: str, name: str, stacks: render.Collapsed, tlist: list[tuple[int, str]],
-           title: str, sub: str) -> None:
-    # speedscope: one profile per thread (its root frame is the thread)
-    per: dict[str, render.Collapsed] = {}
-    for stack, sec in stacks.items():
-        per.setdefault(stack[0], {})[stack[1:]] = sec
-    doc = render.speedscope(sorted(per.items()), title)
-    _write_json(os.path.join(pdir, f"{name}.speedscope.json"), doc)
+def _timeline(store: Store, mask: np.ndarray, tlist: list[tuple[int, str]]
+              ) -> list[tuple[str, list[render.Stretch]]]:
+    """Per thread (named as in ``_by_thread``), its stretches of one stack in time order."""
+    idx = np.flatnonzero(mask)
+    st = store.stretches
+    labels: dict[int, tuple[str, ...]] = {}
+    out = []
+    for tid, tname in tlist:
+        rows = idx[st["tid"][idx] == tid]
+        rows = rows[np.argsort(st["t"][rows], kind="stable")]
+        stretches = []
+        for t, end, sid in zip(st["t"][rows].tolist(), st["end"][rows].tolist(), st["stack"][rows].tolist()):
+            stack = labels.get(sid)
+            if stack is None:
+                stack = labels[sid] = tuple(store.frame_label(f) for f in store.stacks[sid])
+            stretches.append((t, end, stack))
+        out.append((f"thread {tname or '?'} ({tid})", stretches))
+    return out
+
+
+def _write(pdir: str, name: str, stacks: render.Collapsed,
+           timeline: list[tuple[str, list[render.Stretch]]], title: str, sub: str) -> None:
+    # speedscope: one timeline per thread (its time-order view is what happened)
+    _write_json(os.path.join(pdir, f"{name}.speedscope.json"), render.speedscope_timeline(timeline, title))
     total = sum(stacks.values())
     with open(os.path.join(pdir, f"{name}.svg"), "w", encoding="utf-8") as f:
-        f.write(render.svg(stacks, title, f"{sub}; {total:.1f} s of thread time, {len(tlist)} threads"))
+        f.write(render.svg(stacks, title, f"{sub}; {total:.1f} s of thread time, {len(timeline)} threads"))
 
 
 def _inproc_profiles(raw: str) -> dict[int, str]:

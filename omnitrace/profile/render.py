@@ -1,4 +1,5 @@
-"""Collapsed stacks -> speedscope JSON and a flame-graph SVG.
+"""Collapsed stacks -> speedscope JSON and a flame-graph SVG; stretches of one stack in
+time order -> a speedscope timeline.
 
 The SVG is written here rather than by py-spy (``--format flamegraph``) because py-spy
 draws only what it recorded itself, while omnitrace draws *selections* of samples (a
@@ -40,6 +41,55 @@ def speedscope(profiles: Iterable[tuple[str, Collapsed]], name: str) -> dict:
         total = round(sum(weights), 3)
         out.append({"type": "sampled", "name": pname, "unit": "milliseconds", "startValue": 0,
                     "endValue": total, "samples": samples, "weights": weights})
+    return {"$schema": SCHEMA, "shared": {"frames": frames}, "profiles": out, "name": name,
+            "activeProfileIndex": 0, "exporter": "omnitrace"}
+
+
+Stretch = tuple[int, int, tuple[str, ...]]  # (start ns, end ns, stack of labels, root first)
+
+
+def speedscope_timeline(threads: Iterable[tuple[str, list[Stretch]]], name: str) -> dict:
+    """A speedscope file whose time-order view is what happened: one evented profile per
+    thread, each stretch of one stack opened at its first sample and closed at its end,
+    nothing open between stretches (the thread was not seen on a stack then). Times in
+    milliseconds since the file's first stretch, so every thread shares one time axis."""
+    threads = [(n, st) for n, st in threads]
+    origin = min((st[0][0] for _, st in threads if st), default=0)
+    frames: list[dict] = []
+    index: dict[str, int] = {}
+
+    def fid(label: str) -> int:
+        i = index.get(label)
+        if i is None:
+            i = index[label] = len(frames)
+            fname, _, file = label.partition(" (")
+            frames.append({"name": fname, "file": file[:-1]} if file else {"name": label})
+        return i
+
+    def ms(t: int) -> float:
+        return round((t - origin) / 1e6, 3)
+
+    out = []
+    for tname, stretches in threads:
+        events: list[dict] = []
+        open_: list[int] = []
+        last = origin
+        for start, end, stack in stretches:
+            ids = [fid(x) for x in stack]
+            start = max(start, last)
+            if open_ and start > last:  # a gap: nothing was seen running in it
+                events += [{"type": "C", "at": ms(last), "frame": f} for f in reversed(open_)]
+                open_ = []
+            k = 0
+            while k < min(len(open_), len(ids)) and open_[k] == ids[k]:
+                k += 1
+            events += [{"type": "C", "at": ms(start), "frame": f} for f in reversed(open_[k:])]
+            events += [{"type": "O", "at": ms(start), "frame": f} for f in ids[k:]]
+            open_, last = ids, max(end, start)
+        events += [{"type": "C", "at": ms(last), "frame": f} for f in reversed(open_)]
+        begin = ms(stretches[0][0]) if stretches else 0.0
+        out.append({"type": "evented", "name": tname, "unit": "milliseconds", "startValue": begin,
+                    "endValue": ms(last) if stretches else 0.0, "events": events})
     return {"$schema": SCHEMA, "shared": {"frames": frames}, "profiles": out, "name": name,
             "activeProfileIndex": 0, "exporter": "omnitrace"}
 
