@@ -278,3 +278,48 @@ def test_html_report_embeds_flame_graphs_offline(run_dir, tmp_path):
             assert not errors, errors
         finally:
             browser.close()
+
+
+def test_svg_zooms_on_click_and_searches_in_chromium(tmp_path):
+    """Click a frame: it fills the width and shows its full name, its ancestors span it,
+    the rest hides; Reset zoom restores; Search highlights and says the matched share."""
+    from playwright.sync_api import sync_playwright
+
+    from omnitrace.profile import render
+    stacks = {("main (a.py)", "wide_work (a.py)"): 0.90,
+              ("main (a.py)", "narrow_function_with_a_long_name (b.py)", "leaf (b.py)"): 0.04,
+              ("main (a.py)", "other (c.py)"): 0.06}
+    path = tmp_path / "f.svg"
+    path.write_text(render.svg(stacks, "zoom test"), encoding="utf-8")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 400})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"file://{path}")
+
+            def frame(name: str):
+                return page.locator(f'g.f[data-n^="{name}"]')
+
+            def width(name: str) -> float:
+                return float(frame(name).locator("rect").get_attribute("width"))
+
+            assert width("narrow_function") < 60 and frame("narrow_function").locator("text").count() == 1
+            assert ".." in frame("narrow_function").locator("text").text_content()  # truncated
+            frame("narrow_function").click()  # on its label, as a user would
+            assert width("narrow_function") == pytest.approx(1200, abs=0.5)
+            assert width("leaf") == pytest.approx(1200, abs=0.5)  # its only child
+            assert width("main") == pytest.approx(1200, abs=0.5)  # an ancestor spans it
+            assert frame("narrow_function").locator("text").text_content() == \
+                "narrow_function_with_a_long_name (b.py)"
+            assert not frame("wide_work").is_visible() and not frame("other").is_visible()
+            page.locator("text", has_text="Reset zoom").click()
+            assert frame("wide_work").is_visible() and width("wide_work") == pytest.approx(1080, abs=0.5)
+            page.once("dialog", lambda d: d.accept("^(leaf|other)"))
+            page.locator("text", has_text="Search").click()
+            assert page.locator("text", has_text="Matched:").text_content() == "Matched: 10.0%"
+            assert frame("leaf").locator("rect").get_attribute("fill") == "rgb(230,0,230)"
+            assert errors == []
+        finally:
+            browser.close()

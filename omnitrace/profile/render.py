@@ -4,8 +4,9 @@ time order -> a speedscope timeline.
 The SVG is written here rather than by py-spy (``--format flamegraph``) because py-spy
 draws only what it recorded itself, while omnitrace draws *selections* of samples (a
 stage, a thread, the intervals of some spans); no maintained Python package renders
-collapsed stacks to SVG. It is plain SVG (a ``<title>`` tooltip per frame, no script), so
-it shows offline anywhere, embedded in the HTML report included.
+collapsed stacks to SVG. A ``<title>`` tooltip per frame, and a small inline script for
+click-to-zoom and search (as flamegraph.pl's); nothing is fetched, so it works offline,
+standalone and embedded in the HTML report.
 """
 from __future__ import annotations
 
@@ -143,7 +144,8 @@ def svg(stacks: Collapsed, title: str, subtitle: str = "", width: int = 1200,
     if root.total > 0:
         walk(root, 0.0, 0)
     height = pad_top + (depth_max + 1) * row + pad_bot
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="omnitrace-flame" width="{width}" '
+    svg_id = "flame-" + hashlib.md5(repr((title, subtitle, sorted(stacks.items()))).encode()).hexdigest()[:12]
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" id="{svg_id}" class="omnitrace-flame" width="{width}" '
            f'height="{height}" viewBox="0 0 {width} {height}" font-family="Verdana,sans-serif" '
            f'font-size="11" data-total-s="{root.total:.6f}">',
            '<rect width="100%" height="100%" fill="#fafafa"/>',
@@ -163,10 +165,72 @@ def svg(stacks: Collapsed, title: str, subtitle: str = "", width: int = 1200,
             chars = int((w - 6) / 6.5)
             shown = node.name if len(node.name) <= chars else node.name[:max(chars - 2, 1)] + ".."
             text = f'<text x="{x + 3:.1f}" y="{y + 11.5}">{html.escape(shown)}</text>'
-        out.append(f'<g><title>{tip}</title><rect x="{x:.2f}" y="{y}" width="{w:.2f}" '
+        out.append(f'<g class="f" data-x="{x:.2f}" data-w="{w:.2f}" data-d="{depth}" data-n="{label}">'
+                   f'<title>{tip}</title><rect x="{x:.2f}" y="{y}" width="{w:.2f}" '
                    f'height="{row - 1}" fill="{fill}" rx="2"/>{text}</g>')
+    if rects:
+        out.append(_ZOOM.replace("SVG_ID", svg_id).replace("WIDTH", str(width)))
     out.append("</svg>")
     return "\n".join(out)
+
+
+# Click a frame: it and its descendants fill the width, its ancestors span it, the rest is
+# hidden; click the background (or "Reset zoom") to go back. "Search" highlights frames
+# whose name matches a regular expression and says what share of the time they hold. As
+# flamegraph.pl does, in the SVG itself, so it works standalone and inside the HTML report.
+_ZOOM = """<text class="ctl" id="SVG_ID-reset" x="6" y="18" fill="#36c" style="cursor:pointer">Reset zoom</text>
+<text class="ctl" id="SVG_ID-search" x="WIDTH" dx="-6" y="18" text-anchor="end" fill="#36c" style="cursor:pointer">Search</text>
+<script><![CDATA[(function () {
+  var svg = document.getElementById("SVG_ID"), W = WIDTH;
+  var frames = Array.prototype.slice.call(svg.querySelectorAll("g.f"));
+  function label(f, x, w) {
+    var r = f.querySelector("rect"), t = f.querySelector("text"), n = f.getAttribute("data-n");
+    r.setAttribute("x", x.toFixed(2)); r.setAttribute("width", w.toFixed(2));
+    if (w <= 30) { if (t) t.textContent = ""; return; }
+    if (!t) { t = document.createElementNS("http://www.w3.org/2000/svg", "text"); f.appendChild(t);
+              t.setAttribute("y", (+r.getAttribute("y") + 11.5).toString()); }
+    var chars = Math.floor((w - 6) / 6.5);
+    t.setAttribute("x", (x + 3).toFixed(2));
+    t.textContent = n.length <= chars ? n : n.slice(0, Math.max(chars - 2, 1)) + "..";
+  }
+  function zoom(g) {
+    var x0 = g ? +g.getAttribute("data-x") : 0, w0 = g ? +g.getAttribute("data-w") : W;
+    var d0 = g ? +g.getAttribute("data-d") : -1, k = W / w0, eps = 1e-3;
+    frames.forEach(function (f) {
+      var x = +f.getAttribute("data-x"), w = +f.getAttribute("data-w"), d = +f.getAttribute("data-d");
+      if (d >= d0 && x >= x0 - eps && x + w <= x0 + w0 + eps) {
+        f.style.display = ""; label(f, (x - x0) * k, w * k);
+      } else if (d < d0 && x <= x0 + eps && x + w >= x0 + w0 - eps) {
+        f.style.display = ""; label(f, 0, W);
+      } else { f.style.display = "none"; }
+    });
+  }
+  svg.addEventListener("click", function (e) {
+    var t = e.target;
+    if (t.id === "SVG_ID-search") {
+      var q = window.prompt("Search frames (regular expression)");
+      if (q === null) return;
+      var re = new RegExp(q), hit = 0;
+      frames.forEach(function (f) {
+        var r = f.querySelector("rect"), m = q !== "" && re.test(f.getAttribute("data-n"));
+        if (!r.hasAttribute("data-fill")) r.setAttribute("data-fill", r.getAttribute("fill"));
+        r.setAttribute("fill", m ? "rgb(230,0,230)" : r.getAttribute("data-fill"));
+        if (m) {  // count a frame once, not again under a matching ancestor
+          var outer = frames.some(function (a) {
+            return a !== f && +a.getAttribute("data-d") < +f.getAttribute("data-d") &&
+              re.test(a.getAttribute("data-n")) && +a.getAttribute("data-x") <= +f.getAttribute("data-x") &&
+              +a.getAttribute("data-x") + +a.getAttribute("data-w") >= +f.getAttribute("data-x") + +f.getAttribute("data-w");
+          });
+          if (!outer) hit += +f.getAttribute("data-w");
+        }
+      });
+      t.textContent = q === "" ? "Search" : "Matched: " + (hit / W * 100).toFixed(1) + "%";
+      return;
+    }
+    var g = t.closest ? t.closest("g.f") : null;
+    zoom(t.id === "SVG_ID-reset" ? null : g);
+  });
+})();]]></script>"""
 
 
 def share(stacks: Collapsed, frame_name: str) -> float:
