@@ -2,9 +2,9 @@
 
 :class:`AttributionView` holds each open request's spans from its arrival until its
 ``omni.request`` span is built (it ended), then runs the report's own critical-path walk
-(:func:`omnitrace.analyze.attribution.attribute`) on exactly the rows the report would
-use (chunk spans that began before the first audio packet; ``spans_from_table`` with
-``chunks_before_ttfp``) and adds the result to
+(the batch walk, :func:`omnitrace.analyze.walk.walk`, over span rows) on exactly the rows
+the report would use (chunk spans that began before the first audio packet) and adds the
+result to
 ``omnitrace_ttfp_attribution_seconds_total{stage,category}``. So a panel shows, while the
 load runs, the same per-category sums ``omnitrace report`` prints afterwards.
 
