@@ -158,7 +158,7 @@ def served030(tmp_path_factory) -> dict:
         # stop checking the rest; the report must count each one
         failed = json.loads((run_dir / "bench.json").read_text())["levels"][0]["summary"]["failed"]
         assert bench.returncode == 0 or failed <= 4, bench.stderr[-3000:]
-        panels = _dashboard_answers(pport, _load_end_unix(run_dir / "bench.json"))
+        panels = _dashboard_answers(pport, _load_window_unix(run_dir / "bench.json"))
         client = subprocess.run([str(venv / "bin" / "python"), str(ROOT / "tests" / "vllm_omni_client.py"),
                                  url, MODEL_NAME, "8", "4", "vbc-"], env=_env(venv), text=True,
                                 capture_output=True, timeout=600)
@@ -195,30 +195,37 @@ def _prometheus(tmp: Path, jobs: dict[str, int], pport: int) -> subprocess.Popen
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _load_end_unix(bench_json: Path) -> float:
-    """When the load's last successful request ended (unix s): requests the server left
-    unfinished end in client timeouts much later, with nothing recorded meanwhile."""
+def _load_window_unix(bench_json: Path) -> tuple[float, float]:
+    """(first request's start, last successful request's end) of the load (unix s):
+    requests the server left unfinished end in client timeouts much later, with nothing
+    recorded meanwhile."""
     rows = json.loads(bench_json.read_text())["requests"]
-    return max(r["start_unix_ns"] / 1e9 + r["latency_s"] for r in rows if not r.get("error") and r.get("latency_s"))
+    start = min(r["start_unix_ns"] / 1e9 for r in rows if r.get("start_unix_ns"))
+    return start, max(r["start_unix_ns"] / 1e9 + r["latency_s"] for r in rows
+                      if not r.get("error") and r.get("latency_s"))
 
 
-def _dashboard_answers(pport: int, at_unix: float, timeout_s: float = 90) -> dict[str, list[str]]:
-    """Every Prometheus query of the dashboards, as Grafana sends it, evaluated at the end
-    of the load (a few scrapes after ``at_unix``): panel -> the queries with no number."""
+def _dashboard_answers(pport: int, window: tuple[float, float], timeout_s: float = 90) -> dict[str, list[str]]:
+    """Every Prometheus query of the dashboards, as Grafana sends it for a dashboard over
+    the load (a range query, a point every 5 s up to a few scrapes after its end): panel ->
+    the queries with no number at any point. A panel over the load shows data if some
+    point has it; one instant at the end would not (under CPU starvation the agent's
+    endpoint can miss scrapes for tens of seconds, and [1m] rates there have no increase)."""
     import math
     import urllib.parse
 
     from dashboard_util import prometheus_queries
-    at = at_unix + 3.0  # the last requests' figures scraped (1 s interval)
+    start, end = window[0], window[1] + 3.0  # the last requests' figures scraped (1 s interval)
 
     def answered(expr: str) -> bool:
-        url = f"http://127.0.0.1:{pport}/api/v1/query?" + urllib.parse.urlencode({"query": expr, "time": at})
+        url = f"http://127.0.0.1:{pport}/api/v1/query_range?" + urllib.parse.urlencode(
+            {"query": expr, "start": start, "end": end, "step": 5})
         try:
-            with urllib.request.urlopen(url, timeout=5) as r:
+            with urllib.request.urlopen(url, timeout=10) as r:
                 res = json.loads(r.read())["data"]["result"]
         except (OSError, KeyError, ValueError):
             return False
-        return any(math.isfinite(float(x["value"][1])) for x in res)
+        return any(math.isfinite(float(v[1])) for x in res for v in x["values"])
 
     todo = {(q.panel, q.ref): q for q in prometheus_queries()}
     deadline = time.monotonic() + timeout_s
