@@ -42,7 +42,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from observer_effect import _server_cmd, stop_server  # noqa: E402
+from observer_effect import _server_cmd, bench_cmd, stop_server  # noqa: E402
 from omnitrace import record  # noqa: E402
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy  # noqa: E402
 
@@ -140,10 +140,7 @@ def _settle(run_id: str | None, timeout_s: float = 30.0) -> None:
 
 
 def _bench(port: int, args: argparse.Namespace, n: int, out: str, env: dict) -> dict:
-    subprocess.run([sys.executable, "-m", "omnitrace", "bench", "--base-url", f"http://127.0.0.1:{port}",
-                    "--concurrency", str(args.concurrency), "--num-prompts", str(n), "--warmup", "0",
-                    "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-                    "--seed", str(args.seed), "--no-progress", "--overwrite", "--out", out],
+    subprocess.run(bench_cmd(port, args, "--num-prompts", str(n), "--warmup", "0", "--overwrite", "--out", out),
                    env=env, check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
         return json.load(f)

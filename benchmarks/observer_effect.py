@@ -75,6 +75,13 @@ def _server_cmd(variant: str, port: int, run_dir: str, serve: list[str]) -> list
     return [*py, "run", "--run-dir", run_dir, *opts, "serve", "--port", str(port), *serve]
 
 
+def bench_cmd(port: int, args: argparse.Namespace, *more: str) -> list[str]:
+    """`omnitrace bench` against the server on ``port`` with the load of ``args``."""
+    return [sys.executable, "-m", "omnitrace", "bench", "--base-url", f"http://127.0.0.1:{port}",
+            "--concurrency", str(args.concurrency), "--input-len", str(args.input_len),
+            "--output-len", str(args.output_len), "--seed", str(args.seed), "--no-progress", *more]
+
+
 def stop_server(server: subprocess.Popen) -> None:
     """SIGTERM (the server's and `omnitrace run`'s orderly stop), SIGKILL after 120 s."""
     server.send_signal(signal.SIGTERM)
@@ -100,10 +107,7 @@ def run_one(variant: str, args: argparse.Namespace, work: str, otlp_port: int) -
         why = wait_healthy(f"http://127.0.0.1:{port}", server, 180)
         if why:
             raise RuntimeError(f"{variant}: {why}")
-        subprocess.run([sys.executable, "-m", "omnitrace", "bench", "--base-url", f"http://127.0.0.1:{port}",
-                        "--concurrency", str(args.concurrency), "--num-prompts", str(args.num_prompts),
-                        "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-                        "--seed", str(args.seed), "--no-progress", "--out", out],
+        subprocess.run(bench_cmd(port, args, "--num-prompts", str(args.num_prompts), "--out", out),
                        env=env, check=True, stdout=subprocess.DEVNULL)
     finally:
         stop_server(server)

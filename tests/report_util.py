@@ -1,12 +1,14 @@
 """Run the real reference pipeline + bench under `omnitrace run`, and report on it."""
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
 import shlex
 import subprocess
 import sys
+from typing import Any, Iterator
 
 import jsonschema  # at import: its optional format checkers import six, which hooks sys.meta_path
 import yaml
@@ -60,6 +62,18 @@ def replay_timeline(prof: dict, frames: list[dict]) -> list[tuple[float, float, 
     return out
 
 
+@contextlib.contextmanager
+def browser() -> Iterator[Any]:
+    """Debian's Chromium, driven by Playwright, headless; closed afterwards."""
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
 def open_in_speedscope(paths: list[str]) -> dict[str, str]:
     """Each speedscope file opened by speedscope itself (its release, served on 127.0.0.1)
     in Chromium: file name -> the profile name its toolbar shows; raises on a page error."""
@@ -68,7 +82,6 @@ def open_in_speedscope(paths: list[str]) -> dict[str, str]:
     import tempfile
     import threading
 
-    from playwright.sync_api import sync_playwright
     with tempfile.TemporaryDirectory() as d:
         app = os.path.join(d, "app")
         shutil.copytree(speedscope_release(), app)
@@ -80,22 +93,18 @@ def open_in_speedscope(paths: list[str]) -> dict[str, str]:
         base = f"http://127.0.0.1:{srv.server_address[1]}"
         shown = {}
         try:
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
-                try:
-                    for p in paths:
-                        page = browser.new_page(viewport={"width": 1200, "height": 800})
-                        errors: list[str] = []
-                        page.on("pageerror", lambda e: errors.append(str(e)))
-                        name = os.path.basename(p)
-                        page.goto(f"{base}/index.html#profileURL={base}/{name}")
-                        page.wait_for_function("document.title.endsWith(' - speedscope')", timeout=30_000)
-                        if errors:
-                            raise AssertionError(f"speedscope on {name}: {errors}")
-                        shown[name] = page.inner_text("body")
-                        page.close()
-                finally:
-                    browser.close()
+            with browser() as b:
+                for p in paths:
+                    page = b.new_page(viewport={"width": 1200, "height": 800})
+                    errors: list[str] = []
+                    page.on("pageerror", lambda e: errors.append(str(e)))
+                    name = os.path.basename(p)
+                    page.goto(f"{base}/index.html#profileURL={base}/{name}")
+                    page.wait_for_function("document.title.endsWith(' - speedscope')", timeout=30_000)
+                    if errors:
+                        raise AssertionError(f"speedscope on {name}: {errors}")
+                    shown[name] = page.inner_text("body")
+                    page.close()
         finally:
             srv.shutdown()
     return shown

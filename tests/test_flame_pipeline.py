@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from report_util import CHROMIUM_ARGS, chromium, open_in_speedscope, replay_timeline, speedscope_errors
+from report_util import browser, open_in_speedscope, replay_timeline, speedscope_errors
 
 # the seed scenario's shape (c=32, 2,500-token prompts), shorter: 32 requests, 160 tokens
 # 100 Hz (the default is 25): enough samples in a 10-second run
@@ -236,7 +236,6 @@ def test_request_selection_is_that_requests_spans(run_dir, tmp_path):
 
 
 def test_html_report_embeds_flame_graphs_offline(run_dir, tmp_path):
-    from playwright.sync_api import sync_playwright
     out = str(tmp_path / "report.html")
     r = subprocess.run([sys.executable, "-m", "omnitrace", "report", run_dir, "--html", out],
                        capture_output=True, text=True, timeout=120)
@@ -248,42 +247,37 @@ def test_html_report_embeds_flame_graphs_offline(run_dir, tmp_path):
     rep = report_json(run_dir)
     assert "http://" not in page_html.split('id="flame"')[1].split("</section>")[0].replace(
         "http://www.w3.org/2000/svg", "")  # nothing to fetch
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 900})
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("request", lambda req: errors.append(f"fetched {req.url}")
-                    if not req.url.startswith(("file:", "data:", "about:")) else None)
-            page.goto("file://" + out)
-            section = page.locator("#flame")
-            section.scroll_into_view_if_needed()
-            graphs = page.locator("#flame svg.omnitrace-flame")
-            titles = [graphs.nth(i).locator("text").first.text_content() for i in range(graphs.count())]
-            for name in ("api", "thinker", "talker", "code2wav"):
-                assert any(t.startswith(name) for t in titles), titles
-            # the report's top categories (a thread works in them), each at its costliest stage
-            best: dict[str, tuple[float, str]] = {}
-            for a in rep["attribution"]:
-                if a["category"] in CATEGORIES and a["mean_ms"] > best.get(a["category"], (0.0, ""))[0]:
-                    best[a["category"]] = (a["mean_ms"], a["stage"].partition(":")[2])
-            top = sorted(best, key=lambda c: -best[c][0])[:3]
-            assert len(top) == 3
-            for cat in top:
-                assert f"{best[cat][1]} {cat}" in titles, (cat, titles)
-            box = graphs.first.bounding_box()
-            assert box and box["width"] > 300 and box["height"] > 60
-            page.screenshot(path=str(tmp_path / "flame.png"), full_page=True)
-            assert not errors, errors
-        finally:
-            browser.close()
+    with browser() as b:
+        page = b.new_page(viewport={"width": 1300, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda req: errors.append(f"fetched {req.url}")
+                if not req.url.startswith(("file:", "data:", "about:")) else None)
+        page.goto("file://" + out)
+        section = page.locator("#flame")
+        section.scroll_into_view_if_needed()
+        graphs = page.locator("#flame svg.omnitrace-flame")
+        titles = [graphs.nth(i).locator("text").first.text_content() for i in range(graphs.count())]
+        for name in ("api", "thinker", "talker", "code2wav"):
+            assert any(t.startswith(name) for t in titles), titles
+        # the report's top categories (a thread works in them), each at its costliest stage
+        best: dict[str, tuple[float, str]] = {}
+        for a in rep["attribution"]:
+            if a["category"] in CATEGORIES and a["mean_ms"] > best.get(a["category"], (0.0, ""))[0]:
+                best[a["category"]] = (a["mean_ms"], a["stage"].partition(":")[2])
+        top = sorted(best, key=lambda c: -best[c][0])[:3]
+        assert len(top) == 3
+        for cat in top:
+            assert f"{best[cat][1]} {cat}" in titles, (cat, titles)
+        box = graphs.first.bounding_box()
+        assert box and box["width"] > 300 and box["height"] > 60
+        page.screenshot(path=str(tmp_path / "flame.png"), full_page=True)
+        assert not errors, errors
 
 
 def test_svg_zooms_on_click_and_searches_in_chromium(tmp_path):
     """Click a frame: it fills the width and shows its full name, its ancestors span it,
     the rest hides; Reset zoom restores; Search highlights and says the matched share."""
-    from playwright.sync_api import sync_playwright
 
     from omnitrace.profile import render
     stacks = {("main (a.py)", "wide_work (a.py)"): 0.90,
@@ -291,35 +285,31 @@ def test_svg_zooms_on_click_and_searches_in_chromium(tmp_path):
               ("main (a.py)", "other (c.py)"): 0.06}
     path = tmp_path / "f.svg"
     path.write_text(render.svg(stacks, "zoom test"), encoding="utf-8")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 400})
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"file://{path}")
+    with browser() as b:
+        page = b.new_page(viewport={"width": 1300, "height": 400})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"file://{path}")
 
-            def frame(name: str):
-                return page.locator(f'g.f[data-n^="{name}"]')
+        def frame(name: str):
+            return page.locator(f'g.f[data-n^="{name}"]')
 
-            def width(name: str) -> float:
-                return float(frame(name).locator("rect").get_attribute("width"))
+        def width(name: str) -> float:
+            return float(frame(name).locator("rect").get_attribute("width"))
 
-            assert width("narrow_function") < 60 and frame("narrow_function").locator("text").count() == 1
-            assert ".." in frame("narrow_function").locator("text").text_content()  # truncated
-            frame("narrow_function").click()  # on its label, as a user would
-            assert width("narrow_function") == pytest.approx(1200, abs=0.5)
-            assert width("leaf") == pytest.approx(1200, abs=0.5)  # its only child
-            assert width("main") == pytest.approx(1200, abs=0.5)  # an ancestor spans it
-            assert frame("narrow_function").locator("text").text_content() == \
-                "narrow_function_with_a_long_name (b.py)"
-            assert not frame("wide_work").is_visible() and not frame("other").is_visible()
-            page.locator("text", has_text="Reset zoom").click()
-            assert frame("wide_work").is_visible() and width("wide_work") == pytest.approx(1080, abs=0.5)
-            page.once("dialog", lambda d: d.accept("^(leaf|other)"))
-            page.locator("text", has_text="Search").click()
-            assert page.locator("text", has_text="Matched:").text_content() == "Matched: 10.0%"
-            assert frame("leaf").locator("rect").get_attribute("fill") == "rgb(230,0,230)"
-            assert errors == []
-        finally:
-            browser.close()
+        assert width("narrow_function") < 60 and frame("narrow_function").locator("text").count() == 1
+        assert ".." in frame("narrow_function").locator("text").text_content()  # truncated
+        frame("narrow_function").click()  # on its label, as a user would
+        assert width("narrow_function") == pytest.approx(1200, abs=0.5)
+        assert width("leaf") == pytest.approx(1200, abs=0.5)  # its only child
+        assert width("main") == pytest.approx(1200, abs=0.5)  # an ancestor spans it
+        assert frame("narrow_function").locator("text").text_content() == \
+            "narrow_function_with_a_long_name (b.py)"
+        assert not frame("wide_work").is_visible() and not frame("other").is_visible()
+        page.locator("text", has_text="Reset zoom").click()
+        assert frame("wide_work").is_visible() and width("wide_work") == pytest.approx(1080, abs=0.5)
+        page.once("dialog", lambda d: d.accept("^(leaf|other)"))
+        page.locator("text", has_text="Search").click()
+        assert page.locator("text", has_text="Matched:").text_content() == "Matched: 10.0%"
+        assert frame("leaf").locator("rect").get_attribute("fill") == "rgb(230,0,230)"
+        assert errors == []

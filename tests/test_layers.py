@@ -69,22 +69,22 @@ def test_every_module_has_a_layer():
     assert [m for m in modules() if layer_of(m) < 0] == []
 
 
-def test_no_import_from_a_higher_layer():
-    bad = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
-           for m, ts in import_graph().items() for t in sorted(ts) if layer_of(t) > layer_of(m)]
-    assert bad == []
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of ``graph`` that go to a higher layer."""
+    return [f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
+            for m, ts in sorted(graph.items()) for t in sorted(ts) if layer_of(t) > layer_of(m)]
 
 
-def test_no_import_circle():
-    graph = import_graph()
+def circles(graph: dict[str, set[str]]) -> list[str]:
+    """The import circles of ``graph`` (depth-first, each found once from where it closes)."""
     state: dict[str, int] = {}
-    circles = []
+    found: list[str] = []
 
     def visit(m: str, path: list[str]) -> None:
         state[m] = 1
-        for t in sorted(graph[m]):
+        for t in sorted(graph.get(m, ())):
             if state.get(t) == 1:
-                circles.append(" -> ".join(path[path.index(t):] + [t]))
+                found.append(" -> ".join(path[path.index(t):] + [t]))
             elif t not in state:
                 visit(t, path + [t])
         state[m] = 2
@@ -92,10 +92,21 @@ def test_no_import_circle():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
-    assert circles == []
+    return found
 
 
-def test_the_check_sees_an_upward_import():
+def test_no_import_from_a_higher_layer():
+    assert upward(import_graph()) == []
+
+
+def test_no_import_circle():
+    assert circles(import_graph()) == []
+
+
+def test_the_checks_see_an_upward_import_and_a_circle():
     assert layer_of("omnitrace.analyze.report_cli") > layer_of("omnitrace.render.console") \
         > layer_of("omnitrace.analyze.report") > layer_of("omnitrace.spantable")
     assert "omnitrace.analyze.span" in import_graph()["omnitrace.analyze.attribution"]
+    bad = {"omnitrace.spantable": {"omnitrace.analyze.report"}, "omnitrace.analyze.report": set()}
+    assert upward(bad) == ["omnitrace.spantable (core) imports omnitrace.analyze.report (analyze)"]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a -> b -> c -> a"]

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from report_util import CHROMIUM_ARGS, chromium, report_json, run_pipeline
+from report_util import browser, report_json, run_pipeline
 
 N = 16
 
@@ -64,41 +64,36 @@ def test_console_report(run_dir):
 
 
 def test_html_renders_in_chromium(run_dir, tmp_path):
-    from playwright.sync_api import sync_playwright
     html = tmp_path / "report.html"
     r = subprocess.run([sys.executable, "-m", "omnitrace", "report", run_dir, "--html", str(html)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     errors: list[str] = []
     shot = tmp_path / "report.png"
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.route("**/*", lambda route: route.abort() if not route.request.url.startswith("file:")
-                       else route.continue_())  # prove it works offline
-            page.goto(html.as_uri())
-            page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 4",
-                                   timeout=30000)
-            n_plots = page.evaluate("document.querySelectorAll('.js-plotly-plot').length")
-            n_bars = page.evaluate("document.querySelectorAll('#attribution .trace.bars').length")
-            n_heat = page.evaluate("document.querySelectorAll('#hol .hm, #hol image').length")
-            n_water = page.evaluate("document.querySelectorAll('#waterfall .point').length")
-            # the slowest request's own waterfall: critical path, spans per stage, sender busy
-            n_req_bars = page.evaluate("document.querySelectorAll('#request-0 .point').length")
-            rows = page.evaluate("Array.from(document.querySelectorAll('#request-0 .ytick text'))"
-                                 ".map(t => t.textContent)")
-            legend = page.inner_text("#legend")
-            # hovering a bar of the attribution plot shows what its category means
-            page.locator("#attribution .trace.bars .point path").first.hover(force=True)
-            page.wait_for_timeout(300)
-            hover = page.evaluate("document.querySelector('#attribution .hoverlayer').textContent")
-            page.screenshot(path=str(shot), full_page=True)
-            page.locator("#request-0").screenshot(path=str(tmp_path / "request.png"))
-        finally:
-            browser.close()
+    with browser() as b:
+        page = b.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.route("**/*", lambda route: route.abort() if not route.request.url.startswith("file:")
+                   else route.continue_())  # prove it works offline
+        page.goto(html.as_uri())
+        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 4",
+                               timeout=30000)
+        n_plots = page.evaluate("document.querySelectorAll('.js-plotly-plot').length")
+        n_bars = page.evaluate("document.querySelectorAll('#attribution .trace.bars').length")
+        n_heat = page.evaluate("document.querySelectorAll('#hol .hm, #hol image').length")
+        n_water = page.evaluate("document.querySelectorAll('#waterfall .point').length")
+        # the slowest request's own waterfall: critical path, spans per stage, sender busy
+        n_req_bars = page.evaluate("document.querySelectorAll('#request-0 .point').length")
+        rows = page.evaluate("Array.from(document.querySelectorAll('#request-0 .ytick text'))"
+                             ".map(t => t.textContent)")
+        legend = page.inner_text("#legend")
+        # hovering a bar of the attribution plot shows what its category means
+        page.locator("#attribution .trace.bars .point path").first.hover(force=True)
+        page.wait_for_timeout(300)
+        hover = page.evaluate("document.querySelector('#attribution .hoverlayer').textContent")
+        page.screenshot(path=str(shot), full_page=True)
+        page.locator("#request-0").screenshot(path=str(tmp_path / "request.png"))
     assert errors == []
     assert n_plots == 4 + min(N, 10) and n_bars >= 5 and n_heat >= 1 and n_water >= 20
     assert n_req_bars >= 20 and "critical path" in rows and "0:thinker fifo" in rows
@@ -176,7 +171,6 @@ def test_agent_killed_mid_run(tmp_path):
 
 
 def test_waterfall_of_any_request_by_id(run_dir, tmp_path):
-    from playwright.sync_api import sync_playwright
     fastest = report_json(run_dir)["requests"][-1]["id"]
     html = tmp_path / "one.html"
     r = subprocess.run([sys.executable, "-m", "omnitrace", "report", run_dir, "--html", str(html),
@@ -184,15 +178,11 @@ def test_waterfall_of_any_request_by_id(run_dir, tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "--request no-such-id: not an attributed measured request" in r.stdout
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(html.as_uri())
-            page.wait_for_function("document.querySelectorAll('#request-0 .point').length >= 10",
-                                   timeout=30000)
-            title = page.evaluate("document.querySelector('#request-0 .gtitle').textContent")
-            n = page.evaluate("document.querySelectorAll('[id^=request-]').length")
-        finally:
-            browser.close()
+    with browser() as b:
+        page = b.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(html.as_uri())
+        page.wait_for_function("document.querySelectorAll('#request-0 .point').length >= 10",
+                               timeout=30000)
+        title = page.evaluate("document.querySelector('#request-0 .gtitle').textContent")
+        n = page.evaluate("document.querySelectorAll('[id^=request-]').length")
     assert fastest in title and n == 1

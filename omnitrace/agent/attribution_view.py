@@ -37,16 +37,23 @@ from omnitrace.spantable import Feed
 _STATUS = {int(s): s.name.lower() for s in cv.Status}
 
 
+def _first_packet_of(reqs: np.ndarray, known: np.ndarray, first: np.ndarray, unknown: int) -> np.ndarray:
+    """Each of ``reqs``' first audio packet time, from ``known`` requests and their
+    ``first`` packet times; ``unknown`` for a request not among them."""
+    if not len(known):
+        return np.full(len(reqs), unknown, np.int64)
+    order = np.argsort(known, kind="stable")
+    known, first = known[order], first[order]
+    pos = np.minimum(np.searchsorted(known, reqs), len(known) - 1)
+    return np.where(known[pos] == reqs, first[pos], unknown)
+
+
 def _before_first_packet(rows: np.ndarray, roots: np.ndarray) -> np.ndarray:
     """The chunk ``rows`` that began by their request's first audio packet (``roots``:
     the requests' ``omni.request`` rows, t2 = first packet; none: no row kept), the rows
     attribution walks (as ``spans_from_table(chunks_before_ttfp=True)``)."""
-    order = np.argsort(roots["req"], kind="stable")
-    req, first = roots["req"][order].astype(np.int64), roots["t2"][order]
-    if not len(req):
-        return rows[:0]
-    pos = np.minimum(np.searchsorted(req, rows["req"].astype(np.int64)), len(req) - 1)
-    limit = np.where((req[pos] == rows["req"]) & (first[pos] > 0), first[pos], 0)
+    first = np.where(roots["t2"] > 0, roots["t2"], 0).astype(np.int64)
+    limit = _first_packet_of(rows["req"].astype(np.int64), roots["req"].astype(np.int64), first, 0)
     return rows[rows["start"] <= limit]
 
 
@@ -153,12 +160,9 @@ class AttributionView:
                 else np.ones(len(spans), bool)
             chunk = spans["name"] >= stt.N_SNAPSHOT
             if chunk.any() and self.ttfp:
-                known = np.fromiter(self.ttfp, np.int64, len(self.ttfp))
-                order = np.argsort(known)
-                known, at_ns = known[order], np.fromiter(self.ttfp.values(), np.int64,
-                                                         len(self.ttfp))[order]
-                pos = np.minimum(np.searchsorted(known, reqs), len(known) - 1)
-                limit = np.where(known[pos] == reqs, at_ns[pos], np.iinfo(np.int64).max)
+                limit = _first_packet_of(reqs, np.fromiter(self.ttfp, np.int64, len(self.ttfp)),
+                                         np.fromiter(self.ttfp.values(), np.int64, len(self.ttfp)),
+                                         np.iinfo(np.int64).max)  # not known yet: kept
                 keep &= ~chunk | (spans["start"] <= limit)
             if keep.any():
                 kept = spans[keep]
@@ -210,14 +214,14 @@ class AttributionView:
         victims = []
         found, none = self._walk(table, emits, {self.requests[r]: r for r in reqs})
         self.not_attributed += none
-        for req, arrival, ttfp, hops, tot in found:
+        for req, a in found:
             self.attributed += 1
             self.metrics.attributed.inc()
-            for key, ns in tot.items():
+            for key, ns in a.totals().items():
                 totals[key] = totals.get(key, 0) + ns
                 if key[1] == at.FIFO_BLOCKED:
                     hol[key[0]] = hol.get(key[0], 0) + ns
-            victims.append(headofline.Victim(req, arrival, ttfp, hops))
+            victims.append(headofline.Victim(req, a.arrival, a.ttfp, a.hops))
         self._culprits(victims, table)
         for (stage, cat), ns in totals.items():
             self.metrics.attribution.labels(str(stage), cat).inc(ns / 1e9)
@@ -232,13 +236,13 @@ class AttributionView:
         while len(self.done) > self.DONE_MEMORY:
             del self.done[next(iter(self.done))]
 
-    def _walk(self, table: np.ndarray, emits: np.ndarray, num_of: dict[str, int]) -> tuple[list[tuple], int]:
+    def _walk(self, table: np.ndarray, emits: np.ndarray,
+              num_of: dict[str, int]) -> tuple[list[tuple[int, at.Attribution]], int]:
         """The report's attribution of the requests in ``table``: the batch walk
         (:func:`walk.walk`) over the chunk rows begun before their request's first packet,
         as rows (no span objects: they were most of this view's cost); the reference walk
-        where the batch keys do not hold the numbers. Returns (per attributed request:
-        (request id number, arrival, first packet, hops, totals by (stage, category)),
-        how many were not attributed)."""
+        where the batch keys do not hold the numbers. Returns ((request id number, its
+        attribution) per attributed request, how many were not attributed)."""
         chunk = table["name"] >= stt.N_SNAPSHOT
         reqs = at.index_requests(spans_from_table(table[~chunk], emits, self.requests, self.rings,
                                                   emit_events_too=False))
@@ -246,29 +250,13 @@ class AttributionView:
         num = np.array([num_of[r] for r in rids], np.int64)
         rows, owner = _owned(_before_first_packet(table[chunk], table[table["name"] == stt.N_REQUEST]), num)
         if not walk.fits(rows) or len(rids) >= 1 << 16:
-            return self._walk_reference(table, emits, num_of)
+            spans = spans_from_table(table, emits, self.requests, self.rings, chunks_before_ttfp=True)
+            walked = [at.attribute(r) for r in at.index_requests(spans).values()]
+            found = [(num_of[a.rid], a) for a in walked if a is not None]
+            return found, len(walked) - len(found)
         wk = walk.walk(rids, [walk.inputs(reqs[r]) for r in rids], rows, owner)
-        found = []
-        for i in np.flatnonzero(wk.ok).tolist():
-            lo, hi = int(wk.seg_lo[i]), int(wk.seg_lo[i + 1])
-            tot: dict[tuple[int, str], int] = {}
-            for st, c, ns in zip(wk.seg_stage[lo:hi].tolist(), wk.seg_cat[lo:hi].tolist(),
-                                 (wk.seg_end[lo:hi] - wk.seg_start[lo:hi]).tolist()):
-                tot[(st, at.CATEGORIES[c])] = tot.get((st, at.CATEGORIES[c]), 0) + ns
-            found.append((int(num[i]), int(wk.arrival[i]), int(wk.ttfp[i]), wk.hops[i], tot))
+        found = [(int(num[i]), wk.attribution(i)) for i in np.flatnonzero(wk.ok).tolist()]
         return found, len(rids) - len(found)
-
-    def _walk_reference(self, table: np.ndarray, emits: np.ndarray,
-                        num_of: dict[str, int]) -> tuple[list[tuple], int]:
-        spans = spans_from_table(table, emits, self.requests, self.rings, chunks_before_ttfp=True)
-        found, none = [], 0
-        for r in at.index_requests(spans).values():
-            a = at.attribute(r)
-            if a is None:
-                none += 1
-            else:
-                found.append((num_of[a.rid], a.arrival, a.ttfp, a.hops, a.totals()))
-        return found, none
 
     def _keep_busy(self, feed: Feed) -> None:
         """The sender tasks this feed closed, and none that ended BUSY_KEEP_NS before the

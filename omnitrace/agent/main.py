@@ -41,10 +41,10 @@ from omnitrace.agent import export_otlp
 from omnitrace.agent.collect import Collector, RingSource
 from omnitrace.agent.config import AgentConfig
 from omnitrace.agent.export_prometheus import Metrics
-from omnitrace.runfiles import RunDir
 from omnitrace.agent.attribution_view import AttributionView, RequestView
 from omnitrace.agent.views import MetricsView, OtlpView, View
 from omnitrace.otlp import SpanConverter
+from omnitrace.runfiles import RunDir
 from omnitrace.spantable import SpanBuilder
 
 
