@@ -11,6 +11,7 @@ sees the parent's interpreter and the installed package, never the cwd.
 """
 from __future__ import annotations
 
+import multiprocessing as mp
 import signal
 import subprocess
 import sys
@@ -67,3 +68,9 @@ def start(cmd: list[str], **popen_kw: Any) -> subprocess.Popen:
 def accept_sigint() -> None:
     """From here on a Ctrl-C (one pending from start-up included) is delivered."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def fork_available() -> bool:
+    """Whether a forked child can take work here (not on Windows, nor where Python has no
+    fork start method)."""
+    return sys.platform != "win32" and "fork" in mp.get_all_start_methods()

@@ -11,13 +11,12 @@ import argparse
 import os
 import sys
 
-import numpy as np
+from typing import Callable
+
 import orjson
 
-from omnitrace import eventlog, otlp
-from omnitrace.spantable import SpanBuilder
-
-BATCH_EVENTS = 1 << 20  # events per feed: bounds memory on long runs
+from omnitrace import eventlog, otlp, spanload
+from omnitrace import spantable as stt
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,27 +40,29 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def iter_spans(run_dir: str, seen: dict | None = None):
-    """Lists of :class:`omnitrace.otlp.OtlpSpan` for the whole run, feed by feed; the
-    decoded event log goes into ``seen["log"]`` (for its accounting)."""
-    log = eventlog.read_event_log(run_dir)
-    if log is None:
-        raise eventlog.EventLogError(f"{run_dir}: no event log (events/) in this run directory")
-    if seen is not None:
-        seen["log"] = log
-    run_id = _run_id(run_dir)
-    builder = SpanBuilder(log.rings)
-    builder.ring_changed()
-    for idx in log.died:
-        builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
-    conv = otlp.SpanConverter(log.requests.strings, log.rings, run_id)
-    ev = log.events[np.argsort(log.events["t"], kind="stable")]
-    for i in range(0, len(ev), BATCH_EVENTS):
-        f = builder.feed(ev[i:i + BATCH_EVENTS])
-        conv.add_contexts(f.contexts)
-        yield run_id, conv.convert(f.spans, f.emits)
-    f = builder.flush()
-    yield run_id, conv.convert(f.spans, f.emits)
+class OtlpSink:
+    """The export's sink of the one load (``spanload.Sink``): each feed's spans converted
+    to :class:`omnitrace.otlp.OtlpSpan` (ids and attributes as the live exporter's) and
+    handed to ``send(spans)``, a feed at a time (an hour's run is never held whole)."""
+
+    culprits = True  # the spans carry omni.fifo.blocked_by
+
+    def __init__(self, run_id: str, send: Callable[[list[otlp.OtlpSpan]], None]) -> None:
+        self.run_id, self.send = run_id, send
+        self.spans = 0
+        self._conv: otlp.SpanConverter | None = None
+
+    def feed(self, feed: stt.Feed, part: spanload.Part) -> None:
+        if self._conv is None:
+            self._conv = otlp.SpanConverter(part.requests, part.rings, self.run_id)
+        self._conv.rings = part.rings  # a ring may be re-described (a new writer)
+        self._conv.add_contexts(feed.contexts)
+        spans = self._conv.convert(feed.spans, feed.emits)
+        self.spans += len(spans)
+        self.send(spans)
+
+    def close(self, loaded: spanload.Loaded) -> None:
+        pass
 
 
 def _run_id(run_dir: str) -> str:
@@ -75,10 +76,10 @@ def _run_id(run_dir: str) -> str:
     return str(rid or os.path.basename(os.path.normpath(run_dir)))
 
 
-def _say_accounting(run_dir: str, log: eventlog.EventLog) -> None:
+def _say_accounting(run_dir: str, loaded: spanload.Loaded) -> None:
     """What the spans leave out: one line, only when not every event is in the record."""
     from omnitrace.analyze import accounting
-    led = accounting.of_run_dir(run_dir, log)
+    led = accounting.of_run_dir(run_dir, loaded.log, loaded.events)
     if not accounting.complete(led):
         print(f"omnitrace export: warning: the spans are built from part of the run: "
               f"{accounting.headline(led)}", file=sys.stderr)
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isdir(args.run):
         print(f"omnitrace export: {args.run}: not a run directory", file=sys.stderr)
         return 2
-    exporter = resources = None
+    exporter = None
     if args.otlp_endpoint:
         from omnitrace.agent import export_otlp
         proto = args.protocol or ("http" if "/v1/" in args.otlp_endpoint else "grpc")
@@ -101,30 +102,36 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         exporter = export_otlp.QueuedExporter(kind, export_otlp.make_exporter(kind, endpoint, args.timeout),
                                               max_queue_spans=1 << 62)
+    run_id = _run_id(args.run)
     out = None
-    total = 0
-    seen: dict = {}
+    if exporter is not None:
+        resources = export_otlp.ResourceCache(run_id)
+
+        def send(spans: list) -> None:
+            exporter.submit([export_otlp.to_readable(s, resources) for s in spans])
+    else:
+        out = sys.stdout.buffer if args.otlp_json == "-" else None
+
+        def send(spans: list) -> None:
+            nonlocal out
+            if out is None:  # opened at the first spans: a missing log leaves no file
+                out = open(args.otlp_json, "wb")
+            out.write(otlp.encode_json_lines(spans, lambda p: otlp.resource_attrs(run_id, p)))
+    sink = OtlpSink(run_id, send)
     try:
-        for run_id, spans in iter_spans(args.run, seen):
-            total += len(spans)
-            if exporter is not None:
-                if resources is None:
-                    resources = export_otlp.ResourceCache(run_id)
-                exporter.submit([export_otlp.to_readable(s, resources) for s in spans])
-                continue
-            if out is None:
-                out = sys.stdout.buffer if args.otlp_json == "-" else open(args.otlp_json, "wb")
-            out.write(otlp.encode_json_lines(spans, lambda p, r=run_id: otlp.resource_attrs(r, p)))
-    except eventlog.EventLogError as exc:
-        print(f"omnitrace export: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
+        loaded = spanload.load(args.run, [sink])
+        if loaded is None:
+            raise eventlog.EventLogError(f"{args.run}: no event log (events/) in this run directory")
+    except (eventlog.EventLogError, OSError) as exc:
         print(f"omnitrace export: {exc}", file=sys.stderr)
         return 2
     finally:
         if out is not None and out is not sys.stdout.buffer:
             out.close()
-    _say_accounting(args.run, seen["log"])
+    if exporter is None and args.otlp_json != "-" and not sink.spans:
+        open(args.otlp_json, "wb").close()  # a run without spans: an empty file, not none
+    _say_accounting(args.run, loaded)
+    total = sink.spans
     if exporter is not None:
         exporter.close(deadline_s=max(30.0, args.timeout * 3))
         c = exporter.counters()

@@ -149,7 +149,7 @@ class Prepared:
     (request and sender events in time order, the distinct requests, each pair kind's
     stamps in key order). A reader may make it on another thread, beside the builder's work
     on the previous feed (its few large numpy operations release the GIL), or in another
-    process (:meth:`arrays`: the report's helper, ``analyze/eventload.py``)."""
+    process (:meth:`arrays`: the loader's helper, ``spanload.py``)."""
 
     __slots__ = ("events", "max_ring", "unknown", "steps", "emitted", "small", "senders", "reqs",
                  "latest", "pairs", "gets", "closed")

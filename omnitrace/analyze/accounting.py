@@ -158,9 +158,10 @@ def headline(led: Ledger) -> str:
     return f"events: {led.events_written} written = " + " + ".join(parts) + f" ({tail}{verdict})"
 
 
-def of_run_dir(run_dir: str, log: Any) -> Ledger:
-    """The identity of a run directory whose event log ``log`` (``eventlog.EventLog``) a
-    reader other than the report decoded (``omnitrace export``)."""
+def of_run_dir(run_dir: str, log: Any, recorded: int) -> Ledger:
+    """The identity of a run directory whose event log a reader other than the report
+    loaded (``omnitrace export``): ``log`` its ``eventlog.EventLog`` (events not kept),
+    ``recorded`` the events decoded."""
     import os
 
     import orjson
@@ -173,7 +174,7 @@ def of_run_dir(run_dir: str, log: Any) -> Ledger:
             return None
         return d if isinstance(d, dict) else None
 
-    return ledger(len(log.events), log.rings, log.accounts, log.torn_segments > 0,
+    return ledger(recorded, log.rings, log.accounts, log.torn_segments > 0,
                   load("agent.json"), load("run.json"))
 
 

@@ -12,16 +12,12 @@ import multiprocessing as mp
 import sys
 from typing import Any, Callable, Generic, TypeVar
 
+from omnitrace.childproc import fork_available
+
 T = TypeVar("T")
 # below this much work a fork (page tables of a large process, a pickled result) costs
 # more than it saves; callers compare their own measure of work against it
 MIN_WORK = 2000
-
-
-def fork_available() -> bool:
-    """Whether a forked child can take work here (not on Windows, nor where Python has no
-    fork start method)."""
-    return sys.platform != "win32" and "fork" in mp.get_all_start_methods()
 
 
 def _child(conn: Any, fn: Callable[..., Any], args: tuple) -> None:

@@ -598,15 +598,16 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
                 run_json: dict[str, Any] | None = None, agent: dict[str, Any] | None = None) -> bool:
     """Append the spans built from one run directory's event log, and its accounting
     (from ``run_json`` and ``agent``, the directory's files); False if it has no log."""
-    from omnitrace import eventlog
-    from omnitrace.analyze import accounting, eventload
+    from omnitrace import eventlog, spanload
+    from omnitrace.analyze import accounting, tables
+    acc = tables.ReportTables(skip)
     try:
-        built = eventload.build(path, skip)
+        built = spanload.load(path, [acc])
     except eventlog.EventLogError as exc:
         raise RunDirError(str(exc)) from None
     if built is None:
         return False
-    log, acc = built.log, built.acc
+    log = built.log
     run.events += built.events
     live = bool(run_json) and run_json.get("status") == "running" and live_agent(path) is not None
     torn = log.torn_segments

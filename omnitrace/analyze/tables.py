@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omnitrace import conventions as cv
-from omnitrace import rowops
+from omnitrace import rowops, spanload
 from omnitrace import spantable as stt
 from omnitrace.analyze import headofline
 from omnitrace.analyze.headofline import Busy
@@ -162,9 +162,14 @@ class Growing:
 
 
 class ReportTables:
-    """Feed the builder's output in (``add``), then ``finish()``."""
+    """The report's sink of the one load (``spanload.Sink``): every feed's spans in
+    (``feed``), then ``finish()``. ``skip``: warm-up request ids, left out of attribution."""
 
-    def __init__(self) -> None:
+    culprits = False  # blocked_by: no report reads it
+
+    def __init__(self, skip: frozenset[str] = frozenset()) -> None:
+        self._skip = skip
+        self._warmup: _Warmup | None = None
         self.small = Growing(stt.SPAN_DTYPE)
         self.early = Growing(stt.SPAN_DTYPE)
         self.emits = Growing(stt.EMIT_DTYPE)
@@ -184,7 +189,15 @@ class ReportTables:
             self.first_audio = np.concatenate((self.first_audio, np.zeros(n - len(self.first_audio), np.int64)))
             self.first_start = np.concatenate((self.first_start, np.full(n - len(self.first_start), _NONE)))
 
-    def add(self, feed: stt.Feed, skip: np.ndarray) -> None:
+    def feed(self, feed: stt.Feed, part: spanload.Part) -> None:
+        if self._warmup is None:
+            self._warmup = _Warmup(part.requests, self._skip)
+        self._add(feed, self._warmup.flags())
+
+    def close(self, loaded: spanload.Loaded) -> None:
+        pass
+
+    def _add(self, feed: stt.Feed, skip: np.ndarray) -> None:
         """One feed's output; ``skip``: per request id (every id the feed holds), True for
         a request left out of attribution (warm-up)."""
         spans, emits = feed.spans, feed.emits
@@ -229,6 +242,23 @@ class ReportTables:
         figs = ChunkFigures(*(t.view() for t in self.figures), self.first_start)
         senders = {k: tuple(g.view() for g in grow) for k, grow in self.busy.items()}
         return self.small.view(), early, self.emits.view(), figs, busy_by_replica(senders, replica_of)
+
+
+class _Warmup:
+    """Per request id, True for a warm-up request (attribution skips it); grows with the
+    load's request ids, which the reader extends as it reads."""
+
+    def __init__(self, strings: list[str], skip: frozenset[str]) -> None:
+        self.strings, self.skip = strings, skip
+        self._flags = np.zeros(0, bool)
+
+    def flags(self) -> np.ndarray:
+        """A new array when the flags grow (the caller may still hold the old one)."""
+        have, strings = len(self._flags), self.strings
+        if have < len(strings):
+            self._flags = np.concatenate((self._flags, np.fromiter(
+                (r in self.skip for r in strings[have:]), bool, len(strings) - have)))
+        return self._flags
 
 
 def busy_by_replica(senders: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]],

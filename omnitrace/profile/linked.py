@@ -18,10 +18,11 @@ worked in them (``--thread`` picks another thread of the same process instead):
 * ``process``, ``put``: the sender's own spans; ``get``, ``poll_lag``: the consumer's
   receiver thread; ``wait_schedule`` (ready -> scheduled): the consumer's scheduler.
 
-Reading a run's event log takes ~1.3 us per event (15 s for a 10-minute c=32 run), so the
-finalizer builds what selections need once, :class:`SpanIndex` (``profiles/spans.npz``:
-the spans of these categories, the senders' busy intervals, the steps, which thread each
-ring is), and `omnitrace flame` selects from it in about a second.
+Reading a run's event log is the slow part, so the finalizer builds what selections need
+once, :class:`SpanIndex` (``profiles/spans.npz``: the spans of these categories, the
+senders' busy intervals, the steps, which thread each ring is), by one load of the log
+(``spanload``, the report's loader: :class:`IndexSink`), and `omnitrace flame` selects
+from it.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omnitrace import conventions as cv
-from omnitrace import eventlog
+from omnitrace import spanload
 from omnitrace import spantable as stt
 from omnitrace import categories
 from omnitrace.profile.store import Store, save_npz
@@ -47,11 +48,6 @@ _SPANS = {"snapshot": (stt.N_SNAPSHOT, "scheduler"), "fifo_blocked": (stt.N_FIFO
 # the attribution categories a flame selection can pick (in the vocabulary's order)
 CATEGORIES = tuple(c for c in categories.CATEGORIES if c in _SPANS)
 assert len(CATEGORIES) == len(_SPANS), "a flame category missing from omnitrace.categories"
-# the event kinds the index is built from
-_INDEX_KINDS = (E.SNAPSHOT_BEGIN, E.SNAPSHOT_END, E.FIFO_ENQUEUE, E.FIFO_DEQUEUE, E.PROCESS_BEGIN,
-                E.PROCESS_END, E.PUT_BEGIN, E.PUT_END, E.GET_BEGIN, E.GET_END, E.CHUNK_READY,
-                E.CHUNK_SCHEDULED, E.STEP_BEGIN, E.STEP_END, E.STAGE_ADD, E.STAGE_SCHEDULE,
-                E.STAGE_FINISH)
 INDEX_FILE = "spans.npz"
 INDEX_SPAN_DTYPE = np.dtype([("name", "i1"), ("stage", "<i2"), ("req", "<u4"), ("ring", "<i4"),
                              ("start", "<i8"), ("end", "<i8")])
@@ -129,23 +125,17 @@ def ring_column(rings: dict[int, dict], field: str, idx: np.ndarray, default: in
     return table[np.clip(np.asarray(idx, np.int64), 0, len(table) - 1)]
 
 
-def _ring_kinds(ev: np.ndarray) -> dict[int, int]:
-    """A ring's thread kind: the kind of most of its events."""
-    kinds_arr = np.full(256, -1, np.int8)
+def _ring_kinds(counts: np.ndarray) -> dict[int, int]:
+    """A ring's thread kind: the kind of most of its events (``counts[ring, event kind]``,
+    ``spanload.Loaded.ring_kinds``); a tie goes to the kind listed first in THREADS."""
+    of_kind = np.full(256, -1, np.int64)
     for k, v in _THREAD_OF.items():
-        kinds_arr[k] = v
-    tk = kinds_arr[np.minimum(ev["kind"], 255)]
-    ok = tk >= 0
-    if not ok.any():
-        return {}
-    pair = ev["ring"][ok].astype(np.int64) * 4 + tk[ok]
-    u, c = np.unique(pair, return_counts=True)
-    best: dict[int, tuple[int, int]] = {}
-    for p, n in zip(u.tolist(), c.tolist()):
-        r, k = divmod(p, 4)
-        if n > best.get(r, (-1, 0))[1]:
-            best[r] = (k, n)
-    return {r: k for r, (k, _) in best.items()}
+        of_kind[k] = v
+    per_thread = np.zeros((len(counts), len(THREADS)), np.int64)
+    for t in range(len(THREADS)):
+        per_thread[:, t] = counts[:, of_kind == t].sum(axis=1)
+    rings = np.flatnonzero(per_thread.sum(axis=1))
+    return dict(zip(rings.tolist(), per_thread[rings].argmax(axis=1).tolist()))
 
 
 @dataclass
@@ -199,43 +189,63 @@ def _unpack(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return out
 
 
-_INDEX_NAMES = (stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PROCESS, stt.N_PUT, stt.N_GET, stt.N_POLL, stt.N_WAIT,
-                stt.N_QUEUE, stt.N_STAGE)
+_INDEX_NAMES = np.array((stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PROCESS, stt.N_PUT, stt.N_GET, stt.N_POLL,
+                         stt.N_WAIT, stt.N_QUEUE, stt.N_STAGE))
+
+
+class IndexSink:
+    """The flame index's sink of the one load (``spanload.Sink``): of each feed, the spans
+    of the categories' names and the sender tasks it closed (the builder's sender rule, as
+    the report's); at the end the steps and each ring's thread kind."""
+
+    culprits = False
+
+    def __init__(self) -> None:
+        self._spans: list[np.ndarray] = []
+        self._busy: list[np.ndarray] = []
+        self.index: SpanIndex | None = None
+
+    def feed(self, feed: stt.Feed, part: spanload.Part) -> None:
+        table = feed.spans[np.isin(feed.spans["name"], _INDEX_NAMES)]
+        spans = np.zeros(len(table), INDEX_SPAN_DTYPE)
+        for col in INDEX_SPAN_DTYPE.names:
+            spans[col] = table[col]
+        self._spans.append(spans)
+        for pid, stage, starts, ends, reqs in feed.busy:
+            b = np.zeros(len(starts), BUSY_DTYPE)
+            b["pid"], b["stage"], b["start"], b["end"], b["req"] = pid, stage, starts, ends, reqs
+            self._busy.append(b)
+
+    def close(self, loaded: spanload.Loaded) -> None:
+        log = loaded.log
+        busy = np.concatenate(self._busy) if self._busy else np.zeros(0, BUSY_DTYPE)
+        busy = busy[np.lexsort((busy["start"], busy["stage"], busy["pid"]))]
+        spans = np.concatenate(self._spans) if self._spans else np.zeros(0, INDEX_SPAN_DTYPE)
+        self._spans = self._busy = []
+        rt = RunThreads(log.rings, _ring_kinds(loaded.ring_kinds), log.requests.strings)
+        self.index = SpanIndex(spans, busy, _steps(loaded.steps), rt)
+
+
+def _steps(ev: np.ndarray) -> np.ndarray:
+    """Scheduler steps: each STEP_BEGIN followed, on its ring, by a STEP_END."""
+    ev = ev[np.lexsort((ev["t"], ev["ring"]))]
+    pair = np.zeros(len(ev), bool)
+    pair[:-1] = ((ev["kind"][:-1] == E.STEP_BEGIN) & (ev["kind"][1:] == E.STEP_END)
+                 & (ev["ring"][1:] == ev["ring"][:-1]))
+    i = np.flatnonzero(pair)
+    st = np.zeros(len(i), STEP_DTYPE)
+    st["ring"], st["start"], st["end"] = ev["ring"][i], ev["t"][i], ev["t"][i + 1]
+    return st
 
 
 def build_index(run_dir: str) -> SpanIndex:
-    """Read the event log once: spans (by the span builder, as the report), senders' busy
-    intervals, steps, and each ring's thread kind."""
-    log = eventlog.read_event_log(run_dir)
-    if log is None:
+    """The run's index, from one load of its event log (spans by the span builder, as the
+    report's)."""
+    sink = IndexSink()
+    if spanload.load(run_dir, [sink]) is None:
         raise SelectError(f"{run_dir}: no event log (events/): nothing to link samples to")
-    rt = RunThreads(log.rings, _ring_kinds(log.events), log.requests.strings)
-    ev = log.events[np.isin(log.events["kind"], np.array(_INDEX_KINDS, np.int64))]
-    del log.events
-    builder = stt.SpanBuilder(dict(rt.rings))
-    builder.ring_changed()
-    fed = builder.feed(ev)
-    table = np.concatenate([fed.spans, builder.flush().spans])
-    table = table[np.isin(table["name"], np.array(_INDEX_NAMES))]
-    spans = np.zeros(len(table), INDEX_SPAN_DTYPE)
-    for col in INDEX_SPAN_DTYPE.names:
-        spans[col] = table[col]
-    parts = []
-    for pid, stage, starts, ends, reqs in fed.busy:  # the builder's sender rule, as the report's
-        b = np.zeros(len(starts), BUSY_DTYPE)
-        b["pid"], b["stage"], b["start"], b["end"], b["req"] = pid, stage, starts, ends, reqs
-        parts.append(b)
-    busy = np.concatenate(parts) if parts else np.zeros(0, BUSY_DTYPE)
-    busy = busy[np.lexsort((busy["start"], busy["stage"], busy["pid"]))]
-    steps = ev[np.isin(ev["kind"], (E.STEP_BEGIN, E.STEP_END))]
-    steps = steps[np.lexsort((steps["t"], steps["ring"]))]
-    pair = np.zeros(len(steps), bool)
-    pair[:-1] = ((steps["kind"][:-1] == E.STEP_BEGIN) & (steps["kind"][1:] == E.STEP_END)
-                 & (steps["ring"][1:] == steps["ring"][:-1]))
-    i = np.flatnonzero(pair)
-    st = np.zeros(len(i), STEP_DTYPE)
-    st["ring"], st["start"], st["end"] = steps["ring"][i], steps["t"][i], steps["t"][i + 1]
-    return SpanIndex(spans, busy, st, rt)
+    assert sink.index is not None
+    return sink.index
 
 
 def open_index(run_dir: str) -> SpanIndex:

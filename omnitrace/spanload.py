@@ -1,21 +1,26 @@
-"""An event log -> the report's tables (:class:`tables.ReportTables`), on two cores.
+"""The one loader: a run's event log -> span feeds -> sinks.
+
+Every analysis of a recorded run reads the record this one way, as Perfetto's trace
+processor does (one importer fills the tables; every analysis reads them, never the
+input): the report's tables (``analyze/tables.py``), ``omnitrace export`` (OTLP), the
+flame graphs' span index (``profile/linked.py``) are sinks (:class:`Sink`) of :func:`load`.
+Several sinks take one load together; each holds only what it keeps, never the log.
 
 The pipeline: the log decoded a part at a time and each part's feeds made ready
 (``spantable.Prepared``: grouped by kind, request and sender events in time order); the
 span builder (:class:`spantable.SpanBuilder`, incremental, as live) taking the feeds on
-the calling thread; the report's tables taking each feed's spans on another thread.
+the calling thread; the sinks taking each feed's spans, in order, on another thread.
 
 All three are mostly numpy, but each holds the GIL between its numpy calls: in one
 process, the builder's thread got the CPU for ~70% of the load's wall time, waiting the
-rest on the GIL the decoding held (50M events: builder 13.9 s of CPU in 20 s; decoding
-and preparing 8.1 s; tables 3.9 s). A large log is therefore decoded and prepared by a
+rest on the GIL the decoding held. A large log is therefore decoded and prepared by a
 forked helper process, which also applies the sender rule (``spantable.SenderTasks``:
 the FIFO senders' busy intervals, from its own copy of the ring descriptions) and hands
 each prepared feed over a pipe (its arrays written and read in place); this process only
-receives, builds and tabulates. Same feeds, same
-order, so the same spans (tests/test_eventload.py). Where fork is unavailable or the
-helper fails, the log is decoded here, on a thread: slower, never a different answer. A
-corrupt log is the same one-line error either way.
+receives, builds and hands on. Same feeds, same order, so the same spans
+(tests/test_spanload.py). Where fork is unavailable or the helper fails, the log is
+decoded here, on a thread: slower, never a different answer. A corrupt log is the same
+one-line error either way.
 """
 from __future__ import annotations
 
@@ -26,15 +31,15 @@ import pickle
 import queue
 import signal
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
+from omnitrace import childproc
 from omnitrace import conventions as cv
 from omnitrace import eventlog
 from omnitrace import spantable as stt
-from omnitrace.analyze import beside, tables
 
 # events per feed: a feed's temporaries (~300 bytes per event) stay in the caches (feeds of
 # 1M events took ~1.4x as long)
@@ -42,42 +47,68 @@ FEED_EVENTS = 1 << 17
 # event segment bytes (~5 per event) from which a helper process decodes the log: below
 # it the fork and the pipe cost more than they save (10M events: 52 MB)
 HELPER_MIN_BYTES = 16 << 20
+_STEP_KINDS = (cv.Ev.STEP_BEGIN, cv.Ev.STEP_END)
+STEP_EVENT_DTYPE = np.dtype([("ring", "<i4"), ("kind", "u1"), ("t", "<i8")])
+
+
+@dataclass(frozen=True)
+class Part:
+    """What a sink needs beside a feed to read it: the ring descriptions as of the feed,
+    and the run's request ids by number (append-only; every id the feed holds is in it)."""
+
+    rings: dict[int, dict]
+    requests: list[str]
+
+
+@dataclass
+class Loaded:
+    """What the load saw besides the spans: the decoder's account (rings, request ids,
+    warnings, torn records: ``eventlog.EventLog`` without events), the event count, the
+    STAGE_DIED events as (stage, time), the scheduler steps' events (``STEP_EVENT_DTYPE``, in
+    log order) and the events per (ring, kind) (``ring_kinds[ring, kind]``)."""
+
+    log: eventlog.EventLog
+    events: int = 0
+    died: list[tuple[int, int]] = field(default_factory=list)
+    steps: np.ndarray = field(default_factory=lambda: np.zeros(0, STEP_EVENT_DTYPE))
+    ring_kinds: np.ndarray = field(default_factory=lambda: np.zeros((0, 256), np.int64))
+
+
+class Sink(Protocol):
+    """A taker of span feeds. ``culprits``: it reads FIFO spans' ``blocked_by`` (by0..by2),
+    which the builder ranks only when some sink does (a sort over every overlap).
+    ``feed`` is called for each feed in order, on one thread that is not the caller's;
+    ``close`` once after the last feed, on the caller's thread."""
+
+    culprits: bool
+
+    def feed(self, feed: stt.Feed, part: Part) -> None: ...
+
+    def close(self, loaded: Loaded) -> None: ...
 
 
 class HelperFailed(Exception):
     """The helper process died or failed: the log is decoded here instead."""
 
 
-@dataclass
-class Built:
-    """A log's tables, its decoder's account (rings, request ids, warnings, torn records:
-    ``eventlog.EventLog`` without events), its event count and its STAGE_DIED events as
-    (stage, time)."""
-
-    log: eventlog.EventLog
-    acc: tables.ReportTables
-    events: int
-    died: list[tuple[int, int]]
-
-
-def build(path: str, skip: frozenset[str], helper: bool | None = None) -> Built | None:
-    """The tables of ``path``'s event log (None if it has none); ``skip``: warm-up request
-    ids (left out of attribution); ``helper``: decode in a helper process (None: where the
-    log is large and this machine has two cores)."""
+def load(path: str, sinks: list[Sink], helper: bool | None = None) -> Loaded | None:
+    """Feed every span of ``path``'s event log to ``sinks``; what the load saw besides
+    (None if the run has no event log). ``helper``: decode in a helper process (None:
+    where the log is large and this machine has two cores)."""
     if not os.path.isdir(os.path.join(path, eventlog.DIR)):
         return None
     if helper is None:
-        helper = _helper_pays(path)
+        helper = helper_pays(path)
     if helper:
         try:
-            return _build_beside(path, skip)
+            return _load_beside(path, sinks)
         except HelperFailed:
             pass
-    return _build_here(path, skip)
+    return _load_here(path, sinks)
 
 
-def _helper_pays(path: str) -> bool:
-    if not beside.fork_available():
+def helper_pays(path: str) -> bool:
+    if not childproc.fork_available():
         return False
     try:
         cores = len(os.sched_getaffinity(0))
@@ -87,110 +118,117 @@ def _helper_pays(path: str) -> bool:
 
 
 class _Reading:
-    """The decoding of one log: its parts as feeds, and what it sees besides the events."""
+    """The decoding of one log: its parts as feeds, and what it sees besides the spans."""
 
     def __init__(self, path: str) -> None:
         self.log, self._parts = eventlog.stream_event_log(path)
-        self.events = 0
-        self.died: list[tuple[int, int]] = []
+        self.seen = Loaded(self.log)
+        self._steps: list[np.ndarray] = []
 
     def parts(self) -> Iterator[tuple[list[np.ndarray], dict]]:
         """Each decoded part's feeds and the rings as described up to it (the decoder
         already changes ``log.rings`` for the next part)."""
         for ev in self._parts:
-            self.events += len(ev)
-            d = ev[ev["kind"] == cv.Ev.STAGE_DIED]
-            self.died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
+            self._note(ev)
             yield [ev[lo:lo + FEED_EVENTS] for lo in range(0, len(ev), FEED_EVENTS)], dict(self.log.rings)
 
+    def _note(self, ev: np.ndarray) -> None:
+        seen, kind, ring = self.seen, ev["kind"], ev["ring"].astype(np.int64)
+        seen.events += len(ev)
+        d = ev[kind == cv.Ev.STAGE_DIED]
+        seen.died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
+        s = ev[(kind == _STEP_KINDS[0]) | (kind == _STEP_KINDS[1])]
+        if len(s):
+            rows = np.zeros(len(s), STEP_EVENT_DTYPE)
+            rows["ring"], rows["kind"], rows["t"] = s["ring"], s["kind"], s["t"]
+            self._steps.append(rows)
+        if len(ev):
+            n = int(ring.max()) + 1
+            if n > len(seen.ring_kinds):
+                seen.ring_kinds = np.concatenate(
+                    (seen.ring_kinds, np.zeros((n - len(seen.ring_kinds), 256), np.int64)))
+            seen.ring_kinds[:n] += np.bincount(ring * 256 + kind, minlength=n * 256).reshape(n, 256)
 
-def _build_here(path: str, skip: frozenset[str]) -> Built:
+    def done(self) -> Loaded:
+        if self._steps:
+            self.seen.steps = np.concatenate(self._steps)
+        return self.seen
+
+
+def _load_here(path: str, sinks: list[Sink]) -> Loaded:
     reading = _Reading(path)
+    strings = reading.log.requests.strings
 
-    def prepared() -> Iterator[tuple[list[stt.Prepared], dict]]:
+    def prepared() -> Iterator[tuple[list[stt.Prepared], Part]]:
         for feeds, rings in reading.parts():  # made ready on the reader thread
-            yield [stt.Prepared(f) for f in feeds], rings
+            yield [stt.Prepared(f) for f in feeds], Part(rings, strings)
 
-    acc = _tabulate(prepared(), _Warmup(reading.log.requests.strings, skip), lambda: reading.log)
-    return Built(reading.log, acc, reading.events, reading.died)
+    return _feed(prepared(), sinks, reading.done)
 
 
-def _build_beside(path: str, skip: frozenset[str]) -> Built:
+def _load_beside(path: str, sinks: list[Sink]) -> Loaded:
     helper = _Helper(path)
     try:
         strings: list[str] = []
-        final: list[tuple] = []
+        final: list[Loaded] = []
 
-        def prepared() -> Iterator[tuple[list[stt.Prepared], dict]]:
+        def prepared() -> Iterator[tuple[list[stt.Prepared], Part]]:
             while True:
                 msg = helper.recv_obj()
                 if msg[0] == "end":
-                    final.append(msg[1:])
+                    final.append(msg[1])  # the helper's Loaded
                     return
                 _, rings, new, values = msg
-                strings.extend(new)  # before the feeds that hold them: the tables' warm-up flags
+                strings.extend(new)  # before the feeds that hold them
                 yield [stt.Prepared.of_arrays(v, [helper.recv_rows(d) for d in stt.Prepared.ARRAY_DTYPES])
-                       for v in values], rings
+                       for v in values], Part(rings, strings)
 
-        acc = _tabulate(prepared(), _Warmup(strings, skip), lambda: final[0][0])
-        log, events, died = final[0]
-        return Built(log, acc, events, died)
+        return _feed(prepared(), sinks, lambda: final[0])
     finally:
         helper.close()
 
 
-def _tabulate(parts: Iterator[tuple[list[stt.Prepared], dict]], warmup: "_Warmup",
-              final: Callable[[], eventlog.EventLog]) -> tables.ReportTables:
-    """The pipeline: ``parts`` made on a thread, built here, tabulated on another thread;
-    ``final()``: the decoder's log once every part is read (its final rings and the
-    writers that died)."""
-    builder = stt.SpanBuilder({}, culprits=False)  # blocked_by: no report reads it
-    acc = tables.ReportTables()
-    with _in_order_beside(acc.add) as add:
-        for feeds, rings in _read_ahead(parts):
-            builder.rings.update(rings)  # a part may add rings or re-describe one (new writer)
+def _feed(parts: Iterator[tuple[list[stt.Prepared], Part]], sinks: list[Sink],
+          final: Callable[[], Loaded]) -> Loaded:
+    """The pipeline: ``parts`` made on a thread, built here, handed to the sinks on another
+    thread; ``final()``: what the load saw, once every part is read (the final rings and
+    the writers that died)."""
+    builder = stt.SpanBuilder({}, culprits=any(getattr(s, "culprits", False) for s in sinks))
+
+    def to_sinks(feed: stt.Feed, part: Part) -> None:
+        for s in sinks:
+            s.feed(feed, part)
+
+    with _in_order_beside(to_sinks) as hand_on:
+        for feeds, part in _read_ahead(parts):
+            builder.rings.update(part.rings)  # a part may add rings or re-describe one (new writer)
             builder.ring_changed()
             for f in feeds:  # the builder takes any cut
-                # the flags: a new array when they grow (the tables' thread may hold the old)
-                add(builder.feed(f), warmup.flags())
-        log = final()
+                hand_on(builder.feed(f), part)
+        loaded = final()
+        log = loaded.log
         builder.rings.update(log.rings)
         builder.ring_changed()
         for idx in log.died:
             builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
-        add(builder.flush(), warmup.flags())
-    return acc
-
-
-class _Warmup:
-    """Per request id, True for a warm-up request (attribution skips it); grows with the
-    decoder's string table, which the reader thread extends as it reads."""
-
-    def __init__(self, strings: list[str], skip: frozenset[str]) -> None:
-        self.strings, self.skip = strings, skip
-        self._flags = np.zeros(0, bool)
-
-    def flags(self) -> np.ndarray:
-        have, strings = len(self._flags), self.strings
-        if have < len(strings):
-            self._flags = np.concatenate((self._flags, np.fromiter(
-                (r in self.skip for r in strings[have:]), bool, len(strings) - have)))
-        return self._flags
+        hand_on(builder.flush(), Part(dict(log.rings), log.requests.strings))
+    for s in sinks:
+        s.close(loaded)
+    return loaded
 
 
 # ---------------------------------------------------------------------- the helper
 class _Helper:
     """The forked process that decodes and prepares the log, as this process sees it:
     messages in order, each part ``("part", rings, new request ids, [feed values])``
-    followed by each feed's arrays, then ``("end", log without events, event count,
-    STAGE_DIED events)``; or ``("error", message)`` (a corrupt log) or ``("failed",
-    message)``."""
+    followed by each feed's arrays, then ``("end", Loaded)``; or ``("error", message)``
+    (a corrupt log) or ``("failed", message)``."""
 
     def __init__(self, path: str) -> None:
         rfd, wfd = os.pipe()
         try:
             self._proc = mp.get_context("fork").Process(
-                target=_helper_main, args=(path, rfd, wfd), daemon=True, name="omnitrace-report-decoder")
+                target=_helper_main, args=(path, rfd, wfd), daemon=True, name="omnitrace-load-decoder")
             self._proc.start()
         except OSError as exc:  # no fork (process limit, memory)
             os.close(rfd)
@@ -246,7 +284,7 @@ def _helper_main(path: str, rfd: int, wfd: int) -> None:
             for _, arrays in prepared:
                 for a in arrays:
                     out.send_rows(a)
-        out.send_obj(("end", reading.log, reading.events, reading.died))
+        out.send_obj(("end", reading.done()))
     except OSError:  # the reader left (its error, Ctrl-C), or a file would not read: the
         pass  # reader then decodes the log itself and says why
     except eventlog.EventLogError as exc:
@@ -357,8 +395,8 @@ def _read_ahead(items: Iterator[Any]) -> Iterator[Any]:
 @contextlib.contextmanager
 def _in_order_beside(fn: Callable[..., None], depth: int = 4) -> Iterator[Callable[..., None]]:
     """``submit(*args)`` calls ``fn(*args)`` on one thread, in the order submitted, while
-    the caller goes on (the report's tables take one feed's spans while the builder makes
-    the next: most of both is numpy, which releases the GIL). Leaving waits for the
+    the caller goes on (the sinks take one feed's spans while the builder makes the next:
+    most of both is numpy, which releases the GIL). Leaving waits for the
     calls; the first error of one is raised then."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     errors: list[BaseException] = []
@@ -371,7 +409,7 @@ def _in_order_beside(fn: Callable[..., None], depth: int = 4) -> Iterator[Callab
                 except BaseException as exc:  # handed to the caller, raised there
                     errors.append(exc)
 
-    t = threading.Thread(target=work, name="omnitrace-report-tables", daemon=True)
+    t = threading.Thread(target=work, name="omnitrace-load-sinks", daemon=True)
     t.start()
     try:
         yield lambda *args: q.put(args)

@@ -1,26 +1,33 @@
-"""analyze/eventload.py: an event log decoded and prepared by a forked helper process gives
-the same tables (and the same report) as one decoded here; a corrupt log is the same one
-error either way; a helper that dies or fails is replaced by the decoding done here."""
+"""spanload.py, the one loader: an event log decoded and prepared by a forked helper process
+gives the same tables (and the same report) as one decoded here; a corrupt log is the same
+one error either way; a helper that dies or fails is replaced by the decoding done here."""
 import multiprocessing as mp
 import os
 
 import orjson
 import pytest
 
-from omnitrace import eventlog
+from omnitrace import eventlog, spanload
 from omnitrace import spantable as stt
-from omnitrace.analyze import eventload, report, rundir
+from omnitrace.analyze import report, rundir, tables
 
 
-def _account(built: eventload.Built) -> dict:
-    """Everything a build gives the report, as comparable values (row order included)."""
-    log, acc = built.log, built.acc
+def _build(path: str, skip: frozenset, helper: bool) -> tuple[spanload.Loaded, tables.ReportTables]:
+    acc = tables.ReportTables(skip)
+    return spanload.load(path, [acc], helper=helper), acc
+
+
+def _account(built: tuple[spanload.Loaded, tables.ReportTables]) -> dict:
+    """Everything a load gives the report, as comparable values (row order included)."""
+    loaded, acc = built
+    log = loaded.log
     small, early, emits, figures, busy = acc.finish(
         {int(r.get("pid", 0)): int(r.get("replica", 0)) for r in log.rings.values()})
     arrays = [small, early, emits, *figures.tables(), figures.first_start]
     return {"tables": [a.tobytes() for a in arrays],
             "busy": sorted((k, tuple(c.tobytes() for c in cols)) for k, cols in busy.items()),
-            "events": built.events, "died": built.died, "rings": log.rings,
+            "events": loaded.events, "died": loaded.died, "rings": log.rings,
+            "steps": loaded.steps.tobytes(), "ring_kinds": loaded.ring_kinds.tobytes(),
             "requests": list(log.requests.strings), "warnings": log.warnings,
             "torn": log.torn_records, "rows": acc.rows, "skipped": acc.skipped,
             "small": len(small), "early": len(early)}
@@ -31,14 +38,14 @@ def many_parts(monkeypatch):
     """Small parts and feeds: the helper sends many, each with the request ids and ring
     descriptions new in it."""
     monkeypatch.setattr(eventlog, "STREAM_EVENTS", 1000)
-    monkeypatch.setattr(eventload, "FEED_EVENTS", 300)
+    monkeypatch.setattr(spanload, "FEED_EVENTS", 300)
 
 
 def test_the_helper_gives_the_tables_decoding_here_gives(real_run, many_parts):
     bench = orjson.loads(open(os.path.join(real_run, "bench.json"), "rb").read())
     skip = frozenset(rundir._warmup_ids(bench))
-    here = eventload.build(real_run, skip, helper=False)
-    beside = eventload.build(real_run, skip, helper=True)
+    here = _build(real_run, skip, helper=False)
+    beside = _build(real_run, skip, helper=True)
     want, got = _account(here), _account(beside)
     assert skip and want["skipped"] > 0  # warm-up spans were left out
     assert want["small"] > 50 and want["early"] > 500 and want["events"] > 20 * 1000  # many parts
@@ -49,8 +56,8 @@ def test_the_helper_gives_the_tables_decoding_here_gives(real_run, many_parts):
 
 def test_the_report_is_the_same_with_the_helper(real_run, monkeypatch):
     here = report.build_report(rundir.load_run([real_run]), waterfalls=3)
-    monkeypatch.setattr(eventload, "HELPER_MIN_BYTES", 0)  # this small log: by the helper
-    assert eventload._helper_pays(real_run)
+    monkeypatch.setattr(spanload, "HELPER_MIN_BYTES", 0)  # this small log: by the helper
+    assert spanload.helper_pays(real_run)
     beside = report.build_report(rundir.load_run([real_run]), waterfalls=3)
     assert here["window"]["attributed"] >= 10
     assert orjson.dumps(beside) == orjson.dumps(here)
@@ -68,7 +75,7 @@ def test_a_corrupt_log_is_the_same_one_error_from_the_helper(real_run, tmp_path)
     errors = []
     for helper in (False, True):
         with pytest.raises(eventlog.EventLogError, match="corrupt event segment") as exc:
-            eventload.build(str(d), frozenset(), helper=helper)
+            _build(str(d), frozenset(), helper=helper)
         errors.append(str(exc.value))
     assert errors[0] == errors[1]
     assert not mp.active_children()
@@ -88,11 +95,11 @@ def test_a_helper_that_dies_or_fails_is_replaced_by_decoding_here(real_run, many
         return arrays(self)
 
     monkeypatch.setattr(stt.Prepared, "arrays", broken)
-    want = _account(eventload.build(real_run, frozenset(), helper=False))
-    assert _account(eventload.build(real_run, frozenset(), helper=True)) == want
+    want = _account(_build(real_run, frozenset(), helper=False))
+    assert _account(_build(real_run, frozenset(), helper=True)) == want
     assert not mp.active_children()
 
 
 @pytest.mark.unit
 def test_a_run_without_an_event_log_has_nothing_to_build(tmp_path):
-    assert eventload.build(str(tmp_path), frozenset(), helper=True) is None
+    assert spanload.load(str(tmp_path), [tables.ReportTables()], helper=True) is None
