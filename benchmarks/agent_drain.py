@@ -30,7 +30,7 @@ os.environ["OMNITRACE_RUN_ID"] = f"drainbench-{os.getpid()}"
 os.environ["OMNITRACE_RING_RECORDS"] = str(1 << 21)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from omnitrace import eventlog, otlp, record  # noqa: E402
+from omnitrace import eventlog, otlp, record, spanload  # noqa: E402
 from omnitrace.agent import export_otlp  # noqa: E402
 from omnitrace.agent.export_prometheus import Metrics  # noqa: E402
 from omnitrace.agent.views import MetricsView  # noqa: E402
@@ -83,6 +83,7 @@ def run_layer(layer: str, n_events: int, tmp: str) -> dict:
     builder = SpanBuilder(rings)
     builder.ring_changed()
     view = MetricsView(Metrics(), requests.strings)
+    part = spanload.Part({}, requests.strings)
     conv = otlp.SpanConverter(requests.strings, rings, "bench")
     resources = export_otlp.ResourceCache("bench")
     old = None
@@ -115,7 +116,7 @@ def run_layer(layer: str, n_events: int, tmp: str) -> dict:
             f = builder.feed(eventlog.to_events(rec, 0, 0))
             spans += len(f.spans)
             if level >= 4:
-                view.feed(f)
+                view.feed(f, part)
             if level >= 5:
                 [export_otlp.to_readable(s, resources) for s in conv.convert(f.spans, f.emits)]
     if log is not None:

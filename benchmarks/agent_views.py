@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from omnitrace import eventlog  # noqa: E402
+from omnitrace import eventlog, spanload  # noqa: E402
 from omnitrace.agent import attribution_view  # noqa: E402
 from omnitrace.agent.attribution_view import AttributionView, RequestView  # noqa: E402
 from omnitrace.agent.export_prometheus import Metrics  # noqa: E402
@@ -54,6 +54,7 @@ def replay(run_dir: str, period_s: float, culprits: bool = False) -> dict:
     builder.ring_changed()
     views = {"metrics": MetricsView(metrics, log.requests.strings), "requests": RequestView(metrics),
              "attribution": AttributionView(metrics, log.requests.strings, log.rings)}
+    seen = spanload.Part(log.rings, log.requests.strings)
     cpu = dict.fromkeys(["builder", *views, "count_events"], 0.0)
     edges = np.searchsorted(ev["t"], np.arange(ev["t"][0], ev["t"][-1] + period_s * 1e9, period_s * 1e9))
     feeds = 0
@@ -67,7 +68,7 @@ def replay(run_dir: str, period_s: float, culprits: bool = False) -> dict:
         cpu["builder"] += time.process_time() - t
         for name, view in views.items():
             t = time.process_time()
-            view.feed(feed)
+            view.feed(feed, seen)
             cpu[name] += time.process_time() - t
         t = time.process_time()
         metrics.count_events(part, log.rings)
@@ -77,7 +78,7 @@ def replay(run_dir: str, period_s: float, culprits: bool = False) -> dict:
     t = time.process_time()
     feed = builder.flush()
     for view in views.values():
-        view.feed(feed)
+        view.feed(feed, seen)
         view.close(1.0)
     cpu["builder"] += time.process_time() - t
     n = len(ev)

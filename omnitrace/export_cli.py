@@ -61,9 +61,6 @@ class OtlpSink:
         self.spans += len(spans)
         self.send(spans)
 
-    def close(self, loaded: spanload.Loaded) -> None:
-        pass
-
 
 def _run_id(run_dir: str) -> str:
     """run.json's run id (the resource attribute the live exporter sent), else the folder."""

@@ -75,16 +75,15 @@ class Loaded:
 
 
 class Sink(Protocol):
-    """A taker of span feeds. ``culprits``: it reads FIFO spans' ``blocked_by`` (by0..by2),
-    which the builder ranks only when some sink does (a sort over every overlap).
-    ``feed`` is called for each feed in order, on one thread that is not the caller's;
-    ``close`` once after the last feed, on the caller's thread."""
+    """A taker of span feeds, from :func:`load` or from the live agent's builder (its
+    views, ``agent/views.py``). ``feed`` is called for each feed in order (by ``load`` on
+    one thread that is not the caller's); what a sink does at the end is its owner's call.
+    ``culprits``: it reads FIFO spans' ``blocked_by`` (by0..by2), which the builder ranks
+    only when some sink does (a sort over every overlap)."""
 
     culprits: bool
 
     def feed(self, feed: stt.Feed, part: Part) -> None: ...
-
-    def close(self, loaded: Loaded) -> None: ...
 
 
 class HelperFailed(Exception):
@@ -212,8 +211,6 @@ def _feed(parts: Iterator[tuple[list[stt.Prepared], Part]], sinks: list[Sink],
         for idx in log.died:
             builder.process_died(int(log.rings.get(idx, {}).get("pid", 0)))
         hand_on(builder.flush(), Part(dict(log.rings), log.requests.strings))
-    for s in sinks:
-        s.close(loaded)
     return loaded
 
 

@@ -12,7 +12,7 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 from omnitrace import conventions as cv
-from omnitrace import eventlog, otlp, record, rowops
+from omnitrace import eventlog, otlp, record, rowops, spanload
 from omnitrace import spantable as stt
 from omnitrace.agent import export_otlp
 from omnitrace.agent.export_prometheus import Metrics
@@ -75,7 +75,7 @@ def test_request_state_is_freed_and_incomplete_spans_flushed():
     rows += [(Ev.REQUEST_ARRIVE, 101, -1, -1, 10, 5, 0, 0), (Ev.SNAPSHOT_BEGIN, 101, 0, 3, 0, 1, 4, 1)]
     spans = []
     f = b.feed(_ev(rows), now=0.0)
-    view.feed(f)
+    view.feed(f, spanload.Part({}, []))
     spans.append(f.spans)
     assert b.open_requests() == 101
     spans.append(b.tick(2.0, grace_s=1.0, idle_timeout_s=10.0).spans)

@@ -96,6 +96,7 @@ def test_view_on_the_record_in_any_cut_equals_the_walk(run_dir, cuts):
     from omnitrace import eventlog
     from omnitrace.agent.attribution_view import AttributionView
     from omnitrace.agent.export_prometheus import Metrics
+    from omnitrace.spanload import Part
     from omnitrace.spantable import SpanBuilder
 
     log = eventlog.read_event_log(run_dir)
@@ -105,9 +106,10 @@ def test_view_on_the_record_in_any_cut_equals_the_walk(run_dir, cuts):
     metrics = Metrics()
     view = AttributionView(metrics, log.requests.strings, log.rings)
     view.SETTLE_S, view.SETTLE_NS = 0.0, 0
+    seen = Part(log.rings, log.requests.strings)
     for part in np.array_split(ev, cuts):
-        view.feed(builder.feed(part, 0.0))
-    view.feed(builder.flush())
+        view.feed(builder.feed(part, 0.0), seen)
+    view.feed(builder.flush(), seen)
     view.close(1.0)
     live = {(s.labels["stage"], s.labels["category"]): s.value
             for fam in metrics.registry.collect() if fam.name == "omnitrace_ttfp_attribution_seconds"

@@ -9,6 +9,7 @@ import random
 
 import numpy as np
 
+from omnitrace import spanload
 from omnitrace import spantable as stt
 from omnitrace.agent import export_otlp
 from omnitrace.agent.views import OtlpView
@@ -16,6 +17,7 @@ from omnitrace.otlp import SpanConverter
 from tests.otlp_receiver import HangingEndpoint
 
 RINGS = {0: {"pid": 1, "replica": 0, "role": "api", "stage": -1, "process": "api"}}
+PART = spanload.Part(RINGS, [])
 
 
 def _request(req: int, ttfp_ns: int, blocked: bool, chunks: int = 9) -> np.ndarray:
@@ -45,7 +47,7 @@ def test_sampling_keeps_slow_and_blocked_requests_and_counts_the_rest():
     ttfp = {r: rng.randint(1, 1000) * 1_000_000 for r in range(1, n + 1)}
     try:
         for r in range(1, n + 1):
-            view.feed(stt.Feed(_request(r, ttfp[r], r in blocked), np.empty(0, stt.EMIT_DTYPE)))
+            view.feed(stt.Feed(_request(r, ttfp[r], r in blocked), np.empty(0, stt.EMIT_DTYPE)), PART)
         c = view.counters()
         assert c["sampling"] and c["requests_not_exported"] > n // 2
         out = set(view.not_exported_ids)

@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from omnitrace import conventions as cv
+from omnitrace import spanload
 from omnitrace import spantable as stt
 from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.analyze import attribution as at
@@ -71,11 +72,13 @@ def _owned(rows: np.ndarray, num: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class RequestView:
     """Requests started, finished (by status) and in flight."""
 
+    culprits = False
+
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self.open: set[int] = set()
 
-    def feed(self, feed: Feed) -> None:
+    def feed(self, feed: Feed, part: spanload.Part) -> None:
         if feed.arrivals:
             self.metrics.started.inc(len(feed.arrivals))
             self.open.update(feed.arrivals)
@@ -111,6 +114,8 @@ class AttributionView:
     # its arrival and first packet, walked SETTLE_MAX_S after its end at the latest
     BUSY_KEEP_NS = 120 * 10**9
 
+    culprits = False
+
     def __init__(self, metrics: Metrics, requests: list[str], rings: dict[int, dict]) -> None:
         self.metrics = metrics
         self.requests = requests
@@ -136,7 +141,7 @@ class AttributionView:
         # (pid, stage) -> the sender's closed tasks (starts, ends, requests), feed by feed
         self.busy: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 
-    def feed(self, feed: Feed) -> None:
+    def feed(self, feed: Feed, part: spanload.Part) -> None:
         now = time.monotonic()
         if self.started is None:
             self.started = now

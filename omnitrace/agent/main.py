@@ -35,7 +35,7 @@ import orjson
 
 from omnitrace import __version__
 from omnitrace import conventions as cv
-from omnitrace import eventlog, record, rowops
+from omnitrace import eventlog, record, rowops, spanload
 from omnitrace.eventlog import EVENT_DTYPE
 from omnitrace.agent import export_otlp
 from omnitrace.agent.collect import Collector, RingSource
@@ -79,6 +79,7 @@ class Agent:
                                            cfg.max_run_bytes)
         self.rings: dict[int, dict] = {}  # ring index -> description (as in the event log)
         self.builder = SpanBuilder(self.rings)
+        self._part = spanload.Part(self.rings, self.requests.strings)  # what the views' feeds refer to
         self.metrics = Metrics()
         self.metrics.run_info.labels(cfg.run_id).set(1)
         self.views: list[View] = [MetricsView(self.metrics, self.requests.strings),
@@ -131,12 +132,12 @@ class Agent:
         self.metric_pushers = [export_otlp.MetricsPusher(k, self.cfg.otlp_endpoints.get(k),
                                                          self.cfg.otlp_timeout_s)
                                for k in self.cfg.otlp_kinds]
-        # by0..by2 (a sort over every FIFO wait x sender task overlap) only for the spans
-        # a live OTLP exporter sends (omni.fifo.blocked_by); no view reads them otherwise
-        self.builder.culprits = bool(self.exporters)
         if self.exporters:
             self.views.append(OtlpView(self.exporters, SpanConverter(
                 self.requests.strings, self.rings, self.cfg.run_id)))
+        # by0..by2 (a sort over every FIFO wait x sender task overlap) only for the spans
+        # a live OTLP exporter sends (omni.fifo.blocked_by); no other view reads them
+        self.builder.culprits = any(v.culprits for v in self.views)
         if "prometheus" in self.cfg.exporters:
             try:
                 self.prom_port = self.metrics.serve(self.cfg.prometheus_port, self.cfg.prometheus_addr)
@@ -322,7 +323,7 @@ class Agent:
         try:
             feed = make_feed()
             for view in self.views:
-                view.feed(feed)
+                view.feed(feed, self._part)
         except Exception as exc:
             import traceback
             self.views_failed = f"{type(exc).__name__}: {exc}"

@@ -1,8 +1,10 @@
 """Live views of the event stream: what the agent derives from each feed of spans.
 
-Every view implements :class:`View` (the agent only wires them): ``feed`` gets the spans
-the :class:`~omnitrace.spantable.SpanBuilder` finished, ``close`` runs once at the end,
-``counters`` goes into agent.json. The run's record is the event log; a view that falls
+Every view implements :class:`View` (the agent only wires them): a sink of the agent's
+live span builder, the protocol a load of a recorded run feeds (``spanload.Sink``:
+``feed`` gets the spans the :class:`~omnitrace.spantable.SpanBuilder` finished, with the
+rings and request ids they refer to); ``close`` runs once at the end, ``counters`` goes
+into agent.json. The run's record is the event log; a view that falls
 behind never slows it down.
 """
 from __future__ import annotations
@@ -15,14 +17,14 @@ from typing import Protocol
 import numpy as np
 
 from omnitrace import conventions as cv
+from omnitrace import spanload
 from omnitrace import spantable as stt
 from omnitrace.agent import export_otlp
 from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.spantable import Feed
 
 
-class View(Protocol):
-    def feed(self, feed: Feed) -> None: ...
+class View(spanload.Sink, Protocol):
     def close(self, deadline_s: float) -> None: ...
     def counters(self) -> dict: ...
 
@@ -59,11 +61,13 @@ class MetricsView:
     """Histograms of complete chunk spans and of TTFT/TTFP, bulk-observed per feed
     (the same buckets Prometheus scrapes and metrics.jsonl records)."""
 
+    culprits = False
+
     def __init__(self, metrics: Metrics, requests: list[str]) -> None:
         self.metrics = metrics
         self.trace_hex = TraceIds(requests)
 
-    def feed(self, feed: Feed) -> None:
+    def feed(self, feed: Feed, part: spanload.Part) -> None:
         spans = feed.spans
         if len(spans):
             spans = spans[(spans["reason"] == 0) & np.isin(spans["name"], list(_CHUNK_METRICS))]
@@ -111,6 +115,8 @@ class OtlpView:
 
     HOLD_MAX_SPANS = 200_000  # spans held for sampling decisions; past it, oldest go unsent
 
+    culprits = True  # the spans it sends carry omni.fifo.blocked_by
+
     def __init__(self, exporters: list, converter, head_every: int = 10) -> None:
         self.exporters = exporters
         self.converter = converter
@@ -135,7 +141,7 @@ class OtlpView:
             for exp in self.exporters:
                 exp.submit(readable)
 
-    def feed(self, feed: Feed) -> None:
+    def feed(self, feed: Feed, part: spanload.Part) -> None:
         if feed.contexts:
             self.converter.add_contexts(feed.contexts)
         spans = feed.spans

@@ -194,9 +194,6 @@ class ReportTables:
             self._warmup = _Warmup(part.requests, self._skip)
         self._add(feed, self._warmup.flags())
 
-    def close(self, loaded: spanload.Loaded) -> None:
-        pass
-
     def _add(self, feed: stt.Feed, skip: np.ndarray) -> None:
         """One feed's output; ``skip``: per request id (every id the feed holds), True for
         a request left out of attribution (warm-up)."""

@@ -196,14 +196,14 @@ _INDEX_NAMES = np.array((stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PROCESS, stt.N_PUT, s
 class IndexSink:
     """The flame index's sink of the one load (``spanload.Sink``): of each feed, the spans
     of the categories' names and the sender tasks it closed (the builder's sender rule, as
-    the report's); at the end the steps and each ring's thread kind."""
+    the report's); with what the load saw besides (the steps, each ring's thread kind),
+    the :class:`SpanIndex` (:meth:`index`)."""
 
     culprits = False
 
     def __init__(self) -> None:
         self._spans: list[np.ndarray] = []
         self._busy: list[np.ndarray] = []
-        self.index: SpanIndex | None = None
 
     def feed(self, feed: stt.Feed, part: spanload.Part) -> None:
         table = feed.spans[np.isin(feed.spans["name"], _INDEX_NAMES)]
@@ -216,14 +216,14 @@ class IndexSink:
             b["pid"], b["stage"], b["start"], b["end"], b["req"] = pid, stage, starts, ends, reqs
             self._busy.append(b)
 
-    def close(self, loaded: spanload.Loaded) -> None:
+    def index(self, loaded: spanload.Loaded) -> SpanIndex:
         log = loaded.log
         busy = np.concatenate(self._busy) if self._busy else np.zeros(0, BUSY_DTYPE)
         busy = busy[np.lexsort((busy["start"], busy["stage"], busy["pid"]))]
         spans = np.concatenate(self._spans) if self._spans else np.zeros(0, INDEX_SPAN_DTYPE)
         self._spans = self._busy = []
         rt = RunThreads(log.rings, _ring_kinds(loaded.ring_kinds), log.requests.strings)
-        self.index = SpanIndex(spans, busy, _steps(loaded.steps), rt)
+        return SpanIndex(spans, busy, _steps(loaded.steps), rt)
 
 
 def _steps(ev: np.ndarray) -> np.ndarray:
@@ -242,10 +242,10 @@ def build_index(run_dir: str) -> SpanIndex:
     """The run's index, from one load of its event log (spans by the span builder, as the
     report's)."""
     sink = IndexSink()
-    if spanload.load(run_dir, [sink]) is None:
+    loaded = spanload.load(run_dir, [sink])
+    if loaded is None:
         raise SelectError(f"{run_dir}: no event log (events/): nothing to link samples to")
-    assert sink.index is not None
-    return sink.index
+    return sink.index(loaded)
 
 
 def open_index(run_dir: str) -> SpanIndex:
