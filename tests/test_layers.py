@@ -17,7 +17,8 @@ PKG = os.path.join(ROOT, "omnitrace")
 LAYERS = [
     ("core", ("omnitrace", "omnitrace.conventions", "omnitrace.categories", "omnitrace.rowops",
               "omnitrace.record", "omnitrace.tracecontext", "omnitrace.eventlog", "omnitrace.spantable",
-              "omnitrace.otlp", "omnitrace.runfiles", "omnitrace.childproc", "omnitrace.clihelp")),
+              "omnitrace.otlp", "omnitrace.spanload", "omnitrace.runfiles", "omnitrace.childproc",
+              "omnitrace.clihelp")),
     ("runtime", ("omnitrace.runtime",)),
     ("profile", ("omnitrace.profile",)),
     ("analyze", ("omnitrace.analyze",)),
