@@ -25,7 +25,7 @@ LAYERS = [
     ("agent", ("omnitrace.agent",)),
     ("render", ("omnitrace.render",)),
     ("commands", ("omnitrace.cli", "omnitrace.__main__", "omnitrace.loadtest", "omnitrace.bench",
-                  "omnitrace.inject", "omnitrace.top", "omnitrace.export_cli", "omnitrace.flame_cli",
+                  "omnitrace.inject", "omnitrace.patches", "omnitrace.top", "omnitrace.export_cli", "omnitrace.flame_cli",
                   "omnitrace.analyze.report_cli", "omnitrace.analyze.compare_cli")),
 ]
 
@@ -42,7 +42,7 @@ def layer_of(module: str) -> int:
 def modules() -> dict[str, str]:
     out = {}
     for root, dirs, files in os.walk(PKG):
-        dirs[:] = [d for d in dirs if d not in ("__pycache__", "patches")]  # patches: hook data
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
         for name in files:
             if name.endswith(".py"):
                 rel = os.path.relpath(os.path.join(root, name), ROOT)[:-3].split(os.sep)
