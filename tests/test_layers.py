@@ -111,3 +111,33 @@ def test_the_checks_see_an_upward_import_and_a_circle():
     bad = {"omnitrace.spantable": {"omnitrace.analyze.report"}, "omnitrace.analyze.report": set()}
     assert upward(bad) == ["omnitrace.spantable (core) imports omnitrace.analyze.report (analyze)"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a -> b -> c -> a"]
+
+
+def reads_files(source: str) -> list[str]:
+    """Calls in ``source`` that read input: ``open`` in a mode without 'w', numpy or
+    orjson loaders, directory listings."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        if name == "open":
+            mode = node.args[1] if len(node.args) > 1 else next(
+                (k.value for k in node.keywords if k.arg == "mode"), None)
+            if not (isinstance(mode, ast.Constant) and "w" in str(mode.value)):
+                out.append(f"line {node.lineno}: open() to read")
+        elif name in ("load", "loads", "listdir", "scandir", "walk", "glob", "read_event_log",
+                      "stream_event_log", "load_run"):
+            out.append(f"line {node.lineno}: {name}()")
+    return out
+
+
+def test_renderers_load_nothing():
+    """A renderer turns what it is given (a report dict, gathered flame graphs) into text,
+    HTML or SVG: it opens no input (pyinstrument's renderers see only the session)."""
+    found = {m: r for m, path in modules().items() if m.startswith("omnitrace.render")
+             for r in [reads_files(open(path, encoding="utf-8").read())] if r}
+    assert not found
+    assert sorted(reads_files("import os\nwith open(p) as f: pass\nos.listdir(d)\n")) == [
+        "line 2: open() to read", "line 3: listdir()"]

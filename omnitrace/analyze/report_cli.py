@@ -67,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"omnitrace report: cannot write {args.json}: {e.strerror or e}", file=sys.stderr)
             return 2
     if args.html:
+        from omnitrace.profile import flamegraphs
         from omnitrace.render.html import write_html
         try:
-            write_html(rep, args.html)
+            write_html(rep, args.html, flamegraphs.gather(rep))
         except OSError as e:
             print(f"omnitrace report: cannot write {args.html}: {e}", file=sys.stderr)
             return 2

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -143,7 +143,8 @@ pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}
 .sw{display:inline-block;width:.9em;height:.9em;margin-right:.4em;vertical-align:middle}"""
 
 
-def to_html(rep: dict[str, Any]) -> str:
+def to_html(rep: dict[str, Any], flames: Sequence[Any] = ()) -> str:
+    """The report page; ``flames``: the runs' flame graphs (``profile.flamegraphs.gather``)."""
     parts: list[str] = []
     first = True
     for fid, fig in figures(rep):
@@ -174,10 +175,10 @@ def to_html(rep: dict[str, Any]) -> str:
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
             f"<title>omnitrace report {html.escape(run_ids)}</title><style>{_CSS}</style></head><body>"
             f"<h1>omnitrace report: {html.escape(run_ids)}</h1>" + "".join(banners)
-            + "".join(parts) + flame_section(rep) + "<h2>Tables</h2><pre>" + html.escape(render_text(rep, limit=50))
+            + "".join(parts) + flame_section(flames) + "<h2>Tables</h2><pre>" + html.escape(render_text(rep, limit=50))
             + "</pre></body></html>")
 
 
-def write_html(rep: dict[str, Any], path: str) -> None:
+def write_html(rep: dict[str, Any], path: str, flames: Sequence[Any] = ()) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        f.write(to_html(rep))
+        f.write(to_html(rep, flames))
