@@ -46,6 +46,7 @@ class OtlpSink:
     handed to ``send(spans)``, a feed at a time (an hour's run is never held whole)."""
 
     culprits = True  # the spans carry omni.fifo.blocked_by
+    steps = False
 
     def __init__(self, run_id: str, send: Callable[[list[otlp.OtlpSpan]], None]) -> None:
         self.run_id, self.send = run_id, send

@@ -13,6 +13,7 @@ the segment reader) use these, not ``a[idx]`` / ``np.concatenate`` on records.
 """
 from __future__ import annotations
 
+import mmap
 from typing import Sequence
 
 import numpy as np
@@ -72,3 +73,39 @@ def distinct(values: np.ndarray, few: int = 8) -> list[int]:
         out.append(int(rest[0]))
         rest = rest[rest != rest[0]]
     return sorted(out)
+
+
+class Growing:
+    """An array appended to in place; ``view()`` is its filled part.
+
+    Backed by an anonymous ``MAP_NORESERVE`` mapping far larger than any run needs: only
+    the pages written become memory, so growing never copies and never holds a second,
+    bigger array beside the first (numpy's ``resize`` zero-fills its new capacity, which
+    makes all of it resident, and a copy doubles the peak). Where the kernel refuses the
+    reservation (strict overcommit), a doubling numpy array instead."""
+
+    RESERVE = 1 << 38  # bytes of address space, not memory
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = np.dtype(dtype)
+        self.n = 0
+        try:  # the array keeps the mapping alive
+            reserved = mmap.mmap(-1, self.RESERVE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+                                 | getattr(mmap, "MAP_NORESERVE", 0x4000))
+            self._buf = np.frombuffer(reserved, self.dtype, self.RESERVE // self.dtype.itemsize)
+        except (OSError, ValueError):
+            self._buf = np.zeros(0, self.dtype)
+
+    def append(self, rows: np.ndarray) -> None:
+        k = len(rows)
+        if not k:
+            return
+        if self.n + k > len(self._buf):
+            grown = np.empty(max(2 * len(self._buf), self.n + k, 1024), self.dtype)
+            grown[:self.n] = self._buf[:self.n]
+            self._buf = grown
+        assign(self._buf, self.n, rows)
+        self.n += k
+
+    def view(self) -> np.ndarray:
+        return self._buf[:self.n]

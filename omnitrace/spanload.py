@@ -79,9 +79,12 @@ class Sink(Protocol):
     views, ``agent/views.py``). ``feed`` is called for each feed in order (by ``load`` on
     one thread that is not the caller's); what a sink does at the end is its owner's call.
     ``culprits``: it reads FIFO spans' ``blocked_by`` (by0..by2), which the builder ranks
-    only when some sink does (a sort over every overlap)."""
+    only when some sink does (a sort over every overlap). ``steps``: it reads
+    ``Loaded.steps`` and ``Loaded.ring_kinds``, which the load collects only then (~10 ns
+    per event)."""
 
     culprits: bool
+    steps: bool
 
     def feed(self, feed: stt.Feed, part: Part) -> None: ...
 
@@ -100,10 +103,14 @@ def load(path: str, sinks: list[Sink], helper: bool | None = None) -> Loaded | N
         helper = helper_pays(path)
     if helper:
         try:
-            return _load_beside(path, sinks)
+            return _load_beside(path, sinks, _wants_steps(sinks))
         except HelperFailed:
             pass
-    return _load_here(path, sinks)
+    return _load_here(path, sinks, _wants_steps(sinks))
+
+
+def _wants_steps(sinks: list[Sink]) -> bool:
+    return any(getattr(s, "steps", False) for s in sinks)
 
 
 def helper_pays(path: str) -> bool:
@@ -119,8 +126,9 @@ def helper_pays(path: str) -> bool:
 class _Reading:
     """The decoding of one log: its parts as feeds, and what it sees besides the spans."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, steps: bool) -> None:
         self.log, self._parts = eventlog.stream_event_log(path)
+        self._with_steps = steps
         self.seen = Loaded(self.log)
         self._steps: list[np.ndarray] = []
 
@@ -132,21 +140,23 @@ class _Reading:
             yield [ev[lo:lo + FEED_EVENTS] for lo in range(0, len(ev), FEED_EVENTS)], dict(self.log.rings)
 
     def _note(self, ev: np.ndarray) -> None:
-        seen, kind, ring = self.seen, ev["kind"], ev["ring"].astype(np.int64)
+        seen, kind = self.seen, ev["kind"]
         seen.events += len(ev)
         d = ev[kind == cv.Ev.STAGE_DIED]
         seen.died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
+        if not self._with_steps or not len(ev):
+            return
         s = ev[(kind == _STEP_KINDS[0]) | (kind == _STEP_KINDS[1])]
         if len(s):
             rows = np.zeros(len(s), STEP_EVENT_DTYPE)
             rows["ring"], rows["kind"], rows["t"] = s["ring"], s["kind"], s["t"]
             self._steps.append(rows)
-        if len(ev):
-            n = int(ring.max()) + 1
-            if n > len(seen.ring_kinds):
-                seen.ring_kinds = np.concatenate(
-                    (seen.ring_kinds, np.zeros((n - len(seen.ring_kinds), 256), np.int64)))
-            seen.ring_kinds[:n] += np.bincount(ring * 256 + kind, minlength=n * 256).reshape(n, 256)
+        ring = ev["ring"].astype(np.int64)
+        n = int(ring.max()) + 1
+        if n > len(seen.ring_kinds):
+            seen.ring_kinds = np.concatenate(
+                (seen.ring_kinds, np.zeros((n - len(seen.ring_kinds), 256), np.int64)))
+        seen.ring_kinds[:n] += np.bincount(ring * 256 + kind, minlength=n * 256).reshape(n, 256)
 
     def done(self) -> Loaded:
         if self._steps:
@@ -154,8 +164,8 @@ class _Reading:
         return self.seen
 
 
-def _load_here(path: str, sinks: list[Sink]) -> Loaded:
-    reading = _Reading(path)
+def _load_here(path: str, sinks: list[Sink], steps: bool) -> Loaded:
+    reading = _Reading(path, steps)
     strings = reading.log.requests.strings
 
     def prepared() -> Iterator[tuple[list[stt.Prepared], Part]]:
@@ -165,8 +175,8 @@ def _load_here(path: str, sinks: list[Sink]) -> Loaded:
     return _feed(prepared(), sinks, reading.done)
 
 
-def _load_beside(path: str, sinks: list[Sink]) -> Loaded:
-    helper = _Helper(path)
+def _load_beside(path: str, sinks: list[Sink], steps: bool) -> Loaded:
+    helper = _Helper(path, steps)
     try:
         strings: list[str] = []
         final: list[Loaded] = []
@@ -221,11 +231,11 @@ class _Helper:
     followed by each feed's arrays, then ``("end", Loaded)``; or ``("error", message)``
     (a corrupt log) or ``("failed", message)``."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, steps: bool) -> None:
         rfd, wfd = os.pipe()
         try:
             self._proc = mp.get_context("fork").Process(
-                target=_helper_main, args=(path, rfd, wfd), daemon=True, name="omnitrace-load-decoder")
+                target=_helper_main, args=(path, steps, rfd, wfd), daemon=True, name="omnitrace-load-decoder")
             self._proc.start()
         except OSError as exc:  # no fork (process limit, memory)
             os.close(rfd)
@@ -259,13 +269,13 @@ class _Helper:
             self._proc.join()
 
 
-def _helper_main(path: str, rfd: int, wfd: int) -> None:
+def _helper_main(path: str, steps: bool, rfd: int, wfd: int) -> None:
     # Ctrl-C is the reader's to handle: it closes the pipe, and the helper leaves on EPIPE
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.close(rfd)
     out = _Pipe(wfd=wfd)
     try:
-        reading = _Reading(path)
+        reading = _Reading(path, steps)
         strings = reading.log.requests.strings
         tasks = stt.SenderTasks()  # the sender rule here: the builder gets the closed tasks
         sent = 0

@@ -73,6 +73,7 @@ class RequestView:
     """Requests started, finished (by status) and in flight."""
 
     culprits = False
+    steps = False
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -115,6 +116,7 @@ class AttributionView:
     BUSY_KEEP_NS = 120 * 10**9
 
     culprits = False
+    steps = False
 
     def __init__(self, metrics: Metrics, requests: list[str], rings: dict[int, dict]) -> None:
         self.metrics = metrics

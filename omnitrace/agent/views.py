@@ -62,6 +62,7 @@ class MetricsView:
     (the same buckets Prometheus scrapes and metrics.jsonl records)."""
 
     culprits = False
+    steps = False
 
     def __init__(self, metrics: Metrics, requests: list[str]) -> None:
         self.metrics = metrics
@@ -116,6 +117,7 @@ class OtlpView:
     HOLD_MAX_SPANS = 200_000  # spans held for sampling decisions; past it, oldest go unsent
 
     culprits = True  # the spans it sends carry omni.fifo.blocked_by
+    steps = False
 
     def __init__(self, exporters: list, converter, head_every: int = 10) -> None:
         self.exporters = exporters

@@ -23,13 +23,13 @@ event); the tables grow without copies (:class:`Growing`).
 """
 from __future__ import annotations
 
-import mmap
 from dataclasses import dataclass
 
 import numpy as np
 
 from omnitrace import conventions as cv
 from omnitrace import rowops, spanload
+from omnitrace.rowops import Growing
 from omnitrace import spantable as stt
 from omnitrace.analyze import headofline
 from omnitrace.analyze.headofline import Busy
@@ -125,47 +125,12 @@ def first_starts(spans: np.ndarray, into: np.ndarray) -> None:
     np.minimum.at(into, spans["req"].astype(np.int64), np.ascontiguousarray(spans["start"]))
 
 
-class Growing:
-    """An array appended to in place; ``view()`` is its filled part.
-
-    Backed by an anonymous ``MAP_NORESERVE`` mapping far larger than any run needs: only
-    the pages written become memory, so growing never copies and never holds a second,
-    bigger array beside the first (numpy's ``resize`` zero-fills its new capacity, which
-    makes all of it resident, and a copy doubles the peak). Where the kernel refuses the
-    reservation (strict overcommit), a doubling numpy array instead."""
-
-    RESERVE = 1 << 38  # bytes of address space, not memory
-
-    def __init__(self, dtype: np.dtype) -> None:
-        self.dtype = np.dtype(dtype)
-        self.n = 0
-        try:  # the array keeps the mapping alive
-            reserved = mmap.mmap(-1, self.RESERVE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-                                 | getattr(mmap, "MAP_NORESERVE", 0x4000))
-            self._buf = np.frombuffer(reserved, self.dtype, self.RESERVE // self.dtype.itemsize)
-        except (OSError, ValueError):
-            self._buf = np.zeros(0, self.dtype)
-
-    def append(self, rows: np.ndarray) -> None:
-        k = len(rows)
-        if not k:
-            return
-        if self.n + k > len(self._buf):
-            grown = np.empty(max(2 * len(self._buf), self.n + k, 1024), self.dtype)
-            grown[:self.n] = self._buf[:self.n]
-            self._buf = grown
-        rowops.assign(self._buf, self.n, rows)
-        self.n += k
-
-    def view(self) -> np.ndarray:
-        return self._buf[:self.n]
-
-
 class ReportTables:
     """The report's sink of the one load (``spanload.Sink``): every feed's spans in
     (``feed``), then ``finish()``. ``skip``: warm-up request ids, left out of attribution."""
 
     culprits = False  # blocked_by: no report reads it
+    steps = False
 
     def __init__(self, skip: frozenset[str] = frozenset()) -> None:
         self._skip = skip
