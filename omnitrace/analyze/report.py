@@ -14,7 +14,7 @@ from omnitrace import rowops
 from omnitrace import spantable as stt
 from omnitrace.analyze import accounting
 from omnitrace.analyze import attribution as at
-from omnitrace.analyze import components, failures, headofline, walk, waterfall
+from omnitrace.analyze import components, failures, headofline, report_warnings, walk, waterfall
 from omnitrace.analyze.beside import MIN_WORK, Beside
 from omnitrace.analyze.rundir import Run, attach_chunks, chunk_rows
 from omnitrace.analyze.select import Selection
@@ -89,32 +89,6 @@ def _undelivered(c: dict[str, Any], in_record: int, sampled_out: int) -> None:
     c["sampled_out"] = sampled_out
     c["undelivered"] = max(0, in_record - c["exported"])
     c["not_built_live"] = max(0, c["undelivered"] - c["failed"] - c["dropped"] - sampled_out)
-
-
-def _accounting_warnings(recorder: dict[str, Any]) -> list[str]:
-    """One warning per place events went other than the record, with the identity's
-    figures (the agent's own counters where a run has no accounting)."""
-    acc = recorder.get("accounting") or {}
-    out = []
-    if recorder["never_drained"]:
-        out.append(f"THE AGENT DIED: {recorder['never_drained']} events were never drained "
-                   "from the rings; requests they belong to are incomplete")
-    if recorder["not_recorded"]:
-        why = acc.get("not_recorded_why") or "max-run-bytes"
-        cause = "--max-run-bytes reached" if why == "max-run-bytes" else f"the event log could not be written ({why})"
-        out.append(f"{cause}: {recorder['not_recorded']} events were not recorded; requests "
-                   "then are missing or incomplete")
-    if acc.get("known") and not acc.get("live"):
-        if acc["lost"] > 0:
-            out.append(f"{acc['lost']} events lost ({acc['lost_why'] or 'cause unknown'}): "
-                       "written at hook sites, not in the record")
-        if not acc["closes"]:
-            out.append(f"THE EVENT ACCOUNTING DOES NOT CLOSE: {acc['headline']}")
-    elif acc.get("notes"):
-        out.append(f"event accounting unknown: {acc['notes'][0]}")
-    elif recorder["torn_records"]:
-        out.append(f"{recorder['torn_records']} events lost in a torn event segment")
-    return out
 
 
 def _first_seen(run: Run, reqs: dict[str, at.RequestSpans]) -> dict[str, int]:
@@ -499,61 +473,6 @@ def _waterfalls(run: Run, reqs: dict[str, at.RequestSpans], w: _Walked, requests
     return wfs
 
 
-def _add_warnings(warnings: list[str], run: Run, reqs: dict[str, at.RequestSpans], recorder: dict[str, Any],
-                  fails: dict[str, Any], measured: set[str], w: _Walked, requests: list[dict[str, Any]],
-                  has_api: bool, no_ttfp: list[str], untraced: list[str],
-                  chunk_incomplete: dict[str, int]) -> None:
-    """The report's warnings, each rule in turn; the loudest first (inserted at the top)."""
-    warnings[:0] = _accounting_warnings(recorder)
-    in_record = run.span_count + run.skipped_spans
-    for kind, c in recorder["exporters"].items():
-        _undelivered(c, in_record, recorder["spans_not_exported"])
-        if c["undelivered"]:
-            warnings.append(f"live {kind} exporter did not deliver {c['undelivered']} of the record's "
-                            f"{in_record} spans (failed {c['failed']}, dropped {c['dropped']} (queue full), "
-                            f"sampled out {c['sampled_out']}, never built live {c['not_built_live']}); "
-                            "`omnitrace export` can resend them from the record")
-    if recorder["views_failed"]:
-        warnings.append(f"the agent's live views failed ({recorder['views_failed']}): live metrics "
-                        "and OTLP export stopped there; this report reads the complete record")
-    if recorder["requests_not_exported"]:
-        warnings.append(f"the live OTLP exporter fell behind and sampled: {recorder['requests_not_exported']} "
-                        f"requests ({recorder['spans_not_exported']} spans) were not exported live")
-    if recorder["dropped"] > 0:
-        warnings.insert(0, f"RECORDER DROPPED {recorder['dropped']} EVENTS: some spans are missing; "
-                           "attribution of affected requests is incomplete")
-    for d in fails["stage_deaths"]:
-        warnings.insert(0, f"STAGE {d['stage']} DIED during the run (recorded by the API server)")
-    if fails["failed"]:
-        parts = [f"{c['count']} {c['cause']} ("
-                 + ", ".join(f"{n} {h}" for h, n in sorted(c["how"].items(), key=lambda x: -x[1])) + ")"
-                 for c in fails["causes"]]
-        warnings.insert(len(fails["stage_deaths"]),
-                        f"{fails['failed']} measured request(s) FAILED: " + "; ".join(parts))
-    if no_ttfp:
-        warnings.append(f"{len(no_ttfp)} measured request(s) have no first audio packet in the trace "
-                        "and no recorded failure (cut off or still running): not attributed")
-    if untraced:
-        warnings.append(f"{len(untraced)} measured bench request(s) succeeded but have no trace at all")
-    if not has_api and measured:
-        warnings.append("no API requests in this run (component-level run): per-stage snapshot, FIFO "
-                        "and transfer figures only, no TTFP attribution")
-    elif not w.rows:
-        warnings.append("no measured request could be attributed")
-    unrec = sum(len(r["unrecorded_tasks"]) for r in requests)
-    if unrec:
-        warnings.append(f"{unrec} critical-path hop(s) lack the producing task's own snapshot/FIFO/process "
-                        "spans (the trace holds only an earlier task under the same chunk index): that "
-                        "time is counted as the producer's compute")
-    incomplete = sum(reqs[r].incomplete for r in measured if r in reqs)
-    if incomplete:
-        warnings.append(f"{incomplete} request/stage span(s) of measured requests were closed by the agent "
-                        "without their end event (omni.incomplete)")
-    if chunk_incomplete:
-        warnings.append("chunk spans without their end event, left out of every figure: "
-                        + ", ".join(f"{n} {k}" for k, n in sorted(chunk_incomplete.items())))
-
-
 def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: Selection,
                   n_waterfalls: int, waterfall_ids: list[str]) -> dict[str, Any]:
     reqs = at.index_requests(run.spans)
@@ -615,8 +534,12 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
 
     server = [t * NS_TO_MS for t in w.ttfp_ns]  # walk order (a float mean depends on it)
     client = [r["client_ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
-    _add_warnings(warnings, run, reqs, recorder, fails, measured, w, requests, has_api,
-                  no_ttfp, untraced, chunk_incomplete)
+    in_record = run.span_count + run.skipped_spans
+    for c in recorder["exporters"].values():
+        _undelivered(c, in_record, recorder["spans_not_exported"])
+    report_warnings.add(warnings, report_warnings.Facts(
+        recorder, fails, w.rows, requests, has_api, measured, no_ttfp, untraced,
+        sum(reqs[r].incomplete for r in measured if r in reqs), chunk_incomplete, in_record))
     return {
         "omnitrace_version": __version__,
         "runs": [{"path": p} for p in run.paths],
