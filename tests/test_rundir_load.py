@@ -1,7 +1,7 @@
 """The run-directory loader: the parallel parse equals the serial one; torn tails."""
 from __future__ import annotations
 
-from omnitrace.analyze import rundir
+from omnitrace.analyze import otlp_import, rundir
 from otlp_fixture import line, three_stage_request, write_run
 
 
@@ -16,7 +16,7 @@ def test_parallel_equals_serial(tmp_path, monkeypatch):
         f.write(line(three_stage_request("torn"))[:300])
     serial = rundir.Run([d])
     rundir.load_spans(path, serial, "spans.jsonl", workers=1)
-    monkeypatch.setattr(rundir, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(otlp_import, "PARALLEL_MIN_BYTES", 0)
     par = rundir.Run([d])
     rundir.load_spans(path, par, "spans.jsonl", skip={"r3"}, workers=3)
     assert serial.span_count == 40 * 28 and any("truncated" in w for w in serial.warnings)

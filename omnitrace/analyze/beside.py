@@ -9,7 +9,6 @@ is done here instead, at the first ``result()``: slower, never a different answe
 from __future__ import annotations
 
 import multiprocessing as mp
-import sys
 from typing import Any, Callable, Generic, TypeVar
 
 from omnitrace.childproc import fork_available

@@ -4,9 +4,10 @@ Collect -> data: this module only parses. It never raises on a damaged directory
 missing file, a truncated last line (agent killed mid-write) or a malformed span becomes a
 labelled warning in :attr:`Run.warnings`, and whatever could be read is kept.
 
-spans.jsonl is the hot part (a million spans must load in seconds): each line is parsed
-with orjson and each span is reduced to a slotted :class:`Span` holding only the fields
-attribution needs, so the full OTLP dicts are dropped immediately.
+A run directory's event log is read by the one loader (``spanload``) into the report's
+tables (``tables.ReportTables``); a run recorded before the event log (spans.jsonl) is
+imported into the same tables (``otlp_import``). Past that, every run is the same: request,
+stage and queue spans as slotted :class:`Span` objects, chunk spans as rows.
 """
 from __future__ import annotations
 
@@ -66,111 +67,6 @@ class Run:
         return {r: i for i, r in enumerate(self.chunk_requests)}
 
 
-def _value(v: dict[str, Any]) -> Any:
-    """OTLP JSON AnyValue -> Python (intValue is a string in OTLP JSON)."""
-    if "stringValue" in v:
-        return v["stringValue"]
-    if "intValue" in v:
-        return int(v["intValue"])
-    if "doubleValue" in v:
-        return float(v["doubleValue"])
-    if "boolValue" in v:
-        return bool(v["boolValue"])
-    if "arrayValue" in v:
-        return [_value(x) for x in v["arrayValue"].get("values", [])]
-    return None
-
-
-def _attrs(items: Iterable[dict[str, Any]] | None) -> dict[str, Any]:
-    return {a["key"]: _value(a.get("value") or {}) for a in items or ()}
-
-
-def _culprits(v: Any) -> tuple[str, ...]:
-    if v is None:
-        return ()
-    if isinstance(v, list):
-        return tuple(str(x) for x in v if str(x))
-    return tuple(x.strip() for x in str(v).split(",") if x.strip())
-
-
-_KEEP_EVENTS = (cv.SPAN_REQUEST, cv.SPAN_STAGE)
-
-
-_RID, _STG, _PEER, _CHK, _REP = (cv.ATTR_REQUEST_ID, cv.ATTR_STAGE_ID, cv.ATTR_PEER_STAGE_ID,
-                                 cv.ATTR_CHUNK_INDEX, cv.ATTR_REPLICA)
-_BNS, _BBY, _DEP, _AHD, _NB, _INC = (cv.ATTR_FIFO_BLOCKED_NS, cv.ATTR_FIFO_BLOCKED_BY, cv.ATTR_FIFO_DEPTH,
-                                     cv.ATTR_FIFO_AHEAD, cv.ATTR_TRANSFER_BYTES, cv.ATTR_INCOMPLETE)
-
-
-def _iv(v: dict[str, Any]) -> int:
-    x = v.get("intValue")
-    if x is not None:
-        return int(x)
-    try:
-        return int(_value(v))
-    except (TypeError, ValueError):
-        return 0
-
-
-def _rid(attrs: list[dict[str, Any]]) -> str:
-    for a in attrs:
-        if a["key"] == _RID:
-            v = a["value"]
-            return v.get("stringValue") or str(_value(v))
-    return ""
-
-
-def _span(d: dict[str, Any], rid: str | None = None) -> Span:
-    return Span(*_fields(d, rid))
-
-
-def _fields(d: dict[str, Any], rid: str | None = None) -> tuple:
-    """Hot loop (a million spans): one pass over the attributes, decoding only what we use.
-    Returns Span's constructor arguments (a tuple pickles fast between processes)."""
-    name = d["name"]
-    attrs = d.get("attributes") or ()
-    stage: int | None = None
-    peer, chunk, rep, bns, dep, ahd, nb = -2, -1, 0, 0, -1, -1, 0
-    by: tuple[str, ...] = ()
-    inc = False
-    for a in attrs:
-        k = a["key"]
-        v = a["value"]
-        if k == _RID:
-            if rid is None:
-                rid = v.get("stringValue") or str(_value(v))
-        elif k == _STG:
-            stage = _iv(v)
-        elif k == _CHK:
-            chunk = _iv(v)
-        elif k == _PEER:
-            peer = _iv(v)
-        elif k == _REP:
-            rep = _iv(v)
-        elif k == _NB:
-            nb = _iv(v)
-        elif k == _BNS:
-            bns = _iv(v)
-        elif k == _BBY:
-            by = _culprits(_value(v))
-        elif k == _DEP:
-            dep = _iv(v)
-        elif k == _AHD:
-            ahd = _iv(v)
-        elif k == _INC:
-            inc = bool(_value(v))
-    if stage is None:
-        stage = cv.API_STAGE if name == cv.SPAN_REQUEST else -2
-    ev = None
-    full = None
-    if name in _KEEP_EVENTS:
-        ev = [(e.get("name", ""), int(e.get("timeUnixNano", 0)), _attrs(e.get("attributes")))
-              for e in d.get("events") or ()]
-        full = _attrs(attrs)
-    return (name, rid or "", stage, peer, chunk, int(d.get("startTimeUnixNano", 0)),
-            int(d.get("endTimeUnixNano", 0)), rep, bns, by, dep, ahd, nb, inc, ev, full)
-
-
 def _read_lines(path: str, label: str, warnings: list[str]) -> Iterable[tuple[int, bytes]]:
     """Yield (line number, raw line), streaming; a final line without newline may be a torn write."""
     with open(path, "rb", buffering=1 << 20) as f:
@@ -201,129 +97,34 @@ def _load_json(path: str, label: str, warnings: list[str]) -> dict[str, Any] | N
         return None
 
 
-PARALLEL_MIN_BYTES = 64 << 20  # below this, one process parses faster than a pool starts
-
-
-def _parse_block(data: bytes, skip: set[str] | frozenset[str]) -> tuple[list[tuple], int, int, int]:
-    """(span field tuples, lines, malformed, skipped) of complete lines in ``data``."""
-    out: list[tuple] = []
-    lines = bad = skipped = 0
-    loads, append = orjson.loads, out.append
-    for line in data.split(b"\n"):
-        if not line.strip():
-            continue
-        lines += 1
-        try:
-            msg = loads(line)
-        except orjson.JSONDecodeError:
-            bad += 1
-            continue
-        if not _is_traces_request(msg):
-            bad += 1
-            continue
-        for rs in msg["resourceSpans"]:
-            for ss in rs.get("scopeSpans") or ():
-                for d in ss.get("spans") or ():
-                    try:
-                        if skip:
-                            rid = _rid(d.get("attributes") or ())
-                            if rid in skip:
-                                skipped += 1
-                                continue
-                            append(_fields(d, rid))
-                        else:
-                            append(_fields(d))
-                    except (KeyError, TypeError, ValueError, AttributeError):
-                        bad += 1
-    return out, lines, bad, skipped
-
-
-def _is_traces_request(msg: Any) -> bool:
-    """The shape of an OTLP/JSON ExportTraceServiceRequest (down to span objects)."""
-    if not isinstance(msg, dict) or not isinstance(msg.get("resourceSpans"), list):
-        return False
-    for rs in msg["resourceSpans"]:
-        if not isinstance(rs, dict) or not isinstance(rs.get("scopeSpans", []), list):
-            return False
-        for ss in rs.get("scopeSpans") or ():
-            if not isinstance(ss, dict) or not isinstance(ss.get("spans", []), list):
-                return False
-            if not all(isinstance(d, dict) for d in ss.get("spans") or ()):
-                return False
-    return True
-
-
-def _parse_range(job: tuple[str, int, int, frozenset[str]]) -> tuple[list[tuple], int, int, int]:
-    path, start, end, skip = job
-    with open(path, "rb") as f:
-        f.seek(start)
-        return _parse_block(f.read(end - start), skip)
-
-
-def _ranges(path: str, end: int, n: int) -> list[tuple[int, int]]:
-    """``n`` byte ranges of [0, end) that start and end on line boundaries."""
-    cuts = [0]
-    with open(path, "rb") as f:
-        for i in range(1, n):
-            f.seek(max(cuts[-1], end * i // n))
-            f.readline()
-            pos = min(f.tell(), end)
-            if pos > cuts[-1]:
-                cuts.append(pos)
-    cuts.append(end)
-    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
-
-
-def load_spans(path: str, run: Run, label: str, skip: set[str] | frozenset[str] = frozenset(),
+def load_spans(path: str, run: Run, label: str, skip: frozenset[str] = frozenset(),
                workers: int | None = None) -> None:
-    """Append the spans of one spans.jsonl; spans of requests in ``skip`` (warm-up) are not kept.
-
-    A big file is parsed by a process pool over line-aligned byte ranges (JSON parsing is
-    most of the cost of a report); a torn last line (writer killed) is dropped with a warning.
-    """
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        f.seek(max(0, size - (1 << 20)))
-        tail = f.read()
-    end = size
-    if tail and not tail.endswith(b"\n"):
-        nl = tail.rfind(b"\n")
-        end = size - len(tail) + nl + 1 if nl >= 0 else (0 if size <= len(tail) else size)
-        torn = tail[nl + 1:] if nl >= 0 else tail
-        try:
-            orjson.loads(torn)
-            end = size  # complete JSON, just no newline
-        except orjson.JSONDecodeError:
-            run.warnings.append(f"{label}: last line is truncated (writer killed mid-write?); ignored")
-    n = workers or min(os.cpu_count() or 1, 8)
-    skip = frozenset(skip)
-    if n > 1 and end >= PARALLEL_MIN_BYTES:
-        import multiprocessing as mp
-        jobs = [(path, a, b, skip) for a, b in _ranges(path, end, n)]
-        with mp.get_context("fork").Pool(len(jobs)) as pool:
-            parts = pool.map(_parse_range, jobs)
-    else:
-        parts = [_parse_range((path, 0, end, skip))]
-    bad = lines_total = spans_total = 0
-    first = len(run.spans)
-    for fields, lines, b, skipped in parts:
-        run.spans.extend(Span(*t) for t in fields)
-        run.span_lines += lines
-        run.skipped_spans += skipped
-        bad += b
-        lines_total += lines
-        spans_total += len(fields) + skipped
-    run.span_count += len(run.spans) - first
-    table, requests = chunk_table(run.spans[first:])
-    add_chunks(run, tables.ChunkFigures.of(table, len(requests)), table,
-               headofline.sender_busy(table), requests)
-    chunk_names = {n for i, n in enumerate(stt.NAMES) if i >= stt.N_SNAPSHOT}
-    run.spans[first:] = [s for s in run.spans[first:] if s.name not in chunk_names]  # as rows now
-    if bad and not spans_total:
-        raise RunDirError(f"{label}: none of its {lines_total} line(s) is an OTLP/JSON "
+    """Append the spans of one spans.jsonl (a run recorded before the event log), imported
+    as the loader's rows (``otlp_import``); spans of requests in ``skip`` (warm-up) are not
+    kept."""
+    from omnitrace.analyze import otlp_import
+    imp = otlp_import.read(path, label, frozenset(skip), workers)
+    run.warnings.extend(imp.warnings)
+    if imp.malformed and not imp.spans + imp.skipped:
+        raise RunDirError(f"{label}: none of its {imp.lines} line(s) is an OTLP/JSON "
                           "ExportTraceServiceRequest ({\"resourceSpans\": [...]})")
-    if bad:
-        run.warnings.append(f"{label}: {bad} malformed line(s)/span(s) skipped")
+    acc = tables.ReportTables()  # warm-up spans were left out by the import
+    acc.feed(imp.feed, imp.part)
+    run.span_lines += imp.lines
+    run.skipped_spans += imp.skipped
+    run.span_count += imp.spans
+    _add_tables(run, acc, imp.part.requests, imp.part.rings, imp.replica_of)
+    if imp.malformed:
+        run.warnings.append(f"{label}: {imp.malformed} malformed line(s)/span(s) skipped")
+
+
+def _add_tables(run: Run, acc: tables.ReportTables, requests: list[str], rings: dict[int, dict],
+                replica_of: dict[int, int]) -> None:
+    """A loaded run directory's tables into ``run``: request, stage and queue spans as
+    objects, the chunk rows, figures and busy intervals as tables."""
+    small, early, emits, figures, busy = acc.finish(replica_of)
+    run.spans.extend(spans_from_table(small, emits, requests, rings))  # chunk spans: with_chunks
+    add_chunks(run, figures, early, busy, requests)
 
 
 def _chunk_span(row: tuple, requests: list[str]) -> Span:
@@ -404,9 +205,9 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
             append(Span(names[name], rid, cv.API_STAGE, -2, -1, start, end, replica,
                         incomplete=reason != 0, events=events, attrs=attrs))
         else:
-            proc = rings.get(ring, {}).get("process") or f"stage{stage}"
-            attrs = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage,
-                     cv.ATTR_STAGE_NAME: proc, cv.ATTR_REPLICA: replica}
+            attrs = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage, cv.ATTR_REPLICA: replica}
+            if ring >= 0:  # an imported span that named no stage has no ring
+                attrs[cv.ATTR_STAGE_NAME] = rings.get(ring, {}).get("process") or f"stage{stage}"
             events = by_stage.get((req, stage, replica), []) if name == stt.N_STAGE else []
             sp = Span(names[name], rid, stage, -2, -1, start, end, replica,
                       incomplete=reason != 0, events=events, attrs=attrs)
@@ -577,23 +378,6 @@ def add_chunks(run: Run, figures: tables.ChunkFigures, early, busy: dict,
     run.busy = headofline.merged_busy(run.busy, busy) if run.busy else busy
 
 
-def chunk_table(spans: list[Span]) -> tuple[Any, list[str]]:
-    """Report Span objects (a run recorded before the event log) -> chunk span table."""
-    code = {n: i for i, n in enumerate(stt.NAMES)}
-    requests: dict[str, int] = {"": 0}
-    rows = []
-    for s in spans:
-        c = code.get(s.name, -1)
-        if c < stt.N_SNAPSHOT:
-            continue
-        req = requests.setdefault(s.rid, len(requests))
-        by = [requests.setdefault(x, len(requests)) for x in s.blocked_by[:3]] + [0, 0, 0]
-        v1 = s.ahead if c == stt.N_FIFO else s.nbytes
-        rows.append((c, 1 if s.incomplete else 0, False, 0, s.stage, s.peer, s.replica, req,
-                     s.chunk, -1, s.start, s.end, v1, s.blocked_ns, 0, 0, by[0], by[1], by[2]))
-    return np.array(rows, stt.SPAN_DTYPE), list(requests)
-
-
 def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset(),
                 run_json: dict[str, Any] | None = None, agent: dict[str, Any] | None = None) -> bool:
     """Append the spans built from one run directory's event log, and its accounting
@@ -622,13 +406,10 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     led.live = live
     run.ledger = led if run.ledger is None else run.ledger.merged(led)
     run.stage_deaths.extend(sorted(built.died, key=lambda x: x[1]))
-    small, early, emits, figures, busy = acc.finish(
-        {int(r.get("pid", 0)): int(r.get("replica", 0)) for r in log.rings.values()})
-    strings = log.requests.strings
-    run.spans.extend(spans_from_table(small, emits, strings, log.rings))  # chunk spans: with_chunks
     run.skipped_spans += acc.skipped
     run.span_count += acc.rows - acc.skipped
-    add_chunks(run, figures, early, busy, strings)
+    _add_tables(run, acc, log.requests.strings, log.rings,
+                {int(r.get("pid", 0)): int(r.get("replica", 0)) for r in log.rings.values()})
     return True
 
 
