@@ -69,6 +69,27 @@ def emit_events(emits: np.ndarray) -> dict[tuple[int, int, int], list]:
     return by_stage
 
 
+def request_attrs(rid: str, status: int, replica: int, prompt_tokens: int, max_tokens: int) -> dict[str, Any]:
+    """An ``omni.request`` span's attributes (a request-span row's columns); the tokens
+    only where known (``prompt_tokens`` >= 0)."""
+    attrs: dict[str, Any] = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STATUS: status, cv.ATTR_REPLICA: replica}
+    if prompt_tokens >= 0:
+        attrs[cv.ATTR_PROMPT_TOKENS] = prompt_tokens
+        attrs[cv.ATTR_MAX_TOKENS] = max_tokens
+    return attrs
+
+
+def stage_attrs(rid: str, stage: int, name: str | None, replica: int) -> dict[str, Any]:
+    """A stage or stage-queue span's attributes, omnitrace's and the upstream-proposed
+    ones; no name attributes where ``name`` is None (an imported span that named none)."""
+    if name is None:
+        return {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage, cv.ATTR_REPLICA: replica,
+                cv.ATTR_VLLM_OMNI_STAGE_ID: stage, cv.ATTR_VLLM_OMNI_REPLICA_ID: replica}
+    return {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage, cv.ATTR_STAGE_NAME: name,
+            cv.ATTR_REPLICA: replica, cv.ATTR_VLLM_OMNI_STAGE_ID: stage,
+            cv.ATTR_VLLM_OMNI_STAGE_NAME: name, cv.ATTR_VLLM_OMNI_REPLICA_ID: replica}
+
+
 class SpanConverter:
     """Span-table rows -> :class:`OtlpSpan` objects (only where spans leave omnitrace:
     a Python object per span is the cost the live record path avoids)."""
@@ -122,11 +143,7 @@ class SpanConverter:
                 proc = procs[ring] = proc_of(rings.get(ring, {}))
             events: list | tuple = _NO_EVENTS
             if name == stt.N_REQUEST:
-                attrs: dict[str, Any] = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STATUS: status,
-                                         cv.ATTR_REPLICA: replica}
-                if v1 >= 0:
-                    attrs[cv.ATTR_PROMPT_TOKENS] = v1
-                    attrs[cv.ATTR_MAX_TOKENS] = v2
+                attrs = request_attrs(rid, status, replica, v1, v2)
                 events = []
                 if t1:
                     events.append((cv.EVENT_TTFT, t1, {}))
@@ -135,11 +152,7 @@ class SpanConverter:
                 events.extend(by_stage.get((req, cv.API_STAGE, replica), ()))
                 sid, parent = cv.span_id_for(rid, cv.SPAN_REQUEST), (self._ctx.get(req) or (0, None))[1]
             elif name == stt.N_STAGE or name == stt.N_QUEUE:
-                sname = proc[4] or f"stage{stage}"
-                attrs = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage,
-                         cv.ATTR_STAGE_NAME: sname, cv.ATTR_REPLICA: replica,
-                         cv.ATTR_VLLM_OMNI_STAGE_ID: stage, cv.ATTR_VLLM_OMNI_STAGE_NAME: sname,
-                         cv.ATTR_VLLM_OMNI_REPLICA_ID: replica}
+                attrs = stage_attrs(rid, stage, proc[4] or f"stage{stage}", replica)
                 if name == stt.N_STAGE:
                     sid = cv.span_id_for(rid, cv.SPAN_STAGE, stage, replica)
                     parent = cv.span_id_for(rid, cv.SPAN_REQUEST)
@@ -148,7 +161,7 @@ class SpanConverter:
                     sid = cv.span_id_for(rid, cv.SPAN_STAGE_QUEUE, stage, replica)
                     parent = cv.span_id_for(rid, cv.SPAN_STAGE, stage, replica)
             else:
-                producer = name in (stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PROCESS, stt.N_PUT)
+                producer = name in stt.PRODUCER_NAMES
                 attrs = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage,
                          cv.ATTR_PEER_STAGE_ID: peer, cv.ATTR_CHUNK_INDEX: chunk,
                          cv.ATTR_REPLICA: replica, cv.ATTR_VLLM_OMNI_STAGE_ID: stage,

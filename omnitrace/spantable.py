@@ -54,7 +54,10 @@ NAMES = (cv.SPAN_REQUEST, cv.SPAN_STAGE, cv.SPAN_STAGE_QUEUE, cv.SPAN_SNAPSHOT, 
          cv.SPAN_PROCESS, cv.SPAN_PUT, cv.SPAN_GET, cv.SPAN_POLL, cv.SPAN_WAIT_SCHEDULE)
 (N_REQUEST, N_STAGE, N_QUEUE, N_SNAPSHOT, N_FIFO, N_PROCESS, N_PUT, N_GET, N_POLL,
  N_WAIT) = range(len(NAMES))
-CHUNK_NAMES = frozenset((N_SNAPSHOT, N_FIFO, N_PROCESS, N_PUT, N_GET, N_POLL, N_WAIT))
+# a chunk's hop: the producer's spans (its task until the payload is written) and the consumer's
+PRODUCER_NAMES = (N_SNAPSHOT, N_FIFO, N_PROCESS, N_PUT)
+CONSUMER_NAMES = (N_POLL, N_GET, N_WAIT)
+CHUNK_NAMES = frozenset(PRODUCER_NAMES + CONSUMER_NAMES)
 
 # incomplete-span reasons (``reason`` column); 0 = complete
 REASONS = ("", "writer-died", "run-ended", "unfinished", "timeout", "consumer-never-scheduled")

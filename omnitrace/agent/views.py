@@ -54,7 +54,6 @@ _CHUNK_METRICS = {
     stt.N_PUT: ((cv.METRIC_PUT, None, 1e-9, True), (cv.METRIC_SIZE, "v1", 1.0, True)),
     stt.N_GET: ((cv.METRIC_GET, None, 1e-9, True),),
 }
-_PRODUCER = (stt.N_FIFO, stt.N_SNAPSHOT, stt.N_PUT)
 
 
 class MetricsView:
@@ -79,7 +78,7 @@ class MetricsView:
                 rows = spans[key == k]
                 name, stage, peer, replica = (k >> 48, ((k >> 32) & 0xFFFF) - 1,
                                               ((k >> 16) & 0xFFFF) - 1, k & 0xFFFF)
-                src, dst = (stage, peer) if name in _PRODUCER else (peer, stage)
+                src, dst = (stage, peer) if name in stt.PRODUCER_NAMES else (peer, stage)
                 labels = (str(stage), str(replica), str(src), str(dst))
                 for metric, col, scale, exemplar in _CHUNK_METRICS[name]:
                     if col is None:

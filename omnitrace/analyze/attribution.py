@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from omnitrace import conventions as cv
+from omnitrace import spantable as stt
 from omnitrace.analyze.span import Span
 
 # the vocabulary (names, descriptions, colours) lives in omnitrace.categories; the rule here
@@ -39,8 +40,8 @@ from omnitrace.categories import (CATEGORIES, COMPUTE, DELIVER, DESCRIPTIONS, DI
                                   FIFO_BLOCKED, FIFO_OWN, GET, LOOP_LAG, PARSE, POLL_LAG, PROCESS,
                                   PUT, QUEUE, REMAINDER, SNAPSHOT, SSE_WRITE, WAIT_SCHEDULE)
 
-_PRODUCER = (cv.SPAN_SNAPSHOT, cv.SPAN_FIFO, cv.SPAN_PROCESS, cv.SPAN_PUT)
-_CONSUMER = (cv.SPAN_POLL, cv.SPAN_GET, cv.SPAN_WAIT_SCHEDULE)
+_PRODUCER = tuple(stt.NAMES[c] for c in stt.PRODUCER_NAMES)
+_CONSUMER = tuple(stt.NAMES[c] for c in stt.CONSUMER_NAMES)
 _MAX_HOPS = 32
 
 

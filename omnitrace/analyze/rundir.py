@@ -171,7 +171,7 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     ``chunks_before_ttfp`` only chunk spans that began before their request's first audio
     packet (all attribution can walk) become objects. Without ``emit_events_too`` stage
     spans carry no ``omni.emit`` events (the walk reads only their first emits, kept)."""
-    from omnitrace.otlp import emit_events
+    from omnitrace.otlp import emit_events, request_attrs, stage_attrs
     names = stt.NAMES
     by_stage = emit_events(emits if emit_events_too else emits[emits["modality"] == -1])
     firsts = _emit_firsts(emits)
@@ -192,10 +192,7 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
          t1, t2, by0, by1, by2) = row
         rid = requests[req]
         if name == stt.N_REQUEST:
-            attrs: dict[str, Any] = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STATUS: status,
-                                     cv.ATTR_REPLICA: replica}
-            if v1 >= 0:
-                attrs[cv.ATTR_PROMPT_TOKENS], attrs[cv.ATTR_MAX_TOKENS] = v1, v2
+            attrs = request_attrs(rid, status, replica, v1, v2)
             events = []
             if t1:
                 events.append((cv.EVENT_TTFT, t1, {}))
@@ -205,9 +202,9 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
             append(Span(names[name], rid, cv.API_STAGE, -2, -1, start, end, replica,
                         incomplete=reason != 0, events=events, attrs=attrs))
         else:
-            attrs = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage, cv.ATTR_REPLICA: replica}
-            if ring >= 0:  # an imported span that named no stage has no ring
-                attrs[cv.ATTR_STAGE_NAME] = rings.get(ring, {}).get("process") or f"stage{stage}"
+            # an imported span that named no stage has no ring
+            attrs = stage_attrs(rid, stage, (rings.get(ring, {}).get("process") or f"stage{stage}")
+                                if ring >= 0 else None, replica)
             events = by_stage.get((req, stage, replica), []) if name == stt.N_STAGE else []
             sp = Span(names[name], rid, stage, -2, -1, start, end, replica,
                       incomplete=reason != 0, events=events, attrs=attrs)
@@ -219,8 +216,8 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
 
 # the walk's three indexes of a request's chunk spans (``attribution.RequestSpans``)
 _PRODUCER, _CONSUMER, _SCHEDULED = range(3)
-_PRODUCER_CODES = np.array([stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PROCESS, stt.N_PUT])
-_CONSUMER_CODES = np.array([stt.N_POLL, stt.N_GET, stt.N_WAIT])
+_PRODUCER_CODES = np.array(stt.PRODUCER_NAMES)
+_CONSUMER_CODES = np.array(stt.CONSUMER_NAMES)
 
 
 def _key_code(a: int, b: int, chunk: int) -> int:
