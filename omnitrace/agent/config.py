@@ -26,7 +26,7 @@ class AgentConfig:
     prometheus_addr: str = "127.0.0.1"
     # drain period: each cycle's fixed cost (a header read and a decode per ring, a zstd
     # block) is paid 10 times a second; a ring that filled an eighth since the last cycle
-    # is drained again after HURRY_MS (agent.main), so a burst still has the ring's headroom
+    # is drained again after HURRY_MS (agent.recorder), so a burst still has the ring's headroom
     interval_ms: float = 100.0
     metrics_interval_s: float = 10.0  # metrics.jsonl period
     max_run_bytes: int | None = None  # cap on the event log (compressed bytes)
