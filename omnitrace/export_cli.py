@@ -17,6 +17,7 @@ import orjson
 
 from omnitrace import eventlog, otlp, spanload
 from omnitrace import spantable as stt
+from omnitrace import console
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,14 +80,14 @@ def _say_accounting(run_dir: str, loaded: spanload.Loaded) -> None:
     from omnitrace.analyze import accounting
     led = accounting.of_run_dir(run_dir, loaded.log, loaded.events)
     if not accounting.complete(led):
-        print(f"omnitrace export: warning: the spans are built from part of the run: "
-              f"{accounting.headline(led)}", file=sys.stderr)
+        console.say("export", f"warning: the spans are built from part of the run: "
+                    f"{accounting.headline(led)}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not os.path.isdir(args.run):
-        print(f"omnitrace export: {args.run}: not a run directory", file=sys.stderr)
+        console.say("export", f"{args.run}: not a run directory")
         return 2
     exporter = None
     if args.otlp_endpoint:
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             endpoint = export_otlp.normalize_endpoint(kind, args.otlp_endpoint)
         except export_otlp.ConfigError as exc:
-            print(f"omnitrace export: {exc}", file=sys.stderr)
+            console.say("export", f"{exc}")
             return 2
         exporter = export_otlp.QueuedExporter(kind, export_otlp.make_exporter(kind, endpoint, args.timeout),
                                               max_queue_spans=1 << 62)
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         if loaded is None:
             raise eventlog.EventLogError(f"{args.run}: no event log (events/) in this run directory")
     except (eventlog.EventLogError, OSError) as exc:
-        print(f"omnitrace export: {exc}", file=sys.stderr)
+        console.say("export", f"{exc}")
         return 2
     finally:
         if out is not None and out is not sys.stdout.buffer:
@@ -134,12 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         exporter.close(deadline_s=max(30.0, args.timeout * 3))
         c = exporter.counters()
         lost = c["failed"] + c["dropped"]
-        print(f"omnitrace export: {c['exported']} of {total} spans sent to {args.otlp_endpoint}"
-              + (f"; {lost} NOT delivered ({c['last_error'] or 'timed out'})" if lost else ""),
-              file=sys.stderr)
+        console.say("export", f"{c['exported']} of {total} spans sent to {args.otlp_endpoint}"
+                    + (f"; {lost} NOT delivered ({c['last_error'] or 'timed out'})" if lost else ""))
         return 1 if lost else 0
     if args.otlp_json != "-":
-        print(f"omnitrace export: {total} spans -> {args.otlp_json}", file=sys.stderr)
+        console.say("export", f"{total} spans -> {args.otlp_json}")
     return 0
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+from omnitrace import console
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,12 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     from omnitrace.profile.store import collapsed
     run = args.run_dir
     if not os.path.isdir(run):
-        print(f"omnitrace flame: {run}: not a run directory", file=sys.stderr)
+        console.say("flame", f"{run}: not a run directory")
         return 2
     try:
         store = linked.profiles_store(run)
     except linked.SelectError as exc:
-        print(f"omnitrace flame: {exc}", file=sys.stderr)
+        console.say("flame", f"{exc}")
         return 2
     index = _index(run)
     if args.category is None and args.stage is None and args.thread is None:
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             n_samples, idx, secs = _whole(run, store, args.stage, args.thread)
     except linked.SelectError as exc:
-        print(f"omnitrace flame: {exc}", file=sys.stderr)
+        console.say("flame", f"{exc}")
         return 2
     label = "-".join(x for x in (args.stage, args.category, args.thread, args.request) if x)
     stacks = collapsed(store, idx, secs)

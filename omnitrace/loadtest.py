@@ -34,6 +34,7 @@ from omnitrace import childproc
 from omnitrace.childproc import python_module
 from omnitrace.clihelp import DefaultsFormatter
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
+from omnitrace import console
 
 
 class LoadtestError(Exception):
@@ -248,7 +249,7 @@ def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> None:
     serve = ["serve", *([dep.model] if dep.model else []), "--port", str(port), *dep.serve_args]
     cmd = [*_py(), "run", "--run-dir", run_dir, *cfg.run_args, *serve]
     shown = ['omnitrace', *cmd[len(_py()):]]
-    print(f"omnitrace loadtest: starting {' '.join(shlex.quote(c) for c in shown)}", file=sys.stderr)
+    console.say("loadtest", f"starting {' '.join(shlex.quote(c) for c in shown)}")
     server = childproc.start(cmd)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -257,8 +258,8 @@ def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> None:
             raise LoadtestError(f"{why} (see the server's output above)")
         rc = bench(url, run_dir, cfg.bench_args)
         if rc != 0:
-            print(f"omnitrace loadtest: the load test did not complete (bench exit {rc}); "
-                  "the report shows what was measured", file=sys.stderr)
+            console.say("loadtest", f"the load test did not complete (bench exit {rc}); "
+                        "the report shows what was measured")
     except KeyboardInterrupt:
         _wait_quietly(server, 120)
         raise Interrupted(run_dir) from None
@@ -329,7 +330,7 @@ def run_ab(cfg: LoadtestConfig, pattern: str, repeats: int) -> int:
     try:
         res = compare(runs["A"], runs["B"])
     except (RunDirError, OSError) as exc:
-        print(f"omnitrace loadtest: cannot compare: {exc}", file=sys.stderr)
+        console.say("loadtest", f"cannot compare: {exc}")
         return 1
     res["deployments"] = {k: list(v.serve_args) for k, v in deps.items()}
     res["order"] = order
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, args = config_from_args(list(sys.argv[1:] if argv is None else argv))
     except LoadtestError as exc:
-        print(f"omnitrace loadtest: {exc}", file=sys.stderr)
+        console.say("loadtest", f"{exc}")
         return 2
     try:
         if args.ab:
@@ -370,12 +371,12 @@ def main(argv: list[str] | None = None) -> int:
         if rep not in (0, 3):
             return rep
         if rep == 3:
-            print("omnitrace loadtest: no measured request got its first audio packet (the report "
-                  "above and bench.json say why)", file=sys.stderr)
+            console.say("loadtest", "no measured request got its first audio packet (the report "
+                        "above and bench.json say why)")
         print(cfg.run_dir)
         return rc or (1 if rep == 3 else 0)
     except LoadtestError as exc:
-        print(f"omnitrace loadtest: {exc}", file=sys.stderr)
+        console.say("loadtest", f"{exc}")
         return 1
     except (Interrupted, KeyboardInterrupt) as exc:
         d = exc.run_dir if isinstance(exc, Interrupted) else cfg.run_dir

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 from typing import Any, Callable
 
 import orjson
 from google.protobuf.json_format import MessageToDict
 
 from omnitrace import eventlog
+from omnitrace import console
 
 RUN_FILES = ("run.json", "agent.json", "spans.jsonl")
 
@@ -167,8 +167,8 @@ class RunDir:
             self.write_errors += 1
             why = exc.strerror or str(exc)
             if name not in self.failing:
-                print(f"omnitrace agent: warning: cannot write {name} ({why}); the previous "
-                      "version stays, the next update tries again", file=sys.stderr, flush=True)
+                console.say("agent", f"warning: cannot write {name} ({why}); the previous "
+                            "version stays, the next update tries again")
             self.failing[name] = why
             try:
                 os.unlink(self.file(name) + ".tmp")

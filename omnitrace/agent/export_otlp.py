@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -27,6 +26,7 @@ from opentelemetry.trace.status import Status, StatusCode
 
 from omnitrace import __version__
 from omnitrace.otlp import OtlpSpan, resource_attrs
+from omnitrace import console
 
 OTLP_EXPORTERS = ("otlp-grpc", "otlp-http")
 SCOPE = InstrumentationScope("omnitrace.agent", __version__)
@@ -62,7 +62,7 @@ class Health:
         self.lost_while_down += n
 
     def _say(self, msg: str) -> None:
-        print(f"omnitrace agent: {self.what}: {msg}", file=sys.stderr, flush=True)
+        console.say("agent", f"{self.what}: {msg}")
 
 
 class ConfigError(ValueError):

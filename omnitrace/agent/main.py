@@ -41,6 +41,7 @@ from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.agent.pump import ViewPump
 from omnitrace.agent.recorder import Handoff, Recorder
 from omnitrace.runfiles import RunDir
+from omnitrace import console
 
 
 def _rss_bytes() -> int:
@@ -197,9 +198,8 @@ class Agent:
                 break
         skipped = self.pump.skip_rest(self.handoff)
         if skipped:  # the views ran out of time: the record has these events
-            print(f"omnitrace agent: the live views skipped the last {skipped} events "
-                  "(they are in the run's record; `omnitrace report` reads them)",
-                  file=sys.stderr, flush=True)
+            console.say("agent", f"the live views skipped the last {skipped} events "
+                        "(they are in the run's record; `omnitrace report` reads them)")
         timeout = self.cfg.otlp_timeout_s if self.cfg.otlp_timeout_s is not None else 10.0
         self.pump.close(max(2.0, min(30.0, timeout + 1.0)))
         self.final_s = time.monotonic() - t0
@@ -217,9 +217,9 @@ class Agent:
         self.metrics.close()
         for kind, v in self.counters()["exporters"].items():
             if v.get("failed") or v.get("dropped"):
-                print(f"omnitrace agent: warning: {kind} lost {v['failed'] + v['dropped']} spans "
-                      f"(failed {v['failed']}, dropped {v['dropped']}; "
-                      f"{v.get('last_error') or 'queue full'})", file=sys.stderr, flush=True)
+                console.say("agent", f"warning: {kind} lost {v['failed'] + v['dropped']} spans "
+                            f"(failed {v['failed']}, dropped {v['dropped']}; "
+                            f"{v.get('last_error') or 'queue full'})")
 
 
 def _watch_stdin(agent: Agent) -> None:
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         agent = Agent(cfg)
         info = agent.start()
     except (OSError, export_otlp.ConfigError, ValueError, TypeError) as exc:
-        print(f"omnitrace agent: cannot start: {exc}", file=sys.stderr)
+        console.say("agent", f"cannot start: {exc}")
         return 2
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())

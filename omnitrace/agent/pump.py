@@ -6,7 +6,6 @@ line; the record is not touched.
 """
 from __future__ import annotations
 
-import sys
 import time
 from typing import Callable
 
@@ -19,6 +18,7 @@ from omnitrace.agent.views import MetricsView, OtlpView, View
 from omnitrace.eventlog import EVENT_DTYPE
 from omnitrace.otlp import SpanConverter
 from omnitrace.spantable import Feed, SpanBuilder
+from omnitrace import console
 
 
 class ViewPump:
@@ -56,9 +56,9 @@ class ViewPump:
         except Exception as exc:
             import traceback
             self.failed = f"{type(exc).__name__}: {exc}"
-            print("omnitrace agent: the live views failed and are off for the rest of the run "
-                  f"(the run's record is unaffected): {self.failed}\n"
-                  + traceback.format_exc(), file=sys.stderr, flush=True)
+            console.say("agent", "the live views failed and are off for the rest of the run "
+                        f"(the run's record is unaffected): {self.failed}\n"
+                        + traceback.format_exc())
 
     def _take_note(self, idx: int, item: dict | None) -> None:
         if item is None:  # its writer died
@@ -120,8 +120,7 @@ class ViewPump:
             try:
                 view.close(timeout_s)
             except Exception as exc:  # the run's files must still be written
-                print(f"omnitrace agent: closing a view failed: {type(exc).__name__}: {exc}",
-                      file=sys.stderr, flush=True)
+                console.say("agent", f"closing a view failed: {type(exc).__name__}: {exc}")
 
     def counters(self, handoff: Handoff) -> dict:
         """The views' and the builder's part of agent.json."""

@@ -9,7 +9,6 @@ agent.json ``views.events_skipped``), never for the record.
 from __future__ import annotations
 
 import bisect
-import sys
 import threading
 import time
 from collections import deque
@@ -19,6 +18,7 @@ from omnitrace import eventlog, record
 from omnitrace.agent.collect import Collector, RingSource
 from omnitrace.agent.config import AgentConfig
 from omnitrace.agent.export_prometheus import Metrics
+from omnitrace import console
 
 
 class Handoff:
@@ -109,9 +109,9 @@ class Recorder:
             h = src.header
             self.metrics.count(cv.METRIC_DROPPED, h.stage, h.replica, src.dropped - seen)
             if seen == 0 or final:
-                print(f"omnitrace agent: warning: ring of pid {h.pid} thread {h.thread!r} "
-                      f"dropped {src.dropped} events so far (ring full; raise "
-                      f"{cv.ENV_RING_RECORDS}, now {h.capacity})", file=sys.stderr, flush=True)
+                console.say("agent", f"warning: ring of pid {h.pid} thread {h.thread!r} "
+                            f"dropped {src.dropped} events so far (ring full; raise "
+                            f"{cv.ENV_RING_RECORDS}, now {h.capacity})")
             self.warned_drops[src.name] = src.dropped
 
     def _ring(self, src: RingSource) -> int:
@@ -210,7 +210,7 @@ class Recorder:
                    f"({rec.events_not_recorded} events were not recorded)")
         else:
             return
-        print(f"omnitrace agent: {msg}", file=sys.stderr, flush=True)
+        console.say("agent", f"{msg}")
 
     def _loop(self, stop: threading.Event) -> None:
         interval = self.cfg.interval_ms / 1e3
@@ -231,8 +231,8 @@ class Recorder:
             self._final_drain()
         except Exception as exc:  # the main thread must still finish
             self.error = f"{type(exc).__name__}: {exc}"
-            print(f"omnitrace agent: drain thread failed: {self.error}; recording stopped "
-                  "(run.json: status drain-failed)", file=sys.stderr, flush=True)
+            console.say("agent", f"drain thread failed: {self.error}; recording stopped "
+                        "(run.json: status drain-failed)")
         finally:
             self.drained.set()
 

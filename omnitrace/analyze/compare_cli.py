@@ -23,6 +23,7 @@ from omnitrace.analyze import components
 from omnitrace.analyze.report import build_report, measured_ids
 from omnitrace.analyze.rundir import RunDirError, load_run
 from omnitrace.render.console import table
+from omnitrace import console
 
 TTFP = ("all", "ttfp")
 BOOT_SAMPLES = 4000  # per run and component: a seeded subsample keeps the bootstrap fast
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         res = compare(a, b, args.bootstrap, args.seed)
     except (RunDirError, OSError) as e:
-        print(f"omnitrace compare: {e}", file=sys.stderr)
+        console.say("compare", f"{e}")
         return 2
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(res, option=orjson.OPT_INDENT_2) + b"\n")

@@ -9,6 +9,7 @@ import orjson
 from omnitrace.analyze.report import WATERFALLS, build_report
 from omnitrace.analyze.rundir import RunDirError, load_run
 from omnitrace.analyze.select import Selection, SelectionError, parse_window
+from omnitrace import console
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,10 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         rep = build_report(run, per_request_segments=bool(args.json), level=args.concurrency,
                            select=sel, waterfalls=args.waterfalls, waterfall_ids=args.request)
     except RunDirError as e:
-        print(f"omnitrace report: {e}", file=sys.stderr)
+        console.say("report", f"{e}")
         return 2
     except OSError as e:
-        print(f"omnitrace report: cannot read run directory: {e}", file=sys.stderr)
+        console.say("report", f"cannot read run directory: {e}")
         return 2
     # files first, the console last: a reader that stops early (`| head`) loses no file
     if args.json and args.json != "-":
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.json, "wb") as f:
                 f.write(orjson.dumps(rep, option=orjson.OPT_INDENT_2))
         except OSError as e:
-            print(f"omnitrace report: cannot write {args.json}: {e.strerror or e}", file=sys.stderr)
+            console.say("report", f"cannot write {args.json}: {e.strerror or e}")
             return 2
     if args.html:
         from omnitrace.profile import flamegraphs
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             write_html(rep, args.html, flamegraphs.gather(rep))
         except OSError as e:
-            print(f"omnitrace report: cannot write {args.html}: {e}", file=sys.stderr)
+            console.say("report", f"cannot write {args.html}: {e}")
             return 2
     if args.json == "-":
         sys.stdout.buffer.write(orjson.dumps(rep, option=orjson.OPT_INDENT_2) + b"\n")

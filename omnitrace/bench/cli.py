@@ -31,6 +31,7 @@ from omnitrace.bench.client import RequestResult
 from omnitrace.bench.load import LevelResult, LoadSpec, run_level
 from omnitrace.bench.output import BenchOutput, OutputError
 from omnitrace.render.console import table
+from omnitrace import console
 
 
 def _concurrency(values: list[str]) -> list[int]:
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         output.check()
     except OutputError as exc:
-        print(f"omnitrace bench: {exc}", file=sys.stderr)
+        console.say("bench", f"{exc}")
         return 2
     spec = LoadSpec(base_url=args.base_url, model=args.model, endpoint=args.endpoint,
                     num_prompts=args.num_prompts, warmup=args.warmup, input_len=args.input_len,
@@ -255,10 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in measured if r.error]
     if status not in ("complete", "complete-with-errors") or not measured:
         if levels and levels[-1].aborted:
-            print(f"omnitrace bench: {args.base_url}: {levels[-1].aborted}", file=sys.stderr)
+            console.say("bench", f"{args.base_url}: {levels[-1].aborted}")
         return 1
     if failed:
-        print(f"omnitrace bench: {len(failed)}/{len(measured)} measured requests failed "
-              f"(first: {failed[0].error})", file=sys.stderr)
+        console.say("bench", f"{len(failed)}/{len(measured)} measured requests failed "
+                    f"(first: {failed[0].error})")
         return 1
     return 0 if out == output.path else 1  # results elsewhere than asked: a script must notice

@@ -19,6 +19,7 @@ import tempfile
 from typing import Any
 
 import orjson
+from omnitrace import console
 
 
 class OutputError(Exception):
@@ -111,8 +112,8 @@ class BenchOutput:
             return True
         if not self.warned:
             self.warned = True
-            print(f"omnitrace bench: warning: cannot write {self.path} ({self.error}); the results "
-                  "are kept and written at the end", file=sys.stderr)
+            console.say("bench", f"warning: cannot write {self.path} ({self.error}); the results "
+                        "are kept and written at the end")
         return False
 
     def finish(self, doc: dict[str, Any]) -> str | None:
@@ -125,11 +126,11 @@ class BenchOutput:
         try:
             safe = _safe_copy(_dump(doc))
         except OSError as exc:
-            print(f"omnitrace bench: cannot write {self.path} ({self.error}) nor a copy in "
-                  f"{tempfile.gettempdir()} ({exc.strerror or exc}); the results follow on "
-                  "stdout as one JSON line", file=sys.stderr)
+            console.say("bench", f"cannot write {self.path} ({self.error}) nor a copy in "
+                        f"{tempfile.gettempdir()} ({exc.strerror or exc}); the results follow on "
+                        "stdout as one JSON line")
             sys.stdout.write(orjson.dumps(doc).decode() + "\n")
             return None
-        print(f"omnitrace bench: cannot write {self.path} ({self.error}); the results are in "
-              f"{safe} instead", file=sys.stderr)
+        console.say("bench", f"cannot write {self.path} ({self.error}); the results are in "
+                    f"{safe} instead")
         return safe

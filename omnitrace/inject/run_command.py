@@ -29,6 +29,7 @@ from omnitrace import childproc
 from omnitrace import conventions as cv
 from omnitrace.childproc import python_module
 from omnitrace.agent.config import EXPORTERS, AgentConfig
+from omnitrace import console
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 AGENT_READY_TIMEOUT_S = 60.0
@@ -222,13 +223,13 @@ def _resolve_command(cmd: list[str]) -> tuple[list[str], dict[str, str], int | N
     exe = cmd[0]
     if os.sep in exe:
         if not os.path.exists(exe):
-            print(f"omnitrace run: {exe}: No such file or directory", file=sys.stderr)
+            console.say("run", f"{exe}: No such file or directory")
             return cmd, extra, 127
         if os.path.isdir(exe) or not os.access(exe, os.X_OK):
-            print(f"omnitrace run: {exe}: Permission denied", file=sys.stderr)
+            console.say("run", f"{exe}: Permission denied")
             return cmd, extra, 126
     elif shutil.which(exe) is None:
-        print(f"omnitrace run: {exe}: command not found", file=sys.stderr)
+        console.say("run", f"{exe}: command not found")
         return cmd, extra, 127
     return cmd, extra, None
 
@@ -249,7 +250,7 @@ def _start_agent(cfg: AgentConfig, lock: int) -> subprocess.Popen | None:
     if not line.startswith(b"READY"):
         if not ready:  # silent and alive: give up on it
             agent.kill()
-            print("omnitrace run: the agent did not start in time", file=sys.stderr)
+            console.say("run", "the agent did not start in time")
         try:  # otherwise it closed stdout: it printed its one-line error and is exiting
             agent.wait(30)
         except subprocess.TimeoutExpired:
@@ -267,8 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd[:1] == ["--"]:
         cmd = cmd[1:]
     if not cmd:
-        print("omnitrace run: no command given (omnitrace run [options] -- COMMAND ...)",
-              file=sys.stderr)
+        console.say("run", "no command given (omnitrace run [options] -- COMMAND ...)")
         return 2
     if cmd[0] == "serve" and any(a in ("-h", "--help") for a in cmd[1:]):
         # help for `serve` starts nothing: no agent, no run directory
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         flame = flame_flags.flame_config(ns, cfg.run_dir)
         lock = _claim(cfg.run_dir, ns.overwrite)  # held until this process ends
     except (UsageError, flame_flags.FlameConfigError) as exc:
-        print(f"omnitrace run: {exc}", file=sys.stderr)
+        console.say("run", f"{exc}")
         return 2
     full_cmd, extra_env, status = _resolve_command(cmd)
     if status is not None:
@@ -303,10 +303,10 @@ def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cm
         return 2
     if sigs.got:  # Ctrl-C while the agent started: the command never starts
         _stop_agent(agent, 128 + sigs.got[0], cfg, sigs.status())
-        print(f"omnitrace run: interrupted before the command started; {cfg.run_dir} holds "
-              "an empty run", file=sys.stderr)
+        console.say("run", f"interrupted before the command started; {cfg.run_dir} holds "
+                    "an empty run")
         return 128 + sigs.got[0]
-    print(f"omnitrace run: run {cfg.run_id} -> {cfg.run_dir}", file=sys.stderr)
+    console.say("run", f"run {cfg.run_id} -> {cfg.run_dir}")
     env = dict(os.environ)
     env.update(extra_env)
     env[cv.ENV_RUN_ID] = cfg.run_id
@@ -330,7 +330,7 @@ def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cm
         popen = childproc.start if ours and flame is None else subprocess.Popen
         child = popen(flame_flags.wrap(flame, full_cmd), env=env)
     except OSError as exc:
-        print(f"omnitrace run: {full_cmd[0]}: {exc.strerror}", file=sys.stderr)
+        console.say("run", f"{full_cmd[0]}: {exc.strerror}")
         rc = 127 if isinstance(exc, FileNotFoundError) else 126
         _stop_agent(agent, rc, cfg)
         return rc
@@ -342,13 +342,13 @@ def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cm
     _sweep_leftovers(cfg.run_dir)
     flame_flags.finish(flame)  # profiles/: after the agent's last drain (it names the processes)
     if sigs.status() == "interrupted":
-        print(f"omnitrace run: interrupted; what was recorded is in {cfg.run_dir} "
-              f"(`omnitrace report {cfg.run_dir}`)", file=sys.stderr)
+        console.say("run", f"interrupted; what was recorded is in {cfg.run_dir} "
+                    f"(`omnitrace report {cfg.run_dir}`)")
     elif rc == 0:
-        print(f"omnitrace run: done; see `omnitrace report {cfg.run_dir}`", file=sys.stderr)
+        console.say("run", f"done; see `omnitrace report {cfg.run_dir}`")
     else:
-        print(f"omnitrace run: the command failed (exit status {rc}); what it recorded is in "
-              f"{cfg.run_dir} (`omnitrace report {cfg.run_dir}`)", file=sys.stderr)
+        console.say("run", f"the command failed (exit status {rc}); what it recorded is in "
+                    f"{cfg.run_dir} (`omnitrace report {cfg.run_dir}`)")
     return rc
 
 
@@ -356,14 +356,13 @@ def _sweep_leftovers(run_dir: str) -> None:
     from omnitrace.inject.leftovers import sweep_run
     removed = sweep_run(run_dir)
     if removed and (removed["wake_dirs"] or removed["chunk_segments"]):
-        print(f"omnitrace run: removed what the served processes left in /dev/shm: "
-              f"{len(removed['wake_dirs'])} vLLM-Omni wake director(ies) of exited stages, "
-              f"{len(removed['chunk_segments'])} unread chunk segment(s) (run.json: shm_leftovers)",
-              file=sys.stderr)
+        console.say("run", f"removed what the served processes left in /dev/shm: "
+                    f"{len(removed['wake_dirs'])} vLLM-Omni wake director(ies) of exited stages, "
+                    f"{len(removed['chunk_segments'])} unread chunk segment(s) (run.json: shm_leftovers)")
     if removed and removed["chunk_segments_kept"]:
-        print(f"omnitrace run: {len(removed['chunk_segments_kept'])} unread chunk segment(s) left in "
-              f"/dev/shm: process(es) {', '.join(map(str, removed['alive_pids']))} of the run are "
-              "still alive and may read them (run.json: shm_leftovers)", file=sys.stderr)
+        console.say("run", f"{len(removed['chunk_segments_kept'])} unread chunk segment(s) left in "
+                    f"/dev/shm: process(es) {', '.join(map(str, removed['alive_pids']))} of the run are "
+                    "still alive and may read them (run.json: shm_leftovers)")
 
 
 class _Signals:
@@ -415,9 +414,9 @@ def _wait_command(child: subprocess.Popen, agent: subprocess.Popen) -> int:
         arc = agent.poll()
         if arc is not None:
             how = f"signal {-arc}" if arc < 0 else f"exit status {arc}"
-            print(f"omnitrace run: the agent (pid {agent.pid}) died ({how}) while the command "
-                  "runs: recording stopped; the command goes on; the report will count what "
-                  "was not recorded (run.json: status agent-killed)", file=sys.stderr, flush=True)
+            console.say("run", f"the agent (pid {agent.pid}) died ({how}) while the command "
+                        "runs: recording stopped; the command goes on; the report will count what "
+                        "was not recorded (run.json: status agent-killed)")
 
 
 def _stop_agent(agent: subprocess.Popen, rc: int, cfg: AgentConfig | None = None,
@@ -452,8 +451,8 @@ def _stop_agent(agent: subprocess.Popen, rc: int, cfg: AgentConfig | None = None
         elif now - last_change > stall_s:
             agent.kill()
             agent.wait()
-            print(f"omnitrace run: the agent made no progress for {stall_s:.0f} s during its "
-                  "final flush and was killed", file=sys.stderr)
+            console.say("run", f"the agent made no progress for {stall_s:.0f} s during its "
+                        "final flush and was killed")
             break
     if cfg is not None:
         _count_rings_left(cfg, rc, agent.returncode)
@@ -502,11 +501,10 @@ def _count_rings_left(cfg: AgentConfig, rc: int, agent_rc: int) -> None:
         return
     never = sum(r["never_drained"] for r in left)
     if agent_rc != 0:
-        print(f"omnitrace run: the agent died before its final flush; {never} events were never "
-              "drained (run.json: status agent-killed)", file=sys.stderr)
+        console.say("run", f"the agent died before its final flush; {never} events were never "
+                    "drained (run.json: status agent-killed)")
     elif never:
-        print(f"omnitrace run: the agent did not drain {never} events (run.json: rings_left)",
-              file=sys.stderr)
+        console.say("run", f"the agent did not drain {never} events (run.json: rings_left)")
     for r in left:
         try:
             os.unlink(os.path.join(record.SHM_DIR, r["name"]))
@@ -525,8 +523,8 @@ def _count_rings_left(cfg: AgentConfig, rc: int, agent_rc: int) -> None:
     try:
         write_json_atomic(path, meta)
     except OSError as exc:
-        print(f"omnitrace run: cannot write {path} ({exc.strerror or exc}): the report will "
-              "count these events as unaccounted", file=sys.stderr)
+        console.say("run", f"cannot write {path} ({exc.strerror or exc}): the report will "
+                    "count these events as unaccounted")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 
+from omnitrace import console
 from omnitrace.profile.config import (API_PROFILERS, DEFAULT_RATE, ENV_FLAME_ROTATE_S, MODES, WINDOWS,
                                       FlameConfig, FlameConfigError)
 
@@ -70,8 +71,7 @@ def finish(cfg: FlameConfig | None) -> None:
     try:
         index = finalize(cfg.run_dir)
     except Exception as exc:  # the run itself is recorded: profiles must never fail it
-        print(f"omnitrace run: warning: flame graphs not written: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
+        console.say("run", f"warning: flame graphs not written: {type(exc).__name__}: {exc}")
         return
     names = ", ".join(p["name"] for p in index["profiles"]) or "none"
     line = f"omnitrace run: flame graphs in {os.path.join(cfg.run_dir, 'profiles')}: {names}"

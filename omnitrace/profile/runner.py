@@ -39,6 +39,7 @@ import orjson
 
 from omnitrace.profile.config import ENV_FLAME, ENV_FLAME_INPROC, ENV_FLAME_SOCKET, FlameConfig
 from omnitrace.record import clock_offset_ns
+from omnitrace import console
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 120.0
@@ -300,13 +301,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         status["error"] = why
         env[ENV_FLAME_INPROC] = "all"
-        print(f"omnitrace run: warning: flame graphs: py-spy cannot sample ({why}); the API server "
-              "and stage processes profile their main thread in-process with pyinstrument instead "
-              "(slower, no sender/receiver threads)", file=sys.stderr, flush=True)
+        console.say("run", f"warning: flame graphs: py-spy cannot sample ({why}); the API server "
+                    "and stage processes profile their main thread in-process with pyinstrument instead "
+                    "(slower, no sender/receiver threads)")
     try:
         child: subprocess.Popen | None = subprocess.Popen(cmd, env=env)
     except OSError as exc:
-        print(f"omnitrace run: {cmd[0]}: {exc.strerror}", file=sys.stderr)
+        console.say("run", f"{cmd[0]}: {exc.strerror}")
         child = None
 
     def forward(signum: int, _frame: object) -> None:

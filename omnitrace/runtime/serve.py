@@ -17,6 +17,7 @@ from omnitrace.runtime import config
 from omnitrace.runtime.api import Api, Pipeline
 from omnitrace.runtime.shm import MODES
 from omnitrace.runtime.snapshot import STRATEGIES
+from omnitrace import console
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -65,7 +66,7 @@ async def _serve(args: argparse.Namespace, cfg: config.PipelineConfig) -> int:
     try:
         ready.result()
     except RuntimeError as e:
-        print(f"omnitrace serve: error: {e}", file=sys.stderr)
+        console.say("serve", f"error: {e}")
         return 1
     runner = web.AppRunner(Api(pipeline).app(), handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -73,8 +74,8 @@ async def _serve(args: argparse.Namespace, cfg: config.PipelineConfig) -> int:
         site = web.TCPSite(runner, args.host, args.port, shutdown_timeout=5.0)
         await site.start()
     except OSError as e:
-        print(f"omnitrace serve: error: cannot listen on {args.host}:{args.port}: "
-              f"{e.strerror or 'address already in use'} (choose another with --port)", file=sys.stderr)
+        console.say("serve", f"error: cannot listen on {args.host}:{args.port}: "
+                    f"{e.strerror or 'address already in use'} (choose another with --port)")
         await runner.cleanup()
         await loop.run_in_executor(None, pipeline.stop)
         return 1
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config.load(args.pipeline)  # validated before any process starts
     except config.PipelineConfigError as e:
-        print(f"omnitrace serve: error: {e}", file=sys.stderr)
+        console.say("serve", f"error: {e}")
         return 2
     record.set_process_info(role="api", stage=-1, replica=0, name="api")
     try:

@@ -18,6 +18,7 @@ from collections import deque
 from omnitrace.clihelp import DefaultsFormatter
 from omnitrace.top import model
 from omnitrace.top.source import DEFAULT_URL, RunDirSource, Sample, SourceError, open_source
+from omnitrace import console
 
 _SPARK = "▁▂▃▄▅▆▇█"
 
@@ -125,17 +126,17 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.interval <= 0:
-        print("omnitrace top: --interval must be > 0", file=sys.stderr)
+        console.say("top", "--interval must be > 0")
         return 2
     try:
         src = open_source(args.source)
     except SourceError as exc:
-        print(f"omnitrace top: {exc}", file=sys.stderr)
+        console.say("top", f"{exc}")
         return 2
     tty = sys.stdout.isatty() and sys.stdin.isatty()
     iterations = getattr(args, "iterations", None if tty else 1)
     if iterations is not None and iterations < 1:
-        print("omnitrace top: --iterations must be >= 1", file=sys.stderr)
+        console.say("top", "--iterations must be >= 1")
         return 2
     history = {"rate": deque(maxlen=40), "ttfp_p99": deque(maxlen=40)}
     prev: Sample | None = None
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                     prev = cur
             except SourceError as exc:
                 if not tty:
-                    print(f"omnitrace top: {exc}", file=sys.stderr)
+                    console.say("top", f"{exc}")
                     return 1
                 text = f"omnitrace top — {src.label}\n\n{exc} (retrying; q quits)"
             shown += 1
