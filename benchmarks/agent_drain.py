@@ -14,7 +14,7 @@ layer includes the ones above it:
 4. spans      + spantable.SpanBuilder (pairing, FIFO blocking)
 5. metrics    + MetricsView (Prometheus histograms): the agent's default path
 6. otlp-obj   + OtlpSpan and SDK ReadableSpan objects (what a live OTLP exporter adds)
-7. old-assemble  the previous agent: tests/reference_assembler.Assembler per event, text
+7. old-assemble  the previous agent: tests/support/reference_assembler.Assembler per event, text
    spans (its always-on path before the event log), for the ratio old -> new
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ def run_layer(layer: str, n_events: int, tmp: str) -> dict:
     resources = export_otlp.ResourceCache("bench")
     old = None
     if layer == "old-assemble":
-        from tests.reference_assembler import Assembler
+        from tests.support.reference_assembler import Assembler
         old = Assembler(lambda s: None, Metrics(), grace_s=0.0, text_only=True)
     t0 = time.process_time()  # CPU time of this (single-threaded) process: "one core"
     w0 = time.perf_counter()

@@ -19,8 +19,8 @@ import time
 
 import orjson
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from otlp_fixture import chunk_spans, span  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from tests.support.otlp_fixture import chunk_spans, span  # noqa: E402
 
 from omnitrace import conventions as cv  # noqa: E402
 

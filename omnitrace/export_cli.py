@@ -60,6 +60,8 @@ class OtlpSink:
         self._conv.rings = part.rings  # a ring may be re-described (a new writer)
         self._conv.add_contexts(feed.contexts)
         spans = self._conv.convert(feed.spans, feed.emits)
+        # finished requests' ids and repeat counters can go, as the live exporter does
+        self._conv.forget(feed.spans["req"][feed.spans["name"] == stt.N_REQUEST].tolist())
         self.spans += len(spans)
         self.send(spans)
 

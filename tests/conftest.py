@@ -159,7 +159,7 @@ def _foreign(name: str, foreign_pipeline: bool = False) -> bool:
 def real_run(tmp_path_factory) -> str:
     """The record of a small real pipeline run under `omnitrace bench` (c=8, 12 prompts, 2
     warm-up), read only: the span builder's and the report walk's tests share it."""
-    from tests.report_util import run_pipeline
+    from tests.support.report_util import run_pipeline
     d = str(tmp_path_factory.mktemp("real") / "run")
     run_pipeline(d, ["--concurrency", "8", "--num-prompts", "12", "--input-len", "300",
                      "--output-len", "60", "--warmup", "2"])

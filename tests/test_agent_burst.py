@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from tests.agent_util import omnitrace_run, read_json, read_spans
+from tests.support.agent_util import omnitrace_run, read_json, read_spans
 
 BURST = r'''
 import sys, time

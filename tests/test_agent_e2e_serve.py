@@ -14,8 +14,8 @@ from collections import defaultdict
 import aiohttp
 
 from omnitrace import conventions as cv
-from tests.agent_util import clean_env, read_json, read_spans
-from tests.otlp_receiver import Store, free_port, start_grpc
+from tests.support.agent_util import clean_env, read_json, read_spans
+from tests.support.otlp_receiver import Store, free_port, start_grpc
 
 N_REQ = 6
 

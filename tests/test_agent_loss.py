@@ -8,8 +8,8 @@ import os
 import time
 
 from omnitrace import conventions as cv
-from tests.agent_util import WRITER, omnitrace_run, read_json, read_spans
-from tests.otlp_receiver import HangingEndpoint, free_port
+from tests.support.agent_util import WRITER, omnitrace_run, read_json, read_spans
+from tests.support.otlp_receiver import HangingEndpoint, free_port
 
 
 def _calls(r: int, c: int) -> int:

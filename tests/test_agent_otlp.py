@@ -5,8 +5,8 @@ import json
 from collections import defaultdict
 
 from omnitrace import conventions as cv
-from tests.agent_util import WRITER, clean_env, omnitrace_run, read_json, read_spans
-from tests.otlp_receiver import HttpReceiver, Store, start_grpc
+from tests.support.agent_util import WRITER, clean_env, omnitrace_run, read_json, read_spans
+from tests.support.otlp_receiver import HttpReceiver, Store, start_grpc
 
 N_REQ, N_CHUNK = 4, 3
 

@@ -13,9 +13,9 @@ import urllib.request
 
 import pytest
 
-from tests.agent_util import WRITER, clean_env
-from tests.otlp_receiver import free_port
-from tests.system_deps import need
+from tests.support.agent_util import WRITER, clean_env
+from tests.support.otlp_receiver import free_port
+from tests.support.system_deps import need
 
 PROMETHEUS = shutil.which("prometheus") or "prometheus"
 

@@ -11,16 +11,7 @@ import sys
 from omnitrace.analyze import attribution as at
 from omnitrace.analyze.report import build_report
 from omnitrace.analyze.rundir import load_run, request_spans
-from otlp_fixture import US, line, three_stage_request, write_run
-
-EXPECTED_US = {
-    (-1, "dispatch"): 10, (-1, "deliver"): 100,  # no API marks in this trace: not split further
-    (0, "queue"): 10, (0, "compute"): 80, (0, "snapshot"): 10, (0, "fifo_blocked"): 30,
-    (0, "fifo_own"): 10, (0, "process"): 10, (0, "put"): 10,
-    (1, "poll_lag"): 5, (1, "get"): 5, (1, "wait_schedule"): 20, (1, "compute"): 100,
-    (1, "snapshot"): 5, (1, "fifo_own"): 5, (1, "process"): 10, (1, "put"): 10,
-    (2, "poll_lag"): 10, (2, "get"): 5, (2, "wait_schedule"): 5, (2, "compute"): 450,
-}
+from tests.support.otlp_fixture import EXPECTED_US, US, line, three_stage_request, write_run
 
 
 @pytest.mark.unit
@@ -86,7 +77,7 @@ def test_json_and_html_cli(tmp_path):
 def test_several_tasks_under_one_chunk_index_take_the_last(tmp_path):
     """The talker labels its no-chunk tasks with the next chunk's index: the walk must use
     the task that produced the chunk (latest before the put), not the first one."""
-    from otlp_fixture import span
+    from tests.support.otlp_fixture import span
     spans = three_stage_request("t")
     # an earlier no-chunk talker task under codec chunk 0 (frame 1 of 4)
     spans += [span("omni.chunk.snapshot", "t", 210, 211, stage=1, peer=2, chunk=0),
@@ -104,7 +95,7 @@ def test_only_no_chunk_task_recorded_is_flagged(tmp_path):
     spans = [s for s in three_stage_request("u")
              if not (s["name"] in ("omni.chunk.snapshot", "omni.chunk.fifo", "omni.chunk.process")
                      and {"key": "omni.stage.id", "value": {"intValue": "1"}} in s["attributes"])]
-    from otlp_fixture import span
+    from tests.support.otlp_fixture import span
     spans += [span("omni.chunk.snapshot", "u", 210, 211, stage=1, peer=2, chunk=0),
               span("omni.chunk.fifo", "u", 211, 212, stage=1, peer=2, chunk=0),
               span("omni.chunk.process", "u", 212, 213, stage=1, peer=2, chunk=0,

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from omnitrace.bench.output import _create
-from report_util import report_json, run_pipeline
-from test_bench import _serve
+from tests.support.report_util import report_json, run_pipeline
+from tests.support.sse_server import _serve
 
 SMALL = ["--concurrency", "2", "--warmup", "0", "--num-prompts", "12", "--input-len", "20",
          "--output-len", "4", "--no-progress"]

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from omnitrace.childproc import module_of, python_module
-from report_util import _env
+from tests.support.report_util import _env
 
 DECOY = 'raise ImportError("the decoy checkout in the current directory was imported")\n'
 

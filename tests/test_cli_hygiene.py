@@ -12,8 +12,8 @@ import time
 import pytest
 import yaml
 
-from test_runtime_server import Server, chat_body, fast_pipeline
-from tests.otlp_receiver import free_port
+from tests.support.runtime_server import Server, chat_body, fast_pipeline
+from tests.support.otlp_receiver import free_port
 
 COMMANDS = ("run", "serve", "bench", "report", "compare", "export", "top", "loadtest")
 

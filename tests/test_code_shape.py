@@ -9,7 +9,8 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "omnitrace")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(ROOT, "omnitrace")
 MAX_LINES = 100
 
 
@@ -26,3 +27,24 @@ def test_no_function_over_100_lines():
                          for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                          and n.end_lineno - n.lineno + 1 > MAX_LINES]
     assert not long, long
+
+
+def test_tests_share_helpers_one_way():
+    """Helpers live in tests/support and are imported as ``tests.support.X``; a test file
+    never imports another test file."""
+    tests = os.path.join(ROOT, "tests")
+    helpers = {n[:-3] for n in os.listdir(os.path.join(tests, "support")) if n.endswith(".py")}
+    bad = []
+    for folder in (tests, os.path.join(tests, "support")):
+        for name in sorted(os.listdir(folder)):
+            if not name.endswith(".py"):
+                continue
+            for node in ast.walk(ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())):
+                mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                        else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                for m in mods:
+                    head = m.split(".")[0]
+                    if head.startswith("test_") or head in helpers or (
+                            m.startswith("tests.") and not m.startswith("tests.support")):
+                        bad.append(f"{name}:{node.lineno} imports {m}")
+    assert not bad

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from otlp_fixture import US, line, three_stage_request, write_run
+from tests.support.otlp_fixture import US, line, three_stage_request, write_run
 
 
 def _run(path: str, extra_put_us: float, n: int = 12) -> str:
@@ -49,7 +49,7 @@ def test_compare_finds_the_moved_category(tmp_path):
 
 def _component_run(path: str, snapshot_us: float, n: int = 20) -> str:
     """A run with no API requests (the adapter pair under a harness): chunk spans only."""
-    from otlp_fixture import chunk_spans
+    from tests.support.otlp_fixture import chunk_spans
     lines = []
     for i in range(n):
         o = i * 1000.0

@@ -25,10 +25,10 @@ from collections import defaultdict
 import pytest
 
 from omnitrace import conventions as cv
-from tests.agent_util import clean_env
-from tests.dashboard_util import prometheus_queries, variable_queries
-from tests.otlp_receiver import Store, free_port, start_grpc
-from tests.system_deps import need
+from tests.support.agent_util import clean_env
+from tests.support.dashboard_util import prometheus_queries, variable_queries
+from tests.support.otlp_receiver import Store, free_port, start_grpc
+from tests.support.system_deps import need
 
 PROMETHEUS = shutil.which("prometheus") or "prometheus"
 PROMTOOL = shutil.which("promtool") or "promtool"

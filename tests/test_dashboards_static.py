@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from tests.system_deps import need
+from tests.support.system_deps import need
 
-from tests.dashboard_util import (DASH_DIR, GRAFANA_DIR, VLLM_METRIC, VLLM_OMNI_ROW, dashboard_files,
+from tests.support.dashboard_util import (DASH_DIR, GRAFANA_DIR, VLLM_METRIC, VLLM_OMNI_ROW, dashboard_files,
                                   load, panels, prometheus_queries)
 
 SCHEMA_DIR = os.path.join(DASH_DIR, "schema-check")

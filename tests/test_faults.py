@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from tests.agent_util import WRITER, omnitrace_run, read_json
+from tests.support.agent_util import WRITER, omnitrace_run, read_json
 
 # A writer of exactly N events (random payloads: they do not compress away), a new request
 # id every 50 (string records between them), paced so a default ring never fills; it

@@ -20,7 +20,7 @@ import tempfile
 
 import pytest
 
-from test_flame_pipeline import flame_run
+from tests.support.flame_run import flame_run
 
 SMALL = ["--no-progress", "--concurrency", "2", "--num-prompts", "4", "--warmup", "0",
          "--input-len", "100", "--output-len", "20"]

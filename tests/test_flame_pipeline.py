@@ -20,27 +20,13 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from report_util import browser, open_in_speedscope, replay_timeline, speedscope_errors
+from tests.support.report_util import browser, open_in_speedscope, replay_timeline, speedscope_errors
+from tests.support.flame_run import flame_run
 
 # the seed scenario's shape (c=32, 2,500-token prompts), shorter: 32 requests, 160 tokens
 # 100 Hz (the default is 25): enough samples in a 10-second run
 BENCH = ["--no-progress", "--concurrency", "32", "--num-prompts", "32", "--warmup", "0",
          "--input-len", "2500", "--output-len", "160", "--seed", "3"]
-
-
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNITRACE_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def flame_run(run_dir: str, bench: list[str], serve: str, *flame_args: str,
-              timeout: float = 240) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "omnitrace", "run", "--run-dir", run_dir, "--flame", *flame_args,
-           "--", sys.executable, "-m", "omnitrace.bench.serve_and_bench", "--serve", serve, "--", *bench]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
-    assert r.returncode == 0, f"omnitrace run failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    return r
 
 
 def flame(*args: str) -> subprocess.CompletedProcess:
@@ -243,7 +229,7 @@ def test_html_report_embeds_flame_graphs_offline(run_dir, tmp_path):
     with open(out, encoding="utf-8") as f:
         page_html = f.read()
     from omnitrace.profile.linked import CATEGORIES
-    from report_util import report_json
+    from tests.support.report_util import report_json
     rep = report_json(run_dir)
     assert "http://" not in page_html.split('id="flame"')[1].split("</section>")[0].replace(
         "http://www.w3.org/2000/svg", "")  # nothing to fetch

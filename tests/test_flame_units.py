@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-from report_util import replay_timeline, speedscope_errors
+from tests.support.report_util import replay_timeline, speedscope_errors
 
 from omnitrace.profile import chrometrace as ct
 from omnitrace.profile import clock, linked, render

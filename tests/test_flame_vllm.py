@@ -1,4 +1,4 @@
-"""--flame on the REAL vLLM-Omni classes (``tests/vllm_driver.py``: a producer adapter in
+"""--flame on the REAL vLLM-Omni classes (``tests/support/vllm_driver.py``: a producer adapter in
 the driver process, a consumer in a spawned ``StageEngineCoreProc_stage1_replica0``).
 
 Must hold (issue 11): both stage processes get profiles named by stage; 0.30's producer
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_vllm_omni import DRIVER, ROOT, _omni_version, _venvs
+from tests.support.vllm_venvs import DRIVER, ROOT, _omni_version, _venvs
 
 ARGS = ["--requests", "32", "--chunks", "32", "--prompt-tokens", "2500"]
 

@@ -2,7 +2,7 @@
 real reference pipeline; the report must attribute it to (stage 1, put) within 10%."""
 from __future__ import annotations
 
-from report_util import pipeline_file, report_json, run_pipeline
+from tests.support.report_util import pipeline_file, report_json, run_pipeline
 
 DELAY_MS = 20.0
 BENCH = ["--concurrency", "2", "--num-prompts", "8", "--input-len", "200", "--output-len", "30", "--seed", "3"]

@@ -14,7 +14,7 @@ import pytest
 
 from omnitrace.analyze import attribution as at
 from omnitrace.analyze.rundir import load_run, request_spans
-from report_util import run_pipeline
+from tests.support.report_util import run_pipeline
 
 N = 12
 

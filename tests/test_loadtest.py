@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from report_util import _env
+from tests.support.report_util import _env
 
 SMALL = ["--concurrency", "4", "--num-prompts", "8", "--input-len", "200", "--output-len", "12"]
 

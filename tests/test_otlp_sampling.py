@@ -14,7 +14,7 @@ from omnitrace import spantable as stt
 from omnitrace.agent import export_otlp
 from omnitrace.agent.views import OtlpView
 from omnitrace.otlp import SpanConverter
-from tests.otlp_receiver import HangingEndpoint
+from tests.support.otlp_receiver import HangingEndpoint
 
 RINGS = {0: {"pid": 1, "replica": 0, "role": "api", "stage": -1, "process": "api"}}
 PART = spanload.Part(RINGS, [])

@@ -9,7 +9,7 @@ import statistics
 import yaml
 
 from omnitrace.runtime import config
-from report_util import report_json, run_pipeline
+from tests.support.report_util import report_json, run_pipeline
 
 DELAY_MS = 40.0
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from otlp_fixture import line, three_stage_request, write_run
+from tests.support.otlp_fixture import line, three_stage_request, write_run
 
 
 def _report(*args: str) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 
-from report_util import _env
+from tests.support.report_util import _env
 
 from omnitrace.bench.serve_and_bench import free_port
 

@@ -12,8 +12,8 @@ import pytest
 from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.analyze import headofline
-import hol_reference
-from otlp_fixture import chunk_spans, line, span, write_run
+from tests.support import hol_reference
+from tests.support.otlp_fixture import chunk_spans, line, span, write_run
 
 
 def _victim() -> list[dict]:

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from report_util import browser, report_json, run_pipeline
+from tests.support.report_util import browser, report_json, run_pipeline
 
 N = 16
 
@@ -138,7 +138,7 @@ def test_agent_killed_mid_run(tmp_path):
     """SIGKILL the real agent while the bench runs: the report labels the partial run."""
     import signal
     import time
-    from report_util import _env
+    from tests.support.report_util import _env
 
     from omnitrace import eventlog
     d = tmp_path / "killed"

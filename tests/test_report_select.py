@@ -14,8 +14,7 @@ from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.conventions import Ev
 from omnitrace.eventlog import EVENT_DTYPE
-from otlp_fixture import line, span, three_stage_request, write_run
-from test_attribution_unit import EXPECTED_US, US
+from tests.support.otlp_fixture import EXPECTED_US, US, line, span, three_stage_request, write_run
 
 
 def _report(*args: str) -> subprocess.CompletedProcess:

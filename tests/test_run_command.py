@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.agent_util import clean_env, omnitrace_run, read_json, read_spans
+from tests.support.agent_util import clean_env, omnitrace_run, read_json, read_spans
 
 
 def _one_line_error(res: subprocess.CompletedProcess, needle: str) -> None:
@@ -141,7 +141,7 @@ def test_agent_killed_is_recorded_and_rings_removed(tmp_path):
 def test_a_run_dir_holding_a_run_is_refused_unless_overwrite(tmp_path):
     """Two runs are never mixed: the second is refused with one line and the first run's
     files are untouched; --overwrite replaces them."""
-    from tests.agent_util import WRITER
+    from tests.support.agent_util import WRITER
     d = tmp_path / "run"
     first = omnitrace_run(["--run-dir", str(d), "--", sys.executable, WRITER, str(tmp_path / "a.json"),
                            "--requests", "2", "--chunks", "2"])
@@ -160,7 +160,7 @@ def test_a_run_dir_holding_a_run_is_refused_unless_overwrite(tmp_path):
 
 
 def test_max_run_bytes_stops_recording_loudly_and_counts(tmp_path):
-    from tests.agent_util import WRITER
+    from tests.support.agent_util import WRITER
     d = tmp_path / "run"
     res = omnitrace_run(["--run-dir", str(d), "--max-run-bytes", "1k", "--", sys.executable, WRITER,
                          str(tmp_path / "w.json"), "--requests", "40", "--chunks", "20"])

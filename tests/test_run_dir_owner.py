@@ -16,7 +16,7 @@ import pytest
 import zstandard
 
 from omnitrace.runfiles import claim
-from tests.agent_util import WRITER, clean_env, omnitrace_run, read_json, read_spans
+from tests.support.agent_util import WRITER, clean_env, omnitrace_run, read_json, read_spans
 
 HEADER = 5  # omnitrace.eventlog's HEADER block type
 

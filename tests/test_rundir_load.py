@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from omnitrace.analyze import otlp_import, rundir
-from otlp_fixture import line, three_stage_request, write_run
+from tests.support.otlp_fixture import line, three_stage_request, write_run
 
 
 def _key(s: rundir.Span) -> tuple:

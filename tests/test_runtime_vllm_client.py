@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from test_runtime_server import TAG, Server, assert_stopped_clean, fast_pipeline
+from tests.support.runtime_server import TAG, Server, assert_stopped_clean, fast_pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENVS = [os.path.join(ROOT, v, "bin", "python") for v in (".venv-vllm", ".venv-vllm-032")]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from report_util import pipeline_file, report_json, run_pipeline
+from tests.support.report_util import pipeline_file, report_json, run_pipeline
 
 BENCH = ["--concurrency", "32", "--num-prompts", "32", "--warmup", "4", "--input-len", "2500",
          "--output-len", "300", "--seed", "5"]

@@ -13,8 +13,8 @@ from omnitrace import conventions as cv
 from omnitrace import eventlog, otlp
 from omnitrace import spantable as stt
 from omnitrace.eventlog import EVENT_DTYPE
-from tests.reference_assembler import Assembler
-from tests.report_util import report_json, rewrite_event_log
+from tests.support.reference_assembler import Assembler
+from tests.support.report_util import report_json, rewrite_event_log
 
 E = cv.Ev
 

@@ -16,8 +16,8 @@ import pytest
 
 from omnitrace import conventions as cv
 from omnitrace import tracecontext as tc
-from tests.agent_util import clean_env
-from tests.otlp_receiver import Store, free_port, start_grpc
+from tests.support.agent_util import clean_env
+from tests.support.otlp_receiver import Store, free_port, start_grpc
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"

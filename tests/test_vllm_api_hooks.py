@@ -1,6 +1,6 @@
 """The API-server hooks on vLLM-Omni's REAL ``OmniOpenAIServingChat``, per installed version.
 
-``tests/vllm_api_driver.py`` serves the real class behind vLLM-Omni's own chat route (uvicorn
+``tests/support/vllm_api_driver.py`` serves the real class behind vLLM-Omni's own chat route (uvicorn
 on 127.0.0.1), with a stand-in for the engine below it (what is real and what is not: that
 file's docstring and docs/vllm-omni.md), and streams a few requests to it over HTTP. It runs
 once bare and once under ``omnitrace run`` (exporting to a real OTLP gRPC receiver); we
@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 
 from omnitrace import conventions as cv
-from tests.agent_util import clean_env
-from tests.otlp_receiver import Store, start_grpc
+from tests.support.agent_util import clean_env
+from tests.support.otlp_receiver import Store, start_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
-DRIVER = ROOT / "tests" / "vllm_api_driver.py"
+DRIVER = ROOT / "tests" / "support" / "vllm_api_driver.py"
 DEFAULT_VENVS = [ROOT / ".venv-vllm", ROOT / ".venv-vllm-032"]
 N, TEXT, AUDIO = 3, 6, 3
 TRACE, PARENT = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"

@@ -2,7 +2,7 @@
 
 Each vLLM-Omni version lives in its own venv made by ``scripts/install-vllm-omni.sh``
 (.ci/run makes ``.venv-vllm`` with 0.30.0 and ``.venv-vllm-032`` with 0.32.0rc1;
-``scripts/vllm-omni-matrix.sh`` adds 0.26.0 and 0.28.0). ``tests/vllm_driver.py`` runs in that venv under
+``scripts/vllm-omni-matrix.sh`` adds 0.26.0 and 0.28.0). ``tests/support/vllm_driver.py`` runs in that venv under
 ``omnitrace run``: a producer adapter (stage 0) and a consumer adapter (stage 1, a spawned
 process) move synthetic 2,500-token-prompt requests through the real
 OmniChunkTransferAdapter and SharedMemoryConnector; we read the run directory.
@@ -22,24 +22,9 @@ from typing import Any
 import pytest
 
 from omnitrace import conventions as cv
+from tests.support.vllm_venvs import _omni_version, _venvs, DRIVER, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-DRIVER = ROOT / "tests" / "vllm_driver.py"
-DEFAULT_VENVS = [ROOT / ".venv-vllm", ROOT / ".venv-vllm-032"]
 REQUESTS, CHUNKS, PROMPT = 3, 4, 2500
-
-
-def _venvs() -> list[Path]:
-    raw = os.environ.get("OMNITRACE_VLLM_VENVS")
-    paths = [Path(p) for p in raw.split(os.pathsep) if p] if raw else DEFAULT_VENVS
-    return [p for p in paths if (p / "bin" / "python").exists()]
-
-
-def _omni_version(venv: Path) -> str:
-    out = subprocess.run([str(venv / "bin" / "python"), "-c",
-                          "import importlib.metadata as m; print(m.version('vllm-omni'))"],
-                         capture_output=True, text=True, timeout=60)
-    return out.stdout.strip()
 
 
 def _has_snapshot(version: str) -> bool:

@@ -27,7 +27,7 @@ import pytest
 
 from omnitrace.bench.serve_and_bench import free_port
 from omnitrace.inject.leftovers import request_of
-from shm_watcher import ShmWatcher
+from tests.support.shm_watcher import ShmWatcher
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "tiny-omni"
@@ -159,7 +159,7 @@ def served030(tmp_path_factory) -> dict:
         failed = json.loads((run_dir / "bench.json").read_text())["levels"][0]["summary"]["failed"]
         assert bench.returncode == 0 or failed <= 4, bench.stderr[-3000:]
         panels = _dashboard_answers(pport, _load_window_unix(run_dir / "bench.json"))
-        client = subprocess.run([str(venv / "bin" / "python"), str(ROOT / "tests" / "vllm_omni_client.py"),
+        client = subprocess.run([str(venv / "bin" / "python"), str(ROOT / "tests" / "support" / "vllm_omni_client.py"),
                                  url, MODEL_NAME, "8", "4", "vbc-"], env=_env(venv), text=True,
                                 capture_output=True, timeout=600)
         assert client.returncode == 0, client.stderr[-3000:]
@@ -214,7 +214,7 @@ def _dashboard_answers(pport: int, window: tuple[float, float], timeout_s: float
     import math
     import urllib.parse
 
-    from dashboard_util import prometheus_queries
+    from tests.support.dashboard_util import prometheus_queries
     start, end = window[0], window[1] + 3.0  # the last requests' figures scraped (1 s interval)
 
     def answered(expr: str) -> bool:

@@ -235,7 +235,7 @@ VICTIM_BATCH = 2048  # victims computed at once: their (wait, task) overlaps are
 
 def blocked_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy | None = None) -> Pairs:
     """Wall-time head-of-line blocking of each victim (see the module doc), vectorised
-    over a batch of victims at a time (tests/hol_reference.py is the per-victim loop it is
+    over a batch of victims at a time (tests/support/hol_reference.py is the per-victim loop it is
     tested against); victims are independent, so batches only bound the memory."""
     if busy is None and len(chunks):
         busy = sender_busy(chunks)

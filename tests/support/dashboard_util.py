@@ -8,7 +8,7 @@ import os
 import re
 from dataclasses import dataclass
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DASH_DIR = os.path.join(ROOT, "dashboards")
 GRAFANA_DIR = os.path.join(DASH_DIR, "grafana")
 VLLM_OMNI_ROW = "vLLM-Omni's own metrics (only with --log-stats)"

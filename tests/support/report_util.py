@@ -20,9 +20,9 @@ CHROMIUM = "/usr/bin/chromium"
 
 def chromium() -> str:
     """Debian's Chromium (Playwright drives it); the test fails naming the package if missing."""
-    from tests.system_deps import need
+    from tests.support.system_deps import need
     return need("chromium", "chromium", CHROMIUM)
-SPEEDSCOPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+SPEEDSCOPE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                           "dashboards", "schema-check", "node_modules", "speedscope", "dist", "release")
 
 

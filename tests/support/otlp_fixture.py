@@ -111,3 +111,14 @@ def write_run(d: str, lines: list[str], bench: dict | None = None, agent: dict |
     if bench is not None:
         json.dump(bench, open(os.path.join(d, "bench.json"), "w"))
     return d
+
+
+# the worked example's attribution (three_stage_request), in us per (stage, category)
+EXPECTED_US = {
+    (-1, "dispatch"): 10, (-1, "deliver"): 100,  # no API marks in this trace: not split further
+    (0, "queue"): 10, (0, "compute"): 80, (0, "snapshot"): 10, (0, "fifo_blocked"): 30,
+    (0, "fifo_own"): 10, (0, "process"): 10, (0, "put"): 10,
+    (1, "poll_lag"): 5, (1, "get"): 5, (1, "wait_schedule"): 20, (1, "compute"): 100,
+    (1, "snapshot"): 5, (1, "fifo_own"): 5, (1, "process"): 10, (1, "put"): 10,
+    (2, "poll_lag"): 10, (2, "get"): 5, (2, "wait_schedule"): 5, (2, "compute"): 450,
+}
