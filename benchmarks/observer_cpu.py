@@ -84,7 +84,7 @@ def _tree(root: int) -> dict[int, tuple[int, float]]:
 
 def _role(pid: int, root: int, instrumented: bool) -> str:
     cmd = _cmdline(pid)
-    if "omnitrace.agent.main" in cmd:
+    if "omnitrace.cli.agent" in cmd:
         return "agent"
     if "py-spy" in cmd.split(" ", 1)[0] or os.path.basename(cmd.split(" ", 1)[0]) == "py-spy":
         return "py-spy"

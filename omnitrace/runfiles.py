@@ -102,7 +102,7 @@ def _is_agent(pid: int, run_id: str) -> bool:
                 cmd = f.read()
         except OSError:
             return False
-        return b"omnitrace.agent.main" in cmd and run_id.encode() in cmd
+        return b"omnitrace.cli.agent" in cmd and run_id.encode() in cmd
     try:  # no /proc here: alive is all we can tell
         os.kill(pid, 0)
     except ProcessLookupError:

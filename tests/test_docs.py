@@ -31,7 +31,7 @@ def _flags(sub: str, cache: dict[str, dict[str, bool]] = {}) -> dict[str, bool]:
     if sub not in cache:
         out = io.StringIO()
         with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-            importlib.import_module(COMMANDS[sub][0]).main(["--help"])
+            importlib.import_module(f"omnitrace.cli.{sub}").main(["--help"])
         found = {"--help": False}
         for flag, value in re.findall(r"(--[a-z][a-z0-9-]*)( [A-Z{][^\s,\]]*)?", out.getvalue()):
             found[flag] = found.get(flag, False) or bool(value)

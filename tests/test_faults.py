@@ -9,7 +9,6 @@ named where the user looks (the report's header and warnings, ``omnitrace export
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -18,15 +18,14 @@ LAYERS = [
     ("core", ("omnitrace", "omnitrace.conventions", "omnitrace.categories", "omnitrace.rowops",
               "omnitrace.record", "omnitrace.tracecontext", "omnitrace.eventlog", "omnitrace.spantable",
               "omnitrace.otlp", "omnitrace.spanload", "omnitrace.runfiles", "omnitrace.childproc",
-              "omnitrace.clihelp", "omnitrace.console")),
+              "omnitrace.console")),
     ("runtime", ("omnitrace.runtime",)),
     ("profile", ("omnitrace.profile",)),
     ("analyze", ("omnitrace.analyze",)),
     ("agent", ("omnitrace.agent",)),
     ("render", ("omnitrace.render",)),
-    ("commands", ("omnitrace.cli", "omnitrace.__main__", "omnitrace.loadtest", "omnitrace.bench",
-                  "omnitrace.inject", "omnitrace.patches", "omnitrace.top", "omnitrace.export_cli", "omnitrace.flame_cli",
-                  "omnitrace.analyze.report_cli", "omnitrace.analyze.compare_cli")),
+    ("commands", ("omnitrace.cli", "omnitrace.__main__", "omnitrace.bench", "omnitrace.inject",
+                  "omnitrace.patches", "omnitrace.top")),
 ]
 
 
@@ -105,7 +104,7 @@ def test_no_import_circle():
 
 
 def test_the_checks_see_an_upward_import_and_a_circle():
-    assert layer_of("omnitrace.analyze.report_cli") > layer_of("omnitrace.render.console") \
+    assert layer_of("omnitrace.cli.report") > layer_of("omnitrace.render.console") \
         > layer_of("omnitrace.analyze.report") > layer_of("omnitrace.spantable")
     assert "omnitrace.analyze.span" in import_graph()["omnitrace.analyze.attribution"]
     bad = {"omnitrace.spantable": {"omnitrace.analyze.report"}, "omnitrace.analyze.report": set()}
@@ -141,3 +140,11 @@ def test_renderers_load_nothing():
     assert not found
     assert sorted(reads_files("import os\nwith open(p) as f: pass\nos.listdir(d)\n")) == [
         "line 2: open() to read", "line 3: listdir()"]
+
+
+def test_every_command_is_a_module_of_the_cli_package_named_after_it():
+    """`omnitrace NAME` lives in ``omnitrace/cli/NAME.py``, and that package holds only the
+    commands (and the help style they share): one place and one name for each."""
+    from omnitrace.cli import COMMANDS
+    in_package = {m.rsplit(".", 1)[1] for m in modules() if m.startswith("omnitrace.cli.")}
+    assert in_package - {"helpformat"} == set(COMMANDS)

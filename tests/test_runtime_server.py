@@ -411,7 +411,7 @@ def test_invalid_pipeline_is_one_line_before_any_process(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(d))
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "omnitrace.runtime.serve", "--pipeline", str(bad),
+    p = subprocess.run([sys.executable, "-m", "omnitrace.cli.serve", "--pipeline", str(bad),
                         "--port", str(free_port())], capture_output=True, text=True, timeout=20)
     assert p.returncode == 2 and p.stdout == ""
     lines = p.stderr.strip().splitlines()

@@ -122,7 +122,7 @@ def _otlp_rows(spans: list) -> list[tuple]:
 def test_sinks_of_one_load_get_what_each_gets_alone(real_run, many_parts):
     """The report's tables, the flame index and the export's spans taken from one load
     (by the helper) equal each taken alone (decoded here)."""
-    from omnitrace.export_cli import OtlpSink
+    from omnitrace.cli.export import OtlpSink
     from omnitrace.profile.linked import IndexSink
 
     acc, index, spans = tables.ReportTables(), IndexSink(), []

@@ -17,9 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 

@@ -1,5 +1,5 @@
 """The agent's configuration: one typed object, built once by `omnitrace run` from its
-flags and the environment (``omnitrace.inject.run_command``), validated there, and handed
+flags and the environment (``omnitrace.cli.run``), validated there, and handed
 to the agent process whole as JSON (``--config``). Nothing re-parses flags or env later.
 """
 from __future__ import annotations

@@ -13,25 +13,16 @@ past ``Handoff.BACKLOG_EVENTS`` waiting, skip batches (counted in agent.json as
 ``views.events_skipped``): the record stays complete whatever they do. This module owns
 the run's lifecycle: start (exporters, the Prometheus endpoint, run.json), the main loop
 (views, side files, metrics), the end (final drain, the views' share, files).
-
-Started by `omnitrace run` with stdin and stdout as pipes and ``--config`` (an
-:class:`~omnitrace.agent.config.AgentConfig` as JSON): the agent prints one ``READY
-{json}`` line once its exporters are up (or a one-line error and exit status 2), and
-finishes when it reads ``exit CODE`` on stdin, when stdin closes (its parent died), or
-on SIGTERM/SIGINT.
+Its command (argument, READY line, stdin protocol, signals): :mod:`omnitrace.cli.agent`.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import resource
-import signal
 import socket
-import sys
 import threading
 import time
 
-import orjson
 
 from omnitrace import __version__
 from omnitrace import conventions as cv
@@ -220,44 +211,3 @@ class Agent:
                 console.say("agent", f"warning: {kind} lost {v['failed'] + v['dropped']} spans "
                             f"(failed {v['failed']}, dropped {v['dropped']}; "
                             f"{v.get('last_error') or 'queue full'})")
-
-
-def _watch_stdin(agent: Agent) -> None:
-    for line in sys.stdin:
-        parts = line.split()  # "exit RC [STATUS]": STATUS e.g. "interrupted" (Ctrl-C)
-        if parts[:1] == ["exit"]:
-            try:
-                agent.exit_code = int(parts[1])
-            except (IndexError, ValueError):
-                pass
-            if parts[2:3] == ["interrupted"]:
-                agent.end_status = "interrupted"
-            break
-    agent.stop.set()
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="omnitrace agent",
-                                description="Started by `omnitrace run`; not meant to be run by hand.")
-    p.add_argument("--config", required=True, help="AgentConfig as JSON")
-    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        cfg = AgentConfig.from_json(args.config)
-        agent = Agent(cfg)
-        info = agent.start()
-    except (OSError, export_otlp.ConfigError, ValueError, TypeError) as exc:
-        console.say("agent", f"cannot start: {exc}")
-        return 2
-    signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
-    signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
-    print("READY " + orjson.dumps(info).decode(), flush=True)
-    threading.Thread(target=_watch_stdin, args=(agent,), daemon=True).start()
-    try:
-        agent.run()
-    finally:
-        agent.finish(agent.end_status)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -58,14 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     port = args.port or free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = python_module("omnitrace.runtime.serve", "--port", str(port), *shlex.split(args.serve))
+    cmd = python_module("omnitrace.cli.serve", "--port", str(port), *shlex.split(args.serve))
     server = subprocess.Popen(cmd)
     try:
         why = wait_healthy(url, server, args.startup_timeout)
         if why:
             print(f"serve_and_bench: {why}", file=sys.stderr)
             return 1
-        from omnitrace.bench.cli import main as bench_main
+        from omnitrace.cli.bench import main as bench_main
         return bench_main(["--base-url", url, *bench_args])
     finally:
         if server.poll() is None:

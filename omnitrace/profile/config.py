@@ -1,5 +1,5 @@
 """Flame-graph capture configuration: one typed object, built once by `omnitrace run` from
-its ``--flame*`` flags (``omnitrace.inject.run_command``), validated there and handed whole
+its ``--flame*`` flags (``omnitrace.cli.run``), validated there and handed whole
 as JSON to the profile runner (``omnitrace.profile.runner``) and, through
 ``OMNITRACE_FLAME``, to the in-process profiler (``omnitrace.profile.inproc``).
 """

@@ -1,6 +1,6 @@
 """Reference pipeline runtime: a faithful, lightweight model of vLLM-Omni's async-chunk path.
 
-Start it with ``omnitrace serve`` (or ``python -m omnitrace.runtime.serve``; under
+Start it with ``omnitrace serve`` (or ``python -m omnitrace.cli.serve``; under
 instrumentation ``omnitrace run serve``). Options: ``--host`` (127.0.0.1), ``--port``
 (8000), ``--pipeline FILE`` (default: the packaged Qwen3-Omni shape, a copy of
 ``examples/qwen3_omni.yaml``), ``--snapshot copy|recursive``, ``--shm per-chunk|pool``.

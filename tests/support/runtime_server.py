@@ -48,7 +48,7 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "omnitrace.runtime.serve", "--port", str(self.port),
+            [sys.executable, "-m", "omnitrace.cli.serve", "--port", str(self.port),
              "--pipeline", pipeline, *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env=dict(os.environ, **(env or {})))

@@ -1,27 +1,28 @@
-"""`omnitrace` command line: each subcommand lives in the module that owns the feature."""
+"""`omnitrace` command line: `omnitrace NAME ARGS` runs ``omnitrace.cli.NAME.main(ARGS)``;
+each command module parses its arguments and calls the feature's own modules."""
 from __future__ import annotations
 
 import importlib
 import sys
 
-# subcommand -> (module with `main(argv) -> int`, one-line help)
+# command -> one-line help; its module is omnitrace.cli.<command>, with `main(argv) -> int`
 COMMANDS = {
-    "loadtest": ("omnitrace.loadtest", "serve, load, stop, report in one command; --ab compares two deployments"),
-    "run": ("omnitrace.inject.run_command", "run a command (or `serve`) with every Python process instrumented"),
-    "serve": ("omnitrace.runtime.serve", "start the reference pipeline server without instrumentation"),
-    "agent": ("omnitrace.agent.main", "the agent process (started by `omnitrace run`)"),
-    "bench": ("omnitrace.bench.cli", "load-test a /v1/chat/completions stream"),
-    "report": ("omnitrace.analyze.report_cli", "per-stage TTFP attribution of a run directory"),
-    "compare": ("omnitrace.analyze.compare_cli", "A/B comparison of runs with confidence intervals"),
-    "flame": ("omnitrace.flame_cli", "flame graphs of a --flame run, per stage or linked to spans"),
-    "export": ("omnitrace.export_cli", "every span of a run as OTLP/JSON lines or to an OTLP endpoint"),
-    "top": ("omnitrace.top.cli", "the load test live in a terminal: rates, TTFP, attribution, FIFOs"),
+    "loadtest": "serve, load, stop, report in one command; --ab compares two deployments",
+    "run": "run a command (or `serve`) with every Python process instrumented",
+    "serve": "start the reference pipeline server without instrumentation",
+    "agent": "the agent process (started by `omnitrace run`)",
+    "bench": "load-test a /v1/chat/completions stream",
+    "report": "per-stage TTFP attribution of a run directory",
+    "compare": "A/B comparison of runs with confidence intervals",
+    "flame": "flame graphs of a --flame run, per stage or linked to spans",
+    "export": "every span of a run as OTLP/JSON lines or to an OTLP endpoint",
+    "top": "the load test live in a terminal: rates, TTFP, attribution, FIFOs",
 }
 
 
 def _usage() -> str:
     lines = ["usage: omnitrace COMMAND [ARGS]", "", "commands:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  {name:<8} {help_}" for name, help_ in COMMANDS.items()]
     return "\n".join(lines)
 
 
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         # (childproc.start): taken here, where it is one line, not a traceback
         from omnitrace.childproc import accept_sigint
         accept_sigint()
-        module = importlib.import_module(COMMANDS[name][0])
+        module = importlib.import_module(f"omnitrace.cli.{name}")
         return int(module.main(rest) or 0)
     except KeyboardInterrupt:  # Ctrl-C before the command took charge of it (e.g. while
         # importing, seconds on a loaded machine) or one it leaves to us: no traceback

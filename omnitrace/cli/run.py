@@ -98,7 +98,7 @@ def serve_command(args: list[str]) -> tuple[list[str], dict[str, str]]:
     ``vllm.general_plugins`` entry point).
     """
     if not args or args[0].startswith("-"):
-        return python_module("omnitrace.runtime.serve", *args), {}
+        return python_module("omnitrace.cli.serve", *args), {}
     model, rest = args[0], args[1:]
     extra = [] if "--omni" in rest else ["--omni"]
     if not any(a == "--host" or a.startswith("--host=") for a in rest):
@@ -235,7 +235,7 @@ def _resolve_command(cmd: list[str]) -> tuple[list[str], dict[str, str], int | N
 
 
 def _start_agent(cfg: AgentConfig, lock: int) -> subprocess.Popen | None:
-    args = python_module("omnitrace.agent.main", "--config", cfg.to_json())
+    args = python_module("omnitrace.cli.agent", "--config", cfg.to_json())
     env = dict(os.environ)
     env.pop(cv.ENV_RUN_ID, None)  # the agent itself is not instrumented
     # own session: a Ctrl-C on the terminal reaches the command, not the agent, which
@@ -325,7 +325,7 @@ def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cm
 
     # our own server takes a Ctrl-C once its handlers are in (childproc.start); anything
     # else gets it as from the terminal
-    ours = childproc.module_of(full_cmd) == "omnitrace.runtime.serve"
+    ours = childproc.module_of(full_cmd) == "omnitrace.cli.serve"
     try:  # --flame: the profile runner starts the command under py-spy
         popen = childproc.start if ours and flame is None else subprocess.Popen
         child = popen(flame_flags.wrap(flame, full_cmd), env=env)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from omnitrace import conventions as cv
 from omnitrace import childproc
 from omnitrace.childproc import python_module
-from omnitrace.clihelp import DefaultsFormatter
+from omnitrace.cli.helpformat import DefaultsFormatter
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
 from omnitrace import console
 
@@ -325,7 +325,7 @@ def run_ab(cfg: LoadtestConfig, pattern: str, repeats: int) -> int:
                   f"(omnitrace compare --a ... --b ... on the finished ones)", file=sys.stderr)
             return 130
         runs[label].append(d)
-    from omnitrace.analyze.compare_cli import compare
+    from omnitrace.cli.compare import compare
     from omnitrace.analyze.rundir import RunDirError
     try:
         res = compare(runs["A"], runs["B"])

@@ -1,4 +1,4 @@
-"""`omnitrace serve` / `python -m omnitrace.runtime.serve`: start the reference pipeline.
+"""`omnitrace serve` / `python -m omnitrace.cli.serve`: start the reference pipeline.
 
 Stages start as spawned processes, then the HTTP server listens. SIGINT/SIGTERM stop the
 server, every stage process, and sweep any shared-memory segment this server left.

@@ -15,7 +15,7 @@ import sys
 import time
 from collections import deque
 
-from omnitrace.clihelp import DefaultsFormatter
+from omnitrace.cli.helpformat import DefaultsFormatter
 from omnitrace.top import model
 from omnitrace.top.source import DEFAULT_URL, RunDirSource, Sample, SourceError, open_source
 from omnitrace import console
