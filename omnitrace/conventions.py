@@ -178,6 +178,7 @@ ENV_ROLE = "OMNITRACE_ROLE"  # api | stage | bench | other
 ENV_STAGE = "OMNITRACE_STAGE"
 ENV_REPLICA = "OMNITRACE_REPLICA"
 ENV_RING_RECORDS = "OMNITRACE_RING_RECORDS"  # records per thread ring (power of two)
+ENV_RECORD_WRITER = "OMNITRACE_RECORD_WRITER"  # "python": the reference writer even where the compiled one is built
 # `omnitrace run` options (flags win over these)
 ENV_EXPORTERS = "OMNITRACE_EXPORTERS"  # comma list: otlp-grpc, otlp-http, prometheus, file
 ENV_OTLP_ENDPOINT = "OMNITRACE_OTLP_ENDPOINT"  # else OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT

@@ -2,8 +2,11 @@
 
 Hook sites call :func:`emit` (or, on the hottest paths, ``thread_ring().record``). Each call
 packs one 32-byte record into the calling thread's ring in POSIX shared memory and
-publishes the write cursor: no locks, no I/O, no OpenTelemetry SDK work (~0.2-0.3 us,
-``benchmarks/record_cost.py``). The agent process attaches to the rings, drains them
+publishes the write cursor: no locks, no I/O, no OpenTelemetry SDK work. Two writers do
+it: :class:`Ring` here, the reference, and its compiled twin ``omnitrace/_ringc.c``
+(built at install where a C compiler is; tested to write the same bytes), which
+:func:`thread_ring` uses when it is there (``OMNITRACE_RECORD_WRITER=python`` keeps the
+reference; costs of both: ``benchmarks/record_cost.py``). The agent process attaches to the rings, drains them
 and advances the read cursor; rings live on after their writer dies (even by SIGKILL), so
 the agent still reads what a crashed process recorded.
 
@@ -39,6 +42,11 @@ import numpy as np
 
 from omnitrace import conventions as cv
 from omnitrace import rowops
+
+try:
+    from omnitrace import _ringc
+except ImportError:  # built without a C compiler: the Python writer alone
+    _ringc = None
 
 MAGIC = b"OMNIRING"
 VERSION = 1
@@ -143,7 +151,7 @@ class Ring:
     """The writer side of one thread's ring. Only its owning thread calls :meth:`record`."""
 
     __slots__ = ("pid", "tid", "name", "shm", "buf", "capacity", "_mask", "_w", "_free",
-                 "_dropped", "_ids", "_cur", "_string_slots")
+                 "_dropped", "_ids", "_cur", "_string_slots", "_c")
 
     def __init__(self, run_id: str, info: ProcessInfo, capacity: int = DEFAULT_RECORDS,
                  thread_name: str | None = None) -> None:
@@ -162,6 +170,7 @@ class Ring:
         self._dropped = 0
         self._string_slots = 0
         self._ids: dict[str, int] = {}
+        self._c = None  # the compiled writer, once writer() made it
         thread_name = thread_name or threading.current_thread().name
         mono = time.perf_counter_ns()
         _HEAD.pack_into(self.buf, 0, MAGIC, VERSION, RECORD_SIZE, capacity, 0, 0, 0,
@@ -218,7 +227,19 @@ class Ring:
         self._free -= 1
         self._cur[0] = w
 
+    def writer(self) -> "Ring | _ringc.Writer":
+        """What this ring's thread records through: the compiled writer when it is built
+        and not turned off (``OMNITRACE_RECORD_WRITER=python``), else the ring itself. The
+        compiled writer takes the ring over: from then on write only through it."""
+        if _ringc is None or os.environ.get(cv.ENV_RECORD_WRITER) == "python":
+            return self
+        if self._c is None:
+            self._c = _ringc.Writer(self.buf, self.capacity, string_slots, MAX_INTERNED)
+        return self._c
+
     def close(self) -> None:
+        if self._c is not None:
+            self._c.close()
         try:
             self._cur.release()
             self.buf = None  # type: ignore[assignment]
@@ -274,7 +295,8 @@ def process_info() -> ProcessInfo:
 
 
 def thread_ring() -> Ring | _NullRing:
-    """This thread's ring, created on first use; a no-op ring when recording is off."""
+    """This thread's ring writer (:meth:`Ring.writer`), the ring created on first use; a
+    no-op when recording is off."""
     ring = getattr(_local, "ring", None)
     if ring is None:
         rid = run_id()
@@ -282,9 +304,10 @@ def thread_ring() -> Ring | _NullRing:
             ring = NULL_RING
         else:
             capacity = int(os.environ.get(cv.ENV_RING_RECORDS, DEFAULT_RECORDS))
-            ring = Ring(rid, _info, capacity)
+            owner = Ring(rid, _info, capacity)
             with _rings_lock:
-                _rings.append(ring)
+                _rings.append(owner)
+            ring = owner.writer()
         _local.ring = ring
     return ring
 
