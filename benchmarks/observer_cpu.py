@@ -15,6 +15,9 @@ and variant, a fresh server:
 Roles: ``api`` (the server process), ``stage0..N`` (its stage processes in spawn order =
 pipeline order; named from the rings where there are rings), ``agent``, ``py-spy``,
 ``run`` (the `omnitrace run` supervisor), ``other`` (multiprocessing's resource tracker).
+Variants: ``bare`` (`omnitrace serve`), ``omnitrace`` (`omnitrace run serve`),
+``omnitrace-py`` (the same with the Python ring writer, ``OMNITRACE_RECORD_WRITER=python``),
+``flame-nb``/``flame-b`` (``--flame`` nonblocking/blocking).
 ``pipeline`` = api + stages: what the server itself spends, the in-situ figure.
 
 ``--tree NAME=PATH`` adds the variant ``omnitrace@NAME``: `omnitrace run` from another
@@ -46,7 +49,7 @@ from observer_effect import _server_cmd, bench_cmd, stop_server  # noqa: E402
 from omnitrace import record  # noqa: E402
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy  # noqa: E402
 
-ALL = ("bare", "omnitrace", "flame-nb", "flame-b")
+ALL = ("bare", "omnitrace", "omnitrace-py", "flame-nb", "flame-b")
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -151,6 +154,8 @@ def run_one(variant: str, args: argparse.Namespace, work: str) -> dict:
     run_dir = os.path.join(work, f"{variant}-{time.time_ns()}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNITRACE_")}
     base, _, tree = variant.partition("@")
+    if base == "omnitrace-py":  # the hooks write through the Python reference writer
+        env["OMNITRACE_RECORD_WRITER"] = "python"
     if tree:  # that checkout's omnitrace first on the path (the agent's and the stages' too)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (args.trees[tree], env.get("PYTHONPATH")) if p)
     server = subprocess.Popen(_server_cmd(base, port, run_dir, args.serve.split()), env=env,

@@ -496,7 +496,7 @@ class SpanBuilder:
             self._request_events(p.small, now, firsts, arrivals, ends, contexts)
         if p.reqs and self.reqs:
             self._seen(p.reqs, now)
-        parts = [self._pair_chunks(p)]
+        parts = self._pair_chunks(p)  # one copy into the feed's rows, not two
         if self._rows:
             parts.append(np.array(self._rows, SPAN_DTYPE))
             self._rows = []
@@ -679,7 +679,7 @@ class SpanBuilder:
         return reason
 
     # ------------------------------------------------------------------ chunks
-    def _pair_chunks(self, p: Prepared) -> np.ndarray:
+    def _pair_chunks(self, p: Prepared) -> list[np.ndarray]:
         self._add_busy(self._tasks.close(p.senders, self._pids) if p.closed is None else p.closed)
         out = []
         for (name, _, _), (b_new, e_new) in zip(_PAIRS, p.pairs):
@@ -711,7 +711,7 @@ class SpanBuilder:
             out.append(rows)
         pool.begins = rowops.delete(P, pi)
         pool.ends = rowops.delete(G, gi)
-        return rowops.concat(out, SPAN_DTYPE) if out else np.zeros(0, SPAN_DTYPE)
+        return out
 
     def _span_rows(self, name: int, first: np.ndarray, peer_from: np.ndarray) -> np.ndarray:
         """Span rows named by their first stamp (request, stage, chunk, ring, start);
