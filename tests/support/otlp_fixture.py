@@ -1,6 +1,9 @@
-"""Hand-written run directories in the agent's OTLP JSON format (docs/run-directory.md).
+"""Hand-written run directories in the old ``spans.jsonl`` format (OTLP JSON lines: runs
+recorded before the event log), read through its importer (analyze/otlp_import.py).
 
-Used for the arithmetic of attribution; the must-hold tests run the real pipeline instead.
+Used for the arithmetic of attribution; tests/support/event_fixture.py writes the same
+worked example as events through the real rings and recorder (the production path), and
+tests/test_attribution_unit.py checks both read the same.
 """
 from __future__ import annotations
 
