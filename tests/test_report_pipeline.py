@@ -113,6 +113,26 @@ def test_html_renders_in_chromium(run_dir, tmp_path):
         shutil.copy(shot, keep)
 
 
+def test_html_first_screen_shows_the_answer(run_dir, tmp_path):
+    """At 1400x900 the page's first screen holds the headline (equal to what --json says)
+    and the start of the attribution chart."""
+    from omnitrace.render.headline import headline
+    html = tmp_path / "report.html"
+    subprocess.run([sys.executable, "-m", "omnitrace", "report", run_dir, "--html", str(html)],
+                   check=True, capture_output=True, timeout=60)
+    with browser() as b:
+        page = b.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(html.as_uri())
+        box = page.locator("#headline").bounding_box()
+        chart = page.locator("#attribution").bounding_box()
+        shown = [x for x in page.inner_text("#headline").splitlines() if x.strip()]
+    assert box["y"] >= 0 and box["y"] + box["height"] <= 900 and chart["y"] < 900
+    rep = report_json(run_dir)
+    assert shown == headline(rep)
+    assert f"{rep['window']['measured']} requests measured" in shown[0]
+    assert f"p50 {rep['ttfp']['server_ms']['p50']:.1f} ms" in shown[1]
+
+
 def test_half_written_run_dir(run_dir, tmp_path):
     """Agent killed mid-run: no agent.json, run.json says running, the last event segment torn."""
     d = tmp_path / "torn"

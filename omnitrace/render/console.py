@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from omnitrace.render.headline import headline
+
 TOP = 3  # categories per request line
 
 
@@ -24,7 +26,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def render(rep: dict[str, Any], limit: int = 20) -> str:
-    out: list[str] = []
+    out: list[str] = headline(rep) + [""]
     rec = rep["recorder"]
     if rec["dropped"]:
         out.append(f"!! WARNING: the recorder DROPPED {rec['dropped']} events in this run; "
@@ -34,9 +36,9 @@ def render(rep: dict[str, Any], limit: int = 20) -> str:
     w = rep["window"]
     out.append(f"measured window: {w['measured']} requests ({w['selection']}); attributed "
                f"{w['attributed']}; failed {w.get('failed', 0)}; no first packet {w['no_first_packet']}; "
-               f"traced {w['traced_requests']}; spans {w['spans']}")
+               f"traced {w['traced_requests']}; spans of the measured requests {w['spans']}")
     out.append("recorder: " + (f"events={rec['events']} dropped={rec['dropped']} spans_built="
-                               f"{rec['spans_built']}" if rec["known"] else "counters unknown (no agent.json)")
+                               f"{rec['spans_built']} (every traced request)" if rec["known"] else "counters unknown (no agent.json)")
                + "".join(f" {k}={rec[k]}" for k in ("never_drained", "not_recorded", "torn_records")
                          if rec.get(k)))
     if rec.get("accounting"):

@@ -12,6 +12,7 @@ from omnitrace.categories import CATEGORIES, COLORS, DESCRIPTIONS
 from omnitrace.render import waterfall_fig
 from omnitrace.render.console import render as render_text
 from omnitrace.render.flame_html import flame_section
+from omnitrace.render.headline import headline
 
 HEATMAP_TOP = 30
 # Stages told apart by bar pattern where colour already means the category.
@@ -122,6 +123,12 @@ def _legend_html(rep: dict[str, Any]) -> str:
     return f'<dl class="legend" id="legend">{items}</dl>' if items else ""
 
 
+def _headline_html(rep: dict[str, Any]) -> str:
+    """The answer on the first screen: requests and losses, TTFP, the top causes."""
+    return '<div class="headline" id="headline">' + "".join(
+        f"<p>{html.escape(line)}</p>" for line in headline(rep)) + "</div>"
+
+
 def figures(rep: dict[str, Any]) -> list[tuple[str, go.Figure | None]]:
     """(id, figure or None when there is no data for it)."""
     return [
@@ -133,6 +140,8 @@ def figures(rep: dict[str, Any]) -> list[tuple[str, go.Figure | None]]:
 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+.headline{font-size:17px;border-left:4px solid #2a6;padding:.2em .8em;margin:.5em 0 1em}
+.headline p{margin:.25em 0}
 .warn{background:#fff3cd;border:1px solid #e0b000;padding:.6em;margin:.3em 0}
 .drop{background:#f8d7da;border:1px solid #c00;padding:.6em;font-weight:bold}
 .acct{color:#444;padding:.2em 0;font-size:90%}
@@ -174,7 +183,7 @@ def to_html(rep: dict[str, Any], flames: Sequence[Any] = ()) -> str:
     run_ids = ", ".join(str(r.get("run_id")) for r in rep["run"]) or "unknown run"
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
             f"<title>omnitrace report {html.escape(run_ids)}</title><style>{_CSS}</style></head><body>"
-            f"<h1>omnitrace report: {html.escape(run_ids)}</h1>" + "".join(banners)
+            f"<h1>omnitrace report: {html.escape(run_ids)}</h1>" + _headline_html(rep) + "".join(banners)
             + "".join(parts) + flame_section(flames) + "<h2>Tables</h2><pre>" + html.escape(render_text(rep, limit=50))
             + "</pre></body></html>")
 
