@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.agent_util import clean_env
 from tests.support.otlp_receiver import free_port
+from tests.support.report_util import report_json, run_pipeline
 from tests.support.system_deps import need
 
 TMUX = shutil.which("tmux") or "tmux"
@@ -140,3 +141,29 @@ def test_top_bad_source_is_one_line():
     r = subprocess.run([sys.executable, "-m", "omnitrace", "top", f"http://127.0.0.1:{free_port()}"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and "cannot read" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_top_on_a_finished_run_in_80x24_agrees_with_the_report(tmp_path):
+    need("tmux", "tmux")
+    run_dir = str(tmp_path / "run")
+    run_pipeline(run_dir, ["--concurrency", "4", "--num-prompts", "12", "--input-len", "200",
+                           "--output-len", "30", "--seed", "3"])
+    rep = report_json(run_dir)
+    status = tmp_path / "status"
+    _tmux("new-session", "-d", "-s", "top-done", "-x", "80", "-y", "24",
+          f"{sys.executable} -m omnitrace top {run_dir}; echo $? > {status}; sleep 30")
+    try:
+        screen = _wait(lambda: (lambda s: s if "(q quits)" in s else "")(_screen("top-done")), timeout=60)
+        assert screen, _screen("top-done")
+        lines = screen.splitlines()
+        assert lines[0].startswith("omnitrace top") and "whole run" in lines[0]  # the header stays
+        assert f"{rep['window']['measured']} measured" in screen
+        p50 = float(next(x for x in lines if x.startswith("TTFP")).split()[2])
+        assert abs(p50 - rep["ttfp"]["server_ms"]["p50"]) <= 0.01 * rep["ttfp"]["server_ms"]["p50"]
+        assert "0:thinker" in screen and "FIFO residence per stage" in screen and "Head-of-line" in screen
+        _tmux("send-keys", "-t", "top-done", "q")
+        assert _wait(lambda: status.exists() and status.read_text().strip(), timeout=20)
+        assert status.read_text().strip() == "0"
+    finally:
+        _tmux("kill-session", "-t", "top-done", check=False)
+        _tmux("kill-server", check=False)

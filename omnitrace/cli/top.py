@@ -36,25 +36,44 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.1f}"
 
 
-def render(v: model.View, history: dict[str, deque], width: int = 100) -> str:
+def render(v: model.View, history: dict[str, deque], width: int = 100, height: int = 0) -> str:
+    """The screen; with ``height``, the longest lists (attribution, culprits) are cut to
+    fit it (an 80x24 terminal keeps every section)."""
+    rows, culprits = 10, 5
+    while True:
+        out = _lines(v, history, rows, culprits)
+        if not height or len(out) <= height or rows + culprits <= 4:
+            return "\n".join(line[:width] for line in out[:height or None])
+        if rows > culprits + 1 or culprits <= 1:
+            rows -= 1
+        else:
+            culprits -= 1
+
+
+def _lines(v: model.View, history: dict[str, deque], rows: int, culprits: int) -> list[str]:
     out = []
-    when = f"last {v.window_s:.1f} s" if v.window_s else "whole run"
-    out.append(f"omnitrace top — {v.source} — {when}" + (f" — {v.note}" if v.note else ""))
+    when = (f"whole run, {v.whole_run_s:.1f} s" if v.whole_run_s else
+            f"last {v.window_s:.1f} s" if v.window_s else "whole run")
+    # the source last: a long run directory's path is what a narrow terminal cuts
+    out.append(f"omnitrace top — {when}" + (f" — {v.note}" if v.note else "") + f" — {v.source}")
     out.append("")
     if v.window_s:
         flow = f"{v.started_per_s:6.2f}/s in  {v.finished_per_s:6.2f}/s out"
+    elif v.whole_run_s:
+        flow = f"{v.finished:.0f} measured"
     else:
         flow = f"{v.started:.0f} in  {v.finished:.0f} out"
     out.append(f"requests  {flow}  in flight {v.in_flight:.0f}  failed {v.failed:.0f}   "
                f"{sparkline(list(history['rate']))}")
     out.append(f"TTFP      p50 {_ms(v.ttfp[0]):>8} ms  p99 {_ms(v.ttfp[1]):>8} ms   "
                f"{sparkline(list(history['ttfp_p99']))}")
-    out.append(f"TTFT      p50 {_ms(v.ttft[0]):>8} ms  p99 {_ms(v.ttft[1]):>8} ms")
+    if not v.whole_run_s:  # the report has no TTFT quantiles
+        out.append(f"TTFT      p50 {_ms(v.ttft[0]):>8} ms  p99 {_ms(v.ttft[1]):>8} ms")
     out.append("")
     out.append(f"Where TTFP goes ({v.attributed:.0f} requests attributed; mean ms per request)")
     if v.attribution:
         out.append(f"  {'stage':<14} {'category':<14} {'ms':>9} {'share':>7}")
-        for stage, cat, ms, share in v.attribution[:10]:
+        for stage, cat, ms, share in v.attribution[:rows]:
             bar = "█" * max(1, int(share * 30))
             out.append(f"  {stage:<14} {cat:<14} {ms:9.2f} {share * 100:6.1f}% {bar}")
     else:
@@ -62,20 +81,23 @@ def render(v: model.View, history: dict[str, deque], width: int = 100) -> str:
     out.append("")
     out.append("FIFO residence per stage")
     if v.fifo:
-        out.append(f"  {'stage':<14} {'p50 ms':>9} {'p99 ms':>9} {'depth p99':>10} "
+        out.append(f"  {'stage':<14} {'p50 ms':>9} {'p99 ms':>9} {'depth max' if v.whole_run_s else 'depth p99':>10} "
                    f"{'blocked':>8} {'tasks/s' if v.window_s else 'tasks':>9}")
         for st, (p50, p99, depth, blocked, tps) in v.fifo.items():
             d = "-" if depth is None else f"{depth:.0f}"
-            out.append(f"  {st:<14} {p50:9.3f} {p99:9.3f} {d:>10} {blocked * 100:7.1f}% {tps:9.1f}")
+            b = "-" if blocked is None else f"{blocked * 100:.1f}%"
+            out.append(f"  {st:<14} {p50:9.3f} {p99:9.3f} {d:>10} {b:>8} "
+                       + (f"{tps:9.1f}" if v.window_s else f"{tps:9.0f}"))
     else:
         out.append("  (no FIFO task yet)")
     if v.snapshot:
         out.append("  snapshot p50/p99 ms: " + ", ".join(f"{st} {a:.3f}/{b:.3f}"
                                                         for st, (a, b) in v.snapshot.items()))
     out.append("")
-    out.append("Head-of-line: whose tasks others' first packets waited behind")
+    out.append("Head-of-line: whose tasks others' first packets waited behind"
+               + (f" ({v.culprits_note})" if v.culprits_note else ""))
     if v.culprits:
-        for c in v.culprits[:5]:
+        for c in v.culprits[:culprits]:
             out.append(f"  {c['culprit'][:48]:<48} {c['blocked_s'] * 1e3:9.2f} ms "
                        f"over {c['victims']} request(s)")
     else:
@@ -90,7 +112,38 @@ def render(v: model.View, history: dict[str, deque], width: int = 100) -> str:
                  (a["in_flight"], "in flight"), (a["not_recorded"], "not recorded")]
         out.append(f"events: {a['events_written']} written = {a['recorded']} recorded"
                    + "".join(f" + {n} {what}" for n, what in terms if n))
-    return "\n".join(line[:width] for line in out)
+    return out
+
+
+def _show_finished(src: RunDirSource, history: dict[str, deque], tty: bool) -> int:
+    """A finished run: its whole window as the report computes it, shown once (on a
+    terminal until q)."""
+    from omnitrace.analyze.report import build_report
+    from omnitrace.analyze.rundir import RunDirError, load_run
+    try:
+        v = model.from_report(build_report(load_run([src.path])), src.label)
+    except RunDirError as exc:
+        console.say("top", f"{exc}")
+        return 2
+    if not tty:
+        print(render(v, history, 120), flush=True)
+        return 0
+    size = os.get_terminal_size()
+    keys = _Keys()
+    sys.stdout.write("\x1b[?1049h\x1b[?25l\x1b[H\x1b[2J"
+                     + render(v, history, size.columns, size.lines - 2).replace("\n", "\r\n")
+                     + "\r\n(q quits)")
+    sys.stdout.flush()
+    try:
+        while not keys.wait(3600).lower().startswith("q"):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        keys.restore()
+        sys.stdout.write("\x1b[?25h\x1b[?1049l")
+        sys.stdout.flush()
+    return 0
 
 
 class _Keys:
@@ -139,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         console.say("top", "--iterations must be >= 1")
         return 2
     history = {"rate": deque(maxlen=40), "ttfp_p99": deque(maxlen=40)}
+    if isinstance(src, RunDirSource) and src.finished():
+        return _show_finished(src, history, tty)
     prev: Sample | None = None
-    if isinstance(src, RunDirSource):  # a finished run: rates between its last two messages
+    if isinstance(src, RunDirSource):  # rates between its last two messages until live
         try:
             samples = src.file_samples()
             prev = samples[0] if len(samples) > 1 else None
@@ -159,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                 v = model.build(cur, prev, src.label)
                 history["rate"].append(v.started_per_s)
                 history["ttfp_p99"].append(v.ttfp[1])
-                text = render(v, history, os.get_terminal_size().columns if tty else 120)
+                size = os.get_terminal_size() if tty else None
+                text = render(v, history, size.columns if size else 120, size.lines - 2 if size else 0)
                 if cur.live or prev is None:
                     prev = cur
             except SourceError as exc:

@@ -4,6 +4,9 @@ Rates and quantiles are over the interval between the readings (as Prometheus's
 ``rate`` and ``histogram_quantile`` over that window would give); with one reading, over
 the whole run. Quantiles interpolate linearly inside a bucket, as ``histogram_quantile``
 does, so they agree with the Grafana panels.
+
+A finished run is shown from its report instead (:func:`from_report`): the whole run, with
+the report's exact figures, so `top` and `report` cannot disagree about it.
 """
 from __future__ import annotations
 
@@ -64,6 +67,8 @@ class View:
     window_s: float
     source: str
     note: str = ""
+    whole_run_s: float = 0.0  # a finished run's length, when the view is its whole run
+    culprits_note: str = ""  # what the head-of-line leaderboard was summed from, if partial
     started: float = 0.0  # in the window (the whole run when there is no window)
     finished: float = 0.0
     started_per_s: float = 0.0
@@ -163,4 +168,44 @@ def build(cur: Sample, prev: Sample | None, source: str) -> View:
     v.export_lost = sum(x for lab, x in cur.series("omnitrace_agent_export_spans_total").items()
                         if _get(lab, "outcome") in ("failed", "dropped"))
     v.sampled_out = cur.total("omnitrace_agent_spans_sampled_out_total")
+    return v
+
+
+def from_report(rep: dict, source: str) -> View:
+    """A finished run's whole window, from ``omnitrace report``'s dict (the same request
+    selection, TTFP quantiles and attribution as the report)."""
+    runs = [r for r in rep["run"] if r.get("started_unix_ns") and r.get("ended_unix_ns")]
+    length = sum(r["ended_unix_ns"] - r["started_unix_ns"] for r in runs) / 1e9
+    status = ", ".join(sorted({str(r.get("status")) for r in rep["run"]})) or "ended"
+    w, s = rep["window"], rep["ttfp"]["server_ms"]
+    v = View(window_s=0.0, source=source, note=f"run {status}", whole_run_s=length)
+    v.started = v.finished = float(w["measured"])
+    v.failed = float(w.get("failed", 0))
+    if s["count"]:
+        v.ttfp = (s["p50"] / 1e3, s["p99"] / 1e3)
+    v.attributed = float(w["attributed"])
+    v.attribution = [(a["stage"], a["category"], a["mean_ms"], a["share"])
+                     for a in sorted(rep["attribution"], key=lambda a: -a["share"])]
+    for f in rep["fifo"]:  # depth: the run's maximum; blocked share: not in the report
+        v.fifo[f["stage"]] = (f["residence_p50_ms"], f["residence_p99_ms"], f["depth_max"], None,
+                              f["count"])
+    for x in rep["snapshot"]:
+        v.snapshot[x["stage"]] = (x["p50_us"] / 1e3, x["p99_us"] / 1e3)
+    per: dict[str, list] = {}
+    for h in rep["head_of_line"]:  # the report's table summed per culprit
+        c = per.setdefault(h["culprit"], [0.0, set()])
+        c[0] += h["blocked_ms"] / 1e3
+        c[1].add(h["victim"])
+    v.culprits = [{"culprit": k, "blocked_s": b, "victims": len(vs)}
+                  for k, (b, vs) in sorted(per.items(), key=lambda kv: -kv[1][0])]
+    if rep["head_of_line_pairs"] > len(rep["head_of_line"]):
+        v.culprits_note = (f"summed over the report's {len(rep['head_of_line'])} largest of "
+                           f"{rep['head_of_line_pairs']} pairs")
+    rec = rep["recorder"]
+    v.events, v.dropped = float(rec.get("events") or 0), float(rec.get("dropped") or 0)
+    acc = rec.get("accounting") or {}
+    if acc.get("known"):
+        v.accounting = {"events_written": acc["events_written"], "recorded": acc["recorded"],
+                        "dropped_in_rings": acc["dropped_in_rings"], "not_drained_yet": acc["never_drained"],
+                        "in_flight": 0, "not_recorded": acc["not_recorded"]}
     return v

@@ -141,6 +141,10 @@ class RunDirSource:
         self.path = path
         self.label = path
 
+    def finished(self) -> bool:
+        """The run has ended (run.json says so): its record is complete."""
+        return self._json("run.json").get("status", "running") != "running"
+
     def _json(self, name: str) -> dict:
         try:
             with open(os.path.join(self.path, name)) as f:
