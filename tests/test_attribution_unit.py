@@ -134,3 +134,14 @@ def test_the_report_reads_the_same_from_events_and_from_spans(tmp_path):
     assert from_events["window"]["attributed"] == from_spans["window"]["attributed"] == 4
     assert from_events["attribution"] == from_spans["attribution"]
     assert from_events["ttfp"]["sum_error_max_ns"] == 0
+
+
+@pytest.mark.unit
+def test_waterfall_marks_only_the_queues_the_critical_path_waited_in(tmp_path):
+    bench = {"requests": [{"id": "a", "warmup": False, "ttfp_s": 0.001}]}
+    rep = build_report(load_run([write_event_run(str(tmp_path / "r"), three_stage_events("a"), bench=bench)]))
+    (wf,) = rep["waterfalls"]
+    queues = {s[0]: s[5] for s in wf["spans"] if s[1] == "queue"}
+    # the thinker's queue gates the request; the talker's and code2wav's wait for a chunk
+    assert queues == {"0:thinker": True, "1:talker": False, "2:code2wav": False}
+    assert {p[2] for p in wf["path"] if p[3] == "queue"} == {"0:thinker"}

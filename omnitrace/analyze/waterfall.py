@@ -32,9 +32,12 @@ def build(a: at.Attribution, r: at.RequestSpans, rows: np.ndarray, busy: Busy,
     for st, sp in sorted(r.stages.items()):
         if sp.start <= end:
             spans.append([label(st), "stage", -1, ms(sp.start), ms(min(sp.end, end)), False, False])
+    # a stage's queue is on the critical path only where the path waited in it: the
+    # talker's and code2wav's queues usually span the whole request and gate nothing
+    queued = {g.stage for g in a.segments if g.category == at.QUEUE}
     for st, sp in sorted(r.queues.items()):
         if sp.start <= end:
-            spans.append([label(st), "queue", -1, ms(sp.start), ms(min(sp.end, end)), True, False])
+            spans.append([label(st), "queue", -1, ms(sp.start), ms(min(sp.end, end)), st in queued, False])
     path = {(p, c, k) for p, c, k in a.hops}
     rows = rows[rows["start"] <= end]
     waits = []
