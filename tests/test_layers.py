@@ -148,3 +148,10 @@ def test_every_command_is_a_module_of_the_cli_package_named_after_it():
     from omnitrace.cli import COMMANDS
     in_package = {m.rsplit(".", 1)[1] for m in modules() if m.startswith("omnitrace.cli.")}
     assert in_package - {"helpformat"} == set(COMMANDS)
+
+
+def test_omnitrace_run_puts_the_bootstrap_on_the_path():
+    """Moving the command module once left `omnitrace run` pointing at a bootstrap
+    directory that did not exist: every child ran uninstrumented, without a word."""
+    from omnitrace.cli.run import BOOTSTRAP_DIR
+    assert os.path.isfile(os.path.join(BOOTSTRAP_DIR, "sitecustomize.py"))

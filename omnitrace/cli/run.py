@@ -31,7 +31,8 @@ from omnitrace.childproc import python_module
 from omnitrace.agent.config import EXPORTERS, AgentConfig
 from omnitrace import console
 
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "inject",
+                             "bootstrap")
 AGENT_READY_TIMEOUT_S = 60.0
 
 
