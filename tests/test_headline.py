@@ -40,3 +40,12 @@ def test_losses_and_no_first_packet_are_in_the_first_line(rep):
     rep["recorder"]["accounting"].update(events_written=1000, recorded=990)
     rep["window"]["no_first_packet"] = 2
     assert headline(rep)[0].endswith("2 without a first audio packet; 10 of 1000 events not in the record")
+
+
+def test_per_request_columns_line_up(rep):
+    text = render(rep)
+    lines = text[text.index("Per request critical path"):].splitlines()[1:]
+    head, rows = lines[0], [x for x in lines[2:] if x.strip()]
+    starts = [head.index(h) for h in ("#1", "#2", "#3")]  # the causes' labels: left-aligned
+    for row in rows:
+        assert all(row[s - 2:s] == "  " and row[s] != " " for s in starts), (head, row)

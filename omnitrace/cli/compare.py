@@ -154,10 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\nTTFP attribution")
         print(table(["stage", "category", "A ms", "B ms", "B-A ms", "CI low", "CI high", ""],
                     [[r["stage"], r["category"], r["a_ms"], r["b_ms"], r["delta_ms"], r["ci_low_ms"],
-                      r["ci_high_ms"], "*" if r["significant"] else ""] for r in res["rows"]]))
+                      r["ci_high_ms"], "*" if r["significant"] else ""] for r in res["rows"]], left=(1,)))
     if res["components"]:
         print("\nComponents (mean per chunk)")
         print(table(["stage / pair", "metric", "A", "B", "B-A", "CI low", "CI high", ""],
                     [[r["group"], r["metric"], r["a"], r["b"], r["delta"], r["ci_low"], r["ci_high"],
-                      "*" if r["significant"] else ""] for r in res["components"]]))
+                      "*" if r["significant"] else ""] for r in res["components"]], left=(1,)))
     return 0

@@ -8,7 +8,9 @@ from omnitrace.render.headline import headline
 TOP = 3  # categories per request line
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: Sequence[int] = ()) -> str:
+    """Fixed-width columns: the first and those in ``left`` (text) left-aligned, the rest
+    (numbers) right-aligned."""
     def fmt(v: Any) -> str:
         if v is None:
             return "-"
@@ -18,10 +20,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
     cells = [[fmt(v) for v in r] for r in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
-    out = [line, "  ".join("-" * w for w in widths)]
+    lefts = {0, *left}
+    line = "  ".join(h.ljust(w) if i in lefts else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))
+    out = [line.rstrip(), "  ".join("-" * w for w in widths)]
     for r in cells:
-        out.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        out.append("  ".join(c.ljust(w) if i in lefts else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(r, widths))).rstrip())
     return "\n".join(out)
 
 
@@ -67,12 +71,12 @@ def render(rep: dict[str, Any], limit: int = 20) -> str:
         out.append("\nFailed measured requests, by cause")
         out.append(table(["cause", "requests", "how the client saw it", "example"],
                          [[c["cause"], c["count"], ", ".join(f"{n} {h}" for h, n in c["how"].items()),
-                           c["example"][:60]] for c in fl["causes"]]))
+                           c["example"][:60]] for c in fl["causes"]], left=(2, 3)))
     if rep["attribution"]:
         out.append("\nAttribution of TTFP (critical path, per stage and category)")
         out.append(table(["stage", "category", "mean ms", "p50 ms", "p99 ms", "share"],
                          [[a["stage"], a["category"], a["mean_ms"], a["p50_ms"], a["p99_ms"],
-                           f"{a['share'] * 100:.1f}%"] for a in rep["attribution"]]))
+                           f"{a['share'] * 100:.1f}%"] for a in rep["attribution"]], left=(1,)))
         used = {a["category"] for a in rep["attribution"]}
         desc = [c for c in rep.get("categories", []) if c["category"] in used]
         if desc:
@@ -114,7 +118,9 @@ def render(rep: dict[str, Any], limit: int = 20) -> str:
         rows = []
         for r in shown:
             top = sorted(r["categories_ms"].items(), key=lambda kv: -kv[1])[:TOP]
+            top += [("", None)] * (TOP - len(top))
             rows.append([r["id"], r["ttfp_ms"], r["client_ttfp_ms"]]
-                        + [f"{k} {v:.1f}" for k, v in top] + [""] * (TOP - len(top)))
-        out.append(table(["request", "TTFP", "client"] + [f"#{i + 1}" for i in range(TOP)], rows))
+                        + [x for k, v in top for x in (k, "" if v is None else f"{v:.1f}")])
+        heads = [h for i in range(TOP) for h in (f"#{i + 1}", "ms")]
+        out.append(table(["request", "TTFP", "client"] + heads, rows, left=range(3, 3 + 2 * TOP, 2)))
     return "\n".join(out)
