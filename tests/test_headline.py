@@ -33,7 +33,7 @@ def test_the_three_lines_say_what_the_report_says(rep):
     assert [a["share"] for a in top] == sorted((a["share"] for a in rep["attribution"]), reverse=True)[:3]
     # the worked example: code2wav computes 450 of the 900 us, the talker 100, the API delivers 100
     assert causes.startswith("Where TTFP went: 50.0% code2wav compute, ")
-    assert render(rep).splitlines()[:3] == headline(rep)
+    assert render(rep).splitlines()[:3] == headline(rep)  # (a drop warning would come first)
 
 
 def test_losses_and_no_first_packet_are_in_the_first_line(rep):

@@ -30,11 +30,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: Sequence[
 
 
 def render(rep: dict[str, Any], limit: int = 20) -> str:
-    out: list[str] = headline(rep) + [""]
+    out: list[str] = []
     rec = rep["recorder"]
-    if rec["dropped"]:
+    if rec["dropped"]:  # louder than the answer: the answer is built on what is left
         out.append(f"!! WARNING: the recorder DROPPED {rec['dropped']} events in this run; "
                    "affected requests are attributed from incomplete spans.")
+    out += headline(rep) + [""]
     for r in rep["run"]:
         out.append(f"run {r.get('run_id')}  status={r.get('status')}  exit={r.get('exit_code')}")
     w = rep["window"]
