@@ -144,7 +144,7 @@ static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t n
         t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
     }
     /* (t_ns q, a q, request u32, chunk i32, kind u16, stage i16, b i32), little endian:
-       the machines this runs on (record.py asserts the byte order at import) */
+       native integers here, so Ring.writer() uses this writer on little-endian machines only */
     char *p = self->base + HEADER_SIZE + (self->w & self->mask) * RECORD_SIZE;
     uint32_t req32 = (uint32_t)rid;
     int32_t chunk32 = (int32_t)chunk, b32 = (int32_t)b;

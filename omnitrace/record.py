@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -231,7 +232,8 @@ class Ring:
         """What this ring's thread records through: the compiled writer when it is built
         and not turned off (``OMNITRACE_RECORD_WRITER=python``), else the ring itself. The
         compiled writer takes the ring over: from then on write only through it."""
-        if _ringc is None or os.environ.get(cv.ENV_RECORD_WRITER) == "python":
+        if (_ringc is None or os.environ.get(cv.ENV_RECORD_WRITER) == "python"
+                or sys.byteorder != "little"):  # the compiled writer stores native integers
             return self
         if self._c is None:
             self._c = _ringc.Writer(self.buf, self.capacity, string_slots, MAX_INTERNED)
