@@ -25,7 +25,7 @@ import pytest
 
 from omnitrace.bench.serve_and_bench import free_port
 from omnitrace.inject.leftovers import request_of
-from tests.support.shm_watcher import ShmWatcher
+from tests.support.shm_watcher import CHUNK_KEY, ShmWatcher
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "tiny-omni"
@@ -337,7 +337,7 @@ def test_counts_equal_what_the_server_did(loadtest032) -> None:
                 assert puts == gets, (rid, prod, puts, gets)
     seg_keys = set()
     for n in watcher.created:
-        m = __import__("shm_watcher").CHUNK_KEY.match(n)
+        m = CHUNK_KEY.match(n)
         rid = m["req"][len("chatcmpl-"):-9] if m else None
         if rid in tokens:
             seg_keys.add((rid, int(m["stage"]), int(m["chunk"])))
