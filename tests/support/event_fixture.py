@@ -11,7 +11,6 @@ from the run's start.
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -21,6 +20,7 @@ from omnitrace.agent.config import AgentConfig
 from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.agent.recorder import Handoff, Recorder
 from omnitrace.conventions import Ev, Modality
+from tests.support.otlp_fixture import write_side_files
 
 US = 1_000
 T0 = 10**12  # perf_counter_ns of the run's start (any value the clock could have)
@@ -53,14 +53,9 @@ def write_event_run(d: str, script: list[tuple], bench: dict | None = None) -> s
                 os.unlink(os.path.join(record.SHM_DIR, ring.name))
             except FileNotFoundError:
                 pass  # the recorder's final drain unlinked it
-    with open(os.path.join(d, "run.json"), "w") as f:
-        json.dump({"run_id": run_id, "status": "complete", "exit_code": 0,
-                   "started_unix_ns": time.time_ns()}, f)
-    with open(os.path.join(d, "agent.json"), "w") as f:
-        json.dump({"events_read": rec.events_read, "events_dropped": 0}, f)
-    if bench is not None:
-        with open(os.path.join(d, "bench.json"), "w") as f:
-            json.dump(bench, f)
+    write_side_files(d, {"run_id": run_id, "status": "complete", "exit_code": 0,
+                         "started_unix_ns": time.time_ns()},
+                     {"events_read": rec.events_read, "events_dropped": 0}, bench)
     return d
 
 

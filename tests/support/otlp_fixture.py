@@ -101,18 +101,22 @@ def three_stage_request(rid: str, off: float = 0.0, blocked_by: list[str] | None
     return out
 
 
+def write_side_files(d: str, run: dict, agent: dict, bench: dict | None = None) -> None:
+    """run.json, agent.json and (if given) bench.json: what every run directory has."""
+    for name, doc in (("run.json", run), ("agent.json", agent), ("bench.json", bench)):
+        if doc is not None:
+            with open(os.path.join(d, name), "w") as f:
+                json.dump(doc, f)
+
+
 def write_run(d: str, lines: list[str], bench: dict | None = None, agent: dict | None = None,
               run: dict | None = None) -> str:
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "spans.jsonl"), "w") as f:
         for ln in lines:
             f.write(ln + "\n")
-    json.dump(run or {"run_id": "fixture", "status": "complete", "exit_code": 0},
-              open(os.path.join(d, "run.json"), "w"))
-    json.dump(agent if agent is not None else {"events_read": 100, "events_dropped": 0},
-              open(os.path.join(d, "agent.json"), "w"))
-    if bench is not None:
-        json.dump(bench, open(os.path.join(d, "bench.json"), "w"))
+    write_side_files(d, run or {"run_id": "fixture", "status": "complete", "exit_code": 0},
+                     agent if agent is not None else {"events_read": 100, "events_dropped": 0}, bench)
     return d
 
 
