@@ -89,7 +89,7 @@ def test_loadtest_ctrl_c_leaves_a_loadable_run(tmp_path):
 def test_loadtest_ab_seed_scenario(tmp_path):
     """`--ab "--snapshot recursive" "--snapshot copy" --repeats 3`, scaled to minutes on 2
     cores: the thinker's snapshot category falls with a CI that excludes zero, and the
-    per-chunk snapshot cost falls >= 10x in every B run against every A run. (Two runs
+    per-chunk snapshot cost falls >= 10x between the arms' medians. (Two runs
     an arm were too few beside a busy core: the category fell 3.5x, but one A run's
     lower share put zero just inside the runs-level bootstrap's CI.)"""
     d = str(tmp_path / "ab")
@@ -113,7 +113,9 @@ def test_loadtest_ab_seed_scenario(tmp_path):
                                          "--json"], capture_output=True, text=True, timeout=120).stdout)
         per_chunk[x] = next(s for s in rep["snapshot"] if s["stage_id"] == 0)["p50_us"]
     a, b = ([v for k, v in per_chunk.items() if k.endswith(arm)] for arm in "AB")
-    assert len(a) == len(b) == 3 and min(a) >= 10 * max(b), per_chunk
+    # arm medians: one run's p50 is wall time, and a preempted run on a loaded machine read
+    # 48 us against its siblings' 11 (every A run against every B run flipped under load)
+    assert len(a) == len(b) == 3 and sorted(a)[1] >= 10 * sorted(b)[1], per_chunk
 
 
 def test_loadtest_bad_input_is_one_line(tmp_path):
