@@ -304,9 +304,13 @@ def test_every_hooked_site_of_the_real_server_recorded(loadtest032) -> None:
 
 def test_counts_equal_what_the_server_did(loadtest032) -> None:
     """Per request: thinker snapshots = the thinker's output tokens (one save_async per
-    step); thinker puts = chunk segments the thinker created in /dev/shm = segments the
-    talker read and unlinked = the talker's gets; the same for talker -> code2wav; and
-    omnitrace's chunk keys are the segment names the server made."""
+    step); thinker puts = chunk segments the thinker created in /dev/shm; the talker's gets
+    are the first of them in chunk order, and every segment is gone at the end; the same
+    for talker -> code2wav; and omnitrace's chunk keys are the segment names the server
+    made. A consumer may stop before it drained its producer (0.32 reclaims the unread
+    segments on the producer's FIFO when the orchestrator releases the request: "common on
+    audio requests"), so gets <= puts, and where fewer, omnitrace recorded that release
+    task (a FIFO task with no chunk) for the request."""
     spans, watcher = loadtest032["spans"], loadtest032["watcher"]
     created = ShmWatcher.chunks(watcher.created)
     removed = ShmWatcher.chunks(watcher.removed)
@@ -315,12 +319,18 @@ def test_counts_equal_what_the_server_did(loadtest032) -> None:
         engine_of[eid[len("chatcmpl-"):-9]] = eid
     count: Counter = Counter()
     keys = set()
+    got: dict = {}  # (request, producer stage) -> chunk indices the consumer read
+    released = set()  # (request, producer stage) with a FIFO task that carried no chunk
     for s in spans:
         a = s["attrs"]
         if s["name"] in ("omni.chunk.snapshot", "omni.chunk.put", "omni.chunk.get"):
             count[(s["name"], a["omni.request.id"], int(a["omni.stage.id"]))] += 1
         if s["name"] == "omni.chunk.put":
             keys.add((a["omni.request.id"], int(a["omni.stage.id"]), int(a["omni.chunk.index"])))
+        elif s["name"] == "omni.chunk.get":
+            got.setdefault((a["omni.request.id"], int(a["omni.stage.id"]) - 1), []).append(int(a["omni.chunk.index"]))
+        elif s["name"] == "omni.chunk.fifo" and int(a["omni.chunk.index"]) < 0:
+            released.add((a["omni.request.id"], int(a["omni.stage.id"])))
     tokens = {r["id"]: r["completion_tokens"] for r in loadtest032["bench"]["requests"]}
     assert len(tokens) == 20
     unfinished = _unfinished(loadtest032)
@@ -330,11 +340,14 @@ def test_counts_equal_what_the_server_did(loadtest032) -> None:
             assert count[("omni.chunk.snapshot", rid, 0)] == n_tokens == 16, rid
         for prod in (0, 1):
             puts, gets = count[("omni.chunk.put", rid, prod)], count[("omni.chunk.get", rid, prod + 1)]
-            assert puts > 0
-            assert puts == created[(eid, prod)] and gets == removed[(eid, prod)], \
-                (rid, prod, puts, created[(eid, prod)], gets, removed[(eid, prod)])
-            if rid not in unfinished:  # every chunk read; an unfinished one's wait unread
-                assert puts == gets, (rid, prod, puts, gets)
+            assert puts > 0 and puts == created[(eid, prod)] == removed[(eid, prod)], \
+                (rid, prod, puts, created[(eid, prod)], removed[(eid, prod)])
+            assert sorted(got.get((rid, prod), [])) == list(range(gets)) and gets <= puts, \
+                (rid, prod, puts, sorted(got.get((rid, prod), [])))
+            if rid not in unfinished:
+                assert gets > 0, (rid, prod)
+            if gets < puts:  # the rest unlinked unread by the producer's release task
+                assert (rid, prod) in released, (rid, prod, puts, gets)
     seg_keys = set()
     for n in watcher.created:
         m = CHUNK_KEY.match(n)
