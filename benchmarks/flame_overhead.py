@@ -112,18 +112,29 @@ def long_run(args: argparse.Namespace) -> dict:
     run_minutes = (int(rj["ended_unix_ns"]) - int(rj["started_unix_ns"])) / 60e9
     pdir = os.path.join(run_dir, "profiles")
     sizes = {n: os.path.getsize(os.path.join(pdir, n)) for n in sorted(os.listdir(pdir))}
+    rid = next(r["id"] for r in bench["requests"] if not r.get("warmup"))
     timings = {}
     for label, sel in (("list", []), ("thinker snapshot", ["--stage", "thinker", "--category", "snapshot"]),
                        ("thinker fifo_blocked sender", ["--stage", "thinker", "--category", "fifo_blocked",
                                                         "--thread", "sender"]),
-                       ("talker compute", ["--stage", "talker", "--category", "compute"])):
+                       ("talker compute", ["--stage", "talker", "--category", "compute"]),
+                       ("thinker compute, one request", ["--stage", "thinker", "--category", "compute",
+                                                         "--request", rid]),
+                       ("thinker snapshot, one request", ["--stage", "thinker", "--category", "snapshot",
+                                                          "--request", rid])):
         t = time.monotonic()
         r = subprocess.run([sys.executable, "-m", "omnitrace", "flame", run_dir, *sel, "--json",
                             "-o", os.path.join(work, "sel")], capture_output=True, text=True)
         timings[label] = {"s": round(time.monotonic() - t, 2), "rc": r.returncode}
         if r.returncode == 0 and sel:
             doc = json.loads(r.stdout)
-            timings[label].update(samples=doc["samples"], top=doc["top"][:3])
+            # the seconds from the samples against the spans' own covered time
+            timings[label].update(samples=doc["samples"], seconds=doc["seconds"], interval_s=doc["interval_s"],
+                                  ratio=round(doc["seconds"] / doc["interval_s"], 4) if doc["interval_s"] else None,
+                                  top=doc["top"][:3])
+        elif r.returncode == 0:
+            doc = json.loads(r.stdout)
+            timings[label]["rounds_known"] = {x["name"]: x.get("rounds_known") for x in doc["profiles"]}
     finalize_line = next((ln for ln in err.splitlines() if "flame graphs in" in ln), "")
     out = {"wall_s": round(wall, 1), "run_minutes": round(run_minutes, 2), "measured_minutes": round(minutes, 2),
            "requests": len(bench["requests"]), "profiles_bytes": sum(sizes.values()), "files": sizes,

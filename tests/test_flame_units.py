@@ -18,7 +18,7 @@ from omnitrace.profile import chrometrace as ct
 from omnitrace.profile import clock, linked, render
 from omnitrace.profile.config import FlameConfig
 from omnitrace.profile.runner import PySpy
-from omnitrace.profile.store import ROUND_DTYPE, Store, collapsed
+from omnitrace.profile.store import ROUND_DTYPE, Store, collapsed, in_order
 
 TARGET = textwrap.dedent('''
     import sys, time, random, threading
@@ -133,6 +133,26 @@ def test_select_counts_each_sample_once_per_round():
     assert linked.covered_ns(iv) == (25 - 5) + (45 - 35)
     other = linked.Intervals(np.array([0]), np.array([50]), np.ones(1, np.int64), np.full(1, 8, np.int64))
     assert len(linked.select(store, other)) == 0  # another thread: nothing
+
+
+@pytest.mark.unit
+def test_selection_seconds_are_the_real_gaps_in_time_order():
+    """Each sample stands for the gap until its process's next written round (a round is
+    written only when some thread changed), capped; the selection keeps time order, and its
+    speedscope file shows it in that order (runs of one stack joined)."""
+    # work 0-30 (rounds 0, 20: nothing changed at 10), idle 30-60 (rounds 30, 50), work 60-
+    store = _store([(0, 30, 1, 7, 0), (30, 60, 1, 7, 1), (60, 2000, 1, 7, 0)], [0, 20, 30, 50, 60, 1000])
+    iv = linked.Intervals(np.array([0]), np.array([2000]), np.ones(1, np.int64), np.full(1, 7, np.int64))
+    idx, secs = linked.select_time(store, iv)
+    assert store.stretches["stack"][idx].tolist() == [0, 0, 1, 1, 0, 0]
+    cap = linked.HOLD_MAX_PERIODS * store.period_ns
+    assert (secs * 1e9).round().tolist() == [20, 10, 20, 10, min(940, cap), 10]  # last: one period
+    order = in_order(store, idx, secs)
+    assert [(st[-1], round(w * 1e9)) for st, w in order] == [
+        ("work (a.py)", 30), ("idle (a.py)", 30), ("work (a.py)", min(940, cap) + 10)]
+    prof = render.speedscope([("sel", order)], "x")["profiles"][0]
+    frames = render.speedscope([("sel", order)], "x")["shared"]["frames"]
+    assert [frames[s[-1]]["name"] for s in prof["samples"]] == ["work", "idle", "work"]
 
 
 @pytest.mark.unit

@@ -67,7 +67,7 @@ def _top(stacks: dict[tuple[str, ...], float], n: int) -> list[tuple[str, float,
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from omnitrace.profile import linked, render
-    from omnitrace.profile.store import collapsed
+    from omnitrace.profile.store import collapsed, in_order
     run = args.run_dir
     if not os.path.isdir(run):
         console.say("flame", f"{run}: not a run directory")
@@ -85,11 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.category is not None:
             iv, rt = linked.intervals(run, args.category, args.stage, args.request, args.thread)
-            idx, secs, sampled = linked.select_time(store, iv)
+            idx, secs = linked.select_time(store, iv)
             n_samples = len(idx)
             summary.update(spans=iv.spans, intervals=int(len(iv.start)),
-                           interval_s=round(linked.covered_ns(iv) / 1e9, 6),
-                           sampled_s=round(sampled, 3), notes=iv.notes)
+                           interval_s=round(linked.covered_ns(iv) / 1e9, 6), notes=iv.notes)
         else:
             n_samples, idx, secs = _whole(run, store, args.stage, args.thread)
     except linked.SelectError as exc:
@@ -99,14 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     stacks = collapsed(store, idx, secs)
     svg_path, ss_path = _outputs(args.output, label)
     title = f"omnitrace flame: {label}"
-    sub = (f"{float(secs.sum()):.3f} s ({n_samples} samples at {1e9 / store.period_ns:.0f} Hz"
-           + (f"; py-spy saw {summary['sampled_s']:.3f} s of it)" if args.category else ")")
-           + (f" in {summary['spans']} spans' intervals ({summary['interval_s']:.3f} s)"
-              if args.category else ""))
+    sub = f"{float(secs.sum()):.3f} s sampled ({n_samples} samples at {1e9 / store.period_ns:.0f} Hz)"
+    if args.category:
+        sub += linked.seen(float(secs.sum()), summary["interval_s"], summary["spans"])
     with open(svg_path, "w", encoding="utf-8") as f:
         f.write(render.svg(stacks, title, sub))
     with open(ss_path, "wb") as f:
-        f.write(orjson.dumps(render.speedscope([(label, stacks)], title)))
+        f.write(orjson.dumps(render.speedscope([(label, in_order(store, idx, secs) if args.category else stacks)],
+                                               title)))
     summary.update(samples=int(n_samples), seconds=round(float(secs.sum()), 3),
                    svg=svg_path, speedscope=ss_path,
                    top=[{"function": k, "inclusive": round(i, 4), "self": round(s, 4)}
@@ -165,6 +164,8 @@ def _list(run: str, index: dict, store: Any, as_json: bool) -> int:
           f"window {index.get('window', 'run')}):")
     for p in index.get("profiles", []):
         extra = f" [{p['note']}]" if p.get("note") else ""
+        if p.get("rounds_known") is not None:
+            extra = f" {p['rounds_known']:.0%} of nominal rounds written" + extra
         print(f"  {p['name']:<12} pid {p['pid']:<7} {p.get('tool', '?'):<12} {p.get('seconds', 0):8.1f} s "
               f"profiles/{p['name']}.svg{extra}")
     for m in index.get("missing", []):

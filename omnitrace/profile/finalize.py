@@ -229,6 +229,7 @@ def finalize(run_dir: str) -> dict:
             _write(pdir, name, stacks, _timeline(store, mask, tlist), f"{name} (pid {pid})",
                    f"py-spy {rate} Hz")
             entry.update(tool="py-spy", seconds=round(sum(stacks.values()), 3),
+                         rounds_known=_rounds_known(store, pid, rate),
                          threads=[{"tid": t, "name": n} for t, n in tlist])
             index["profiles"].append(entry)
             if pid in inproc:
@@ -257,6 +258,15 @@ def finalize(run_dir: str) -> dict:
     if not os.environ.get("OMNITRACE_FLAME_KEEP_RAW"):
         shutil.rmtree(raw, ignore_errors=True)
     return index
+
+
+def _rounds_known(store: Store, pid: int, rate: float) -> float | None:
+    """The process's written rounds over the nominal ``rate`` x its sampled time. The rest
+    py-spy either skipped (no thread of the process changed: the stacks held) or missed
+    (it fell behind); a selection's seconds count both by the real gaps."""
+    t = store.rounds["t"][store.rounds["pid"] == pid]
+    span_s = (int(t[-1]) - int(t[0])) / 1e9 if len(t) > 1 else 0.0
+    return round(min(1.0, len(t) / (span_s * rate)), 3) if span_s > 0 else None
 
 
 def _by_thread(store: Store, mask: np.ndarray) -> tuple[render.Collapsed, list[tuple[int, str]]]:

@@ -101,8 +101,8 @@ def _category_graphs(run_dir: str, rep: dict[str, Any]) -> list[str]:
     out = []
     for cat, sid, label in cats:
         iv, _ = linked.intervals(run_dir, cat, str(sid), index=index)
-        idx, secs, sampled = linked.select_time(store, iv)
-        sub = (f"{float(secs.sum()):.3f} s in {iv.spans} spans on the working thread, split by "
-               f"{len(idx)} samples (py-spy saw {sampled:.3f} s of it)")
+        idx, secs = linked.select_time(store, iv)
+        sub = (f"{float(secs.sum()):.3f} s sampled ({len(idx)} samples) on the working thread"
+               + linked.seen(float(secs.sum()), linked.covered_ns(iv) / 1e9, iv.spans))
         out.append(render.svg(collapsed(store, idx, secs), f"{label} {cat}", sub))
     return out

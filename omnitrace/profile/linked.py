@@ -404,21 +404,20 @@ def select(store: Store, iv: Intervals) -> np.ndarray:
 HOLD_MAX_PERIODS = 50
 
 
-def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray, float]:
-    """The samples of the working thread inside the intervals (their union per thread) and
-    the seconds each stands for: the spans' covered time of that thread, split over its
-    samples by the time each stands for (until its process's next written round, at most
-    ``HOLD_MAX_PERIODS`` periods). So a selection's seconds are the spans' own time (where
-    its thread was sampled at all) and its stacks' shares come from what py-spy saw;
-    samples x the nominal period read 33-43% low (py-spy writes a round only when some
-    thread changed, and falls behind under load). Also returns ``sampled_s``, the samples'
-    own time before the split: how much of the covered time py-spy saw."""
-    empty = np.zeros(0, np.int64), np.zeros(0), 0.0
+def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
+    """The samples of the working thread inside the intervals (their union per thread), in
+    time order, and the seconds each stands for: the real gap until its process's next written round (py-
+    spy writes a round only when some thread changed, and falls behind under load), at
+    most ``HOLD_MAX_PERIODS`` periods. A sample lands inside the intervals with chance
+    proportional to their length whatever the gaps, so the seconds estimate the covered
+    time from the samples alone (samples x the nominal period read 33-43% low); set
+    beside :func:`covered_ns` they say how much of the spans' time py-spy saw."""
+    empty = np.zeros(0, np.int64), np.zeros(0)
     if not len(iv.start) or not len(store.stretches):
         return empty
     st = store.stretches
     key_iv = (iv.pid << 32) | iv.tid
-    out_i, out_w, sampled = [], [], 0.0
+    out_i, out_w, out_t = [], [], []
     for k in np.unique(key_iv).tolist():
         pid, tid = k >> 32, k & 0xFFFFFFFF
         mask = (st["pid"] == pid) & (st["tid"] == tid)
@@ -435,13 +434,19 @@ def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray, fl
         rounds = store.rounds["t"][lo:hi]
         nxt = np.searchsorted(rounds, t, "right")
         until = np.where(nxt < len(rounds), rounds[np.minimum(nxt, len(rounds) - 1)], t + store.period_ns)
-        held = np.minimum(until - t, HOLD_MAX_PERIODS * store.period_ns).astype(np.float64)
-        sampled += float(held.sum()) / 1e9
         out_i.append(idx)
-        out_w.append(held * (float((b - a).sum()) / 1e9 / held.sum()))
+        out_t.append(t)
+        out_w.append(np.minimum(until - t, HOLD_MAX_PERIODS * store.period_ns) / 1e9)
     if not out_i:
         return empty
-    return np.concatenate(out_i), np.concatenate(out_w), sampled
+    order = np.argsort(np.concatenate(out_t), kind="stable")
+    return np.concatenate(out_i)[order], np.concatenate(out_w)[order]
+
+
+def seen(sampled_s: float, covered_s: float, spans: int) -> str:
+    """How a selection's sampled seconds stand against its spans' own time, for a title."""
+    share = f" ({sampled_s / covered_s:.0%})" if covered_s > 0 else ""
+    return f" against {spans} spans' {covered_s:.3f} s{share}"
 
 
 def covered_ns(iv: Intervals) -> int:

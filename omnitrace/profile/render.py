@@ -19,16 +19,21 @@ Collapsed = dict[tuple[str, ...], float]  # stack of frame labels (root first) -
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 
 
-def speedscope(profiles: Iterable[tuple[str, Collapsed]], name: str) -> dict:
-    """A speedscope file with one sampled profile per (name, collapsed stacks); weights in
-    milliseconds. Identical stacks are merged (the file stays bounded by distinct stacks;
-    the timestamped samples are in samples.npz)."""
+Ordered = list[tuple[tuple[str, ...], float]]  # (stack, seconds) in time order
+
+
+def speedscope(profiles: Iterable[tuple[str, Collapsed | Ordered]], name: str) -> dict:
+    """A speedscope file with one sampled profile per (name, stacks); weights in
+    milliseconds. Collapsed stacks (a dict) are merged, one entry per distinct stack: read
+    them in Left Heavy or Sandwich. An ordered list keeps its order, so speedscope's time
+    order shows the samples as they came (a selection: the spans' time, the gaps between
+    them left out)."""
     frames: list[dict] = []
     index: dict[str, int] = {}
     out = []
     for pname, stacks in profiles:
         samples, weights = [], []
-        for stack, sec in sorted(stacks.items()):
+        for stack, sec in (sorted(stacks.items()) if isinstance(stacks, dict) else stacks):
             ids = []
             for label in stack:
                 i = index.get(label)

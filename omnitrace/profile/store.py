@@ -77,6 +77,24 @@ class Store:
                    int(meta["period_ns"]), {(p, t): n for p, t, n in meta["threads"]})
 
 
+def in_order(store: Store, idx: np.ndarray, weights: np.ndarray) -> list[tuple[tuple[str, ...], float]]:
+    """Samples (stretch indices, in time order) -> [(stack of labels, seconds)], runs of
+    one stack joined: the order kept, the size bounded by the stack changes."""
+    out: list[tuple[tuple[str, ...], float]] = []
+    labels: dict[int, tuple[str, ...]] = {}
+    prev = -1
+    for s, w in zip(store.stretches["stack"][idx].tolist(), weights.tolist()):
+        if s == prev:
+            out[-1] = (out[-1][0], out[-1][1] + w)
+            continue
+        lab = labels.get(s)
+        if lab is None:
+            lab = labels[s] = tuple(store.frame_label(f) for f in store.stacks[s])
+        out.append((lab, w))
+        prev = s
+    return out
+
+
 def collapsed(store: Store, idx: np.ndarray, weights: np.ndarray | None = None,
               root: np.ndarray | None = None, root_labels: list[str] | None = None
               ) -> dict[tuple[str, ...], float]:
