@@ -8,6 +8,12 @@ from __future__ import annotations
 import sys
 
 
-def say(prog: str, message: str) -> None:
-    """``omnitrace PROG: MESSAGE`` on stderr."""
-    print(f"omnitrace {prog}: {message}", file=sys.stderr, flush=True)
+def say(prog: str, message: str, *, gap: bool = False) -> None:
+    """``omnitrace PROG: MESSAGE`` on stderr; ``gap``: after an empty line (the line ends a
+    progress bar's or the served command's output)."""
+    print(("\n" if gap else "") + f"omnitrace {prog}: {message}", file=sys.stderr, flush=True)
+
+
+def text(block: str) -> None:
+    """A preformatted block (usage) on stderr."""
+    print(block, file=sys.stderr, flush=True)

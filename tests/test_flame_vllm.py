@@ -41,6 +41,20 @@ def _share(run_dir: Path, pid: int, function: str) -> tuple[float, int]:
     return float(inside.mean()) if len(idx) else 0.0, int(len(idx))
 
 
+def _per_call_ms(run_dir: Path, pid: int, function: str, calls: int) -> float:
+    """Time in ``function`` on the process's main thread, from the samples alone (each
+    stretch of one stack weighted by its duration, as the per-process profile is), over the
+    number of calls the spans counted."""
+    from omnitrace.profile.store import Store
+    store = Store.load(str(run_dir / "profiles" / "samples.npz"))
+    st = store.stretches
+    rows = (st["pid"] == pid) & (st["tid"] == pid)
+    hit = np.array([any(store.frames[f][0].endswith(function) for f in store.stacks[s])
+                    for s in range(len(store.stacks))], bool)
+    rows &= hit[st["stack"]]
+    return float((st["end"][rows] - st["t"][rows]).sum()) / 1e6 / calls
+
+
 def _run(venv: Path, run_dir: Path) -> dict:
     r = subprocess.run([sys.executable, "-m", "omnitrace", "run", "--run-dir", str(run_dir), "--flame",
                         "--flame-rate", "250", "--",
@@ -54,6 +68,7 @@ def _run(venv: Path, run_dir: Path) -> dict:
 @pytest.mark.vllm
 def test_stage_profiles_and_snapshot_share_030_vs_032(tmp_path: Path) -> None:
     by_version: dict[str, tuple[float, float]] = {}
+    per_call: dict[str, tuple[float, float]] = {}  # version -> (from samples, from spans) ms
     venvs = _venvs()
     if not venvs:
         pytest.skip("no vLLM-Omni venv: run scripts/install-vllm-omni.sh .venv-vllm 0.30.0")
@@ -74,11 +89,20 @@ def test_stage_profiles_and_snapshot_share_030_vs_032(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
         summary = json.loads(r.stdout)
         assert summary["spans"] > 0 and summary["samples"] > 0, summary
+        spans_ms = summary["interval_s"] * 1e3 / summary["spans"]  # one thread: no overlap
+        per_call[_omni_version(venv)] = (
+            _per_call_ms(run_dir, pid, "_snapshot_processor_request", summary["spans"]), spans_ms)
     for v, (share, ms) in sorted(by_version.items()):
-        print(f"\n{v}: producer scheduler thread {share:.1%} of {ms} samples in _snapshot_processor_request")
+        print(f"\n{v}: producer scheduler thread {share:.1%} of {ms} samples in _snapshot_processor_request; "
+              f"per call {per_call[v][0]:.3f} ms from samples, {per_call[v][1]:.3f} ms from spans")
+    for v, (sampled, spans_ms) in per_call.items():  # the per-call cost read off the flame graph
+        assert sampled == pytest.approx(spans_ms, rel=0.25), (v, per_call)
     old = [s for v, (s, _) in by_version.items() if v.startswith("0.30")]
     new = [s for v, (s, _) in by_version.items() if v.startswith("0.32")]
     if not old or not new:
         pytest.skip(f"needs both 0.30 and 0.32 venvs (have {sorted(by_version)})")
     assert old[0] >= 0.2, by_version  # the recursive walk is most of the producer's work
     assert old[0] > new[0], by_version  # the factor itself: printed above, see the docstring
+    (o_samp, o_span), (n_samp, n_span) = (next(per_call[v] for v in per_call if v.startswith(x))
+                                          for x in ("0.30", "0.32"))
+    assert o_samp >= 5 * n_samp and o_span >= 5 * n_span, per_call  # what the fix saved per call

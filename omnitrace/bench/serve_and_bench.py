@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 
+from omnitrace import console
 from omnitrace.childproc import python_module
 
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         why = wait_healthy(url, server, args.startup_timeout)
         if why:
-            print(f"serve_and_bench: {why}", file=sys.stderr)
+            console.say("serve_and_bench", why)
             return 1
         from omnitrace.cli.bench import main as bench_main
         return bench_main(["--base-url", url, *bench_args])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from omnitrace import console
+
 # command -> one-line help; its module is omnitrace.cli.<command>, with `main(argv) -> int`
 COMMANDS = {
     "loadtest": "serve, load, stop, report in one command; --ab compares two deployments",
@@ -29,7 +31,7 @@ def _usage() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:  # a mistake, not a request for help: usage on stderr, exit 2
-        print(_usage(), file=sys.stderr)
+        console.text(_usage())
         return 2
     if argv[0] in ("-h", "--help"):
         print(_usage())
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"omnitrace: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        console.text(f"omnitrace: unknown command {name!r}\n\n{_usage()}")
         return 2
     try:
         # started by another omnitrace command, a Ctrl-C may be pending since start-up
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.main(rest) or 0)
     except KeyboardInterrupt:  # Ctrl-C before the command took charge of it (e.g. while
         # importing, seconds on a loaded machine) or one it leaves to us: no traceback
-        print(f"omnitrace {name}: interrupted", file=sys.stderr)
+        console.say(name, "interrupted")
         return 130
     except BrokenPipeError:  # `omnitrace report RUN | head`: the reader left, not an error of ours
         import os

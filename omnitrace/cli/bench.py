@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
     except KeyboardInterrupt:
         status = "interrupted"
-        print("\nomnitrace bench: interrupted; partial results kept", file=sys.stderr)
+        console.say("bench", "interrupted; partial results kept", gap=True)
         if partial:
             levels.append(_cut_level(c, partial))
             partial = []
@@ -249,9 +249,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench results: {out} ({status}"
               + (f": {len(errors)}/{len(every)} requests failed" if errors else "") + ")")
     elif not output.path:  # nothing to join the traces with later: say so rather than drop it silently
-        print(f"bench results: not written ({status}; not under `omnitrace run` and no --out: "
-              "pass --out FILE, e.g. RUN_DIR/bench.json, so `omnitrace report` can tell "
-              "warm-up from measured requests)", file=sys.stderr)
+        console.say("bench", f"results not written ({status}; not under `omnitrace run` and no --out: "
+                    "pass --out FILE, e.g. RUN_DIR/bench.json, so `omnitrace report` can tell "
+                    "warm-up from measured requests)")
     measured = [r for lv in levels for r in lv.results if not r.warmup]
     failed = [r for r in measured if r.error]
     if status not in ("complete", "complete-with-errors") or not measured:

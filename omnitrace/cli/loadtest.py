@@ -315,14 +315,14 @@ def run_ab(cfg: LoadtestConfig, pattern: str, repeats: int) -> int:
     order = ab_order(pattern, repeats)
     for i, label in enumerate(order, 1):
         d = os.path.join(cfg.run_dir, f"{i:02d}-{label}")
-        print(f"\nomnitrace loadtest: run {i}/{len(order)}: {label} "
-              f"({' '.join(deps[label].serve_args) or 'default'}) -> {d}", file=sys.stderr)
+        console.say("loadtest", f"run {i}/{len(order)}: {label} "
+                    f"({' '.join(deps[label].serve_args) or 'default'}) -> {d}", gap=True)
         try:
             one_run(cfg, deps[label], d)
         except Interrupted:
-            print(f"\nomnitrace loadtest: interrupted during run {i}; finished runs: "
-                  f"{' '.join(runs['A'] + runs['B']) or 'none'}; {d} holds what was recorded "
-                  f"(omnitrace compare --a ... --b ... on the finished ones)", file=sys.stderr)
+            console.say("loadtest", f"interrupted during run {i}; finished runs: "
+                        f"{' '.join(runs['A'] + runs['B']) or 'none'}; {d} holds what was recorded "
+                        f"(omnitrace compare --a ... --b ... on the finished ones)", gap=True)
             return 130
         runs[label].append(d)
     from omnitrace.cli.compare import compare
@@ -380,6 +380,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (Interrupted, KeyboardInterrupt) as exc:
         d = exc.run_dir if isinstance(exc, Interrupted) else cfg.run_dir
-        print(f"\nomnitrace loadtest: interrupted; the run directory keeps what was recorded: {d}\n"
-              f"  omnitrace report {d}", file=sys.stderr)
+        console.say("loadtest", f"interrupted; the run directory keeps what was recorded: {d}\n"
+                    f"  omnitrace report {d}", gap=True)
         return 130

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 
 from omnitrace import console
 from omnitrace.profile.config import (API_PROFILERS, DEFAULT_RATE, ENV_FLAME_ROTATE_S, MODES, WINDOWS,
@@ -74,8 +73,8 @@ def finish(cfg: FlameConfig | None) -> None:
         console.say("run", f"warning: flame graphs not written: {type(exc).__name__}: {exc}")
         return
     names = ", ".join(p["name"] for p in index["profiles"]) or "none"
-    line = f"omnitrace run: flame graphs in {os.path.join(cfg.run_dir, 'profiles')}: {names}"
+    line = f"flame graphs in {os.path.join(cfg.run_dir, 'profiles')}: {names}"
     if index["missing"]:  # why: in the runner's warning, in index.json, in the report
         line += (f"; py-spy profile missing for {', '.join(m['name'] for m in index['missing'])} "
                  "(profiles/index.json says why)")
-    print(line, file=sys.stderr)
+    console.say("run", line)

@@ -281,7 +281,7 @@ def _write_json(path: str, obj: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 4 or argv[0] != "--config" or argv[2] != "--":
-        print("usage: python -m omnitrace.profile.runner --config JSON -- COMMAND ...", file=sys.stderr)
+        console.text("usage: python -m omnitrace.profile.runner --config JSON -- COMMAND ...")
         return 2
     cfg = FlameConfig.from_json(argv[1])
     cmd = argv[3:]
