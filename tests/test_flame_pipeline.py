@@ -82,6 +82,7 @@ def test_every_stage_and_the_api_have_a_profile(run_dir):
     for p in index["profiles"]:
         assert p["tool"] == "py-spy" and p["seconds"] > 1.0, p
         assert 0.05 < p["rounds_known"] <= 1.0, p
+        assert 0 < p["waiting_s"] < p["seconds"], p  # parked threads: drawn on request only
         with open(os.path.join(pdir, f"{p['name']}.speedscope.json")) as f:
             doc = json.load(f)
         assert doc["$schema"].endswith("file-format-schema.json")
@@ -329,4 +330,37 @@ def test_svg_zooms_on_click_and_searches_in_chromium(tmp_path):
         page.locator("text", has_text="Search").click()
         assert page.locator("text", has_text="Matched:").text_content() == "Matched: 10.0%"
         assert frame("leaf").locator("rect").get_attribute("fill") == "rgb(230,0,230)"
+        assert errors == []
+
+
+def test_svg_hides_waiting_threads_until_asked(tmp_path):
+    """A per-process graph draws the working stacks; the waiting ones (a parked thread)
+    appear on "Show waiting", the working ones then at their share of all thread time."""
+    from omnitrace.profile import render, waiting
+    stacks = {("thread MainThread (1)", "Stage._loop (stage.py)", "work (a.py)"): 0.3,
+              ("thread MainThread (1)", "Stage._loop (stage.py)", "Condition.wait (threading.py)"): 0.1,
+              ("thread sender (2)", "Sender._loop (transfer.py)", "Condition.wait (threading.py)"): 0.6}
+    work, wait = waiting.split(stacks)
+    assert list(work) == [next(iter(stacks))] and sum(wait.values()) == pytest.approx(0.7)
+    path = tmp_path / "w.svg"
+    path.write_text(render.svg(work, "waiting test", hidden=wait), encoding="utf-8")
+    with browser() as b:
+        page = b.new_page(viewport={"width": 1300, "height": 400})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"file://{path}")
+
+        def frame(name: str):
+            return page.locator(f'g.layout:visible g.f[data-n^="{name}"]')
+
+        assert frame("work").count() == 1 and frame("Condition.wait").count() == 0
+        assert float(frame("work").locator("rect").get_attribute("width")) == pytest.approx(1200, abs=0.5)
+        toggle = page.locator("text", has_text="Show waiting (0.7 s)")
+        toggle.click()
+        assert frame("Condition.wait").count() == 2 and frame("thread sender").count() == 1
+        assert float(frame("work").locator("rect").get_attribute("width")) == pytest.approx(360, abs=0.5)
+        frame("thread sender").click()  # zoom works in this graph too
+        assert float(frame("Sender._loop").locator("rect").get_attribute("width")) == pytest.approx(1200, abs=0.5)
+        page.locator("text", has_text="Hide waiting").click()
+        assert frame("Condition.wait").count() == 0 and frame("work").count() == 1
         assert errors == []

@@ -219,3 +219,18 @@ def test_speedscope_timeline_is_what_happened():
                    (30.0, 40.0, ("main", "work"))]  # in time order, the gap kept
     assert replay_timeline(doc["profiles"][1], frames) == [(2.0, 4.0, ("send",))]  # one time axis
     assert doc["profiles"][0]["endValue"] == 40.0
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("leaf, parked", [
+    ("Condition.wait (threading.py)", True), ("EpollSelector.select (selectors.py)", True),
+    ("_PollLikeSelector.select (selectors.py)", True), ("Connection._recv (connection.py)", True),
+    ("_worker (thread.py)", True), ("Queue.get (queue.py)", True),
+    ("_walk (snapshot.py)", False), ("ShmConnector.put (shm.py)", False),
+    ("Queue.get (queues.py)", False),  # asyncio's get: a coroutine, never the leaf of a wait
+    ("select (mymodule.py)", False),
+])
+def test_waiting_frames(leaf, parked):
+    """The leaves seen in the reference pipeline's profiles under load, sorted by the rule."""
+    from omnitrace.profile import waiting
+    assert waiting.is_waiting(leaf) is parked

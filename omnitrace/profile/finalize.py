@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 
 from omnitrace.profile import chrometrace as ct
-from omnitrace.profile import clock, render
+from omnitrace.profile import clock, render, waiting
 from omnitrace.profile.config import PROFILES_DIR, RAW_DIR
 from omnitrace.profile.runner import CUTOVER_S
 from omnitrace.profile.store import FILE as SAMPLES_FILE
@@ -229,6 +229,7 @@ def finalize(run_dir: str) -> dict:
             _write(pdir, name, stacks, _timeline(store, mask, tlist), f"{name} (pid {pid})",
                    f"py-spy {rate} Hz")
             entry.update(tool="py-spy", seconds=round(sum(stacks.values()), 3),
+                         waiting_s=round(sum(waiting.split(stacks)[1].values()), 3),
                          rounds_known=_rounds_known(store, pid, rate),
                          threads=[{"tid": t, "name": n} for t, n in tlist])
             index["profiles"].append(entry)
@@ -309,9 +310,11 @@ def _write(pdir: str, name: str, stacks: render.Collapsed,
            timeline: list[tuple[str, list[render.Stretch]]], title: str, sub: str) -> None:
     # speedscope: one timeline per thread (its time-order view is what happened)
     _write_json(os.path.join(pdir, f"{name}.speedscope.json"), render.speedscope_timeline(timeline, title))
-    total = sum(stacks.values())
+    work, wait = waiting.split(stacks)
+    sub = (f"{sub}; {len(timeline)} threads, {sum(work.values()):.1f} s working"
+           + (f", {sum(wait.values()):.1f} s waiting (hidden)" if wait else ""))
     with open(os.path.join(pdir, f"{name}.svg"), "w", encoding="utf-8") as f:
-        f.write(render.svg(stacks, title, f"{sub}; {total:.1f} s of thread time, {len(timeline)} threads"))
+        f.write(render.svg(work, title, sub, hidden=wait))
 
 
 def _inproc_profiles(raw: str) -> dict[int, str]:

@@ -126,21 +126,16 @@ def _color(name: str) -> str:
     return f"rgb({205 + h[0] % 50},{80 + h[1] % 130},{h[2] % 55})"  # flamegraph.pl's warm hues
 
 
-def svg(stacks: Collapsed, title: str, subtitle: str = "", width: int = 1200,
-        min_px: float = 0.5) -> str:
-    """A flame graph (root at the bottom); frames narrower than ``min_px`` are left out."""
+def _layout(stacks: Collapsed, width: int, min_px: float) -> tuple[list[tuple[float, float, int, _Node]], _Node]:
+    """Frames as (x, width, depth, node), root first; those narrower than ``min_px`` left out."""
     root = _tree(stacks)
-    row, pad_top, pad_bot = 16, 44, 8
     rects: list[tuple[float, float, int, _Node]] = []
-    depth_max = 0
 
     def walk(node: _Node, x: float, depth: int) -> None:
-        nonlocal depth_max
         w = node.total / root.total * width if root.total else 0.0
         if w < min_px:
             return
         rects.append((x, w, depth, node))
-        depth_max = max(depth_max, depth)
         cx = x
         for child in sorted(node.children.values(), key=lambda n: n.name):
             walk(child, cx, depth + 1)
@@ -148,35 +143,62 @@ def svg(stacks: Collapsed, title: str, subtitle: str = "", width: int = 1200,
 
     if root.total > 0:
         walk(root, 0.0, 0)
+    return rects, root
+
+
+def svg(stacks: Collapsed, title: str, subtitle: str = "", width: int = 1200,
+        min_px: float = 0.5, hidden: Collapsed | None = None, hidden_name: str = "waiting") -> str:
+    """A flame graph (root at the bottom); frames narrower than ``min_px`` are left out.
+    ``hidden``: more stacks (threads waiting), drawn only on request: a "Show waiting"
+    control switches to the graph of both."""
+    row, pad_top, pad_bot = 16, 44, 8
+    layouts = [_layout(stacks, width, min_px)]
+    if hidden:
+        layouts.append(_layout({**stacks, **hidden}, width, min_px))
+    depth_max = max((d for rects, _ in layouts for _, _, d, _ in rects), default=0)
     height = pad_top + (depth_max + 1) * row + pad_bot
-    svg_id = "flame-" + hashlib.md5(repr((title, subtitle, sorted(stacks.items()))).encode()).hexdigest()[:12]
+    total = layouts[0][1].total
+    svg_id = "flame-" + hashlib.md5(repr((title, subtitle, sorted(stacks.items()),
+                                          sorted((hidden or {}).items()))).encode()).hexdigest()[:12]
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" id="{svg_id}" class="omnitrace-flame" width="{width}" '
            f'height="{height}" viewBox="0 0 {width} {height}" font-family="Verdana,sans-serif" '
-           f'font-size="11" data-total-s="{root.total:.6f}">',
+           f'font-size="11" data-total-s="{total:.6f}">',
            '<rect width="100%" height="100%" fill="#fafafa"/>',
            f'<text x="{width / 2}" y="18" text-anchor="middle" font-size="15">{html.escape(title)}</text>',
            f'<text x="{width / 2}" y="34" text-anchor="middle" fill="#555">{html.escape(subtitle)}</text>']
-    if not rects:
+    if not layouts[0][0]:
         out.append(f'<text x="{width / 2}" y="{pad_top + 12}" text-anchor="middle" fill="#777">'
                    'no samples</text>')
-    for x, w, depth, node in rects:
-        y = height - pad_bot - (depth + 1) * row
-        pct = node.total / root.total * 100
-        label = html.escape(node.name)
-        tip = f"{label} — {node.total * 1e3:.1f} ms ({pct:.2f}%)"
-        fill = "#d0d0d0" if depth == 0 else _color(node.name)
-        text = ""
-        if w > 30:
-            chars = int((w - 6) / 6.5)
-            shown = node.name if len(node.name) <= chars else node.name[:max(chars - 2, 1)] + ".."
-            text = f'<text x="{x + 3:.1f}" y="{y + 11.5}">{html.escape(shown)}</text>'
-        out.append(f'<g class="f" data-x="{x:.2f}" data-w="{w:.2f}" data-d="{depth}" data-n="{label}">'
-                   f'<title>{tip}</title><rect x="{x:.2f}" y="{y}" width="{w:.2f}" '
-                   f'height="{row - 1}" fill="{fill}" rx="2"/>{text}</g>')
-    if rects:
-        out.append(_ZOOM.replace("SVG_ID", svg_id).replace("WIDTH", str(width)))
+    for i, (rects, root) in enumerate(layouts):
+        out.append(f'<g class="layout" data-total-s="{root.total:.6f}"' + (' style="display:none">' if i else '>'))
+        out.extend(_frame(x, w, depth, node, root.total, height - pad_bot - (depth + 1) * row, row)
+                   for x, w, depth, node in rects)
+        out.append("</g>")
+    if layouts[0][0] or len(layouts) > 1:
+        ctl = ""
+        if len(layouts) > 1:
+            sec = sum(hidden.values())  # type: ignore[union-attr]
+            ctl = (f'<text class="ctl" id="SVG_ID-hidden" x="110" y="18" fill="#36c" style="cursor:pointer" '
+                   f'data-show="Show {hidden_name} ({sec:.1f} s)" data-hide="Hide {hidden_name}">'
+                   f'Show {hidden_name} ({sec:.1f} s)</text>\n')
+        out.append((ctl + _ZOOM).replace("SVG_ID", svg_id).replace("WIDTH", str(width)))
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _frame(x: float, w: float, depth: int, node: _Node, total: float, y: float, row: int) -> str:
+    pct = node.total / total * 100
+    label = html.escape(node.name)
+    tip = f"{label} — {node.total * 1e3:.1f} ms ({pct:.2f}%)"
+    fill = "#d0d0d0" if depth == 0 else _color(node.name)
+    text = ""
+    if w > 30:
+        chars = int((w - 6) / 6.5)
+        shown = node.name if len(node.name) <= chars else node.name[:max(chars - 2, 1)] + ".."
+        text = f'<text x="{x + 3:.1f}" y="{y + 11.5}">{html.escape(shown)}</text>'
+    return (f'<g class="f" data-x="{x:.2f}" data-w="{w:.2f}" data-d="{depth}" data-n="{label}">'
+            f'<title>{tip}</title><rect x="{x:.2f}" y="{y}" width="{w:.2f}" '
+            f'height="{row - 1}" fill="{fill}" rx="2"/>{text}</g>')
 
 
 # Click a frame: it and its descendants fill the width, its ancestors span it, the rest is
@@ -187,7 +209,12 @@ _ZOOM = """<text class="ctl" id="SVG_ID-reset" x="6" y="18" fill="#36c" style="c
 <text class="ctl" id="SVG_ID-search" x="WIDTH" dx="-6" y="18" text-anchor="end" fill="#36c" style="cursor:pointer">Search</text>
 <script><![CDATA[(function () {
   var svg = document.getElementById("SVG_ID"), W = WIDTH;
-  var frames = Array.prototype.slice.call(svg.querySelectorAll("g.f"));
+  var layouts = svg.querySelectorAll("g.layout"), frames;
+  function show(i) {  // one layout at a time: the working stacks, or with the hidden ones
+    for (var j = 0; j < layouts.length; j++) layouts[j].style.display = i === j ? "" : "none";
+    frames = Array.prototype.slice.call(layouts[i].querySelectorAll("g.f"));
+  }
+  show(0);
   function label(f, x, w) {
     var r = f.querySelector("rect"), t = f.querySelector("text"), n = f.getAttribute("data-n");
     r.setAttribute("x", x.toFixed(2)); r.setAttribute("width", w.toFixed(2));
@@ -212,6 +239,12 @@ _ZOOM = """<text class="ctl" id="SVG_ID-reset" x="6" y="18" fill="#36c" style="c
   }
   svg.addEventListener("click", function (e) {
     var t = e.target;
+    if (t.id === "SVG_ID-hidden") {
+      var on = layouts[1].style.display === "none";
+      show(on ? 1 : 0); zoom(null);
+      t.textContent = t.getAttribute(on ? "data-hide" : "data-show");
+      return;
+    }
     if (t.id === "SVG_ID-search") {
       var q = window.prompt("Search frames (regular expression)");
       if (q === null) return;
