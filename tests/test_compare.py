@@ -5,30 +5,21 @@ import json
 import subprocess
 import sys
 
-from tests.support.otlp_fixture import US, line, three_stage_request, write_run
+from omnitrace.conventions import Ev
+from tests.support.event_fixture import three_stage_events, write_event_run
+from tests.support.otlp_fixture import line, three_stage_request, write_run
 
 
 def _run(path: str, extra_put_us: float, n: int = 12) -> str:
-    lines = []
+    """n worked-example requests, recorded as a run records them; each one's thinker put of
+    chunk 0, and everything after it, ``extra_put_us`` (+ a little per-request noise) later."""
+    script = []
     for i in range(n):
-        spans = three_stage_request(f"r{i}", off=i * 2000)
-        # stretch stage 0's put and everything after it by extra_put_us (+ a little per-request noise)
-        shift = int((extra_put_us + (i % 3)) * US)
-        put_end = None
-        for s in spans:
-            a = {x["key"]: x["value"] for x in s["attributes"]}
-            if s["name"] == "omni.chunk.put" and a.get("omni.stage.id", {}).get("intValue") == "0" \
-                    and a.get("omni.chunk.index", {}).get("intValue") == "0":
-                put_end = int(s["endTimeUnixNano"])
-        for s in spans:
-            for k in ("startTimeUnixNano", "endTimeUnixNano"):
-                if int(s[k]) >= put_end:
-                    s[k] = str(int(s[k]) + shift)
-            for e in s.get("events", []):
-                if int(e["timeUnixNano"]) >= put_end:
-                    e["timeUnixNano"] = str(int(e["timeUnixNano"]) + shift)
-        lines.append(line(spans))
-    return write_run(path, lines)
+        events = three_stage_events(f"r{i}", off=i * 2000)
+        put_end = next(e[7] for e in events if e[1] == Ev.PUT_END and e[2] == f"r{i}" and e[3] == 0 and e[4] == 0)
+        shift = extra_put_us + (i % 3)
+        script += [e[:7] + (e[7] + shift,) if e[7] >= put_end else e for e in events]
+    return write_event_run(path, sorted(script, key=lambda e: e[7]))
 
 
 def test_compare_finds_the_moved_category(tmp_path):

@@ -14,6 +14,7 @@ from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.conventions import Ev
 from omnitrace.eventlog import EVENT_DTYPE
+from tests.support.event_fixture import three_stage_events, write_event_run
 from tests.support.otlp_fixture import EXPECTED_US, US, line, span, three_stage_request, write_run
 
 
@@ -25,10 +26,11 @@ def _report(*args: str) -> subprocess.CompletedProcess:
 
 
 def _two_clients(tmp_path) -> str:
-    """Client a sends a0..a5 (one per ms from t=0), client b sends b0..b5 from t=20 ms."""
-    lines = [line(three_stage_request(f"a{i}", off=i * 1000)) for i in range(6)]
-    lines += [line(three_stage_request(f"b{i}", off=20_000 + i * 1000)) for i in range(6)]
-    return write_run(str(tmp_path / "r"), lines)
+    """Client a sends a0..a5 (one per ms from t=0), client b sends b0..b5 from t=20 ms:
+    recorded through the rings and the agent's recorder, as a run records them."""
+    script = [e for i in range(6) for e in three_stage_events(f"a{i}", off=i * 1000)]
+    script += [e for i in range(6) for e in three_stage_events(f"b{i}", off=20_000 + i * 1000)]
+    return write_event_run(str(tmp_path / "r"), sorted(script, key=lambda e: e[7]))
 
 
 def test_requests_by_prefix_window_and_warmup(tmp_path):

@@ -102,7 +102,7 @@ def three_stage_events(rid: str, off: float = 0.0) -> list[tuple]:
     the events that make it, times in us from ``off``. Its FIFO blocked time (30 us of
     thinker chunk 0's 40 us in the FIFO) is real here: another request's task holds the
     thinker's sender from 110 to 140 us."""
-    o, other = off, f"{rid}-other"
+    o, other = off, f"other-{rid}"
     s = [(API, Ev.REQUEST_ARRIVE, rid, -1, -1, 100, 50, o),
          (THINKER, Ev.STAGE_ADD, rid, 0, -1, 0, 0, o + 10),
          (THINKER, Ev.STAGE_SCHEDULE, rid, 0, -1, 1, 0, o + 20),
