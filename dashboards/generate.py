@@ -46,21 +46,35 @@ def prom(expr: str, legend: str = "", exemplar: bool = False, fmt: str | None = 
 
 
 def quantiles(metric: str, by: str, legend: str, sel: str = STAGE, qs=(0.5, 0.99),
-              exemplar: bool = True) -> list[Json]:
-    """p50/p99 of a histogram, one series per ``by`` label set."""
-    series = f"{metric}_bucket{{{sel}}}" if sel else f"{metric}_bucket"
-    return [prom(f"histogram_quantile({q}, sum by (le{', ' + by if by else ''}) (rate({series}{RI})))",
-                 f"{legend} p{int(q * 100)}", exemplar) for q in qs]
+              exemplar: bool = True, mean: bool = True) -> list[Json]:
+    """p50/p99 of a histogram (interpolated within its buckets), and its exact mean (sum
+    over count), one series per ``by`` label set; a ``stage`` label gets its name."""
+    labels = f"{{{sel}}}" if sel else ""
+    grouped = f"le, {by}" if by else "le"
+    name = named if by == "stage" else (lambda e: e)
+    out = [prom(name(f"histogram_quantile({q}, sum by ({grouped}) (rate({metric}_bucket{labels}{RI})))"),
+                f"{legend} p{int(q * 100)}", exemplar) for q in qs]
+    if mean:
+        total = f"sum by ({by}) " if by else "sum "
+        out.append(prom(name(f"{total}(rate({metric}_sum{labels}{RI})) / {total}(rate({metric}_count{labels}{RI}))"),
+                        f"{legend} mean"))
+    return out
+
+
+def named(expr: str, on: str = "stage") -> str:
+    """``expr`` (series per ``stage``) with each one's ``stage_name`` joined from
+    omnitrace_stage_info; the API server (stage -1, no stage info) is named "api". Legends
+    show names, not numbers."""
+    names = f"max by (stage, stage_name) (omnitrace_stage_info{{{RUN}}})"
+    return (f"(({expr}) * on (stage) group_left (stage_name) {names}) or on ({on}) "
+            f'label_replace({expr}, "stage_name", "api", "stage", "-1")')
 
 
 def attribution() -> str:
-    """Mean TTFP seconds per attributed request, by stage x category, with the stage's
-    name joined from omnitrace_stage_info (the API server, stage -1, is named "api")."""
+    """Mean TTFP seconds per attributed request, by stage x category, stages named."""
     rate = (f"sum by (stage, category) (rate(omnitrace_ttfp_attribution_seconds_total"
             f'{{{RUN}, stage=~"$stage"}}{RI}))')
-    names = f"max by (stage, stage_name) (omnitrace_stage_info{{{RUN}}})"
-    return (f"(({rate} * on (stage) group_left (stage_name) {names}) or on (stage, category) "
-            f'label_replace({rate}, "stage_name", "api", "stage", "-1")) / {ATTRIBUTED}')
+    return f"({named(rate, 'stage, category')}) / {ATTRIBUTED}"
 
 
 def zero_if_absent(expr: str, like: str, by: str) -> str:
@@ -253,11 +267,12 @@ def overview() -> Json:
     L.add(timeseries("Head-of-line blocking per stage (seconds per request)",
                      "FIFO time on requests' critical paths spent behind other requests' tasks, "
                      "per attributed request.",
-                     [prom("(" + zero_if_absent(
+                     # the stages only: the API server has no FIFO (its line would be zero)
+                     [prom("(" + named(zero_if_absent(
                          f"sum by (stage) (rate(omnitrace_head_of_line_blocked_seconds_total"
-                         f'{{{RUN}, stage=~"$stage"}}{RI}))',
-                         f'rate(omnitrace_ttfp_attribution_seconds_total{{{RUN}, stage=~"$stage"}}{RI})',
-                         "stage") + f") / {ATTRIBUTED}", "stage {{stage}}")], "s"), w=12)
+                         f'{{{RUN}, stage=~"$stage", stage!="-1"}}{RI}))',
+                         f'rate(omnitrace_ttfp_attribution_seconds_total{{{RUN}, stage=~"$stage", stage!="-1"}}{RI})',
+                         "stage")) + f") / {ATTRIBUTED}", "{{stage_name}}")], "s"), w=12)
     L.add(bargauge("TTFP attribution now (mean seconds per request)",
                    "Latest value of the attribution, largest first: where TTFP goes right now.",
                    [prom(attribution(), "{{stage_name}} ({{stage}}) {{category}}")], "s"), w=12)
@@ -265,7 +280,7 @@ def overview() -> Json:
     L.row("Stage FIFOs (producer side: chunk task enqueue -> dequeue)")
     L.add(timeseries("FIFO residence p50 / p99 per stage",
                      "How long chunk tasks sat in each stage's FIFO. Exemplars open a trace.",
-                     quantiles("omnitrace_fifo_residence_seconds", "stage", "stage {{stage}}"), "s"), w=12)
+                     quantiles("omnitrace_fifo_residence_seconds", "stage", "{{stage_name}}"), "s"), w=12)
     L.add(heatmap("FIFO residence distribution",
                   "Chunk tasks per residence bucket per second (all stages in $stage).",
                   prom(f"sum by (le) (rate(omnitrace_fifo_residence_seconds_bucket{{{STAGE}}}{RI}))",
@@ -273,19 +288,19 @@ def overview() -> Json:
     L.add(timeseries("FIFO time behind other requests' tasks p50 / p99",
                      "Part of each task's residence spent while the sender worked on other "
                      "requests' tasks (head-of-line blocking). Exemplars open a trace.",
-                     quantiles("omnitrace_fifo_blocked_seconds", "stage", "stage {{stage}}"), "s"), w=12)
+                     quantiles("omnitrace_fifo_blocked_seconds", "stage", "{{stage_name}}"), "s"), w=12)
     L.add(timeseries("FIFO depth after enqueue p50 / p99", "Tasks in the FIFO after each enqueue.",
-                     quantiles("omnitrace_fifo_depth", "stage", "stage {{stage}}", exemplar=False),
+                     quantiles("omnitrace_fifo_depth", "stage", "{{stage_name}}", exemplar=False),
                      "short"), w=12)
 
     L.row("Snapshots and transfers (per stage pair: from_stage -> to_stage)")
     L.add(timeseries("Snapshot duration p50 / p99 per stage",
                      "Request snapshot per chunk on the scheduler thread. Exemplars open a trace.",
-                     quantiles("omnitrace_snapshot_duration_seconds", "stage", "stage {{stage}}"), "s"), w=12)
+                     quantiles("omnitrace_snapshot_duration_seconds", "stage", "{{stage_name}}"), "s"), w=12)
     L.add(timeseries("Scheduler time spent snapshotting",
                      "Snapshot seconds per second, per stage: the share of the scheduler thread.",
-                     [prom(f"sum by (stage) (rate(omnitrace_snapshot_duration_seconds_sum{{{STAGE}}}{RI}))",
-                           "stage {{stage}}")], "percentunit"), w=12)
+                     [prom(named(f"sum by (stage) (rate(omnitrace_snapshot_duration_seconds_sum{{{STAGE}}}{RI}))"),
+                           "{{stage_name}}")], "percentunit"), w=12)
     L.add(timeseries("Shared-memory put / get p99 per stage pair",
                      "Put on the producer's sender thread, get on the consumer's receiver thread.",
                      quantiles("omnitrace_transfer_put_duration_seconds", "from_stage, to_stage",
@@ -300,10 +315,10 @@ def overview() -> Json:
     recorded = f"rate(omnitrace_events_total{{{STAGE}}}{RI})"
     L.add(timeseries("Events recorded and dropped per second",
                      "Dropped = a hook found its ring full (raise --ring-records). Should stay 0.", [
-                         prom(f"sum by (stage) ({recorded})", "recorded stage {{stage}}"),
-                         prom(zero_if_absent(f"sum by (stage) (rate(omnitrace_events_dropped_total"
-                                             f"{{{STAGE}}}{RI}))", recorded, "stage"),
-                              "dropped stage {{stage}}"),
+                         prom(named(f"sum by (stage) ({recorded})"), "recorded {{stage_name}}"),
+                         prom(named(zero_if_absent(f"sum by (stage) (rate(omnitrace_events_dropped_total"
+                                                   f"{{{STAGE}}}{RI}))", recorded, "stage")),
+                              "dropped {{stage_name}}"),
                      ], "short"), w=6)
     L.add(timeseries("Agent lag", "How far the live views are behind the newest recorded event.",
                      [prom(f"max(omnitrace_agent_lag_seconds{{{RUN}}})", "lag")], "s"), w=4)

@@ -168,6 +168,15 @@ def test_every_omnitrace_panel_returns_data(live):
         seen = _wait(lambda: (v if want <= (v := labels(title, *keys)) else set()), step=1.0)  # noqa: B023
         assert want <= seen, (title, keys, labels(title, *keys))
     assert all(float(r["value"][1]) >= 0 for r in panel(attr))
+    # legends name stages: every series of a per-stage query carries its stage_name
+    # (omnitrace_stage_info joined, "api" for the API server); the FIFO panels have no API line
+    named = [q for q in omni if "{{stage_name}}" in q.legend]
+    assert len(named) >= 10, [q.panel for q in named]
+    for q in named:
+        rows = _query(live["pport"], q.expr)
+        assert rows and all(r["metric"].get("stage_name") for r in rows), (q.panel, q.ref, rows[:3])
+    assert labels("FIFO residence p50 / p99 per stage", "stage_name") >= {("thinker",), ("talker",)}
+    assert ("api",) not in labels("Head-of-line blocking per stage (seconds per request)", "stage_name")
     assert all(0 < float(r["value"][1]) < 60 for r in panel("TTFP p50 / p99"))
 
     # the variables' label_values() queries list values too

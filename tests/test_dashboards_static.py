@@ -337,3 +337,32 @@ def test_compose_and_provisioning_agree_with_omnitrace_defaults(monkeypatch):
     path = providers[0]["options"]["path"]
     host_dir = mounted("grafana", path)
     assert os.path.samefile(host_dir, GRAFANA_DIR)
+
+
+def test_compose_runs_the_grafana_the_schema_is_checked_against():
+    with open(COMPOSE) as f:
+        image = yaml.safe_load(f)["services"]["grafana"]["image"]
+    with open(os.path.join(SCHEMA_DIR, "package.json")) as f:
+        schema = json.load(f)["devDependencies"]["@grafana/schema"]
+    assert image == f"grafana/grafana:{schema}", (image, schema)
+
+
+def test_no_omnitrace_legend_shows_a_bare_stage_number():
+    """A stage in a legend is its name (``{{stage_name}}``, joined from
+    omnitrace_stage_info), at most with its number beside it."""
+    for q in prometheus_queries():
+        if not q.vllm_omni_only and "{{stage}}" in q.legend:
+            assert "{{stage_name}}" in q.legend, (q.dashboard, q.panel, q.legend)
+
+
+def test_latency_quantile_panels_show_the_exact_mean():
+    """Beside p50/p99 (interpolated within buckets) each quantile panel has the mean from
+    the histogram's sum and count, which buckets do not blur."""
+    by_panel: dict = {}
+    for q in prometheus_queries():
+        by_panel.setdefault((q.dashboard, q.panel), []).append(q)
+    quantile_panels = [k for k, qs in by_panel.items() if any("histogram_quantile" in q.expr for q in qs)
+                       and not qs[0].vllm_omni_only]
+    assert len(quantile_panels) >= 6
+    for k in quantile_panels:
+        assert any("_sum" in q.expr and "_count" in q.expr and q.legend.endswith("mean") for q in by_panel[k]), k

@@ -57,6 +57,7 @@ class Query:
     expr: str  # variables substituted
     vllm_omni_only: bool
     exemplar: bool
+    legend: str = ""
 
 
 def prometheus_queries() -> list[Query]:
@@ -71,7 +72,7 @@ def prometheus_queries() -> list[Query]:
                     continue
                 out.append(Query(os.path.basename(path), p["title"], t["refId"],
                                  substitute(t["expr"], names), row == VLLM_OMNI_ROW,
-                                 bool(t.get("exemplar"))))
+                                 bool(t.get("exemplar")), t.get("legendFormat", "")))
     return out
 
 
