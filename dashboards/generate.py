@@ -320,7 +320,8 @@ def overview() -> Json:
                                                    f"{{{STAGE}}}{RI}))", recorded, "stage")),
                               "dropped {{stage_name}}"),
                      ], "short"), w=6)
-    L.add(timeseries("Agent lag", "How far the live views are behind the newest recorded event.",
+    L.add(timeseries("Agent lag", "How long the oldest event of the live views' latest feed had waited since its "
+                     "hook wrote it (the drain cycle, the one-second view period, any backlog).",
                      [prom(f"max(omnitrace_agent_lag_seconds{{{RUN}}})", "lag")], "s"), w=4)
     L.add(timeseries("Events the live views skipped per second",
                      "Recorded (nothing is lost from the run directory) but not seen live.",

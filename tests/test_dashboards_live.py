@@ -177,6 +177,9 @@ def test_every_omnitrace_panel_returns_data(live):
         assert rows and all(r["metric"].get("stage_name") for r in rows), (q.panel, q.ref, rows[:3])
     assert labels("FIFO residence p50 / p99 per stage", "stage_name") >= {("thinker",), ("talker",)}
     assert ("api",) not in labels("Head-of-line blocking per stage (seconds per request)", "stage_name")
+    # the agent's lag is true: the views take events each second, so they are up to ~1 s old
+    lag = _query(live["pport"], "max_over_time(omnitrace_agent_lag_seconds[10m])")
+    assert lag and 0 < float(lag[0]["value"][1]) < 60, lag
     assert all(0 < float(r["value"][1]) < 60 for r in panel("TTFP p50 / p99"))
 
     # the variables' label_values() queries list values too

@@ -181,7 +181,8 @@ class Metrics:
         self.run_info = Gauge("omnitrace_run_info", "1: the run this agent records (its id, for "
                               "dashboards that tell runs apart).", ("run_id",), registry=r)
         self.lag = Gauge("omnitrace_agent_lag_seconds",
-                         "How long recorded events have waited for the live views.", registry=r)
+                         "How long the oldest event of the live views' latest feed waited for "
+                         "them since its hook wrote it (drain cycle, view period, backlog).", registry=r)
         self.skipped = Counter("omnitrace_agent_view_events_skipped",
                                "Events recorded but not seen by the live views (they fell behind "
                                "or failed).", registry=r)

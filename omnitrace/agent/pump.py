@@ -91,10 +91,12 @@ class ViewPump:
             handoff.oldest = time.monotonic()
         if parts:
             backlog = time.monotonic() - handoff.oldest if handoff.events else 0.0
-            self.metrics.lag.set(backlog)
             self.max_backlog_s = max(self.max_backlog_s, backlog)
             self.max_backlog_events = max(self.max_backlog_events, n + handoff.events)
             ev = rowops.concat(parts, EVENT_DTYPE)
+            # the live views' lag: how long the oldest event of this feed waited for them
+            # since its hook wrote it (the drain's cycle, the view period, any backlog)
+            self.metrics.lag.set(max(0.0, (time.time_ns() - int(ev["t"].min())) / 1e9) if len(ev) else 0.0)
             if self.failed:
                 handoff.skipped += len(ev)
             self.to_views(lambda: self.builder.feed(ev, time.monotonic()))
