@@ -9,11 +9,13 @@ refresh, ``-n`` times.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import select
 import sys
 import time
 from collections import deque
+from typing import Any, Iterator
 
 from omnitrace.cli.helpformat import DefaultsFormatter
 from omnitrace.top import model
@@ -128,21 +130,11 @@ def _show_finished(src: RunDirSource, history: dict[str, deque], tty: bool) -> i
     if not tty:
         print(render(v, history, 120), flush=True)
         return 0
-    size = os.get_terminal_size()
-    keys = _Keys()
-    sys.stdout.write("\x1b[?1049h\x1b[?25l\x1b[H\x1b[2J"
-                     + render(v, history, size.columns, size.lines - 2).replace("\n", "\r\n")
-                     + "\r\n(q quits)")
-    sys.stdout.flush()
-    try:
+    with _fullscreen() as keys:
+        size = os.get_terminal_size()
+        _draw(render(v, history, size.columns, size.lines - 2), "\r\n(q quits)")
         while not keys.wait(3600).lower().startswith("q"):
             pass
-    except KeyboardInterrupt:
-        pass
-    finally:
-        keys.restore()
-        sys.stdout.write("\x1b[?25h\x1b[?1049l")
-        sys.stdout.flush()
     return 0
 
 
@@ -163,6 +155,60 @@ class _Keys:
     def restore(self) -> None:
         import termios
         termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
+
+
+@contextlib.contextmanager
+def _fullscreen() -> Iterator[_Keys]:
+    """The alternate screen without a cursor, keys without echo; all restored on exit
+    (Ctrl-C ends it quietly)."""
+    keys = _Keys()
+    sys.stdout.write("\x1b[?1049h\x1b[?25l")
+    try:
+        yield keys
+    except KeyboardInterrupt:
+        pass
+    finally:
+        keys.restore()
+        sys.stdout.write("\x1b[?25h\x1b[?1049l")
+        sys.stdout.flush()
+
+
+def _draw(text: str, footer: str) -> None:
+    sys.stdout.write("\x1b[H\x1b[2J" + text.replace("\n", "\r\n") + footer)
+    sys.stdout.flush()
+
+
+def _loop(src: Any, prev: Sample | None, history: dict[str, deque], tty: bool, keys: _Keys | None,
+          iterations: int | None, interval: float) -> int:
+    """Redraw every ``interval`` s (on a terminal, in place until q)."""
+    shown = 0
+    while iterations is None or shown < iterations:
+        try:
+            cur = src.read()
+            if prev is not None and prev.live != cur.live:
+                prev = None
+            v = model.build(cur, prev, src.label)
+            history["rate"].append(v.started_per_s)
+            history["ttfp_p99"].append(v.ttfp[1])
+            size = os.get_terminal_size() if tty else None
+            text = render(v, history, size.columns if size else 120, size.lines - 2 if size else 0)
+            if cur.live or prev is None:
+                prev = cur
+        except SourceError as exc:
+            if not tty:
+                console.say("top", f"{exc}")
+                return 1
+            text = f"omnitrace top — {src.label}\n\n{exc} (retrying; q quits)"
+        shown += 1
+        if keys is not None:
+            _draw(text, "\r\n\r\n(q quits)")
+            if keys.wait(interval).lower().startswith("q"):
+                break
+        else:
+            print(text + "\n", flush=True)
+            if iterations is None or shown < iterations:
+                time.sleep(interval)
+    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -201,43 +247,10 @@ def main(argv: list[str] | None = None) -> int:
             prev = samples[0] if len(samples) > 1 else None
         except SourceError:
             pass
-    keys = _Keys() if tty else None
-    if tty:
-        sys.stdout.write("\x1b[?1049h\x1b[?25l")  # alternate screen, hide cursor
-    shown = 0
-    try:
-        while iterations is None or shown < iterations:
-            try:
-                cur = src.read()
-                if prev is not None and prev.live != cur.live:
-                    prev = None
-                v = model.build(cur, prev, src.label)
-                history["rate"].append(v.started_per_s)
-                history["ttfp_p99"].append(v.ttfp[1])
-                size = os.get_terminal_size() if tty else None
-                text = render(v, history, size.columns if size else 120, size.lines - 2 if size else 0)
-                if cur.live or prev is None:
-                    prev = cur
-            except SourceError as exc:
-                if not tty:
-                    console.say("top", f"{exc}")
-                    return 1
-                text = f"omnitrace top — {src.label}\n\n{exc} (retrying; q quits)"
-            shown += 1
-            if tty:
-                sys.stdout.write("\x1b[H\x1b[2J" + text.replace("\n", "\r\n") + "\r\n\r\n(q quits)")
-                sys.stdout.flush()
-                if keys.wait(args.interval).lower().startswith("q"):
-                    break
-            else:
-                print(text + "\n", flush=True)
-                if iterations is None or shown < iterations:
-                    time.sleep(args.interval)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if tty:
-            keys.restore()
-            sys.stdout.write("\x1b[?25h\x1b[?1049l")
-            sys.stdout.flush()
-    return 0
+    rc = 0
+    with _fullscreen() if tty else contextlib.nullcontext() as keys:
+        try:
+            rc = _loop(src, prev, history, tty, keys, iterations, args.interval)
+        except KeyboardInterrupt:
+            pass
+    return rc
