@@ -10,6 +10,7 @@ renders them offline in Chromium.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -293,6 +294,18 @@ def test_html_report_embeds_flame_graphs_offline(run_dir, tmp_path):
         assert not errors, errors
 
 
+@contextlib.contextmanager
+def svg_page(path):
+    """A flame-graph SVG open in Chromium: (page, frames of the visible graph by name
+    prefix, the page's errors)."""
+    with browser() as b:
+        page = b.new_page(viewport={"width": 1300, "height": 400})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"file://{path}")
+        yield page, lambda name: page.locator(f'g.layout:visible g.f[data-n^="{name}"]'), errors
+
+
 def test_svg_zooms_on_click_and_searches_in_chromium(tmp_path):
     """Click a frame: it fills the width and shows its full name, its ancestors span it,
     the rest hides; Reset zoom restores; Search highlights and says the matched share."""
@@ -303,15 +316,7 @@ def test_svg_zooms_on_click_and_searches_in_chromium(tmp_path):
               ("main (a.py)", "other (c.py)"): 0.06}
     path = tmp_path / "f.svg"
     path.write_text(render.svg(stacks, "zoom test"), encoding="utf-8")
-    with browser() as b:
-        page = b.new_page(viewport={"width": 1300, "height": 400})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"file://{path}")
-
-        def frame(name: str):
-            return page.locator(f'g.f[data-n^="{name}"]')
-
+    with svg_page(path) as (page, frame, errors):
         def width(name: str) -> float:
             return float(frame(name).locator("rect").get_attribute("width"))
 
@@ -344,15 +349,7 @@ def test_svg_hides_waiting_threads_until_asked(tmp_path):
     assert list(work) == [next(iter(stacks))] and sum(wait.values()) == pytest.approx(0.7)
     path = tmp_path / "w.svg"
     path.write_text(render.svg(work, "waiting test", hidden=wait), encoding="utf-8")
-    with browser() as b:
-        page = b.new_page(viewport={"width": 1300, "height": 400})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"file://{path}")
-
-        def frame(name: str):
-            return page.locator(f'g.layout:visible g.f[data-n^="{name}"]')
-
+    with svg_page(path) as (page, frame, errors):
         assert frame("work").count() == 1 and frame("Condition.wait").count() == 0
         assert float(frame("work").locator("rect").get_attribute("width")) == pytest.approx(1200, abs=0.5)
         toggle = page.locator("text", has_text="Show waiting (0.7 s)")
