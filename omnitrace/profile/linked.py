@@ -406,12 +406,13 @@ HOLD_MAX_PERIODS = 50
 
 def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
     """The samples of the working thread inside the intervals (their union per thread), in
-    time order, and the seconds each stands for: the real gap until its process's next written round (py-
-    spy writes a round only when some thread changed, and falls behind under load), at
-    most ``HOLD_MAX_PERIODS`` periods. A sample lands inside the intervals with chance
-    proportional to their length whatever the gaps, so the seconds estimate the covered
-    time from the samples alone (samples x the nominal period read 33-43% low); set
-    beside :func:`covered_ns` they say how much of the spans' time py-spy saw."""
+    time order, and the seconds each stands for: the real gap until its process's next
+    written round, at most ``HOLD_MAX_PERIODS`` periods. py-spy samples on a fixed
+    schedule but writes a round only when some thread changed (and falls behind under
+    load), so a written round stands for itself and the unwritten ones after it; the
+    samples inside the intervals, each weighted by its gap, estimate the covered time from
+    the samples alone (samples x the nominal period read 33-43% low). Set beside
+    :func:`covered_ns` they say how much of the spans' time py-spy saw."""
     empty = np.zeros(0, np.int64), np.zeros(0)
     if not len(iv.start) or not len(store.stretches):
         return empty
