@@ -13,6 +13,9 @@ from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.analyze import headofline
 from tests.support import hol_reference
+from omnitrace.conventions import Ev, Modality
+from tests.support.event_fixture import (API, TALKER, TALKER_RECV, THINKER, THINKER_SEND, chunk_events,
+                                         write_event_run)
 from tests.support.otlp_fixture import chunk_spans, line, span, write_run
 
 
@@ -46,10 +49,49 @@ def _culprit(rid: str, enq: float, deq: float, put_end: float) -> list[dict]:
                  **{cv.ATTR_TRANSFER_BYTES: 1000})]
 
 
-def test_wall_time_is_the_union_split_among_culprits(tmp_path):
+# the same schedule as the events that make it, recorded through the rings and the agent's
+# recorder: the FIFO blocked time is then the builder's, from the sender's real tasks
+def _victim_events(chunks=((400, 420), (450, 470), (500, 600))) -> list[tuple]:
+    out = [(API, Ev.REQUEST_ARRIVE, "v", -1, -1, 100, 50, 0),
+           (THINKER, Ev.STAGE_ADD, "v", 0, -1, 0, 0, 10), (THINKER, Ev.STAGE_SCHEDULE, "v", 0, -1, 1, 0, 20),
+           (TALKER, Ev.STAGE_ADD, "v", 1, -1, 0, 0, 15), (TALKER, Ev.STAGE_SCHEDULE, "v", 1, -1, 1, 0, 16),
+           (TALKER, Ev.STAGE_EMIT, "v", 1, -1, 0, int(Modality.AUDIO), 900),
+           (API, Ev.REQUEST_FIRST_AUDIO, "v", -1, -1, 0, 0, 1000),
+           (THINKER, Ev.STAGE_FINISH, "v", 0, -1, 0, 0, 1900), (TALKER, Ev.STAGE_FINISH, "v", 1, -1, 0, 0, 1900),
+           (API, Ev.REQUEST_END, "v", -1, -1, 0, 1234, 2000)]
+    for c, (e, ws_end) in enumerate(chunks):
+        s = 100 + 10 * c if c < 3 else 699
+        chunk_events(out, "v", THINKER, THINKER_SEND, TALKER_RECV, TALKER, 0, 1, c, (s, s + 1), e,
+               (e, e + 5), (e + 5, e + 10), (e + 10, e + 12), ws_end)
+    return out
+
+
+def _culprit_events(rid: str, enq: float, deq: float, put_end: float) -> list[tuple]:
+    return [(THINKER, Ev.SNAPSHOT_BEGIN, rid, 0, 0, 0, 1, enq - 1), (THINKER, Ev.SNAPSHOT_END, rid, 0, 0, 0, 1, enq),
+            (THINKER, Ev.FIFO_ENQUEUE, rid, 0, 0, 0, 1, enq), (THINKER_SEND, Ev.FIFO_DEQUEUE, rid, 0, 0, 0, 1, deq),
+            (THINKER_SEND, Ev.PROCESS_BEGIN, rid, 0, 0, 0, 1, deq), (THINKER_SEND, Ev.PROCESS_END, rid, 0, 0, 1000, 1, deq + 10),
+            (THINKER_SEND, Ev.PUT_BEGIN, rid, 0, 0, 0, 1, deq + 10), (THINKER_SEND, Ev.PUT_END, rid, 0, 0, 1000, 1, put_end)]
+
+
+def _hol_run(path: str, recorded_as: str, culprits: list[tuple], extra_chunk: bool = False) -> str:
+    """The victim and ``culprits`` ((rid, enqueue, dequeue, put end) us), as a run's event
+    log or as the spans.jsonl of a run recorded before the event log."""
+    if recorded_as == "events":
+        script = _victim_events(((400, 420), (450, 470), (500, 600)) + (((1200, 1300),) if extra_chunk else ()))
+        for c in culprits:
+            script += _culprit_events(*c)
+        return write_event_run(path, sorted(script, key=lambda e: e[7]))
+    spans = _victim() + (chunk_spans("v", 0, 1, 3, (699, 700), (700, 1200), (1200, 1205), (1205, 1210),
+                                     (1210, 1212), (1212, 1215), (1215, 1300)) if extra_chunk else [])
+    for c in culprits:
+        spans += _culprit(*c)
+    return write_run(path, [line(spans)])
+
+
+@pytest.mark.parametrize("recorded_as", ["events", "spans.jsonl"])
+def test_wall_time_is_the_union_split_among_culprits(tmp_path, recorded_as):
     # sender: x busy [150, 250], y busy [250, 380]; v's own tasks from 400 on
-    d = write_run(str(tmp_path / "r"), [line(_victim() + _culprit("x", 140, 150, 250)
-                                            + _culprit("y", 145, 250, 380))])
+    d = _hol_run(str(tmp_path / "r"), recorded_as, [("x", 140, 150, 250), ("y", 145, 250, 380)])
     r = subprocess.run([sys.executable, "-m", "omnitrace", "report", d, "--json"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -69,13 +111,12 @@ def test_wall_time_is_the_union_split_among_culprits(tmp_path):
     assert "never more than" in rep["head_of_line_note"]
 
 
-def test_only_critical_path_waits_before_the_first_packet_count(tmp_path):
+@pytest.mark.parametrize("recorded_as", ["events", "spans.jsonl"])
+def test_only_critical_path_waits_before_the_first_packet_count(tmp_path, recorded_as):
     """x keeps the sender busy before v's chunks exist, z while v's chunk 3 (after the gating
     chunk 2, not on the critical path) waits: neither blocked v's first packet."""
-    spans = _victim() + chunk_spans("v", 0, 1, 3, (699, 700), (700, 1200), (1200, 1205),
-                                    (1205, 1210), (1210, 1212), (1212, 1215), (1215, 1300))
-    d = write_run(str(tmp_path / "r"), [line(spans + _culprit("x", 30, 40, 90)
-                                             + _culprit("z", 790, 800, 1100))])
+    d = _hol_run(str(tmp_path / "r"), recorded_as, [("x", 30, 40, 90), ("z", 790, 800, 1100)],
+                 extra_chunk=True)
     rep = json.loads(subprocess.run([sys.executable, "-m", "omnitrace", "report", d, "--json"],
                                     capture_output=True, text=True, timeout=60).stdout)
     assert rep["requests"][0]["hops"] == ["0->1#2"]
