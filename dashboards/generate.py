@@ -292,6 +292,12 @@ def overview() -> Json:
     L.add(timeseries("FIFO depth after enqueue p50 / p99", "Tasks in the FIFO after each enqueue.",
                      quantiles("omnitrace_fifo_depth", "stage", "{{stage_name}}", exemplar=False),
                      "short"), w=12)
+    L.add(timeseries("Sender busy share per stage",
+                     "The share of each stage's sender thread spent on chunk tasks (dequeue to put end). "
+                     "Near 100% the sender is the bottleneck: tasks queue behind each other in the FIFO.",
+                     [prom(named(f"sum by (stage, replica) (rate(omnitrace_sender_busy_seconds_total"
+                                 f"{{{STAGE}}}{RI}))"), "{{stage_name}} replica {{replica}}")],
+                     "percentunit"), w=12)
 
     L.row("Snapshots and transfers (per stage pair: from_stage -> to_stage)")
     L.add(timeseries("Snapshot duration p50 / p99 per stage",

@@ -153,6 +153,7 @@ METRIC_TTFT = "omnitrace.request.ttft"
 METRIC_TTFP = "omnitrace.request.ttfp"
 METRIC_EVENTS = "omnitrace.events"
 METRIC_DROPPED = "omnitrace.events.dropped"
+METRIC_SENDER_BUSY = "omnitrace.sender.busy.seconds"  # a stage's sender thread on tasks
 
 LATENCY_BUCKETS_S = (
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,

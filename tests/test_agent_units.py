@@ -92,6 +92,27 @@ def test_request_state_is_freed_and_incomplete_spans_flushed():
 
 
 @pytest.mark.unit
+def test_sender_busy_seconds_are_the_tasks_the_sender_closed():
+    """Two chunk tasks on the thinker's sender (dequeue -> put end: 30 and 50 ns) and one
+    still running at the feed's end: the counter holds the two, by stage and replica."""
+    rings = {**RINGS, 2: {"pid": 2, "replica": 1, "role": "stage", "stage": 0, "process": "thinker"}}
+    b = stt.SpanBuilder(dict(rings))
+    b.ring_changed()
+    metrics = Metrics()
+    view = MetricsView(metrics, [f"r{i}" for i in range(4)])
+    rows = []
+    for req, (deq, end) in enumerate(((1000, 1030), (1040, 1090), (1100, None)), 1):
+        rows += [(Ev.FIFO_ENQUEUE, req, 0, 0, 0, 1, 900, 1), (Ev.FIFO_DEQUEUE, req, 0, 0, 0, 1, deq, 2),
+                 (Ev.PROCESS_BEGIN, req, 0, 0, 0, 1, deq, 2), (Ev.PROCESS_END, req, 0, 0, 10, 1, deq + 5, 2)]
+        if end is not None:
+            rows += [(Ev.PUT_BEGIN, req, 0, 0, 0, 1, deq + 5, 2), (Ev.PUT_END, req, 0, 0, 10, 1, end, 2)]
+    f = b.feed(_ev(sorted(rows, key=lambda r: r[6])), now=0.0)
+    view.feed(f, spanload.Part(rings, []))
+    got = metrics.registry.get_sample_value("omnitrace_sender_busy_seconds_total", {"stage": "0", "replica": "1"})
+    assert got == pytest.approx(80e-9)
+
+
+@pytest.mark.unit
 def test_ring_strings_wrap_and_drop_count_exact(tmp_path, monkeypatch):
     monkeypatch.setenv(cv.ENV_RUN_ID, f"unit-{os.getpid()}")
     ring = record.Ring(f"unit-{os.getpid()}", record.ProcessInfo(), 64)

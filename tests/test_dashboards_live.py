@@ -177,6 +177,10 @@ def test_every_omnitrace_panel_returns_data(live):
         assert rows and all(r["metric"].get("stage_name") for r in rows), (q.panel, q.ref, rows[:3])
     assert labels("FIFO residence p50 / p99 per stage", "stage_name") >= {("thinker",), ("talker",)}
     assert ("api",) not in labels("Head-of-line blocking per stage (seconds per request)", "stage_name")
+    busy = panel("Sender busy share per stage")  # a share of one thread, per sender
+    assert {r["metric"]["stage_name"] for r in busy} >= {"thinker", "talker"}, busy
+    assert all(0 <= float(r["value"][1]) <= 1.0 for r in busy), busy
+    assert any(float(r["value"][1]) > 0 for r in busy), busy
     # the agent's lag is true: the views take events each second, so they are up to ~1 s old
     lag = _query(live["pport"], "max_over_time(omnitrace_agent_lag_seconds[10m])")
     assert lag and 0 < float(lag[0]["value"][1]) < 60, lag

@@ -53,6 +53,9 @@ HISTOGRAMS: dict[str, tuple[str, str, tuple, str]] = {
 COUNTERS: dict[str, tuple[str, str]] = {
     cv.METRIC_EVENTS: ("omnitrace_events", "Events read from the rings by the agent."),
     cv.METRIC_DROPPED: ("omnitrace_events_dropped", "Events dropped because a ring was full."),
+    cv.METRIC_SENDER_BUSY: ("omnitrace_sender_busy_seconds",
+                            "Seconds a stage's sender thread spent on chunk tasks (dequeue to put "
+                            "end); its rate is the sender's busy share."),
 }
 
 
@@ -198,6 +201,8 @@ class Metrics:
         st, rep = str(stage), str(replica)
         self.stage_info.labels(st, rep, name).set(1)
         self.counters[cv.METRIC_DROPPED].labels(st, rep)
+        if stage >= 0:
+            self.counters[cv.METRIC_SENDER_BUSY].labels(st, rep)
         self.hol.labels(st)
 
     def count_events(self, ev: np.ndarray, rings: dict[int, dict]) -> None:
@@ -208,7 +213,7 @@ class Metrics:
             self.count(cv.METRIC_EVENTS, r.get("stage", cv.API_STAGE), r.get("replica", 0),
                        int(counts[idx]))
 
-    def count(self, metric: str, stage: int, replica: int, n: int) -> None:
+    def count(self, metric: str, stage: int, replica: int, n: float) -> None:
         if n > 0:
             self.counters[metric].labels(str(stage), str(replica)).inc(n)
 

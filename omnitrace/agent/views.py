@@ -90,10 +90,20 @@ class MetricsView:
                     self.metrics.hist.child(metric, labels).observe_many(
                         values.astype(np.float64), self.trace_hex if exemplar else None,
                         rows["req"] if exemplar else None)
+        self._sender_busy(feed, part)
         for kind, req, replica, seconds, _t in feed.firsts:
             metric = cv.METRIC_TTFP if kind == cv.Ev.REQUEST_FIRST_AUDIO else cv.METRIC_TTFT
             self.metrics.hist.observe(metric, seconds, (str(cv.API_STAGE), str(replica), "", ""),
                                       self.trace_hex(req))
+
+    def _sender_busy(self, feed: Feed, part: spanload.Part) -> None:
+        """The sender tasks this feed closed, in seconds per (stage, replica)."""
+        if not feed.busy:
+            return
+        replica = {int(r["pid"]): int(r.get("replica", 0)) for r in part.rings.values() if "pid" in r}
+        for pid, stage, starts, ends, _reqs in feed.busy:
+            self.metrics.count(cv.METRIC_SENDER_BUSY, stage, replica.get(pid, 0),
+                               float((ends - starts).sum()) / 1e9)
 
     def close(self, deadline_s: float) -> None:
         pass
