@@ -234,3 +234,9 @@ def test_waiting_frames(leaf, parked):
     """The leaves seen in the reference pipeline's profiles under load, sorted by the rule."""
     from omnitrace.profile import waiting
     assert waiting.is_waiting(leaf) is parked
+
+
+@pytest.mark.unit
+def test_selection_title_states_the_sampling_error():
+    assert linked.seen(0.256, 0.175, 1920, 4) == " against 1920 spans' 0.175 s (146%, ±50% sampling error)"
+    assert linked.seen(0.0, 0.175, 3, 0) == " against 3 spans' 0.175 s (0%)"

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     title = f"omnitrace flame: {label}"
     sub = f"{float(secs.sum()):.3f} s sampled ({n_samples} samples at {1e9 / store.period_ns:.0f} Hz)"
     if args.category:
-        sub += linked.seen(float(secs.sum()), summary["interval_s"], summary["spans"])
+        sub += linked.seen(float(secs.sum()), summary["interval_s"], summary["spans"], n_samples)
     with open(svg_path, "w", encoding="utf-8") as f:
         f.write(render.svg(stacks, title, sub))
     with open(ss_path, "wb") as f:
