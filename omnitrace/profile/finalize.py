@@ -226,10 +226,10 @@ def finalize(run_dir: str) -> dict:
         mask = st["pid"] == pid
         if mask.any():
             stacks, tlist = _by_thread(store, mask)
-            _write(pdir, name, stacks, _timeline(store, mask, tlist), f"{name} (pid {pid})",
-                   f"py-spy {rate} Hz")
+            waiting_s = _write(pdir, name, stacks, _timeline(store, mask, tlist), f"{name} (pid {pid})",
+                               f"py-spy {rate} Hz")
             entry.update(tool="py-spy", seconds=round(sum(stacks.values()), 3),
-                         waiting_s=round(sum(waiting.split(stacks)[1].values()), 3),
+                         waiting_s=round(waiting_s, 3),
                          rounds_known=_rounds_known(store, pid, rate),
                          threads=[{"tid": t, "name": n} for t, n in tlist])
             index["profiles"].append(entry)
@@ -307,7 +307,9 @@ def _timeline(store: Store, mask: np.ndarray, tlist: list[tuple[int, str]]
 
 
 def _write(pdir: str, name: str, stacks: render.Collapsed,
-           timeline: list[tuple[str, list[render.Stretch]]], title: str, sub: str) -> None:
+           timeline: list[tuple[str, list[render.Stretch]]], title: str, sub: str) -> float:
+    """The process's speedscope timeline and SVG (waiting stacks on request); returns the
+    seconds of waiting stacks."""
     # speedscope: one timeline per thread (its time-order view is what happened)
     _write_json(os.path.join(pdir, f"{name}.speedscope.json"), render.speedscope_timeline(timeline, title))
     work, wait = waiting.split(stacks)
@@ -315,6 +317,7 @@ def _write(pdir: str, name: str, stacks: render.Collapsed,
            + (f", {sum(wait.values()):.1f} s waiting (hidden)" if wait else ""))
     with open(os.path.join(pdir, f"{name}.svg"), "w", encoding="utf-8") as f:
         f.write(render.svg(work, title, sub, hidden=wait))
+    return sum(wait.values())
 
 
 def _inproc_profiles(raw: str) -> dict[int, str]:
