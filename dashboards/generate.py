@@ -50,15 +50,35 @@ def quantiles(metric: str, by: str, legend: str, sel: str = STAGE, qs=(0.5, 0.99
     """p50/p99 of a histogram (interpolated within its buckets), and its exact mean (sum
     over count), one series per ``by`` label set; a ``stage`` label gets its name."""
     labels = f"{{{sel}}}" if sel else ""
-    grouped = f"le, {by}" if by else "le"
     name = named if by == "stage" else (lambda e: e)
-    out = [prom(name(f"histogram_quantile({q}, sum by ({grouped}) (rate({metric}_bucket{labels}{RI})))"),
-                f"{legend} p{int(q * 100)}", exemplar) for q in qs]
+    out = [prom(name(hist_quantile(q, metric, by, labels)), f"{legend} p{int(q * 100)}", exemplar)
+           for q in qs]
     if mean:
-        total = f"sum by ({by}) " if by else "sum "
-        out.append(prom(name(f"{total}(rate({metric}_sum{labels}{RI})) / {total}(rate({metric}_count{labels}{RI}))"),
+        out.append(prom(name(f"{hist_part('sum', metric, by, labels)} / {hist_part('count', metric, by, labels)}"),
                         f"{legend} mean"))
     return out
+
+
+def native_or_classic(metric: str, native: str, classic: str) -> str:
+    """omnitrace's histograms are native and classic at once: a Prometheus with native
+    histograms on (it scrapes protobuf) stores only the native series, one without only
+    the classic ``_bucket``/``_sum``/``_count`` series; the query reads whichever exists.
+    Other exporters' histograms (vLLM-Omni's) are classic only."""
+    return f"({native}) or ({classic})" if metric.startswith("omnitrace_") else classic
+
+
+def hist_quantile(q: float, metric: str, by: str, labels: str) -> str:
+    agg = f"sum by ({by})" if by else "sum"
+    return native_or_classic(
+        metric, f"histogram_quantile({q}, {agg} (rate({metric}{labels}{RI})))",
+        f"histogram_quantile({q}, sum by ({'le, ' + by if by else 'le'}) (rate({metric}_bucket{labels}{RI})))")
+
+
+def hist_part(part: str, metric: str, by: str, labels: str) -> str:
+    """Per-second rate of a histogram's ``sum`` or ``count``, per ``by`` label set."""
+    agg = f"sum by ({by})" if by else "sum"
+    return native_or_classic(metric, f"histogram_{part}({agg} (rate({metric}{labels}{RI})))",
+                             f"{agg} (rate({metric}_{part}{labels}{RI}))")
 
 
 def named(expr: str, on: str = "stage") -> str:
@@ -283,7 +303,9 @@ def overview() -> Json:
                      quantiles("omnitrace_fifo_residence_seconds", "stage", "{{stage_name}}"), "s"), w=12)
     L.add(heatmap("FIFO residence distribution",
                   "Chunk tasks per residence bucket per second (all stages in $stage).",
-                  prom(f"sum by (le) (rate(omnitrace_fifo_residence_seconds_bucket{{{STAGE}}}{RI}))",
+                  prom(native_or_classic(
+                      "omnitrace_fifo_residence_seconds", f"sum(rate(omnitrace_fifo_residence_seconds{{{STAGE}}}{RI}))",
+                      f"sum by (le) (rate(omnitrace_fifo_residence_seconds_bucket{{{STAGE}}}{RI}))"),
                        "{{le}}", exemplar=True, fmt="heatmap")), w=12)
     L.add(timeseries("FIFO time behind other requests' tasks p50 / p99",
                      "Part of each task's residence spent while the sender worked on other "
@@ -305,7 +327,7 @@ def overview() -> Json:
                      quantiles("omnitrace_snapshot_duration_seconds", "stage", "{{stage_name}}"), "s"), w=12)
     L.add(timeseries("Scheduler time spent snapshotting",
                      "Snapshot seconds per second, per stage: the share of the scheduler thread.",
-                     [prom(named(f"sum by (stage) (rate(omnitrace_snapshot_duration_seconds_sum{{{STAGE}}}{RI}))"),
+                     [prom(named(hist_part("sum", "omnitrace_snapshot_duration_seconds", "stage", f"{{{STAGE}}}")),
                            "{{stage_name}}")], "percentunit"), w=12)
     L.add(timeseries("Shared-memory put / get p99 per stage pair",
                      "Put on the producer's sender thread, get on the consumer's receiver thread.",
@@ -314,8 +336,8 @@ def overview() -> Json:
                      + quantiles("omnitrace_transfer_get_duration_seconds", "from_stage, to_stage",
                                  "get {{from_stage}}->{{to_stage}}", qs=(0.99,)), "s"), w=12)
     L.add(timeseries("Transfer bytes per second per stage pair", "Bytes put into shared memory.",
-                     [prom(f"sum by (from_stage, to_stage) (rate(omnitrace_transfer_size_bytes_sum"
-                           f"{{{STAGE}}}{RI}))", "{{from_stage}}->{{to_stage}}")], "Bps"), w=12)
+                     [prom(hist_part("sum", "omnitrace_transfer_size_bytes", "from_stage, to_stage", f"{{{STAGE}}}"),
+                           "{{from_stage}}->{{to_stage}}")], "Bps"), w=12)
 
     L.row("omnitrace itself: drops, lag, exporter loss")
     recorded = f"rate(omnitrace_events_total{{{STAGE}}}{RI})"

@@ -161,6 +161,13 @@ LATENCY_BUCKETS_S = (
 )
 SIZE_BUCKETS_BYTES = tuple(float(4 ** i) for i in range(5, 15))  # 1 KiB .. 256 MiB
 DEPTH_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# Native (exponential) histograms beside the classic buckets: schema 4 = 16 buckets per
+# doubling (each 2^(1/16) = 4.4% wider than the last), so a quantile read from them is
+# within 4.4% of the exact one; values at or below the threshold count in the zero bucket
+# (client_golang's default threshold).
+NATIVE_SCHEMA = 4
+NATIVE_PER_DOUBLING = 2 ** NATIVE_SCHEMA
+NATIVE_ZERO_THRESHOLD = 2.0 ** -128
 
 # Prometheus labels, aligned with vLLM-Omni's own metrics (``stage``, ``replica`` on stage
 # series; ``from_stage``, ``to_stage`` on transfer series) so panels can join the two.

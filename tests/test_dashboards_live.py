@@ -1,37 +1,32 @@
 """The dashboards against a live load test: the reference pipeline under
-`omnitrace run --exporter prometheus,otlp-grpc serve`, `omnitrace bench` loading it, a real
-Prometheus (Debian package, exemplar storage, 1 s scrape) scraping the agent, and a real
-OTLP gRPC receiver (official stubs) taking the spans.
+`omnitrace run --exporter prometheus,otlp-grpc serve`, `omnitrace bench` loading it, two
+real Prometheus servers (Debian package, exemplar storage, 1 s scrape) scraping the agent,
+one with native histograms on (protobuf scrapes) and one without (text scrapes, classic
+buckets), and a real OTLP gRPC receiver (official stubs) taking the spans.
 
 * every omnitrace panel's query (variables substituted as Grafana would) returns data
-  through Prometheus's HTTP API; the vLLM-Omni-only panels are listed and skipped;
+  through each Prometheus's HTTP API; the vLLM-Omni-only panels are listed and skipped;
 * exemplars lead to traces: Prometheus's exemplar API returns trace ids for the TTFP and
   FIFO residence histograms, and each is a trace the OTLP exporter delivered;
 * `promtool check metrics` on a live scrape prints nothing.
 """
 from __future__ import annotations
 
-import json
-import math
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections import defaultdict
 
 import pytest
 
 from omnitrace import conventions as cv
+from tests.support import prom_util
 from tests.support.agent_util import clean_env
 from tests.support.dashboard_util import prometheus_queries, variable_queries
 from tests.support.otlp_receiver import Store, free_port, start_grpc
+from tests.support.prom_util import api as _api, get as _get, query as _query, number
 from tests.support.system_deps import need
-
-PROMETHEUS = shutil.which("prometheus") or "prometheus"
-PROMTOOL = shutil.which("promtool") or "promtool"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -41,42 +36,18 @@ def _prometheus_installed():
 DEADLINE_S = 180  # generous: other work shares the machine; every wait polls
 
 
-def _get(url: str, accept: str | None = None, timeout: float = 5.0) -> bytes:
-    req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.read()
-
-
-def _api(pport: int, path: str, **params) -> list | dict:
-    url = f"http://127.0.0.1:{pport}/api/v1/{path}?" + urllib.parse.urlencode(params, doseq=True)
-    body = json.loads(_get(url))
-    assert body["status"] == "success", body
-    return body["data"]
-
-
 def _wait(what, timeout: float = DEADLINE_S, step: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = what()
-        if got or time.monotonic() >= deadline:
-            return got
-        time.sleep(step)
+    return prom_util.wait(what, timeout, step)
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, long_lived_processes):
     tmp = tmp_path_factory.mktemp("dash")
-    port, mport, pport = free_port(), free_port(), free_port()
+    port, mport = free_port(), free_port()
     store = Store()
     grpc_server, gport = start_grpc(store)
-    (tmp / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        "scrape_configs:\n  - job_name: omnitrace\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{mport}']}}]\n")
-    prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{pport}",
-                             "--log.level=warn", "--enable-feature=exemplar-storage"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # two scrapers of the one endpoint: native histograms (protobuf) and classic (text)
+    proms = {flavour: prom_util.start(tmp, mport, flavour) for flavour in prom_util.FLAVOURS}
     err = open(tmp / "run.err", "wb")  # noqa: SIM115 (closed in finally)
     proc = subprocess.Popen([sys.executable, "-m", "omnitrace", "run", "--run-dir", str(tmp / "run"),
                              "--exporter", "prometheus,otlp-grpc", "--prometheus-port", str(mport),
@@ -101,7 +72,8 @@ def live(tmp_path_factory, long_lived_processes):
                                   "--input-len", "300", "--output-len", "40", "--no-progress",
                                   "--out", str(tmp / "bench.json")],
                                  env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        yield {"pport": pport, "mport": mport, "store": store, "start": time.time()}
+        yield {"pports": {f: p for f, (_, p) in proms.items()}, "mport": mport, "store": store,
+               "start": time.time()}
     finally:
         if bench is not None and bench.poll() is None:
             bench.send_signal(signal.SIGINT)
@@ -117,21 +89,18 @@ def live(tmp_path_factory, long_lived_processes):
                 proc.kill()
         long_lived_processes.discard(proc.pid)
         err.close()
-        prom.send_signal(signal.SIGTERM)
-        try:
-            prom.wait(20)
-        except subprocess.TimeoutExpired:
-            prom.kill()
+        for prom, _ in proms.values():
+            prom_util.stop(prom)
         grpc_server.stop(0)
 
 
-def _query(pport: int, expr: str) -> list:
-    """The instant vector's samples that carry a number (histogram_quantile of an empty
-    window is NaN)."""
-    return [r for r in _api(pport, "query", query=expr)["result"] if math.isfinite(float(r["value"][1]))]
+@pytest.fixture(params=sorted(prom_util.FLAVOURS))
+def pport(request, live) -> int:
+    """Each test once per scraper: native histograms on, and off."""
+    return live["pports"][request.param]
 
 
-def test_every_omnitrace_panel_returns_data(live):
+def test_every_omnitrace_panel_returns_data(live, pport):
     queries = prometheus_queries()
     omni = [q for q in queries if not q.vllm_omni_only]
     skipped = sorted({(q.dashboard, q.panel) for q in queries if q.vllm_omni_only})
@@ -143,7 +112,7 @@ def test_every_omnitrace_panel_returns_data(live):
     answered: set[int] = set()
 
     def all_answered() -> bool:
-        answered.update(i for i, q in enumerate(omni) if i not in answered and _query(live["pport"], q.expr))
+        answered.update(i for i, q in enumerate(omni) if i not in answered and _query(pport, q.expr))
         return len(answered) == len(omni)
     _wait(all_answered, step=1.0)
     empty = [f"{q.dashboard}: {q.panel} [{q.ref}]: {q.expr}" for i, q in enumerate(omni) if i not in answered]
@@ -155,7 +124,7 @@ def test_every_omnitrace_panel_returns_data(live):
     # FIFOs per producing stage, transfers per stage pair
     def panel(title: str) -> list:
         return [r for q in omni if q.panel == title
-                for r in _query(live["pport"], q.expr)]
+                for r in _query(pport, q.expr)]
 
     def labels(title: str, *keys: str) -> set:
         return {tuple(r["metric"].get(k) for k in keys) for r in panel(title)}
@@ -167,28 +136,28 @@ def test_every_omnitrace_panel_returns_data(live):
     for (title, keys), want in expect.items():
         seen = _wait(lambda: (v if want <= (v := labels(title, *keys)) else set()), step=1.0)  # noqa: B023
         assert want <= seen, (title, keys, labels(title, *keys))
-    assert all(float(r["value"][1]) >= 0 for r in panel(attr))
+    assert all(number(r) >= 0 for r in panel(attr))
     # legends name stages: every series of a per-stage query carries its stage_name
     # (omnitrace_stage_info joined, "api" for the API server); the FIFO panels have no API line
     named = [q for q in omni if "{{stage_name}}" in q.legend]
     assert len(named) >= 10, [q.panel for q in named]
     for q in named:
-        rows = _query(live["pport"], q.expr)
+        rows = _query(pport, q.expr)
         assert rows and all(r["metric"].get("stage_name") for r in rows), (q.panel, q.ref, rows[:3])
     assert labels("FIFO residence p50 / p99 per stage", "stage_name") >= {("thinker",), ("talker",)}
     assert ("api",) not in labels("Head-of-line blocking per stage (seconds per request)", "stage_name")
     busy = panel("Sender busy share per stage")  # a share of one thread, per sender
     assert {r["metric"]["stage_name"] for r in busy} >= {"thinker", "talker"}, busy
-    assert all(0 <= float(r["value"][1]) <= 1.0 for r in busy), busy
-    assert any(float(r["value"][1]) > 0 for r in busy), busy
+    assert all(0 <= number(r) <= 1.0 for r in busy), busy
+    assert any(number(r) > 0 for r in busy), busy
     # the agent's lag is true: the views take events each second, so they are up to ~1 s old
-    lag = _query(live["pport"], "max_over_time(omnitrace_agent_lag_seconds[10m])")
-    assert lag and 0 < float(lag[0]["value"][1]) < 60, lag
-    assert all(0 < float(r["value"][1]) < 60 for r in panel("TTFP p50 / p99"))
+    lag = _query(pport, "max_over_time(omnitrace_agent_lag_seconds[10m])")
+    assert lag and 0 < number(lag[0]) < 60, lag
+    assert all(0 < number(r) < 60 for r in panel("TTFP p50 / p99"))
 
     # the variables' label_values() queries list values too
     for dash, name, selector, label in variable_queries():
-        series = _api(live["pport"], "series", **{"match[]": selector})
+        series = _api(pport, "series", **{"match[]": selector})
         values = {s.get(label) for s in series} - {None}
         assert values, f"{dash}: variable {name}: no {label} values for {selector}"
         if name == "stage":
@@ -205,10 +174,13 @@ def _exemplars(pport: int, metric: str, start: float) -> dict[str, list[float]]:
     return out
 
 
-def test_exemplars_lead_to_delivered_traces(live):
-    pport, store = live["pport"], live["store"]
+def test_exemplars_lead_to_delivered_traces(live, pport):
+    store = live["store"]
     found = {}
-    for metric in ("omnitrace_request_ttfp_seconds_bucket", "omnitrace_fifo_residence_seconds_bucket"):
+    # a native histogram's exemplars sit on its one series, a classic one's on its buckets
+    suffix = "" if pport == live["pports"]["native"] else "_bucket"
+    ttfp, fifo = "omnitrace_request_ttfp_seconds" + suffix, "omnitrace_fifo_residence_seconds" + suffix
+    for metric in (ttfp, fifo):
         found[metric] = _wait(lambda: _exemplars(pport, metric, live["start"]))  # noqa: B023
         assert found[metric], f"no exemplars for {metric}"
     wanted = set().union(*found.values())
@@ -234,15 +206,15 @@ def test_exemplars_lead_to_delivered_traces(live):
         rid = next(kv.value.string_value for kv in root.attributes if kv.key == cv.ATTR_REQUEST_ID)
         assert f"{cv.trace_id_for(rid):032x}" == tid
     # a FIFO exemplar is one of that trace's FIFO spans: its value is the span's duration
-    for tid, values in found["omnitrace_fifo_residence_seconds_bucket"].items():
+    for tid, values in found[fifo].items():
         durations = [(s.end_time_unix_nano - s.start_time_unix_nano) / 1e9
                      for s in by_trace[tid] if s.name == cv.SPAN_FIFO]
         for v in values:
             assert any(abs(d - v) <= 1e-6 + 1e-6 * v for d in durations), (tid, v, durations)
     print(f"\nexemplar trace ids followed to delivered traces: "
-          f"{ {m.split('_bucket')[0]: len(ids) for m, ids in found.items()} }")
+          f"{ {m: len(ids) for m, ids in found.items()} }")
     # a TTFP exemplar's trace carries the first-audio-packet event
-    for tid in found["omnitrace_request_ttfp_seconds_bucket"]:
+    for tid in found[ttfp]:
         root = next(s for s in by_trace[tid] if s.name == cv.SPAN_REQUEST)
         assert cv.EVENT_TTFP in {e.name for e in root.events}
 
@@ -255,11 +227,11 @@ def test_promtool_check_metrics_is_clean_on_a_live_scrape(live):
         return body if b"omnitrace_ttfp_attribution_seconds_total{" in body else b""
     body = _wait(attributed)
     assert body, "no attribution series on the endpoint"
-    r = subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True, timeout=60)
+    r = subprocess.run([prom_util.PROMTOOL, "check", "metrics"], input=body, capture_output=True, timeout=60)
     assert r.returncode == 0 and r.stdout == b"" and r.stderr == b"", (r.stdout + r.stderr).decode()[-3000:]
     # the check does speak up: the same scrape with a counter missing its _total suffix
     bad = body.replace(b"omnitrace_requests_started_total", b"omnitrace_requests_started_count_x")
     bad = bad.replace(b"# TYPE omnitrace_requests_started counter",
                       b"# TYPE omnitrace_requests_started_count_x counter")
-    r = subprocess.run([PROMTOOL, "check", "metrics"], input=bad, capture_output=True, timeout=60)
+    r = subprocess.run([prom_util.PROMTOOL, "check", "metrics"], input=bad, capture_output=True, timeout=60)
     assert r.stdout + r.stderr, "promtool check metrics flagged nothing on a bad counter name"

@@ -10,20 +10,33 @@ The histograms are a custom *collector* (prometheus_client's documented extensio
 point) over plain bucket arrays: ``Histogram.observe(exemplar=...)`` validates the
 exemplar and walks the buckets in Python on every call, which was a third of the
 agent's CPU per event; a bisect into a list is a few hundred ns.
+
+Every histogram is also a *native* histogram (``conventions.NATIVE_SCHEMA``: 16 buckets
+per doubling, each 4.4% wide, kept sparse), served in Prometheus's protobuf format to a
+scraper that asks for it (``agent.promproto``): quantiles from it are within a bucket's
+width of the exact ones, where the classic buckets above are 2-2.5x apart. Scrapers of
+the text formats get the classic buckets.
 """
 from __future__ import annotations
 
 import bisect
-from typing import Any, Callable, Iterator
+import http.server
+import math
+import socket
+import threading
+import time
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from omnitrace import conventions as cv
+from omnitrace.agent import promproto
 
 LABELS = (cv.LABEL_STAGE, cv.LABEL_REPLICA, cv.LABEL_FROM_STAGE, cv.LABEL_TO_STAGE)
 
@@ -59,11 +72,28 @@ COUNTERS: dict[str, tuple[str, str]] = {
 }
 
 
-class _Child:
-    """One label set's buckets: :meth:`observe` for one value, :meth:`observe_many` for a
-    feed's worth at once (the agent's MetricsView)."""
+def native_key(value: float) -> int:
+    """The native bucket of a positive value: bucket ``k`` holds (2^((k-1)/16), 2^(k/16)].
+    (A value on a boundary may land one bucket up from rounding in log2; both paths, this
+    and the vectorised one in :meth:`_Child.observe_many`, round alike.)"""
+    return math.ceil(math.log2(value) * cv.NATIVE_PER_DOUBLING)
 
-    __slots__ = ("bounds", "_bounds_np", "counts", "sum", "exemplars")
+
+class Series(NamedTuple):
+    """One label set's histogram, copied for an exposition."""
+    labels: tuple
+    counts: list[int]  # per classic bucket, the last = +Inf
+    sum: float
+    exemplars: list  # per classic bucket: (trace id, value, unix seconds) or None
+    native: dict[int, int]  # native bucket -> count (values above the zero threshold)
+    zeros: int  # values at or below cv.NATIVE_ZERO_THRESHOLD
+
+
+class _Child:
+    """One label set's buckets, classic and native: :meth:`observe` for one value,
+    :meth:`observe_many` for a feed's worth at once (the agent's MetricsView)."""
+
+    __slots__ = ("bounds", "_bounds_np", "counts", "sum", "exemplars", "native", "zeros")
 
     def __init__(self, bounds: list) -> None:
         n = len(bounds)
@@ -71,15 +101,22 @@ class _Child:
         self._bounds_np = np.asarray(bounds, dtype=np.float64)
         self.counts = [0] * (n + 1)  # last = +Inf
         self.sum = 0.0
-        self.exemplars: list[tuple[str, float] | None] = [None] * (n + 1)
+        self.exemplars: list[tuple[str, float, float] | None] = [None] * (n + 1)
+        self.native: dict[int, int] = {}
+        self.zeros = 0
 
     def observe(self, value: float, trace_hex: str | None,
                 _bisect=bisect.bisect_left) -> None:
         i = _bisect(self.bounds, value)  # first bucket with value <= le
         self.counts[i] += 1
         self.sum += value
+        if value > cv.NATIVE_ZERO_THRESHOLD:
+            k = native_key(value)
+            self.native[k] = self.native.get(k, 0) + 1
+        else:
+            self.zeros += 1
         if trace_hex is not None:
-            self.exemplars[i] = (trace_hex, value)
+            self.exemplars[i] = (trace_hex, value, time.time())
 
     def observe_many(self, values: np.ndarray, exemplar_of: Callable[[int], str] | None = None,
                      keys: np.ndarray | None = None) -> None:
@@ -92,10 +129,18 @@ class _Child:
             if c:
                 self.counts[i] += c
         self.sum += float(values.sum())
+        positive = values[values > cv.NATIVE_ZERO_THRESHOLD]
+        self.zeros += len(values) - len(positive)
+        found, hits = np.unique(np.ceil(np.log2(positive) * cv.NATIVE_PER_DOUBLING).astype(np.int64),
+                                return_counts=True)
+        native = self.native
+        for k, c in zip(found.tolist(), hits.tolist()):
+            native[k] = native.get(k, 0) + c
         if exemplar_of is not None and keys is not None:
+            now = time.time()
             buckets, rev = np.unique(idx[::-1], return_index=True)
             for b, pos in zip(buckets.tolist(), (len(idx) - 1 - rev).tolist()):
-                self.exemplars[b] = (exemplar_of(int(keys[pos])), float(values[pos]))
+                self.exemplars[b] = (exemplar_of(int(keys[pos])), float(values[pos]), now)
 
 
 class HistogramSet:
@@ -118,11 +163,10 @@ class HistogramSet:
             ch = self.child(metric, labels)
         ch.observe(value, trace_hex)
 
-    def snapshot(self, metric: str) -> list[tuple[tuple, list[int], float, list]]:
-        # list() copies under the GIL: the agent thread may add children meanwhile
-        # a child that never saw a value is not a series yet
-        return [(labels, list(ch.counts), ch.sum, list(ch.exemplars))
-                for labels, ch in list(self.children[metric].items()) if any(ch.counts)]
+    def snapshot(self, metric: str) -> list[Series]:
+        # list()/dict() copy under the GIL: the agent thread may add children meanwhile
+        return [Series(labels, list(ch.counts), ch.sum, list(ch.exemplars), dict(ch.native), ch.zeros)
+                for labels, ch in list(self.children[metric].items())]
 
     def describe(self) -> Iterator[HistogramMetricFamily]:
         for prom, help_, _, _ in HISTOGRAMS.values():
@@ -132,35 +176,86 @@ class HistogramSet:
         for name, (prom, help_, _, _) in HISTOGRAMS.items():
             fam = HistogramMetricFamily(prom, help_, labels=LABELS)
             les = [floatToGoString(b) for b in self.bounds[name]] + ["+Inf"]
-            for labels, counts, total, exemplars in self.snapshot(name):
+            for s in self.snapshot(name):
                 buckets, cum = [], 0
-                for le, c, ex in zip(les, counts, exemplars):
+                for le, c, ex in zip(les, s.counts, s.exemplars):
                     cum += c
                     if ex is None:
                         buckets.append((le, cum))
                     else:
-                        buckets.append((le, cum, Exemplar({"trace_id": ex[0]}, ex[1])))
-                fam.add_metric(list(labels), buckets, total)
+                        buckets.append((le, cum, Exemplar({"trace_id": ex[0]}, ex[1], ex[2])))
+                fam.add_metric(list(s.labels), buckets, s.sum)
             yield fam
+
+
+    def protobuf_families(self) -> Iterator:
+        """Each histogram as a protobuf MetricFamily: classic buckets (cumulative; +Inf left
+        implicit, as client_golang does) and the native ones, exemplars with timestamps in
+        both places (Prometheus 3 reads ``exemplars``, 2.x the buckets')."""
+        for name, (prom, help_, bounds, _) in HISTOGRAMS.items():
+            fam = promproto.MetricFamily(name=prom, help=help_, type=promproto.HISTOGRAM)
+            for s in self.snapshot(name):
+                m = fam.metric.add()
+                for k, v in zip(LABELS, s.labels):
+                    if v:  # an empty label is no label (as in the text format)
+                        m.label.add(name=k, value=v)
+                h = m.histogram
+                h.sample_count, h.sample_sum = sum(s.counts), s.sum
+                cum = 0
+                for le, c, ex in zip(bounds, s.counts, s.exemplars):
+                    cum += c
+                    b = h.bucket.add(cumulative_count=cum, upper_bound=le)
+                    if ex is not None:
+                        b.exemplar.CopyFrom(promproto.exemplar(*ex))
+                h.schema, h.zero_threshold, h.zero_count = cv.NATIVE_SCHEMA, cv.NATIVE_ZERO_THRESHOLD, s.zeros
+                spans, deltas = promproto.spans_and_deltas(s.native)
+                for offset, length in spans:
+                    h.positive_span.add(offset=offset, length=length)
+                h.positive_delta.extend(deltas)
+                h.exemplars.extend(promproto.exemplar(*ex) for ex in s.exemplars if ex is not None)
+            if fam.metric:
+                yield fam
+
+
+def _server(addr: str, port: int, exposition: Callable[[str], tuple[bytes, str]]):
+    """A threading HTTP server answering every GET with ``exposition(Accept)``.
+    prometheus_client's own server negotiates only its text formats."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body, content_type = exposition(self.headers.get("Accept", ""))
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # scrapes are not news
+            pass
+
+    class Server(http.server.ThreadingHTTPServer):
+        daemon_threads = True
+        address_family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+    return Server((addr, port), Handler)
 
 
 class Metrics:
     """The agent's metric registry."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        # every family but the histograms in ``plain``; ``registry`` serves both
+        self.plain = r = CollectorRegistry(auto_describe=True)
         self.hist = HistogramSet()
+        self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self.hist)
+        self.registry.register(self.plain)
         self.observe = self.hist.observe
-        self.counters = {name: Counter(prom, help_, (cv.LABEL_STAGE, cv.LABEL_REPLICA),
-                                       registry=self.registry)
+        self.counters = {name: Counter(prom, help_, (cv.LABEL_STAGE, cv.LABEL_REPLICA), registry=r)
                          for name, (prom, help_) in COUNTERS.items()}
         self.export_spans = Counter("omnitrace_agent_export_spans",
                                     "Spans per exporter and outcome (exported/failed/dropped).",
-                                    ("exporter", "outcome"), registry=self.registry)
+                                    ("exporter", "outcome"), registry=r)
         self.queue = Gauge("omnitrace_agent_open_requests", "Requests the agent holds state for.",
-                           registry=self.registry)
-        r = self.registry
+                           registry=r)
         # live views of the requests (agent.views.RequestView, AttributionView)
         self.attribution = Counter(
             "omnitrace_ttfp_attribution_seconds",
@@ -205,6 +300,13 @@ class Metrics:
             self.counters[cv.METRIC_SENDER_BUSY].labels(st, rep)
         self.hol.labels(st)
 
+    def api_seen(self, replica: int) -> None:
+        """An API server process appeared: its request histograms from 0, so rate() over
+        a window counts the first requests too (a series born with them leaves out what
+        its first scrape already held: the first, often slowest, requests)."""
+        for metric in (cv.METRIC_TTFT, cv.METRIC_TTFP):
+            self.hist.child(metric, (str(cv.API_STAGE), str(replica), "", ""))
+
     def count_events(self, ev: np.ndarray, rings: dict[int, dict]) -> None:
         """``omnitrace_events_total`` for a batch of decoded events, per ring's stage."""
         counts = np.bincount(ev["ring"])
@@ -219,9 +321,20 @@ class Metrics:
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         """Start the /metrics endpoint; returns the bound port (``port=0`` picks one)."""
-        self.server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        self.server = _server(addr, port, self.exposition)
+        threading.Thread(target=self.server.serve_forever, name="omnitrace-metrics", daemon=True).start()
         self.port = self.server.server_address[1]
         return self.port
+
+    def exposition(self, accept: str) -> tuple[bytes, str]:
+        """The body and content type for a scraper's Accept header: protobuf (native
+        histograms) when offered, else the text format it prefers (prometheus_client's)."""
+        if promproto.wants_protobuf(accept):
+            fams = list(self.hist.protobuf_families())
+            fams += [promproto.from_client(f) for f in self.plain.collect() if f.samples]
+            return promproto.delimited(fams), promproto.CONTENT_TYPE
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
 
     def close(self) -> None:
         if self.server is not None:
@@ -253,16 +366,14 @@ class Metrics:
                 continue
             metric = sm.metrics.add(name=name, description=help_, unit=unit)
             metric.histogram.aggregation_temporality = mpb.AGGREGATION_TEMPORALITY_CUMULATIVE
-            for labels, counts, total, _ in snap:
+            for s in snap:
                 dp = metric.histogram.data_points.add(
                     start_time_unix_nano=start_ns, time_unix_nano=now_ns,
-                    count=sum(counts), sum=total)
-                dp.attributes.extend(kv(k, v) for k, v in zip(LABELS, labels))
+                    count=sum(s.counts), sum=s.sum)
+                dp.attributes.extend(kv(k, v) for k, v in zip(LABELS, s.labels))
                 dp.explicit_bounds.extend(bounds)
-                dp.bucket_counts.extend(counts)  # OTLP buckets are per bucket, not cumulative
-        for family in self.registry.collect():
-            if family.type == "histogram":
-                continue
+                dp.bucket_counts.extend(s.counts)  # OTLP buckets are per bucket, not cumulative
+        for family in self.plain.collect():
             if family.type == "counter":
                 metric = sm.metrics.add(name=family.name.replace("_", "."), description=family.documentation)
                 metric.sum.aggregation_temporality = mpb.AGGREGATION_TEMPORALITY_CUMULATIVE

@@ -71,6 +71,8 @@ class ViewPump:
         if item.get("role") == "stage":
             self.metrics.stage_seen(int(item.get("stage", 0)), int(item.get("replica", 0)),
                                     item.get("process") or "")
+        elif item.get("role") == "api":
+            self.metrics.api_seen(int(item.get("replica", 0)))
 
     def pump(self, handoff: Handoff, deadline: float | None = None) -> int:
         """Feed up to ``BATCH_EVENTS`` waiting events to the builder and the views; the

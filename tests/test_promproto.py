@@ -1,0 +1,129 @@
+"""Native histograms and the protobuf exposition, in process: the buckets against a
+reference built from the schema's definition, the wire form decoded back, content
+negotiation as Prometheus sends it. (A real Prometheus ingesting it: test_live_quantiles,
+test_dashboards_live.)"""
+from __future__ import annotations
+
+import bisect
+import urllib.request
+
+import numpy as np
+import pytest
+from google.protobuf.internal.decoder import _DecodeVarint32
+
+from omnitrace import conventions as cv
+from omnitrace.agent import promproto
+from omnitrace.agent.export_prometheus import Metrics, native_key
+
+pytestmark = pytest.mark.unit
+
+# Accept headers as Prometheus sends them: 2.42 with native histograms on, 3.x's default
+PROM_2_NATIVE = ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.5,"
+                 "application/openmetrics-text;version=1.0.0;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
+PROM_3_TEXT = ("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,"
+               "application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,"
+               "text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
+
+
+def _reference_key(value: float) -> int:
+    """Bucket k holds (base^(k-1), base^k], base = 2^(2^-schema): found by search over the
+    boundaries themselves, not by a logarithm."""
+    bounds = [2.0 ** (k / cv.NATIVE_PER_DOUBLING) for k in range(-40 * 16, 20 * 16)]
+    return bisect.bisect_left(bounds, value) - 40 * 16
+
+
+def test_native_buckets_follow_the_schema():
+    rng = np.random.default_rng(7)
+    values = np.concatenate([rng.lognormal(-6, 2, 3000), [1.0, 2.0, 0.5, 1e-5, 30.0]])
+    assert [native_key(float(v)) for v in values] == [_reference_key(float(v)) for v in values]
+    assert native_key(1.0) == 0 and native_key(1.0001) == 1 and native_key(0.9999) == 0
+
+
+def test_one_and_many_observations_fill_the_same_buckets():
+    rng = np.random.default_rng(3)
+    values = np.concatenate([rng.lognormal(-4, 1.5, 5000), np.zeros(7)])
+    one, many = Metrics(), Metrics()
+    labels = ("0", "0", "0", "1")
+    for v in values:
+        one.observe(cv.METRIC_PUT, float(v), labels, None)
+    many.hist.child(cv.METRIC_PUT, labels).observe_many(values)
+    [a], [b] = one.hist.snapshot(cv.METRIC_PUT), many.hist.snapshot(cv.METRIC_PUT)
+    assert a.native == b.native and a.zeros == b.zeros == 7 and a.counts == b.counts
+    assert sum(a.native.values()) + a.zeros == len(values)
+
+
+def test_spans_and_deltas_are_the_wire_form():
+    spans, deltas = promproto.spans_and_deltas({-3: 2, -2: 5, 0: 1, 7: 4})
+    assert spans == [(-3, 2), (1, 1), (6, 1)]  # first offset = first index, later = gap
+    assert deltas == [2, 3, -4, 3]
+    assert promproto.spans_and_deltas({}) == ([], [])
+
+
+def test_content_negotiation_as_prometheus_asks():
+    assert promproto.wants_protobuf(PROM_2_NATIVE)
+    assert not promproto.wants_protobuf(PROM_3_TEXT)
+    assert not promproto.wants_protobuf("")
+    assert not promproto.wants_protobuf("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+                                        "encoding=text")
+
+
+def _families(body: bytes) -> dict:
+    out, pos = {}, 0
+    while pos < len(body):
+        n, pos = _DecodeVarint32(body, pos)
+        fam = promproto.MetricFamily.FromString(body[pos:pos + n])
+        out[fam.name] = fam
+        pos += n
+    return out
+
+
+def test_the_endpoint_serves_protobuf_to_prometheus_and_text_to_others():
+    m = Metrics()
+    m.api_seen(0)
+    rng = np.random.default_rng(5)
+    values = rng.lognormal(-3, 1, 400)
+    m.hist.child(cv.METRIC_FIFO_RESIDENCE, ("0", "0", "0", "1")).observe_many(
+        values, lambda k: f"{k:032x}", np.arange(len(values)))
+    m.counters[cv.METRIC_EVENTS].labels("0", "0").inc(12)
+    port = m.serve(0)
+    try:
+        def scrape(accept: str) -> tuple[bytes, str]:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Accept": accept})
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.read(), r.headers["Content-Type"]
+        body, ctype = scrape(PROM_2_NATIVE)
+        text, ttype = scrape(PROM_3_TEXT)
+    finally:
+        m.close()
+    assert ctype == promproto.CONTENT_TYPE and ttype.startswith("application/openmetrics-text")
+    fams = _families(body)
+    h = fams["omnitrace_fifo_residence_seconds"].metric[0].histogram
+    assert h.sample_count == 400 and h.sample_sum == pytest.approx(values.sum())
+    assert h.schema == cv.NATIVE_SCHEMA and h.zero_threshold == cv.NATIVE_ZERO_THRESHOLD
+    # the native buckets decode back to one count per value, in the schema's buckets
+    keys, counts, k = [], [], None
+    it = iter(h.positive_delta)
+    count = 0
+    for span in h.positive_span:
+        k = span.offset if k is None else k + span.offset
+        for _ in range(span.length):
+            count += next(it)
+            keys.append(k)
+            counts.append(count)
+            k += 1
+    want = {}
+    for v in values:
+        want[_reference_key(float(v))] = want.get(_reference_key(float(v)), 0) + 1
+    assert dict(zip(keys, counts)) == want
+    # classic buckets cumulative, exemplars with timestamps in both places
+    assert [b.cumulative_count for b in h.bucket] == sorted(b.cumulative_count for b in h.bucket)
+    assert h.bucket[-1].upper_bound == cv.LATENCY_BUCKETS_S[-1]
+    assert h.exemplars and all(e.timestamp.seconds > 0 and len(e.label[0].value) == 32 for e in h.exemplars)
+    # no empty label values; the request histograms exist from the API server's start
+    assert {lp.name for lp in fams["omnitrace_fifo_residence_seconds"].metric[0].label} == set(
+        ("stage", "replica", "from_stage", "to_stage"))
+    assert fams["omnitrace_request_ttfp_seconds"].metric[0].histogram.sample_count == 0
+    assert {lp.name for lp in fams["omnitrace_request_ttfp_seconds"].metric[0].label} == {"stage", "replica"}
+    assert fams["omnitrace_events_total"].type == promproto.COUNTER
+    assert fams["omnitrace_events_total"].metric[0].counter.value == 12
+    assert b"omnitrace_fifo_residence_seconds_bucket{" in text and b"# {trace_id=" in text
