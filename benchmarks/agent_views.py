@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from omnitrace import eventlog, spanload  # noqa: E402
-from omnitrace.agent import attribution_view  # noqa: E402
+from omnitrace.agent import attribution_view, promproto  # noqa: E402
 from omnitrace.agent.attribution_view import AttributionView, RequestView  # noqa: E402
 from omnitrace.agent.export_prometheus import Metrics  # noqa: E402
 from omnitrace.agent.main import Agent  # noqa: E402
@@ -83,9 +83,21 @@ def replay(run_dir: str, period_s: float, culprits: bool = False) -> dict:
     cpu["builder"] += time.process_time() - t
     n = len(ev)
     return {"events": n, "feeds": feeds, "events_per_feed": n / max(feeds, 1),
-            "attributed": views["attribution"].attributed,
+            "attributed": views["attribution"].attributed, "scrape": scrape_cost(metrics),
             "us_per_event": {k: v / n * 1e6 for k, v in cpu.items()},
             "total_us_per_event": sum(cpu.values()) / n * 1e6}
+
+
+def scrape_cost(metrics: Metrics, rounds: int = 20) -> dict:
+    """CPU ms and bytes of one /metrics answer at the run's end, per format Prometheus asks
+    for: protobuf (native histograms on) and OpenMetrics text (classic buckets)."""
+    out = {}
+    for fmt, accept in (("protobuf", promproto.CONTENT_TYPE), ("openmetrics", "application/openmetrics-text")):
+        t = time.process_time()
+        for _ in range(rounds):
+            body, _ = metrics.exposition(accept)
+        out[fmt] = {"cpu_ms": (time.process_time() - t) / rounds * 1e3, "bytes": len(body)}
+    return out
 
 
 def main() -> int:
@@ -103,6 +115,8 @@ def main() -> int:
     for k, v in r["us_per_event"].items():
         print(f"  {k:<13} {v:6.3f} µs/event")
     print(f"  {'total':<13} {r['total_us_per_event']:6.3f} µs/event")
+    for fmt, c in r["scrape"].items():
+        print(f"  one scrape, {fmt}: {c['cpu_ms']:.1f} ms CPU, {c['bytes'] / 1e3:.0f} kB")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=2)
