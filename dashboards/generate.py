@@ -29,8 +29,10 @@ JAEGER = {"type": "jaeger", "uid": "${jaeger}"}
 TEMPO = {"type": "tempo", "uid": "${tempo}"}
 
 RUN = 'instance=~"$run"'
+VLLM = 'instance=~"$vllm"'  # vLLM-Omni's API server (its own /metrics, a job of its own)
 STAGE = f'{RUN}, stage=~"$stage", replica=~"$replica"'
 RI = "[$__rate_interval]"
+NO_TRAFFIC = "no requests in this window"
 ATTRIBUTED = f"scalar(sum(rate(omnitrace_requests_attributed_total{{{RUN}}}{RI})))"
 
 Json = dict[str, Any]
@@ -50,7 +52,7 @@ def quantiles(metric: str, by: str, legend: str, sel: str = STAGE, qs=(0.5, 0.99
     """p50/p99 of a histogram (interpolated within its buckets), and its exact mean (sum
     over count), one series per ``by`` label set; a ``stage`` label gets its name."""
     labels = f"{{{sel}}}" if sel else ""
-    name = named if by == "stage" else (lambda e: e)
+    name = named if by == "stage" else pair_named if by == "from_stage, to_stage" else (lambda e: e)
     out = [prom(name(hist_quantile(q, metric, by, labels)), f"{legend} p{int(q * 100)}", exemplar)
            for q in qs]
     if mean:
@@ -88,6 +90,18 @@ def named(expr: str, on: str = "stage") -> str:
     names = f"max by (stage, stage_name) (omnitrace_stage_info{{{RUN}}})"
     return (f"(({expr}) * on (stage) group_left (stage_name) {names}) or on ({on}) "
             f'label_replace({expr}, "stage_name", "api", "stage", "-1")')
+
+
+def pair_named(expr: str) -> str:
+    """``expr`` (series per ``from_stage``, ``to_stage``) with both stages' names joined
+    as ``from_name`` and ``to_name``; a pair without stage info keeps its numbers only
+    (vLLM-Omni's own series, when omnitrace does not run beside it)."""
+    names = f"max by (stage, stage_name) (omnitrace_stage_info{{{RUN}}})"
+    joined = expr
+    for side in ("from", "to"):  # label_join copies a label (label_replace's "$1" is Grafana's syntax too)
+        joined = (f'label_join(label_join({joined}, "stage", "", "{side}_stage") '
+                  f'* on (stage) group_left (stage_name) {names}, "{side}_name", "", "stage_name")')
+    return f'label_join({joined}, "stage", "") or on (from_stage, to_stage) ({expr})'
 
 
 def attribution() -> str:
@@ -137,11 +151,14 @@ def _legend(placement: str = "bottom", calcs: list[str] | None = None) -> Json:
 
 
 def timeseries(title: str, desc: str, targets: list[Json], unit: str, stack: str = "none",
-               fill: int = 10, min0: bool = True, thresholds: list[Json] | None = None) -> Json:
+               fill: int = 10, min0: bool = True, thresholds: list[Json] | None = None,
+               no_value: str = "") -> Json:
     custom: Json = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 80 if stack != "none" else fill,
                     "showPoints": "never", "spanNulls": False,
                     "stacking": {"mode": stack, "group": "A"}}
     defaults: Json = {"unit": unit, "custom": custom}
+    if no_value:  # what the panel says instead of "No data"
+        defaults["noValue"] = no_value
     if min0:
         defaults["min"] = 0
     if thresholds:
@@ -169,6 +186,21 @@ def heatmap(title: str, desc: str, target: Json) -> Json:
                         "rowsFrame": {"layout": "auto"},
                         "tooltip": {"mode": "single", "yHistogram": True, "showColorScale": False},
                         "yAxis": {"axisPlacement": "left", "unit": "s", "reverse": False}},
+            "targets": _ref([target])}
+
+
+def stat(title: str, desc: str, target: Json, mappings: list[Json], no_value: str) -> Json:
+    return {"type": "stat", "title": title, "description": desc, "datasource": PROM,
+            "fieldConfig": {"defaults": {"mappings": mappings, "noValue": no_value,
+                                         "color": {"mode": "thresholds"},
+                                         "thresholds": {"mode": "absolute",
+                                                        "steps": [{"color": "red", "value": None},
+                                                                  {"color": "green", "value": 1}]}},
+                            "overrides": []},
+            "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                        "colorMode": "background", "graphMode": "none", "justifyMode": "auto",
+                        "orientation": "auto", "textMode": "auto", "wideLayout": True,
+                        "showPercentChange": False},
             "targets": _ref([target])}
 
 
@@ -231,6 +263,7 @@ def textbox(name: str, label: str, desc: str) -> Json:
 
 
 RUN_VAR = query_var("run", "Run (agent endpoint)", "label_values(omnitrace_agent_open_requests, instance)")
+VLLM_VAR = query_var("vllm", "vLLM-Omni server", "label_values(vllm_omni:num_requests_running, instance)")
 STAGE_VAR = query_var("stage", "Stage", f"label_values(omnitrace_events_total{{{RUN}}}, stage)")
 REPLICA_VAR = query_var("replica", "Replica",
                         f'label_values(omnitrace_events_total{{{RUN}, stage=~"$stage"}}, replica)')
@@ -259,31 +292,40 @@ def _link(title: str, uid: str) -> Json:
 def overview() -> Json:
     L = Layout()
     L.row("Load and latency")
+    L.add(stat("Agent endpoint", "Whether Prometheus reaches the agent's /metrics now (the run's "
+               "`omnitrace run` is up); DOWN when the run ended or the agent is unreachable.",
+               prom(f"max(up{{{RUN}}})", "up"),
+               [{"type": "value", "options": {"0": {"text": "DOWN", "color": "red"},
+                                              "1": {"text": "UP", "color": "green"}}}],
+               "no run scraped"), w=3)
     L.add(timeseries("Requests per second", "Requests arriving at the API server, and ending by status.", [
         prom(f"sum(rate(omnitrace_requests_started_total{{{RUN}}}{RI}))", "started"),
         prom(f"sum by (status) (rate(omnitrace_requests_finished_total{{{RUN}}}{RI}))", "finished {{status}}"),
-    ], "reqps"), w=8)
+    ], "reqps"), w=6)
     L.add(timeseries("Requests in flight", "Arrived at the API server and not yet ended.", [
         prom(f"sum(omnitrace_requests_in_flight{{{RUN}}})", "in flight"),
-    ], "short"), w=4)
+    ], "short"), w=3)
     L.add(timeseries("TTFP p50 / p99", "Time to first audio packet at the API server. "
                      "Exemplars (dots) open the request's trace.",
-                     quantiles("omnitrace_request_ttfp_seconds", "", "TTFP", sel=RUN), "s"), w=6)
+                     quantiles("omnitrace_request_ttfp_seconds", "", "TTFP", sel=RUN), "s",
+                     no_value=NO_TRAFFIC), w=6)
     L.add(timeseries("TTFT p50 / p99", "Time to first text token at the API server. "
                      "Exemplars open the request's trace.",
-                     quantiles("omnitrace_request_ttft_seconds", "", "TTFT", sel=RUN), "s"), w=6)
+                     quantiles("omnitrace_request_ttft_seconds", "", "TTFT", sel=RUN), "s",
+                     no_value=NO_TRAFFIC), w=6)
 
     L.row("Where TTFP goes (live attribution of completed requests)")
     L.add(timeseries("TTFP attribution: share per stage x category",
                      "Each completed request's TTFP split along its critical path by stage and cause "
-                     "(the categories of `omnitrace report`); stacked to 100%.",
+                     "(the categories of `omnitrace report`); stacked to 100%. A request counts "
+                     "once it settles, ~1 s after its end, so the stack trails the TTFP panel.",
                      [prom(attribution(), "{{stage_name}} ({{stage}}) {{category}}")], "s",
-                     stack="percent"), w=12, h=10)  # the axis is in %, the tooltip in seconds
+                     stack="percent", no_value=NO_TRAFFIC), w=12, h=10)  # the axis is in %, the tooltip in seconds
     L.add(timeseries("TTFP attribution: mean seconds per request",
                      "The same split in seconds per attributed request; the stack sums to the mean TTFP "
                      "of the requests completed in the window.",
                      [prom(attribution(), "{{stage_name}} ({{stage}}) {{category}}")], "s",
-                     stack="normal"), w=12, h=10)
+                     stack="normal", no_value=NO_TRAFFIC), w=12, h=10)
     L.add(timeseries("Head-of-line blocking per stage (seconds per request)",
                      "FIFO time on requests' critical paths spent behind other requests' tasks, "
                      "per attributed request.",
@@ -293,6 +335,12 @@ def overview() -> Json:
                          f'{{{RUN}, stage=~"$stage", stage!="-1"}}{RI}))',
                          f'rate(omnitrace_ttfp_attribution_seconds_total{{{RUN}, stage=~"$stage", stage!="-1"}}{RI})',
                          "stage")) + f") / {ATTRIBUTED}", "{{stage_name}}")], "s"), w=12)
+    L.add(bargauge("Head-of-line culprits: requests others waited behind most",
+                   "The live top 10 requests whose chunk tasks other requests' first packets waited "
+                   "behind in a FIFO (seconds of those waits, the report's head-of-line rule). "
+                   "Paste one into the request dashboard.",
+                   [prom(f"topk(10, max by (culprit) (omnitrace_head_of_line_culprit_seconds{{{RUN}}}))",
+                         "{{culprit}}")], "s"), w=12)
     L.add(bargauge("TTFP attribution now (mean seconds per request)",
                    "Latest value of the attribution, largest first: where TTFP goes right now.",
                    [prom(attribution(), "{{stage_name}} ({{stage}}) {{category}}")], "s"), w=12)
@@ -329,15 +377,19 @@ def overview() -> Json:
                      "Snapshot seconds per second, per stage: the share of the scheduler thread.",
                      [prom(named(hist_part("sum", "omnitrace_snapshot_duration_seconds", "stage", f"{{{STAGE}}}")),
                            "{{stage_name}}")], "percentunit"), w=12)
+    L.add(timeseries("Payload build p50 / p99 per stage",
+                     "Building each chunk's payload on the sender thread, between its dequeue and its "
+                     "shared-memory put. Exemplars open a trace.",
+                     quantiles("omnitrace_payload_build_duration_seconds", "stage", "{{stage_name}}"), "s"), w=12)
     L.add(timeseries("Shared-memory put / get p99 per stage pair",
                      "Put on the producer's sender thread, get on the consumer's receiver thread.",
                      quantiles("omnitrace_transfer_put_duration_seconds", "from_stage, to_stage",
-                               "put {{from_stage}}->{{to_stage}}", qs=(0.99,))
+                               "put {{from_name}}->{{to_name}}", qs=(0.99,))
                      + quantiles("omnitrace_transfer_get_duration_seconds", "from_stage, to_stage",
-                                 "get {{from_stage}}->{{to_stage}}", qs=(0.99,)), "s"), w=12)
+                                 "get {{from_name}}->{{to_name}}", qs=(0.99,)), "s"), w=12)
     L.add(timeseries("Transfer bytes per second per stage pair", "Bytes put into shared memory.",
-                     [prom(hist_part("sum", "omnitrace_transfer_size_bytes", "from_stage, to_stage", f"{{{STAGE}}}"),
-                           "{{from_stage}}->{{to_stage}}")], "Bps"), w=12)
+                     [prom(pair_named(hist_part("sum", "omnitrace_transfer_size_bytes", "from_stage, to_stage",
+                                                f"{{{STAGE}}}")), "{{from_name}}->{{to_name}}")], "Bps"), w=12)
 
     L.row("omnitrace itself: drops, lag, exporter loss")
     recorded = f"rate(omnitrace_events_total{{{STAGE}}}{RI})"
@@ -367,34 +419,37 @@ def overview() -> Json:
 
     L.row(VLLM_OMNI_ROW)
     L.add(timeseries("vLLM-Omni: audio TTFP p50 / p99", "vLLM-Omni's own audio TTFP (vllm_omni:audio_ttfp_s).",
-                     quantiles("vllm_omni:audio_ttfp_s", "", "audio TTFP", sel="", exemplar=False), "s"), w=8)
+                     quantiles("vllm_omni:audio_ttfp_s", "", "audio TTFP", sel=VLLM, exemplar=False), "s"), w=8)
     L.add(timeseries("vLLM-Omni: audio real-time factor p50 / p99",
                      "Generation time / audio duration; streaming needs < 1.",
-                     quantiles("vllm_omni:audio_rtf", "", "RTF", sel="", exemplar=False), "none",
+                     quantiles("vllm_omni:audio_rtf", "", "RTF", sel=VLLM, exemplar=False), "none",
                      thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}]), w=8)
     L.add(timeseries("vLLM-Omni: requests running / waiting",
                      "Pipeline-wide (vllm_omni:num_requests_*) and per stage (vllm:num_requests_*, "
                      "stage = vLLM-Omni's stage label).", [
-                         prom("sum(vllm_omni:num_requests_running)", "running"),
-                         prom("sum(vllm_omni:num_requests_waiting)", "waiting"),
-                         prom("sum by (stage) (vllm:num_requests_waiting)", "waiting stage {{stage}}"),
+                         prom(f"sum(vllm_omni:num_requests_running{{{VLLM}}})", "running"),
+                         prom(f"sum(vllm_omni:num_requests_waiting{{{VLLM}}})", "waiting"),
+                         prom(named(f"sum by (stage) (vllm:num_requests_waiting{{{VLLM}}})"),
+                              "waiting {{stage_name}} (stage {{stage}})"),
                      ], "short"), w=8)
     L.add(timeseries("vLLM-Omni: transfer tx / rx / in flight p99 per stage pair",
                      "vllm_omni:transfer_{tx,rx,in_flight}_s.",
                      [t for m, n in (("tx", "tx"), ("rx", "rx"), ("in_flight", "in flight"))
                       for t in quantiles(f"vllm_omni:transfer_{m}_s", "from_stage, to_stage",
-                                         f"{n} {{{{from_stage}}}}->{{{{to_stage}}}}", sel="", qs=(0.99,),
+                                         f"{n} {{{{from_name}}}}->{{{{to_name}}}} ({{{{from_stage}}}}->{{{{to_stage}}}})",
+                                         sel=VLLM, qs=(0.99,),
                                          exemplar=False)], "s"), w=12)
     L.add(timeseries("vLLM-Omni: transfer bytes per second per stage pair",
                      "vllm_omni:transfer_size_bytes.",
-                     [prom(f"sum by (from_stage, to_stage) (rate(vllm_omni:transfer_size_bytes_sum{RI}))",
-                           "{{from_stage}}->{{to_stage}}")], "Bps"), w=12)
+                     [prom(pair_named(f"sum by (from_stage, to_stage) (rate(vllm_omni:transfer_size_bytes_sum"
+                                      f"{{{VLLM}}}{RI}))"),
+                           "{{from_name}}->{{to_name}} ({{from_stage}}->{{to_stage}})")], "Bps"), w=12)
 
     return dashboard("omnitrace-overview", "omnitrace / Load test overview",
                      "A load test live: request rate, TTFP/TTFT, where TTFP goes per stage and cause, "
                      "FIFO residence and head-of-line blocking, snapshot and transfer costs, "
                      "and omnitrace's own drops, lag and exporter loss.",
-                     [ds_var("datasource", "Prometheus", "prometheus"), RUN_VAR, STAGE_VAR, REPLICA_VAR],
+                     [ds_var("datasource", "Prometheus", "prometheus"), RUN_VAR, STAGE_VAR, REPLICA_VAR, VLLM_VAR],
                      L.panels, [_link("Request trace", "omnitrace-request")])
 
 

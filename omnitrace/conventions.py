@@ -146,6 +146,7 @@ METRIC_FIFO_RESIDENCE = "omnitrace.fifo.residence"
 METRIC_FIFO_BLOCKED = "omnitrace.fifo.blocked"
 METRIC_FIFO_DEPTH = "omnitrace.fifo.depth"
 METRIC_SNAPSHOT = "omnitrace.snapshot.duration"
+METRIC_PROCESS = "omnitrace.payload.build.duration"  # sender thread: dequeue -> payload built
 METRIC_PUT = "omnitrace.transfer.put.duration"
 METRIC_GET = "omnitrace.transfer.get.duration"
 METRIC_SIZE = "omnitrace.transfer.size"

@@ -271,7 +271,9 @@ def test_compose_and_provisioning_agree_with_omnitrace_defaults(monkeypatch):
     # Prometheus scrapes the agent's default endpoint, with exemplar storage on
     prom = services["prometheus"]
     assert prom.get("network_mode") == "host"  # the agent binds 127.0.0.1 on the host
-    assert "--enable-feature=exemplar-storage" in prom["command"]
+    features = {f for c in prom["command"] if c.startswith("--enable-feature=")
+                for f in c.split("=", 1)[1].split(",")}
+    assert {"exemplar-storage", "native-histograms"} <= features, prom["command"]
     cfg_flag = next(c for c in prom["command"] if c.startswith("--config.file="))
     prom_cfg_path = mounted("prometheus", cfg_flag.split("=", 1)[1])
     prom_cfg = _yaml(prom_cfg_path)

@@ -230,6 +230,8 @@ class AttributionView:
                     hol[key[0]] = hol.get(key[0], 0) + ns
             victims.append(headofline.Victim(req, a.arrival, a.ttfp, a.hops))
         self._culprits(victims, table)
+        if victims:
+            self.metrics.set_culprits(self.top_culprits())
         for (stage, cat), ns in totals.items():
             self.metrics.attribution.labels(str(stage), cat).inc(ns / 1e9)
         for stage, ns in hol.items():

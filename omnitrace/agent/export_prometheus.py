@@ -52,6 +52,9 @@ HISTOGRAMS: dict[str, tuple[str, str, tuple, str]] = {
                            tuple(float(x) for x in cv.DEPTH_BUCKETS), "1"),
     cv.METRIC_SNAPSHOT: ("omnitrace_snapshot_duration_seconds", "Request snapshot duration.",
                          cv.LATENCY_BUCKETS_S, "s"),
+    cv.METRIC_PROCESS: ("omnitrace_payload_build_duration_seconds",
+                        "Building a chunk's payload on the sender thread, before its put.",
+                        cv.LATENCY_BUCKETS_S, "s"),
     cv.METRIC_PUT: ("omnitrace_transfer_put_duration_seconds", "Shared-memory put duration.",
                     cv.LATENCY_BUCKETS_S, "s"),
     cv.METRIC_GET: ("omnitrace_transfer_get_duration_seconds", "Shared-memory get duration.",
@@ -264,6 +267,11 @@ class Metrics:
             (cv.LABEL_STAGE, cv.LABEL_CATEGORY), registry=r)
         self.attributed = Counter("omnitrace_requests_attributed",
                                   "Requests whose TTFP was attributed.", registry=r)
+        self.culprits = Gauge("omnitrace_head_of_line_culprit_seconds",
+                              "The requests others' first packets waited behind most (the live top "
+                              "10, by the report's head-of-line rule): seconds of their waits.",
+                              ("culprit",), registry=r)
+        self._leaders: set[str] = set()
         self.hol = Counter("omnitrace_head_of_line_blocked_seconds",
                            "Time on requests' critical paths spent in a stage's FIFO behind "
                            "other requests' tasks.", (cv.LABEL_STAGE,), registry=r)
@@ -306,6 +314,16 @@ class Metrics:
         its first scrape already held: the first, often slowest, requests)."""
         for metric in (cv.METRIC_TTFT, cv.METRIC_TTFP):
             self.hist.child(metric, (str(cv.API_STAGE), str(replica), "", ""))
+
+    def set_culprits(self, top: list[dict]) -> None:
+        """The head-of-line leaderboard as a bounded gauge: only the current leaders are
+        series (request ids as labels, so never more than the top's length)."""
+        leaders = {row["culprit"]: row["blocked_s"] for row in top}
+        for gone in self._leaders - leaders.keys():  # removed, not cleared: a scrape never sees none
+            self.culprits.remove(gone)
+        for who, seconds in leaders.items():
+            self.culprits.labels(who).set(seconds)
+        self._leaders = set(leaders)
 
     def count_events(self, ev: np.ndarray, rings: dict[int, dict]) -> None:
         """``omnitrace_events_total`` for a batch of decoded events, per ring's stage."""

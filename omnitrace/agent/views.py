@@ -51,6 +51,7 @@ _CHUNK_METRICS = {
                  (cv.METRIC_FIFO_BLOCKED, "v2", 1e-9, True),
                  (cv.METRIC_FIFO_DEPTH, "depth", 1.0, False)),
     stt.N_SNAPSHOT: ((cv.METRIC_SNAPSHOT, None, 1e-9, True),),
+    stt.N_PROCESS: ((cv.METRIC_PROCESS, None, 1e-9, True),),
     stt.N_PUT: ((cv.METRIC_PUT, None, 1e-9, True), (cv.METRIC_SIZE, "v1", 1.0, True)),
     stt.N_GET: ((cv.METRIC_GET, None, 1e-9, True),),
 }

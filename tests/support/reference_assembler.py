@@ -681,6 +681,8 @@ class Assembler:
         elif name == cv.SPAN_PROCESS:
             if e0 is not None:
                 attrs[cv.ATTR_TRANSFER_BYTES] = e0[1]
+            if complete:
+                self._observe(cv.METRIC_PROCESS, (end - start) / 1e9, labels, st.trace_hex)
         elif name == cv.SPAN_PUT:
             if e0 is not None:
                 attrs[cv.ATTR_TRANSFER_BYTES] = e0[1]
