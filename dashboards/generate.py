@@ -171,7 +171,14 @@ def timeseries(title: str, desc: str, targets: list[Json], unit: str, stack: str
             "targets": _ref(targets)}
 
 
-def heatmap(title: str, desc: str, target: Json) -> Json:
+def heatmap(title: str, desc: str, target: Json, repeat: str = "") -> Json:
+    p = _heatmap(title, desc, target)
+    if repeat:  # one panel per value of the variable, side by side
+        p.update({"repeat": repeat, "repeatDirection": "h", "maxPerRow": 2})
+    return p
+
+
+def _heatmap(title: str, desc: str, target: Json) -> Json:
     return {"type": "heatmap", "title": title, "description": desc, "datasource": PROM,
             "fieldConfig": {"defaults": {"custom": {"scaleDistribution": {"type": "linear"},
                                                     "hideFrom": {"legend": False, "tooltip": False,
@@ -263,6 +270,12 @@ def textbox(name: str, label: str, desc: str) -> Json:
 
 
 RUN_VAR = query_var("run", "Run (agent endpoint)", "label_values(omnitrace_agent_open_requests, instance)")
+# stages with a FIFO, valued by id and shown by name (Grafana's regex with text/value groups)
+FIFO_STAGE_VAR = {**query_var("fifo_stage", "FIFO stage",
+                              'query_result(max by (stage, stage_name) (omnitrace_stage_info{instance=~"$run"}) '
+                              'and on (stage) count by (stage) ({__name__=~"omnitrace_fifo_depth(_count)?", '
+                              'instance=~"$run"}))'),
+                  "regex": '/stage="(?<value>[^"]+)".*stage_name="(?<text>[^"]+)"/'}
 VLLM_VAR = query_var("vllm", "vLLM-Omni server", "label_values(vllm_omni:num_requests_running, instance)")
 STAGE_VAR = query_var("stage", "Stage", f"label_values(omnitrace_events_total{{{RUN}}}, stage)")
 REPLICA_VAR = query_var("replica", "Replica",
@@ -349,12 +362,14 @@ def overview() -> Json:
     L.add(timeseries("FIFO residence p50 / p99 per stage",
                      "How long chunk tasks sat in each stage's FIFO. Exemplars open a trace.",
                      quantiles("omnitrace_fifo_residence_seconds", "stage", "{{stage_name}}"), "s"), w=12)
-    L.add(heatmap("FIFO residence distribution",
-                  "Chunk tasks per residence bucket per second (all stages in $stage).",
+    one = f'{RUN}, stage=~"$fifo_stage", replica=~"$replica"'
+    L.add(heatmap("FIFO residence distribution: ${fifo_stage:text}",
+                  "Chunk tasks per residence bucket per second, one heatmap per stage with a FIFO "
+                  "(the FIFO stage variable).",
                   prom(native_or_classic(
-                      "omnitrace_fifo_residence_seconds", f"sum(rate(omnitrace_fifo_residence_seconds{{{STAGE}}}{RI}))",
-                      f"sum by (le) (rate(omnitrace_fifo_residence_seconds_bucket{{{STAGE}}}{RI}))"),
-                       "{{le}}", exemplar=True, fmt="heatmap")), w=12)
+                      "omnitrace_fifo_residence_seconds", f"sum(rate(omnitrace_fifo_residence_seconds{{{one}}}{RI}))",
+                      f"sum by (le) (rate(omnitrace_fifo_residence_seconds_bucket{{{one}}}{RI}))"),
+                       "{{le}}", exemplar=True, fmt="heatmap"), repeat="fifo_stage"), w=12)
     L.add(timeseries("FIFO time behind other requests' tasks p50 / p99",
                      "Part of each task's residence spent while the sender worked on other "
                      "requests' tasks (head-of-line blocking). Exemplars open a trace.",
@@ -449,7 +464,8 @@ def overview() -> Json:
                      "A load test live: request rate, TTFP/TTFT, where TTFP goes per stage and cause, "
                      "FIFO residence and head-of-line blocking, snapshot and transfer costs, "
                      "and omnitrace's own drops, lag and exporter loss.",
-                     [ds_var("datasource", "Prometheus", "prometheus"), RUN_VAR, STAGE_VAR, REPLICA_VAR, VLLM_VAR],
+                     [ds_var("datasource", "Prometheus", "prometheus"), RUN_VAR, STAGE_VAR, REPLICA_VAR,
+                      FIFO_STAGE_VAR, VLLM_VAR],
                      L.panels, [_link("Request trace", "omnitrace-request")])
 
 

@@ -76,8 +76,9 @@ def prometheus_queries() -> list[Query]:
     return out
 
 
-def variable_queries() -> list[tuple[str, str, str, str]]:
-    """(dashboard, variable, metric selector, label) of every label_values() variable."""
+def variable_queries() -> list[tuple[str, str, str, str | None]]:
+    """(dashboard, variable, metric selector, label) of every label_values() variable, and
+    (dashboard, variable, PromQL, None) of every query_result() one."""
     out = []
     for path in dashboard_files():
         dash = load(path)
@@ -87,6 +88,8 @@ def variable_queries() -> list[tuple[str, str, str, str]]:
                 continue
             q = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
             m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", q)
-            assert m, f"{path}: variable {v['name']}: not label_values(SELECTOR, LABEL): {q}"
-            out.append((os.path.basename(path), v["name"], substitute(m.group(1), names), m.group(2)))
+            r = re.fullmatch(r"query_result\((.+)\)", q)
+            assert m or r, f"{path}: variable {v['name']}: not label_values(SELECTOR, LABEL) or query_result(Q): {q}"
+            out.append((os.path.basename(path), v["name"], substitute((m or r).group(1), names),
+                        m.group(2) if m else None))
     return out
