@@ -10,7 +10,8 @@ import sys
 
 from omnitrace.analyze import attribution as at
 from omnitrace.analyze.report import build_report
-from omnitrace.analyze.rundir import load_run, request_spans
+from omnitrace.analyze.chunkspans import request_spans
+from omnitrace.analyze.rundir import load_run
 from tests.support.event_fixture import three_stage_events, write_event_run
 from tests.support.otlp_fixture import EXPECTED_US, US, line, three_stage_request, write_run
 

@@ -13,7 +13,8 @@ import os
 import pytest
 
 from omnitrace.analyze import attribution as at
-from omnitrace.analyze.rundir import load_run, request_spans
+from omnitrace.analyze.chunkspans import request_spans
+from omnitrace.analyze.rundir import load_run
 from tests.support.report_util import run_pipeline
 
 N = 12

@@ -229,7 +229,8 @@ def test_walk_over_lazy_chunk_indexes_equals_walk_over_objects(real_run):
     hops it reads); every request's attribution equals the walk over all its chunk spans
     as objects."""
     from omnitrace.analyze import attribution as at
-    from omnitrace.analyze.rundir import load_run, request_spans, with_chunks
+    from omnitrace.analyze.chunkspans import request_spans, with_chunks
+    from omnitrace.analyze.rundir import load_run
     run = load_run([real_run])
     want = {rid: at.attribute(r) for rid, r in request_spans(run).items()}
     lazy = at.index_requests(run.spans)

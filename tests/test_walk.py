@@ -14,7 +14,8 @@ from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.analyze import attribution as at
 from omnitrace.analyze import report, walk
-from omnitrace.analyze.rundir import chunk_rows, load_run, with_chunks
+from omnitrace.analyze.chunkspans import chunk_rows, with_chunks
+from omnitrace.analyze.rundir import load_run
 
 
 def _both(run, batch: int = 5) -> tuple[dict, dict]:

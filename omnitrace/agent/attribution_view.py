@@ -31,7 +31,7 @@ from omnitrace import spantable as stt
 from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.analyze import attribution as at
 from omnitrace.analyze import headofline, walk
-from omnitrace.analyze.rundir import spans_from_table
+from omnitrace.analyze.chunkspans import spans_from_table
 from omnitrace.analyze.tables import busy_by_replica
 from omnitrace.spantable import Feed
 

@@ -16,7 +16,8 @@ from omnitrace.analyze import accounting
 from omnitrace.analyze import attribution as at
 from omnitrace.analyze import components, failures, headofline, report_warnings, walk, waterfall
 from omnitrace.analyze.beside import MIN_WORK, Beside
-from omnitrace.analyze.rundir import Run, attach_chunks, chunk_rows
+from omnitrace.analyze.chunkspans import attach_chunks, chunk_rows
+from omnitrace.analyze.run import Run
 from omnitrace.analyze.select import Selection
 from omnitrace.analyze.stats import NS_TO_MS, median, summary
 

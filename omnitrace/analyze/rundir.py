@@ -11,60 +11,22 @@ stage and queue spans as slotted :class:`Span` objects, chunk spans as rows.
 """
 from __future__ import annotations
 
-import bisect
 import gc
 import os
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import numpy as np
 import orjson
 
-from omnitrace import conventions as cv
 from omnitrace import rowops
-from omnitrace import spantable as stt
 from omnitrace.runfiles import live_agent
 from omnitrace.analyze import fieldtypes, headofline, tables
-from omnitrace.analyze.span import Span  # noqa: F401  (the loader's data model, re-exported)
+from omnitrace.analyze.chunkspans import spans_from_table
+from omnitrace.analyze.run import Run
 
 
 class RunDirError(Exception):
     """A run directory that cannot be analysed at all (one clear line for the user)."""
-
-
-@dataclass
-class Run:
-    """Everything read from the run directories, merged."""
-
-    paths: list[str]
-    run_json: list[dict[str, Any]] = field(default_factory=list)
-    processes: list[dict[str, Any]] = field(default_factory=list)
-    agent: list[dict[str, Any]] = field(default_factory=list)
-    bench: dict[str, Any] | None = None
-    spans: list[Span] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    span_lines: int = 0
-    skipped_spans: int = 0  # spans of warm-up requests, not loaded
-    events: int = 0  # events read from event logs
-    torn_records: int = 0  # records lost in torn event segments
-    ledger: Any = None  # accounting.Ledger: where every event written went (event-log runs)
-    # what the per-stage figures read of the chunk spans (tables.ChunkFigures; req indexes
-    # chunk_requests; every request: the selection is the report's); ``spans`` holds objects
-    # only for request, stage and queue spans
-    figures: Any = None
-    # the senders' busy intervals, per (stage, replica) (headofline.Busy; warm-up tasks
-    # included: they can block a measured request in a FIFO)
-    busy: dict = field(default_factory=dict)
-    # chunk spans that began before their request's first packet, whole (SPAN_DTYPE; warm-up
-    # requests left out): the walk, the head-of-line waits and the waterfalls read them
-    early: Any = None
-    chunk_requests: list[str] = field(default_factory=lambda: [""])
-    span_count: int = 0
-    stage_deaths: list[tuple[int, int]] = field(default_factory=list)  # (stage, unix ns) STAGE_DIED
-
-    def chunk_index(self) -> dict[str, int]:
-        """Request id -> its index in ``chunk_requests`` (the tables' ``req``)."""
-        return {r: i for i, r in enumerate(self.chunk_requests)}
 
 
 def _read_lines(path: str, label: str, warnings: list[str]) -> Iterable[tuple[int, bytes]]:
@@ -125,230 +87,6 @@ def _add_tables(run: Run, acc: tables.ReportTables, requests: list[str], rings: 
     small, early, emits, figures, busy = acc.finish(replica_of)
     run.spans.extend(spans_from_table(small, emits, requests, rings))  # chunk spans: with_chunks
     add_chunks(run, figures, early, busy, requests)
-
-
-def _chunk_span(row: tuple, requests: list[str]) -> Span:
-    """One chunk span row (a ``spantable.SPAN_DTYPE`` row as a tuple) -> :class:`Span`."""
-    (name, reason, _error, _status, stage, peer, replica, req, chunk, _ring, start, end, v1, v2,
-     _t1, _t2, by0, by1, by2) = row
-    if name == stt.N_FIFO:
-        by = tuple(requests[x] for x in (by0, by1, by2) if x)
-        return Span(stt.NAMES[name], requests[req], stage, peer, chunk, start, end, replica, v2, by,
-                    v1 + 1, v1, 0, reason != 0)
-    nb = v1 if name in (stt.N_PUT, stt.N_PROCESS, stt.N_GET) else 0
-    return Span(stt.NAMES[name], requests[req], stage, peer, chunk, start, end, replica, 0, (),
-                -1, -1, nb, reason != 0)
-
-
-def chunk_spans(rows: np.ndarray, requests: list[str]) -> list[Span]:
-    """Chunk span rows -> :class:`Span` objects, in row order."""
-    return [_chunk_span(row, requests) for row in rows.tolist()]
-
-
-def _emit_firsts(emits: np.ndarray) -> dict[tuple[int, int, int], tuple[int | None, int | None]]:
-    """(request, stage, replica) -> the first audio and the first ``omni.emit`` time of the
-    events ``otlp.emit_events`` gives that stage span (API marks are not emits), by one sort
-    of the emit rows: ``attribution.first_audio_emit`` otherwise looks at every packet's
-    attributes (~40 per request before its first audio packet)."""
-    e = rowops.select(emits, emits["modality"] != -1)
-    if not len(e):
-        return {}
-    o = np.lexsort((e["replica"], e["stage"], e["req"]))
-    req, stage, rep, t = e["req"][o], e["stage"][o], e["replica"][o], e["t"][o]
-    head = np.ones(len(o), bool)
-    head[1:] = (req[1:] != req[:-1]) | (stage[1:] != stage[:-1]) | (rep[1:] != rep[:-1])
-    lo = np.flatnonzero(head)
-    never = np.iinfo(np.int64).max
-    audio = np.minimum.reduceat(np.where(e["modality"][o] == int(cv.Modality.AUDIO), t, never), lo)
-    first = np.minimum.reduceat(t, lo)
-    return {(r, s, p): (a if a != never else None, f) for r, s, p, a, f in zip(
-        req[lo].tolist(), stage[lo].tolist(), rep[lo].tolist(), audio.tolist(), first.tolist())}
-
-
-def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
-                     chunks_before_ttfp: bool = False, emit_events_too: bool = True) -> list[Span]:
-    """Span-table rows (``omnitrace.spantable``) -> report :class:`Span` objects; with
-    ``chunks_before_ttfp`` only chunk spans that began before their request's first audio
-    packet (all attribution can walk) become objects. Without ``emit_events_too`` stage
-    spans carry no ``omni.emit`` events (the walk reads only their first emits, kept)."""
-    from omnitrace.otlp import emit_events, request_attrs, stage_attrs
-    names = stt.NAMES
-    by_stage = emit_events(emits if emit_events_too else emits[emits["modality"] == -1])
-    firsts = _emit_firsts(emits)
-    keep = np.ones(len(table), bool)
-    if chunks_before_ttfp:
-        roots = table[table["name"] == stt.N_REQUEST]
-        ttfp = np.zeros(len(requests), np.int64)
-        ttfp[roots["req"].astype(np.int64)] = np.where(roots["t2"] > 0, roots["t2"], 0)
-        chunk = table["name"] >= stt.N_SNAPSHOT
-        keep &= ~chunk | (table["start"] <= ttfp[table["req"].astype(np.int64)])
-    out: list[Span] = []
-    append = out.append
-    for row in rowops.select(table, keep).tolist():
-        if row[0] >= stt.N_SNAPSHOT:  # chunk spans: the hot part
-            append(_chunk_span(row, requests))
-            continue
-        (name, reason, error, status, stage, peer, replica, req, chunk, ring, start, end, v1, v2,
-         t1, t2, by0, by1, by2) = row
-        rid = requests[req]
-        if name == stt.N_REQUEST:
-            attrs = request_attrs(rid, status, replica, v1, v2)
-            events = []
-            if t1:
-                events.append((cv.EVENT_TTFT, t1, {}))
-            if t2:
-                events.append((cv.EVENT_TTFP, t2, {}))
-            events.extend(by_stage.get((req, cv.API_STAGE, replica), ()))  # API marks
-            append(Span(names[name], rid, cv.API_STAGE, -2, -1, start, end, replica,
-                        incomplete=reason != 0, events=events, attrs=attrs))
-        else:
-            # an imported span that named no stage has no ring
-            attrs = stage_attrs(rid, stage, (rings.get(ring, {}).get("process") or f"stage{stage}")
-                                if ring >= 0 else None, replica)
-            events = by_stage.get((req, stage, replica), []) if name == stt.N_STAGE else []
-            sp = Span(names[name], rid, stage, -2, -1, start, end, replica,
-                      incomplete=reason != 0, events=events, attrs=attrs)
-            if name == stt.N_STAGE:
-                sp.emit_firsts = firsts.get((req, stage, replica), (None, None))
-            append(sp)
-    return out
-
-
-# the walk's three indexes of a request's chunk spans (``attribution.RequestSpans``)
-_PRODUCER, _CONSUMER, _SCHEDULED = range(3)
-_PRODUCER_CODES = np.array(stt.PRODUCER_NAMES)
-_CONSUMER_CODES = np.array(stt.CONSUMER_NAMES)
-
-
-def _key_code(a: int, b: int, chunk: int) -> int:
-    """(stage, stage, chunk) -> one int < 2^64: an index key (:func:`_key_codes` alike)."""
-    return ((a + 32768) << 48) | ((b + 32768) << 32) | (chunk + (1 << 31))
-
-
-def _key_codes(a: np.ndarray, b: np.ndarray, chunk: np.ndarray) -> np.ndarray:
-    """:func:`_key_code` of int16/int16/int32 columns (uint64: no sign bit to wrap into)."""
-    u = np.uint64
-    return (((a.astype(np.int64) + 32768).astype(u) << u(48)) | ((b.astype(np.int64) + 32768).astype(u) << u(32))
-            | (chunk.astype(np.int64) + (1 << 31)).astype(u))
-
-
-class _BatchChunks:
-    """The chunk span rows of a batch of requests (each request's rows contiguous, in table
-    order), indexed by the keys ``attribution.index_requests`` uses: per (request, index)
-    its keys sorted, a key's rows in table order. One lexsort per batch, not a Python step
-    per row: the walk reads a few hops of a request's ~100 chunk spans before its first
-    packet, and an hour's run has millions of them; Span objects are made only for the keys
-    the walk asks for (:class:`_LazyChunks`)."""
-
-    __slots__ = ("rows", "requests", "keys", "bounds")
-
-    def __init__(self, rows: np.ndarray, counts: np.ndarray, requests: list[str]) -> None:
-        self.requests = requests
-        owner = np.repeat(np.arange(len(counts)), counts)
-        name, stage, peer, chunk = rows["name"], rows["stage"], rows["peer"], rows["chunk"]
-        # incomplete wait_schedule spans are left out, as index_requests leaves them
-        ready = (name == stt.N_WAIT) & (rows["reason"] == 0)
-        cons = np.isin(name, _CONSUMER_CODES) & ((name != stt.N_WAIT) | ready)
-        parts = [(np.flatnonzero(sel), key) for sel, key in (
-            (np.isin(name, _PRODUCER_CODES), _key_codes(stage, peer, chunk)),
-            (cons, _key_codes(peer, stage, chunk)),
-            (ready, stage.astype(np.uint64)))]
-        rowno = np.concatenate([at for at, _ in parts])
-        key = np.concatenate([k[at] for at, k in parts])
-        group = owner[rowno] * 3 + np.repeat(np.arange(3), [len(at) for at, _ in parts])
-        order = np.lexsort((key, group))  # stable: a key's rows stay in table order
-        # the rows in index order (a ready wait_schedule row twice: consumer and scheduled
-        # index): a key's rows are a slice, no gather per lookup
-        self.keys, self.rows = key[order].tolist(), rowops.take(rows, rowno[order])
-        self.bounds = np.searchsorted(group[order], np.arange(3 * len(counts) + 1)).tolist()
-
-    def spans(self, request: int, which: int, code: int) -> list[Span]:
-        """Span objects of the rows of ``request`` (its place in the batch) under key
-        ``code`` of index ``which``, in table order."""
-        lo, hi = self.bounds[3 * request + which], self.bounds[3 * request + which + 1]
-        a = bisect.bisect_left(self.keys, code, lo, hi)
-        b = bisect.bisect_right(self.keys, code, a, hi)
-        if a == b:
-            return []
-        requests = self.requests
-        return [_chunk_span(row, requests) for row in self.rows[a:b].tolist()]
-
-
-class _LazyChunks:
-    """``attribution.RequestSpans.producer`` / ``consumer`` / ``scheduled`` (``which``) of
-    one request of a :class:`_BatchChunks`: ``get`` makes the Span objects of one key."""
-
-    __slots__ = ("batch", "request", "which", "cache")
-
-    def __init__(self, batch: _BatchChunks, request: int, which: int) -> None:
-        self.batch, self.request, self.which = batch, request, which
-        self.cache: dict = {}
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        hit = self.cache.get(key)
-        if hit is None:
-            code = key if self.which == _SCHEDULED else _key_code(*key)
-            spans = self.batch.spans(self.request, self.which, code)
-            if self.which == _SCHEDULED:
-                hit = spans
-            else:
-                hit = {}
-                for sp in spans:
-                    hit.setdefault(sp.name, []).append(sp)
-            self.cache[key] = hit
-        return hit if hit else default
-
-
-def chunk_rows(run: Run, rids: list[str], batch: int) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
-    """``rids`` in batches of ``batch``: (the batch, its requests' rows of ``run.early``,
-    each request in turn with its rows in table order, and the rows per request)."""
-    early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
-    order = np.argsort(early["req"], kind="stable")  # a request's rows stay in table order
-    sreq = early["req"][order]
-    cidx = run.chunk_index()
-    for k in range(0, len(rids), batch):
-        part = rids[k:k + batch]
-        ids = np.array([cidx.get(r, -1) for r in part], np.int64)
-        lo, hi = np.searchsorted(sreq, ids, "left"), np.searchsorted(sreq, ids, "right")
-        counts = np.where(ids >= 0, hi - lo, 0)
-        _, pos = stt.expand_ranges(lo, lo + counts)
-        yield part, rowops.take(early, order[pos]), counts
-
-
-def with_chunks(run: Run, reqs: dict, rids: list[str], batch: int = 2048) -> Iterator:
-    """Each of ``rids``' ``attribution.RequestSpans`` (from ``reqs``) with its chunk spans
-    attached (lazily, from ``run.early``), in batches of ``batch`` requests; a batch's rows
-    are dropped when the next one is taken."""
-    for part, rows, counts in chunk_rows(run, rids, batch):
-        yield from attach_chunks(run, reqs, part, rows, counts)
-
-
-def attach_chunks(run: Run, reqs: dict, part: list[str], rows: np.ndarray, counts: np.ndarray
-                  ) -> Iterator:
-    """A :func:`chunk_rows` batch's ``attribution.RequestSpans`` with their chunk spans
-    attached (lazily), dropped again once the batch is walked."""
-    chunks = _BatchChunks(rows, counts, run.chunk_requests)
-    for i, (rid, n) in enumerate(zip(part, counts.tolist())):
-        if n:
-            r = reqs[rid]
-            r.producer, r.consumer, r.scheduled = (_LazyChunks(chunks, i, w)
-                                                   for w in (_PRODUCER, _CONSUMER, _SCHEDULED))
-    for rid in part:
-        yield reqs[rid]
-    for rid in part:
-        reqs[rid].drop_chunks()
-
-
-def request_spans(run: Run) -> dict:
-    """Every request's ``attribution.RequestSpans`` with all its chunk spans as objects
-    (the whole run: for small runs and tests; the report walks ``with_chunks``)."""
-    from omnitrace.analyze import attribution as at
-    reqs = at.index_requests(run.spans)
-    early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
-    known = np.array([r in reqs for r in run.chunk_requests], bool)
-    rows = rowops.select(early, known[early["req"].astype(np.int64)])
-    at.index_requests(chunk_spans(rows, run.chunk_requests), reqs)
-    return reqs
 
 
 def add_chunks(run: Run, figures: tables.ChunkFigures, early, busy: dict,

@@ -1,0 +1,43 @@
+"""A loaded run: what ``rundir`` read from one or several run directories, merged, and
+what every analysis reads (the report, compare, the walk's span objects)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnitrace.analyze.span import Span
+
+
+@dataclass
+class Run:
+    """Everything read from the run directories, merged."""
+
+    paths: list[str]
+    run_json: list[dict[str, Any]] = field(default_factory=list)
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    agent: list[dict[str, Any]] = field(default_factory=list)
+    bench: dict[str, Any] | None = None
+    spans: list[Span] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    span_lines: int = 0
+    skipped_spans: int = 0  # spans of warm-up requests, not loaded
+    events: int = 0  # events read from event logs
+    torn_records: int = 0  # records lost in torn event segments
+    ledger: Any = None  # accounting.Ledger: where every event written went (event-log runs)
+    # what the per-stage figures read of the chunk spans (tables.ChunkFigures; req indexes
+    # chunk_requests; every request: the selection is the report's); ``spans`` holds objects
+    # only for request, stage and queue spans
+    figures: Any = None
+    # the senders' busy intervals, per (stage, replica) (headofline.Busy; warm-up tasks
+    # included: they can block a measured request in a FIFO)
+    busy: dict = field(default_factory=dict)
+    # chunk spans that began before their request's first packet, whole (SPAN_DTYPE; warm-up
+    # requests left out): the walk, the head-of-line waits and the waterfalls read them
+    early: Any = None
+    chunk_requests: list[str] = field(default_factory=lambda: [""])
+    span_count: int = 0
+    stage_deaths: list[tuple[int, int]] = field(default_factory=list)  # (stage, unix ns) STAGE_DIED
+
+    def chunk_index(self) -> dict[str, int]:
+        """Request id -> its index in ``chunk_requests`` (the tables' ``req``)."""
+        return {r: i for i, r in enumerate(self.chunk_requests)}
