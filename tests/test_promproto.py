@@ -14,6 +14,8 @@ from google.protobuf.internal.decoder import _DecodeVarint32
 from omnitrace import conventions as cv
 from omnitrace.agent import promproto
 from omnitrace.agent.export_prometheus import Metrics, native_key
+from omnitrace.top.model import quantile
+from omnitrace.top.source import UrlSource, parse_prometheus
 
 pytestmark = pytest.mark.unit
 
@@ -68,12 +70,14 @@ def test_content_negotiation_as_prometheus_asks():
 
 
 def _families(body: bytes) -> dict:
+    """Decoded with protobuf's own varint reader, not promproto's."""
     out, pos = {}, 0
     while pos < len(body):
         n, pos = _DecodeVarint32(body, pos)
         fam = promproto.MetricFamily.FromString(body[pos:pos + n])
         out[fam.name] = fam
         pos += n
+    assert [f.name for f in promproto.families(body)] == list(out)
     return out
 
 
@@ -101,20 +105,10 @@ def test_the_endpoint_serves_protobuf_to_prometheus_and_text_to_others():
     assert h.sample_count == 400 and h.sample_sum == pytest.approx(values.sum())
     assert h.schema == cv.NATIVE_SCHEMA and h.zero_threshold == cv.NATIVE_ZERO_THRESHOLD
     # the native buckets decode back to one count per value, in the schema's buckets
-    keys, counts, k = [], [], None
-    it = iter(h.positive_delta)
-    count = 0
-    for span in h.positive_span:
-        k = span.offset if k is None else k + span.offset
-        for _ in range(span.length):
-            count += next(it)
-            keys.append(k)
-            counts.append(count)
-            k += 1
-    want = {}
+    want: dict[int, int] = {}
     for v in values:
         want[_reference_key(float(v))] = want.get(_reference_key(float(v)), 0) + 1
-    assert dict(zip(keys, counts)) == want
+    assert promproto.native_buckets(h) == want
     # classic buckets cumulative, exemplars with timestamps in both places
     assert [b.cumulative_count for b in h.bucket] == sorted(b.cumulative_count for b in h.bucket)
     assert h.bucket[-1].upper_bound == cv.LATENCY_BUCKETS_S[-1]
@@ -127,3 +121,29 @@ def test_the_endpoint_serves_protobuf_to_prometheus_and_text_to_others():
     assert fams["omnitrace_events_total"].type == promproto.COUNTER
     assert fams["omnitrace_events_total"].metric[0].counter.value == 12
     assert b"omnitrace_fifo_residence_seconds_bucket{" in text and b"# {trace_id=" in text
+
+
+def test_top_reads_quantiles_from_the_native_buckets():
+    """`omnitrace top` on the endpoint: protobuf first, its quantiles within one native
+    bucket of the exact ones; over the text format only the classic buckets' precision."""
+    m = Metrics()
+    rng = np.random.default_rng(11)
+    values = rng.lognormal(-2.5, 0.6, 2000)
+    m.hist.child(cv.METRIC_FIFO_RESIDENCE, ("0", "0", "0", "1")).observe_many(values)
+    port = m.serve(0)
+    try:
+        got = UrlSource(f"127.0.0.1:{port}").read()
+        text = parse_prometheus(m.exposition("text/plain")[0].decode(), 0.0)
+    finally:
+        m.close()
+    key = ("omnitrace_fifo_residence_seconds", (("from_stage", "0"), ("replica", "0"), ("stage", "0"),
+                                                ("to_stage", "1")))
+    bucket = 2 ** (1 / cv.NATIVE_PER_DOUBLING) - 1
+    for q in (0.5, 0.9, 0.99):
+        exact = float(np.percentile(values, q * 100))
+        assert abs(quantile(q, got.hists[key]) / exact - 1) <= bucket, q
+    assert got.hists[key].count == len(values) and got.hists[key].sum == pytest.approx(values.sum())
+    assert got.values[("omnitrace_requests_started_total", ())] == 0
+    # the negative control: the classic buckets miss p99 by far more than a native bucket
+    exact = float(np.percentile(values, 99))
+    assert abs(quantile(0.99, text.hists[key]) / exact - 1) > 2 * bucket

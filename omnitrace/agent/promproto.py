@@ -101,6 +101,38 @@ def delimited(families: list) -> bytes:
     return b"".join(parts)
 
 
+def families(body: bytes) -> list:
+    """A delimited body back into its MetricFamily messages."""
+    out, pos = [], 0
+    while pos < len(body):
+        n = shift = 0
+        while True:  # the length varint
+            byte = body[pos]
+            pos += 1
+            n |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        out.append(MetricFamily.FromString(body[pos:pos + n]))
+        pos += n
+    return out
+
+
+def native_buckets(h) -> dict[int, int]:
+    """A Histogram message's positive native buckets, index -> count (the inverse of
+    :func:`spans_and_deltas`)."""
+    out: dict[int, int] = {}
+    deltas = iter(h.positive_delta)
+    key, count = None, 0
+    for span in h.positive_span:
+        key = span.offset if key is None else key + span.offset
+        for _ in range(span.length):
+            count += next(deltas)
+            out[key] = count
+            key += 1
+    return out
+
+
 def spans_and_deltas(buckets: dict[int, int]) -> tuple[list[tuple[int, int]], list[int]]:
     """A native histogram's sparse buckets (index -> count) as (offset, length) spans and
     count deltas, the wire form: the first span's offset is its first index, a later one's

@@ -4,8 +4,9 @@ A :class:`Sample` is one reading of the agent's registry: counters and gauges by
 ``(name, labels)``, histograms as (bounds, cumulative counts, sum). Two readings make
 rates. Sources:
 
-* a URL: the agent's ``/metrics`` (Prometheus text format, parsed by prometheus_client's
-  own parser);
+* a URL: the agent's ``/metrics``, asked for in the protobuf format, whose native
+  histograms give quantiles within one 4.4% bucket (an endpoint that answers in text:
+  prometheus_client's own parser, classic buckets);
 * a run directory: its live endpoint (``run.json`` ``prometheus_endpoint``) while the run
   is going; otherwise the agent's last two ``metrics.jsonl`` messages (OTLP JSON, written
   every few seconds and at the end), and ``agent.json`` for the head-of-line leaderboard,
@@ -23,6 +24,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from omnitrace import conventions as cv
+from omnitrace.agent import promproto
 from omnitrace.agent.export_prometheus import HISTOGRAMS
 
 Labels = tuple[tuple[str, str], ...]
@@ -94,6 +97,42 @@ def _otlp_value(attrs: list[dict]) -> Labels:
     return _labels({a["key"]: str(next(iter(a["value"].values()))) for a in attrs or ()})
 
 
+# Native histograms on one fixed grid of their buckets, 2^-20 (~1 us) .. 2^30 (~1 GB), so
+# two readings subtract bucket by bucket; values outside land in the end buckets.
+_GRID = range(-20 * cv.NATIVE_PER_DOUBLING, 30 * cv.NATIVE_PER_DOUBLING + 1)
+_GRID_BOUNDS = [2.0 ** (k / cv.NATIVE_PER_DOUBLING) for k in _GRID]
+
+
+def native_histogram(buckets: dict[int, int], zeros: int, total: float) -> Histogram:
+    """Native buckets (index -> count) as a :class:`Histogram` on the fixed grid."""
+    counts = [0.0] * (len(_GRID) + 1)
+    counts[0] += zeros
+    lo, hi = _GRID.start, _GRID.stop - 1
+    for key, n in buckets.items():
+        counts[min(max(key, lo), hi + 1) - lo] += n
+    cum, acc = [], 0.0
+    for c in counts:
+        acc += c
+        cum.append(acc)
+    return Histogram(_GRID_BOUNDS, cum, total)
+
+
+def parse_protobuf(body: bytes, t: float) -> Sample:
+    """The agent's protobuf exposition -> Sample (histograms from their native buckets)."""
+    s = Sample(t)
+    for fam in promproto.families(body):
+        for m in fam.metric:
+            lab = _labels({lp.name: lp.value for lp in m.label})
+            if fam.type == promproto.HISTOGRAM:
+                h = m.histogram
+                s.hists[(fam.name, lab)] = native_histogram(promproto.native_buckets(h), h.zero_count,
+                                                            h.sample_sum)
+            else:
+                field = m.counter if fam.type == promproto.COUNTER else m.gauge
+                s.values[(fam.name, lab)] = field.value
+    return s
+
+
 def parse_otlp(msg: dict, t: float) -> Sample:
     """One metrics.jsonl line (ExportMetricsServiceRequest as JSON) -> Sample."""
     s = Sample(t, live=False)
@@ -126,12 +165,15 @@ class UrlSource:
         self.label = self.url
 
     def read(self) -> Sample:
+        req = urllib.request.Request(self.url, headers={"Accept": f"{promproto.CONTENT_TYPE},text/plain;q=0.5"})
         try:
-            with urllib.request.urlopen(self.url, timeout=2.0) as r:
-                text = r.read().decode()
+            with urllib.request.urlopen(req, timeout=2.0) as r:
+                body, ctype = r.read(), r.headers.get("Content-Type", "")
         except (urllib.error.URLError, OSError) as exc:
             raise SourceError(f"cannot read {self.url}: {getattr(exc, 'reason', exc)}") from None
-        return parse_prometheus(text, time.monotonic())
+        if ctype.startswith("application/vnd.google.protobuf"):
+            return parse_protobuf(body, time.monotonic())
+        return parse_prometheus(body.decode(), time.monotonic())
 
 
 class RunDirSource:
