@@ -5,6 +5,7 @@ test_dashboards_live.)"""
 from __future__ import annotations
 
 import bisect
+import json
 import urllib.request
 
 import numpy as np
@@ -14,8 +15,9 @@ from google.protobuf.internal.decoder import _DecodeVarint32
 from omnitrace import conventions as cv
 from omnitrace.agent import promproto
 from omnitrace.agent.export_prometheus import Metrics, native_key
+from omnitrace.runfiles import otlp_json
 from omnitrace.top.model import quantile
-from omnitrace.top.source import UrlSource, parse_prometheus
+from omnitrace.top.source import UrlSource, native_histogram, parse_otlp, parse_prometheus
 
 pytestmark = pytest.mark.unit
 
@@ -147,3 +149,24 @@ def test_top_reads_quantiles_from_the_native_buckets():
     # the negative control: the classic buckets miss p99 by far more than a native bucket
     exact = float(np.percentile(values, 99))
     assert abs(quantile(0.99, text.hists[key]) / exact - 1) > 2 * bucket
+
+
+def test_metrics_jsonl_carries_the_native_buckets_as_otlp_exponential_histograms():
+    """The run directory's metrics.jsonl line (OTLP JSON, as the agent writes it) read back
+    by `omnitrace top`: the same buckets, so the same quantiles as the endpoint."""
+    m = Metrics()
+    rng = np.random.default_rng(13)
+    values = np.concatenate([rng.lognormal(-5, 1.2, 1500), np.zeros(3)])
+    m.hist.child(cv.METRIC_SNAPSHOT, ("1", "0", "1", "2")).observe_many(values)
+    msg = m.to_otlp({"service.name": "omnitrace"}, 1, 2)
+    got = parse_otlp(json.loads(otlp_json(msg)), 0.0)  # the bytes metrics.jsonl gets
+    [dp] = msg.resource_metrics[0].scope_metrics[0].metrics[0].exponential_histogram.data_points
+    assert dp.scale == cv.NATIVE_SCHEMA and dp.count == len(values) and dp.zero_count == 3
+    [(_, h)] = [(k, v) for k, v in got.hists.items() if k[0] == "omnitrace_snapshot_duration_seconds"]
+    [series] = m.hist.snapshot(cv.METRIC_SNAPSHOT)
+    assert h.count == len(values)
+    for q in (0.5, 0.99):
+        exact = float(np.percentile(values, q * 100))
+        assert abs(quantile(q, h) / exact - 1) <= 2 ** (1 / cv.NATIVE_PER_DOUBLING) - 1, q
+    # bucket for bucket what the endpoint serves
+    assert quantile(0.9, h) == quantile(0.9, native_histogram(series.native, series.zeros, series.sum))

@@ -1,4 +1,5 @@
-"""Metrics: histograms served to Prometheus (127.0.0.1) and written as OTLP.
+"""Metrics: histograms served to Prometheus (127.0.0.1) and written as OTLP (exponential
+histograms: the native buckets below).
 
 One custom prometheus_client registry holds every omnitrace metric; the agent observes
 into it whether or not the endpoint is enabled, because the run directory's
@@ -378,19 +379,23 @@ class Metrics:
         rm.resource.attributes.extend(kv(k, v) for k, v in resource_attrs.items())
         sm = rm.scope_metrics.add()
         sm.scope.name = "omnitrace.agent"
-        for name, (_, help_, bounds, unit) in HISTOGRAMS.items():
+        for name, (_, help_, _, unit) in HISTOGRAMS.items():
             snap = self.hist.snapshot(name)
             if not snap:
                 continue
+            # exponential: the native buckets (scale = schema; OTLP's bucket i is
+            # (base^i, base^(i+1)], the native k is (base^(k-1), base^k]: i = k - 1)
             metric = sm.metrics.add(name=name, description=help_, unit=unit)
-            metric.histogram.aggregation_temporality = mpb.AGGREGATION_TEMPORALITY_CUMULATIVE
+            metric.exponential_histogram.aggregation_temporality = mpb.AGGREGATION_TEMPORALITY_CUMULATIVE
             for s in snap:
-                dp = metric.histogram.data_points.add(
-                    start_time_unix_nano=start_ns, time_unix_nano=now_ns,
-                    count=sum(s.counts), sum=s.sum)
-                dp.attributes.extend(kv(k, v) for k, v in zip(LABELS, s.labels))
-                dp.explicit_bounds.extend(bounds)
-                dp.bucket_counts.extend(s.counts)  # OTLP buckets are per bucket, not cumulative
+                dp = metric.exponential_histogram.data_points.add(
+                    start_time_unix_nano=start_ns, time_unix_nano=now_ns, count=sum(s.counts), sum=s.sum,
+                    scale=cv.NATIVE_SCHEMA, zero_count=s.zeros, zero_threshold=cv.NATIVE_ZERO_THRESHOLD)
+                dp.attributes.extend(kv(k, v) for k, v in zip(LABELS, s.labels) if v)
+                if s.native:
+                    lo, hi = min(s.native), max(s.native)
+                    dp.positive.offset = lo - 1
+                    dp.positive.bucket_counts.extend(s.native.get(k, 0) for k in range(lo, hi + 1))
         for family in self.plain.collect():
             if family.type == "counter":
                 metric = sm.metrics.add(name=family.name.replace("_", "."), description=family.documentation)

@@ -140,7 +140,14 @@ def parse_otlp(msg: dict, t: float) -> Sample:
         for sm in rm.get("scopeMetrics", ()):
             for m in sm.get("metrics", ()):
                 name = m.get("name", "")
-                if "histogram" in m and name in _OTLP_HIST:
+                if "exponentialHistogram" in m and name in _OTLP_HIST:
+                    for dp in m["exponentialHistogram"].get("dataPoints", ()):
+                        pos = dp.get("positive", {})
+                        first = int(pos.get("offset", 0)) + 1  # OTLP bucket i = native key i + 1
+                        buckets = {first + i: int(c) for i, c in enumerate(pos.get("bucketCounts", ())) if int(c)}
+                        s.hists[(_OTLP_HIST[name], _otlp_value(dp.get("attributes")))] = native_histogram(
+                            buckets, int(dp.get("zeroCount", 0)), float(dp.get("sum", 0)))
+                elif "histogram" in m and name in _OTLP_HIST:  # runs recorded before exponential
                     for dp in m["histogram"].get("dataPoints", ()):
                         counts = [float(c) for c in dp.get("bucketCounts", ())]
                         cum, acc = [], 0.0
@@ -230,7 +237,7 @@ class RunDirSource:
             for rm in msg.get("resourceMetrics", ()):
                 for sm in rm.get("scopeMetrics", ()):
                     for m in sm.get("metrics", ()):
-                        for kind in ("sum", "histogram"):
+                        for kind in ("sum", "histogram", "exponentialHistogram"):
                             for dp in m.get(kind, {}).get("dataPoints", ()):
                                 t = max(t, int(dp.get("timeUnixNano", 0)) / 1e9)
             out.append(parse_otlp(msg, t))
