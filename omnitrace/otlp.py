@@ -69,6 +69,18 @@ def emit_events(emits: np.ndarray) -> dict[tuple[int, int, int], list]:
     return by_stage
 
 
+def request_events(ttft: int, ttfp: int, marks) -> list:
+    """The root span's events: the first text token and the first audio packet (0: none),
+    then the API server's marks."""
+    events: list = []
+    if ttft:
+        events.append((cv.EVENT_TTFT, ttft, {}))
+    if ttfp:
+        events.append((cv.EVENT_TTFP, ttfp, {}))
+    events.extend(marks)
+    return events
+
+
 def request_attrs(rid: str, status: int, replica: int, prompt_tokens: int, max_tokens: int) -> dict[str, Any]:
     """An ``omni.request`` span's attributes (a request-span row's columns); the tokens
     only where known (``prompt_tokens`` >= 0)."""
@@ -144,12 +156,7 @@ class SpanConverter:
             events: list | tuple = _NO_EVENTS
             if name == stt.N_REQUEST:
                 attrs = request_attrs(rid, status, replica, v1, v2)
-                events = []
-                if t1:
-                    events.append((cv.EVENT_TTFT, t1, {}))
-                if t2:
-                    events.append((cv.EVENT_TTFP, t2, {}))
-                events.extend(by_stage.get((req, cv.API_STAGE, replica), ()))
+                events = request_events(t1, t2, by_stage.get((req, cv.API_STAGE, replica), ()))
                 sid, parent = cv.span_id_for(rid, cv.SPAN_REQUEST), (self._ctx.get(req) or (0, None))[1]
             elif name == stt.N_STAGE or name == stt.N_QUEUE:
                 attrs = stage_attrs(rid, stage, proc[4] or f"stage{stage}", replica)

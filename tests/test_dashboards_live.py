@@ -22,7 +22,7 @@ import pytest
 
 from omnitrace import conventions as cv
 from tests.support import prom_util
-from tests.support.agent_util import clean_env
+from tests.support.agent_util import clean_env, stop_process
 from tests.support.dashboard_util import VLLM_METRIC, prometheus_queries, variable_queries
 from tests.support.otlp_receiver import Store, free_port, start_grpc
 from tests.support.prom_util import api as _api, get as _get, query as _query, number
@@ -75,22 +75,13 @@ def live(tmp_path_factory, long_lived_processes):
         yield {"pports": {f: p for f, (_, p) in proms.items()}, "mport": mport, "store": store,
                "start": time.time()}
     finally:
-        if bench is not None and bench.poll() is None:
-            bench.send_signal(signal.SIGINT)
-            try:
-                bench.wait(30)
-            except subprocess.TimeoutExpired:
-                bench.kill()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        if bench is not None:
+            stop_process(bench, signal.SIGINT, 30)
+        stop_process(proc, timeout=90)
         long_lived_processes.discard(proc.pid)
         err.close()
         for prom, _ in proms.values():
-            prom_util.stop(prom)
+            stop_process(prom)
         grpc_server.stop(0)
 
 

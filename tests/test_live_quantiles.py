@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ import pytest
 
 from omnitrace import conventions as cv
 from tests.support import prom_util
-from tests.support.agent_util import clean_env
+from tests.support.agent_util import clean_env, stop_process
 from tests.support.dashboard_util import prometheus_queries
 from tests.support.otlp_receiver import free_port
 from tests.support.system_deps import need
@@ -111,16 +110,11 @@ def finished(tmp_path_factory, long_lived_processes):
                              for q in _quantile_panels()}
                    for flavour, (_, p) in proms.items()}
     finally:
-        if run.poll() is None:
-            run.send_signal(signal.SIGTERM)
-            try:
-                run.wait(90)
-            except subprocess.TimeoutExpired:
-                run.kill()
+        stop_process(run, timeout=90)
         long_lived_processes.discard(run.pid)
         err.close()
         for prom, _ in proms.values():
-            prom_util.stop(prom)
+            stop_process(prom)
     rep = subprocess.run([sys.executable, "-m", "omnitrace", "report", str(tmp / "run"), "--json"],
                          env=clean_env(), capture_output=True, text=True, timeout=300, check=True)
     return answers, json.loads(rep.stdout)

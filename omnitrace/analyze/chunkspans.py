@@ -62,7 +62,7 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     ``chunks_before_ttfp`` only chunk spans that began before their request's first audio
     packet (all attribution can walk) become objects. Without ``emit_events_too`` stage
     spans carry no ``omni.emit`` events (the walk reads only their first emits, kept)."""
-    from omnitrace.otlp import emit_events, request_attrs, stage_attrs
+    from omnitrace.otlp import emit_events, request_attrs, request_events, stage_attrs
     names = stt.NAMES
     by_stage = emit_events(emits if emit_events_too else emits[emits["modality"] == -1])
     firsts = _emit_firsts(emits)
@@ -84,12 +84,7 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
         rid = requests[req]
         if name == stt.N_REQUEST:
             attrs = request_attrs(rid, status, replica, v1, v2)
-            events = []
-            if t1:
-                events.append((cv.EVENT_TTFT, t1, {}))
-            if t2:
-                events.append((cv.EVENT_TTFP, t2, {}))
-            events.extend(by_stage.get((req, cv.API_STAGE, replica), ()))  # API marks
+            events = request_events(t1, t2, by_stage.get((req, cv.API_STAGE, replica), ()))
             append(Span(names[name], rid, cv.API_STAGE, -2, -1, start, end, replica,
                         incomplete=reason != 0, events=events, attrs=attrs))
         else:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -14,6 +15,16 @@ def clean_env(**extra: str) -> dict:
            if not k.startswith(("OTEL_", "OMNITRACE_"))}
     env.update(extra)
     return env
+
+
+def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+    """Signal a process and wait for it; kill it if it outlives ``timeout``."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def omnitrace_run(args: list[str], env: dict | None = None, timeout: float = 90,

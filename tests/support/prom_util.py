@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import signal
 import subprocess
 import time
 import urllib.parse
@@ -33,14 +32,6 @@ def start(tmp: Path, target_port: int, flavour: str) -> tuple[subprocess.Popen, 
                              f"--enable-feature={FLAVOURS[flavour]}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, pport
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def get(url: str, accept: str | None = None, timeout: float = 5.0) -> bytes:
