@@ -207,7 +207,7 @@ def _ci(values: list[float], rng: np.random.Generator, n: int = 4000) -> tuple[f
 
 def summarise(results: dict[str, list[dict]], rng: np.random.Generator) -> list[dict]:
     rows = []
-    bare = results["bare"]
+    bare = results.get("bare")  # without it, only the figures paired with omnitrace's rounds
     for v, rs in results.items():
         roles = sorted({k for r in rs for k in r["cpu_ms_per_request"]})
         row = {"variant": v, "rounds": len(rs),
@@ -218,12 +218,13 @@ def summarise(results: dict[str, list[dict]], rng: np.random.Generator) -> list[
                "throughput": float(np.median([r["throughput"] for r in rs])),
                "ttfp_p50_ms": float(np.median([r["ttfp_p50_ms"] for r in rs])),
                "failed": sum(r["failed"] for r in rs)}
-        if v != "bare":
+        if v != "bare" and bare:
             added = [pipeline_ms(r) - pipeline_ms(b) for r, b in zip(rs, bare)]
             row["pipeline_added_ms"] = _ci(added, rng)
             row["pipeline_added_pct"] = _ci([a / pipeline_ms(b) * 100 for a, b in zip(added, bare)], rng)
             row["pipeline_added_us_per_event"] = _ci(
                 [a * 1e3 / r["events_per_request"] for a, r in zip(added, rs)], rng)
+        if v != "bare":
             for role in ("agent", "py-spy"):
                 if any(role in r["cpu_ms_per_request"] for r in rs):
                     row[f"{role}_us_per_event"] = _ci(
