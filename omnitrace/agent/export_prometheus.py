@@ -95,9 +95,11 @@ class Series(NamedTuple):
 
 class _Child:
     """One label set's buckets, classic and native: :meth:`observe` for one value,
-    :meth:`observe_many` for a feed's worth at once (the agent's MetricsView)."""
+    :meth:`observe_many` for a feed's worth at once (the agent's MetricsView). A lock keeps
+    a scrape's copy whole: Prometheus rejects a native histogram whose count differs from
+    its buckets' sum, which a copy between two updates would give."""
 
-    __slots__ = ("bounds", "_bounds_np", "counts", "sum", "exemplars", "native", "zeros")
+    __slots__ = ("bounds", "_bounds_np", "counts", "sum", "exemplars", "native", "zeros", "lock")
 
     def __init__(self, bounds: list) -> None:
         n = len(bounds)
@@ -108,19 +110,25 @@ class _Child:
         self.exemplars: list[tuple[str, float, float] | None] = [None] * (n + 1)
         self.native: dict[int, int] = {}
         self.zeros = 0
+        self.lock = threading.Lock()
 
     def observe(self, value: float, trace_hex: str | None,
                 _bisect=bisect.bisect_left) -> None:
         i = _bisect(self.bounds, value)  # first bucket with value <= le
-        self.counts[i] += 1
-        self.sum += value
-        if value > cv.NATIVE_ZERO_THRESHOLD:
-            k = native_key(value)
-            self.native[k] = self.native.get(k, 0) + 1
-        else:
-            self.zeros += 1
-        if trace_hex is not None:
-            self.exemplars[i] = (trace_hex, value, time.time())
+        k = native_key(value) if value > cv.NATIVE_ZERO_THRESHOLD else None
+        with self.lock:
+            self.counts[i] += 1
+            self.sum += value
+            if k is None:
+                self.zeros += 1
+            else:
+                self.native[k] = self.native.get(k, 0) + 1
+            if trace_hex is not None:
+                self.exemplars[i] = (trace_hex, value, time.time())
+
+    def copy(self, labels: tuple) -> Series:
+        with self.lock:
+            return Series(labels, list(self.counts), self.sum, list(self.exemplars), dict(self.native), self.zeros)
 
     def observe_many(self, values: np.ndarray, exemplar_of: Callable[[int], str] | None = None,
                      keys: np.ndarray | None = None) -> None:
@@ -129,22 +137,27 @@ class _Child:
         if not len(values):
             return
         idx = np.searchsorted(self._bounds_np, values, "left")
-        for i, c in enumerate(np.bincount(idx, minlength=len(self.counts)).tolist()):
-            if c:
-                self.counts[i] += c
-        self.sum += float(values.sum())
+        classic = np.bincount(idx, minlength=len(self.counts)).tolist()
         positive = values[values > cv.NATIVE_ZERO_THRESHOLD]
-        self.zeros += len(values) - len(positive)
         found, hits = np.unique(np.ceil(np.log2(positive) * cv.NATIVE_PER_DOUBLING).astype(np.int64),
                                 return_counts=True)
-        native = self.native
-        for k, c in zip(found.tolist(), hits.tolist()):
-            native[k] = native.get(k, 0) + c
+        exemplars = []
         if exemplar_of is not None and keys is not None:
             now = time.time()
             buckets, rev = np.unique(idx[::-1], return_index=True)
-            for b, pos in zip(buckets.tolist(), (len(idx) - 1 - rev).tolist()):
-                self.exemplars[b] = (exemplar_of(int(keys[pos])), float(values[pos]), now)
+            exemplars = [(b, (exemplar_of(int(keys[pos])), float(values[pos]), now))
+                         for b, pos in zip(buckets.tolist(), (len(idx) - 1 - rev).tolist())]
+        with self.lock:
+            for i, c in enumerate(classic):
+                if c:
+                    self.counts[i] += c
+            self.sum += float(values.sum())
+            self.zeros += len(values) - len(positive)
+            native = self.native
+            for k, c in zip(found.tolist(), hits.tolist()):
+                native[k] = native.get(k, 0) + c
+            for b, ex in exemplars:
+                self.exemplars[b] = ex
 
 
 class HistogramSet:
@@ -168,9 +181,8 @@ class HistogramSet:
         ch.observe(value, trace_hex)
 
     def snapshot(self, metric: str) -> list[Series]:
-        # list()/dict() copy under the GIL: the agent thread may add children meanwhile
-        return [Series(labels, list(ch.counts), ch.sum, list(ch.exemplars), dict(ch.native), ch.zeros)
-                for labels, ch in list(self.children[metric].items())]
+        # list() copies under the GIL: the agent thread may add children meanwhile
+        return [ch.copy(labels) for labels, ch in list(self.children[metric].items())]
 
     def describe(self) -> Iterator[HistogramMetricFamily]:
         for prom, help_, _, _ in HISTOGRAMS.values():
