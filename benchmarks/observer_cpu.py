@@ -260,8 +260,9 @@ def main() -> int:
     p.add_argument("--json", default=None, help="write every round and the summary here")
     args = p.parse_args()
     variants = args.variants.split(",")
-    if "bare" not in variants or set(variants) - set(ALL):
-        p.error(f"variants: a comma list of {', '.join(ALL)} including bare")
+    if not ({"bare", "omnitrace"} & set(variants)) or set(variants) - set(ALL):
+        p.error(f"variants: a comma list of {', '.join(ALL)} including bare or omnitrace (what the rest "
+                "is paired with)")
     args.trees = dict(t.split("=", 1) for t in args.tree)
     variants += [f"omnitrace@{name}" for name in args.trees]
     results: dict[str, list[dict]] = {v: [] for v in variants}
