@@ -66,7 +66,8 @@ def native_or_classic(metric: str, native: str, classic: str) -> str:
     histograms on (it scrapes protobuf) stores only the native series, one without only
     the classic ``_bucket``/``_sum``/``_count`` series; the query reads whichever exists.
     Other exporters' histograms (vLLM-Omni's) are classic only."""
-    return f"({native}) or ({classic})" if metric.startswith("omnitrace_") else classic
+    # parenthesised whole: "or" binds looser than "/" (a mean divides two of these)
+    return f"(({native}) or ({classic}))" if metric.startswith("omnitrace_") else classic
 
 
 def hist_quantile(q: float, metric: str, by: str, labels: str) -> str:

@@ -13,7 +13,8 @@ measured load, and compared with the report's figure:
   any value between the order statistics around rank q*n, so the panel must be within
   TOLERANCE of that range;
 * FIFO residence, FIFO time behind others, snapshot and shm put/get p50/p99 per stage
-  (pair) against the report's tables (thousands of chunks: the range is a point).
+  (pair) against the report's tables (thousands of chunks: the range is a point);
+* the TTFP and snapshot mean lines against the report's means, within 1%.
 
 TOLERANCE is 5%, or one native bucket's width where that is wider (2^(1/16) = 4.4%: it is
 not). With native histograms every panel is within it; the negative control is the
@@ -40,6 +41,7 @@ from tests.support.system_deps import need
 
 REQUESTS = 400
 TOLERANCE = max(0.05, 2 ** (1 / cv.NATIVE_PER_DOUBLING) - 1)
+MEAN_TOLERANCE = 0.01  # a mean line is sum over count: exact but for float sums
 DEADLINE_S = 240
 
 
@@ -49,13 +51,16 @@ def _prometheus_installed():
 
 
 def _quantile_panels() -> list:
-    """The overview's quantile queries omnitrace's report also has a figure for."""
+    """The overview's quantile queries omnitrace's report also has a figure for, and the
+    mean lines it has one for (TTFP, snapshot)."""
     keep = {"TTFP p50 / p99", "FIFO residence p50 / p99 per stage",
             "FIFO time behind other requests' tasks p50 / p99", "Snapshot duration p50 / p99 per stage",
             "Shared-memory put / get p99 per stage pair"}
     qs = [q for q in prometheus_queries()
-          if q.dashboard == "omnitrace-overview.json" and q.panel in keep and "histogram_quantile" in q.expr]
+          if q.dashboard == "omnitrace-overview.json" and q.panel in keep and (
+              "histogram_quantile" in q.expr or (q.legend.endswith(" mean") and q.panel.startswith(("TTFP", "Snap"))))]
     assert {q.panel for q in qs} == keep, {q.panel for q in qs}
+    assert sum(q.legend.endswith(" mean") for q in qs) == 2, [q.legend for q in qs]
     return qs
 
 
@@ -120,13 +125,16 @@ def finished(tmp_path_factory, long_lived_processes):
     return answers, json.loads(rep.stdout)
 
 
-def _expected(report: dict, panel: str, legend: str, metric: dict, q: float) -> tuple[float, float]:
-    """The report's figure for one panel series as a (low, high) range in seconds."""
-    pct = f"p{int(q * 100)}"
+def _expected(report: dict, panel: str, legend: str, metric: dict, q: float | None) -> tuple[float, float]:
+    """The report's figure for one panel series (quantile ``q``, or the mean when None) as
+    a (low, high) range in seconds."""
+    pct = f"p{int(q * 100)}" if q is not None else "mean"
     stage = metric.get("stage")
     if panel == "TTFP p50 / p99":
         ttfp = np.sort([r["ttfp_ms"] for r in report["requests"] if r["ttfp_ms"] is not None]) / 1e3
         n = len(ttfp)
+        if q is None:
+            return float(ttfp.mean()), float(ttfp.mean())
         return float(ttfp[max(0, math.floor(q * n) - 1)]), float(ttfp[min(n - 1, math.ceil(q * n))])
     if panel.startswith("FIFO"):
         row = next(r for r in report["fifo"] if str(r["stage_id"]) == stage)
@@ -144,12 +152,13 @@ def _compare(answers: dict, report: dict) -> list[tuple[str, float, float, float
     """(series, panel value, report low, report high, within TOLERANCE) per series."""
     out = []
     for (panel, legend, expr), rows in answers.items():
-        q = float(re.search(r"histogram_quantile\(([0-9.]+)", expr).group(1))
+        quantile = re.search(r"histogram_quantile\(([0-9.]+)", expr)
+        q = float(quantile.group(1)) if quantile else None  # None: a mean line
         assert rows, f"{panel} [{legend}]: no data"
         for r in rows:
             got = prom_util.number(r)
             lo, hi = _expected(report, panel, legend, r["metric"], q)
-            ok = abs(_off_by(got, lo, hi)) <= TOLERANCE
+            ok = abs(_off_by(got, lo, hi)) <= (TOLERANCE if q is not None else MEAN_TOLERANCE)
             name = f"{panel} [{legend.replace('{{stage_name}}', r['metric'].get('stage_name', ''))}]"
             out.append((name.replace("{{from_stage}}->{{to_stage}}",
                                      f"{r['metric'].get('from_stage')}->{r['metric'].get('to_stage')}"),
