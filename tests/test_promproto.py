@@ -115,6 +115,9 @@ def test_the_endpoint_serves_protobuf_to_prometheus_and_text_to_others():
     assert [b.cumulative_count for b in h.bucket] == sorted(b.cumulative_count for b in h.bucket)
     assert h.bucket[-1].upper_bound == cv.LATENCY_BUCKETS_S[-1]
     assert h.exemplars and all(e.timestamp.seconds > 0 and len(e.label[0].value) == 32 for e in h.exemplars)
+    # one bucket exemplar, the newest (Prometheus 2.x reads a native histogram's first)
+    [newest] = [b.exemplar for b in h.bucket if b.HasField("exemplar")]
+    assert newest.timestamp.ToNanoseconds() == max(e.timestamp.ToNanoseconds() for e in h.exemplars)
     # no empty label values; the request histograms exist from the API server's start
     assert {lp.name for lp in fams["omnitrace_fifo_residence_seconds"].metric[0].label} == set(
         ("stage", "replica", "from_stage", "to_stage"))

@@ -206,8 +206,8 @@ class HistogramSet:
 
     def protobuf_families(self) -> Iterator:
         """Each histogram as a protobuf MetricFamily: classic buckets (cumulative; +Inf left
-        implicit, as client_golang does) and the native ones, exemplars with timestamps in
-        both places (Prometheus 3 reads ``exemplars``, 2.x the buckets')."""
+        implicit, as client_golang does) and the native ones; every bucket's latest exemplar,
+        with its timestamp, in ``exemplars`` (what Prometheus 3 reads for native histograms)."""
         for name, (prom, help_, bounds, _) in HISTOGRAMS.items():
             fam = promproto.MetricFamily(name=prom, help=help_, type=promproto.HISTOGRAM)
             for s in self.snapshot(name):
@@ -217,11 +217,15 @@ class HistogramSet:
                         m.label.add(name=k, value=v)
                 h = m.histogram
                 h.sample_count, h.sample_sum = sum(s.counts), s.sum
+                # the buckets carry only the newest exemplar: Prometheus 2.x takes a native
+                # histogram's first bucket exemplar per scrape, which would pin it to the
+                # fastest requests; so each scrape gives it the latest one instead
+                newest = max((ex for ex in s.exemplars if ex is not None), key=lambda ex: ex[2], default=None)
                 cum = 0
                 for le, c, ex in zip(bounds, s.counts, s.exemplars):
                     cum += c
                     b = h.bucket.add(cumulative_count=cum, upper_bound=le)
-                    if ex is not None:
+                    if ex is not None and ex is newest:
                         b.exemplar.CopyFrom(promproto.exemplar(*ex))
                 h.schema, h.zero_threshold, h.zero_count = cv.NATIVE_SCHEMA, cv.NATIVE_ZERO_THRESHOLD, s.zeros
                 spans, deltas = promproto.spans_and_deltas(s.native)
