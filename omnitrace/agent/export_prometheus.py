@@ -217,10 +217,11 @@ class HistogramSet:
                         m.label.add(name=k, value=v)
                 h = m.histogram
                 h.sample_count, h.sample_sum = sum(s.counts), s.sum
-                # the buckets carry only the newest exemplar: Prometheus 2.x takes a native
-                # histogram's first bucket exemplar per scrape, which would pin it to the
-                # fastest requests; so each scrape gives it the latest one instead
-                newest = max((ex for ex in s.exemplars if ex is not None), key=lambda ex: ex[2], default=None)
+                # the buckets carry only the newest exemplar (of a feed's, the slowest):
+                # Prometheus 2.x takes a native histogram's first bucket exemplar per scrape,
+                # which would pin it to the fastest requests
+                newest = max((ex for ex in s.exemplars if ex is not None), key=lambda ex: (ex[2], ex[1]),
+                             default=None)
                 cum = 0
                 for le, c, ex in zip(bounds, s.counts, s.exemplars):
                     cum += c
