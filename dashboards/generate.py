@@ -311,22 +311,26 @@ def overview() -> Json:
                prom(f"max(up{{{RUN}}})", "up"),
                [{"type": "value", "options": {"0": {"text": "DOWN", "color": "red"},
                                               "1": {"text": "UP", "color": "green"}}}],
-               "no run scraped"), w=3)
+               "no run scraped"), w=4)
     L.add(timeseries("Requests per second", "Requests arriving at the API server, and ending by status.", [
         prom(f"sum(rate(omnitrace_requests_started_total{{{RUN}}}{RI}))", "started"),
         prom(f"sum by (status) (rate(omnitrace_requests_finished_total{{{RUN}}}{RI}))", "finished {{status}}"),
-    ], "reqps"), w=6)
+    ], "reqps"), w=12)
     L.add(timeseries("Requests in flight", "Arrived at the API server and not yet ended.", [
         prom(f"sum(omnitrace_requests_in_flight{{{RUN}}})", "in flight"),
-    ], "short"), w=3)
+    ], "short"), w=8)
     L.add(timeseries("TTFP p50 / p99", "Time to first audio packet at the API server. "
                      "Exemplars (dots) open the request's trace.",
                      quantiles("omnitrace_request_ttfp_seconds", "", "TTFP", sel=RUN), "s",
-                     no_value=NO_TRAFFIC), w=6)
+                     no_value=NO_TRAFFIC), w=8)
     L.add(timeseries("TTFT p50 / p99", "Time to first text token at the API server. "
                      "Exemplars open the request's trace.",
                      quantiles("omnitrace_request_ttft_seconds", "", "TTFT", sel=RUN), "s",
-                     no_value=NO_TRAFFIC), w=6)
+                     no_value=NO_TRAFFIC), w=8)
+    L.add(timeseries("E2E p50 / p99", "Arrival to the end of the response at the API server. "
+                     "Exemplars open the request's trace.",
+                     quantiles("omnitrace_request_e2e_seconds", "", "E2E", sel=RUN), "s",
+                     no_value=NO_TRAFFIC), w=8)
 
     L.row("Where TTFP goes (live attribution of completed requests)")
     L.add(timeseries("TTFP attribution: share per stage x category",

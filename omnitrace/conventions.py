@@ -152,6 +152,7 @@ METRIC_GET = "omnitrace.transfer.get.duration"
 METRIC_SIZE = "omnitrace.transfer.size"
 METRIC_TTFT = "omnitrace.request.ttft"
 METRIC_TTFP = "omnitrace.request.ttfp"
+METRIC_E2E = "omnitrace.request.e2e"  # arrival -> the request's end at the API server
 METRIC_EVENTS = "omnitrace.events"
 METRIC_DROPPED = "omnitrace.events.dropped"
 METRIC_SENDER_BUSY = "omnitrace.sender.busy.seconds"  # a stage's sender thread on tasks

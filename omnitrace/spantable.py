@@ -421,9 +421,9 @@ class Feed:
 
     spans: np.ndarray
     emits: np.ndarray
-    # first text / first audio as they arrive:
-    # (kind, req, replica, seconds since arrival, unix ns of the event)
-    firsts: list[tuple[int, int, int, float, int]] = field(default_factory=list)
+    # request latencies as their events arrive: first text, first audio, end (the event's
+    # kind): (kind, req, replica, seconds since arrival, unix ns of the event)
+    latencies: list[tuple[int, int, int, float, int]] = field(default_factory=list)
     arrivals: list[int] = field(default_factory=list)  # requests that arrived
     # the caller's trace context of requests that carried one: (req, trace id, parent span id)
     contexts: list[tuple[int, int, int]] = field(default_factory=list)
@@ -480,7 +480,7 @@ class SpanBuilder:
         """Pair ``ev`` (EVENT_DTYPE rows, or them :class:`Prepared`) with what is waiting;
         returns finished spans."""
         p = ev if isinstance(ev, Prepared) else Prepared(ev)
-        firsts: list = []
+        latencies: list = []
         arrivals: list = []
         ends: list = []
         contexts: list = []
@@ -493,7 +493,7 @@ class SpanBuilder:
         if len(p.emitted):
             self._stage_emits(p.emitted, now)
         if len(p.small):
-            self._request_events(p.small, now, firsts, arrivals, ends, contexts)
+            self._request_events(p.small, now, latencies, arrivals, ends, contexts)
         if p.reqs and self.reqs:
             self._seen(p.reqs, now)
         parts = self._pair_chunks(p)  # one copy into the feed's rows, not two
@@ -505,7 +505,7 @@ class SpanBuilder:
         self._emits = []
         self._count(spans)
         busy, self._busy = self._busy, []
-        return Feed(spans, emits, firsts, arrivals=arrivals, ends=ends, contexts=contexts, busy=busy)
+        return Feed(spans, emits, latencies, arrivals=arrivals, ends=ends, contexts=contexts, busy=busy)
 
     def _count(self, spans: np.ndarray) -> None:
         self.spans_built += len(spans)
@@ -522,7 +522,7 @@ class SpanBuilder:
         self.last_t[ids] = np.maximum(self.last_t[ids], times)
 
     # ------------------------------------------------------------------ requests, stages
-    def _request_events(self, ev: np.ndarray, now: float, firsts: list, arrivals: list,
+    def _request_events(self, ev: np.ndarray, now: float, latencies: list, arrivals: list,
                         ends: list, contexts: list) -> None:
         reqs = self.reqs
         replicas = self._replicas.tolist()
@@ -564,12 +564,12 @@ class SpanBuilder:
                 if st.first_text is None:
                     st.first_text = t
                     if st.arrive is not None:
-                        firsts.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
+                        latencies.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
             elif kind == _FIRST_AUDIO:
                 if st.first_audio is None:
                     st.first_audio = t
                     if st.arrive is not None:
-                        firsts.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
+                        latencies.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
             elif kind == _TRACE_HI:
                 st.trace_hi = a
             elif kind == _TRACE_LO:
@@ -578,6 +578,8 @@ class SpanBuilder:
             elif kind == _END:
                 if st.end is None:
                     ends.append((req, a))
+                    if st.arrive is not None:
+                        latencies.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
                 st.end, st.status = t, a
                 self._request_row(req, st, R_NONE)
                 if self._complete(st):

@@ -122,7 +122,7 @@ def test_every_metric_named_in_the_docs_is_exposed():
     missing = set()
     for path in DOCS:
         with open(path) as f:
-            for name in re.findall(r"\bomnitrace_[a-z_]+[a-z]", f.read()):
+            for name in re.findall(r"\bomnitrace_[a-z0-9_]+[a-z0-9]", f.read()):
                 if name not in names and name not in ("omnitrace_version", PROMPT_TOKENS_FIELD):
                     missing.add(f"{os.path.basename(path)}: {name}")
     assert not missing, sorted(missing)

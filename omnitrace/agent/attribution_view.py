@@ -155,7 +155,7 @@ class AttributionView:
             self.arrived.update(feed.arrivals)
             for r in feed.arrivals:
                 self.unknown.pop(r, None)
-        for kind, req, _replica, _s, t in feed.firsts:
+        for kind, req, _replica, _s, t in feed.latencies:
             if kind == cv.Ev.REQUEST_FIRST_AUDIO:
                 self.ttfp[req] = t
         spans = feed.spans

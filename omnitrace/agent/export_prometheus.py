@@ -66,6 +66,8 @@ HISTOGRAMS: dict[str, tuple[str, str, tuple, str]] = {
                      cv.LATENCY_BUCKETS_S, "s"),
     cv.METRIC_TTFP: ("omnitrace_request_ttfp_seconds", "Time to first audio packet.",
                      cv.LATENCY_BUCKETS_S, "s"),
+    cv.METRIC_E2E: ("omnitrace_request_e2e_seconds", "Arrival to the request's end at the API server.",
+                    cv.LATENCY_BUCKETS_S, "s"),
 }
 COUNTERS: dict[str, tuple[str, str]] = {
     cv.METRIC_EVENTS: ("omnitrace_events", "Events read from the rings by the agent."),
@@ -330,7 +332,7 @@ class Metrics:
         """An API server process appeared: its request histograms from 0, so rate() over
         a window counts the first requests too (a series born with them leaves out what
         its first scrape already held: the first, often slowest, requests)."""
-        for metric in (cv.METRIC_TTFT, cv.METRIC_TTFP):
+        for metric in (cv.METRIC_TTFT, cv.METRIC_TTFP, cv.METRIC_E2E):
             self.hist.child(metric, (str(cv.API_STAGE), str(replica), "", ""))
 
     def set_culprits(self, top: list[dict]) -> None:

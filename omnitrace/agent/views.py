@@ -57,6 +57,11 @@ _CHUNK_METRICS = {
 }
 
 
+# a request latency's event kind -> its histogram
+_REQUEST_METRICS = {cv.Ev.REQUEST_FIRST_TEXT: cv.METRIC_TTFT, cv.Ev.REQUEST_FIRST_AUDIO: cv.METRIC_TTFP,
+                    cv.Ev.REQUEST_END: cv.METRIC_E2E}
+
+
 class MetricsView:
     """Histograms of complete chunk spans and of TTFT/TTFP, bulk-observed per feed
     (the same buckets Prometheus scrapes and metrics.jsonl records)."""
@@ -92,9 +97,8 @@ class MetricsView:
                         values.astype(np.float64), self.trace_hex if exemplar else None,
                         rows["req"] if exemplar else None)
         self._sender_busy(feed, part)
-        for kind, req, replica, seconds, _t in feed.firsts:
-            metric = cv.METRIC_TTFP if kind == cv.Ev.REQUEST_FIRST_AUDIO else cv.METRIC_TTFT
-            self.metrics.hist.observe(metric, seconds, (str(cv.API_STAGE), str(replica), "", ""),
+        for kind, req, replica, seconds, _t in feed.latencies:
+            self.metrics.hist.observe(_REQUEST_METRICS[kind], seconds, (str(cv.API_STAGE), str(replica), "", ""),
                                       self.trace_hex(req))
 
     def _sender_busy(self, feed: Feed, part: spanload.Part) -> None:

@@ -167,7 +167,7 @@ class ReportTables:
                   int(emits["req"].max()) if len(emits) else 0)
         self._grow(top)
         fa = self.first_audio
-        for kind, req, _replica, _seconds, t in feed.firsts:
+        for kind, req, _replica, _seconds, t in feed.latencies:
             if kind == cv.Ev.REQUEST_FIRST_AUDIO:
                 fa[req] = t
         roots = spans[spans["name"] == stt.N_REQUEST]
