@@ -33,6 +33,7 @@ VLLM = 'instance=~"$vllm"'  # vLLM-Omni's API server (its own /metrics, a job of
 STAGE = f'{RUN}, stage=~"$stage", replica=~"$replica"'
 RI = "[$__rate_interval]"
 NO_TRAFFIC = "no requests in this window"
+STAGE_NAMES = f"max by (stage, stage_name) (omnitrace_stage_info{{{RUN}}})"  # what legends join on
 ATTRIBUTED = f"scalar(sum(rate(omnitrace_requests_attributed_total{{{RUN}}}{RI})))"
 
 Json = dict[str, Any]
@@ -88,8 +89,7 @@ def named(expr: str, on: str = "stage") -> str:
     """``expr`` (series per ``stage``) with each one's ``stage_name`` joined from
     omnitrace_stage_info; the API server (stage -1, no stage info) is named "api". Legends
     show names, not numbers."""
-    names = f"max by (stage, stage_name) (omnitrace_stage_info{{{RUN}}})"
-    return (f"(({expr}) * on (stage) group_left (stage_name) {names}) or on ({on}) "
+    return (f"(({expr}) * on (stage) group_left (stage_name) {STAGE_NAMES}) or on ({on}) "
             f'label_replace({expr}, "stage_name", "api", "stage", "-1")')
 
 
@@ -97,11 +97,10 @@ def pair_named(expr: str) -> str:
     """``expr`` (series per ``from_stage``, ``to_stage``) with both stages' names joined
     as ``from_name`` and ``to_name``; a pair without stage info keeps its numbers only
     (vLLM-Omni's own series, when omnitrace does not run beside it)."""
-    names = f"max by (stage, stage_name) (omnitrace_stage_info{{{RUN}}})"
     joined = expr
     for side in ("from", "to"):  # label_join copies a label (label_replace's "$1" is Grafana's syntax too)
         joined = (f'label_join(label_join({joined}, "stage", "", "{side}_stage") '
-                  f'* on (stage) group_left (stage_name) {names}, "{side}_name", "", "stage_name")')
+                  f'* on (stage) group_left (stage_name) {STAGE_NAMES}, "{side}_name", "", "stage_name")')
     return f'label_join({joined}, "stage", "") or on (from_stage, to_stage) ({expr})'
 
 
@@ -172,15 +171,10 @@ def timeseries(title: str, desc: str, targets: list[Json], unit: str, stack: str
             "targets": _ref(targets)}
 
 
-def heatmap(title: str, desc: str, target: Json, repeat: str = "") -> Json:
-    p = _heatmap(title, desc, target)
-    if repeat:  # one panel per value of the variable, side by side
-        p.update({"repeat": repeat, "repeatDirection": "h", "maxPerRow": 2})
-    return p
-
-
-def _heatmap(title: str, desc: str, target: Json) -> Json:
+def heatmap(title: str, desc: str, target: Json, repeat: str) -> Json:
+    """One heatmap per value of the variable ``repeat``, side by side."""
     return {"type": "heatmap", "title": title, "description": desc, "datasource": PROM,
+            "repeat": repeat, "repeatDirection": "h", "maxPerRow": 2,
             "fieldConfig": {"defaults": {"custom": {"scaleDistribution": {"type": "linear"},
                                                     "hideFrom": {"legend": False, "tooltip": False,
                                                                  "viz": False}}},

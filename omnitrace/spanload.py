@@ -60,6 +60,11 @@ class Part:
     requests: list[str]
 
 
+def replica_of(rings: dict[int, dict]) -> dict[int, int]:
+    """pid -> replica of the processes the ring descriptions name."""
+    return {int(r["pid"]): int(r.get("replica", 0)) for r in rings.values() if "pid" in r}
+
+
 @dataclass
 class Loaded:
     """What the load saw besides the spans: the decoder's account (rings, request ids,

@@ -62,7 +62,7 @@ def _victim_events(chunks=((400, 420), (450, 470), (500, 600))) -> list[tuple]:
     for c, (e, ws_end) in enumerate(chunks):
         s = 100 + 10 * c if c < 3 else 699
         chunk_events(out, "v", THINKER, THINKER_SEND, TALKER_RECV, TALKER, 0, 1, c, (s, s + 1), e,
-               (e, e + 5), (e + 5, e + 10), (e + 10, e + 12), ws_end)
+                     (e, e + 5), (e + 5, e + 10), (e + 10, e + 12), ws_end)
     return out
 
 

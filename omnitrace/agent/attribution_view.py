@@ -285,7 +285,7 @@ class AttributionView:
         culprit."""
         if not victims:
             return
-        replica_of = {int(r["pid"]): int(r.get("replica", 0)) for r in self.rings.values() if "pid" in r}
+        replica_of = spanload.replica_of(self.rings)
         senders = {k: tuple(np.concatenate(c) for c in zip(*parts)) for k, parts in self.busy.items() if parts}
         hp = headofline.blocked_pairs(victims, table, busy_by_replica(senders, replica_of))
         for v, c, ns in zip(hp.victim.tolist(), hp.culprit.tolist(), hp.pair_wall.tolist()):

@@ -205,7 +205,6 @@ class HistogramSet:
                 fam.add_metric(list(s.labels), buckets, s.sum)
             yield fam
 
-
     def protobuf_families(self) -> Iterator:
         """Each histogram as a protobuf MetricFamily: classic buckets (cumulative; +Inf left
         implicit, as client_golang does) and the native ones; every bucket's latest exemplar,

@@ -83,6 +83,8 @@ def wants_protobuf(accept: str) -> bool:
                for part in accept.split(","))
 
 
+# The length prefixes by hand: protobuf's Python API has no public delimited-stream reader
+# or writer (its varint codecs are private, ``google.protobuf.internal``).
 def _varint(n: int) -> bytes:
     out = bytearray()
     while True:

@@ -105,7 +105,7 @@ class MetricsView:
         """The sender tasks this feed closed, in seconds per (stage, replica)."""
         if not feed.busy:
             return
-        replica = {int(r["pid"]): int(r.get("replica", 0)) for r in part.rings.values() if "pid" in r}
+        replica = spanload.replica_of(part.rings)
         for pid, stage, starts, ends, _reqs in feed.busy:
             self.metrics.count(cv.METRIC_SENDER_BUSY, stage, replica.get(pid, 0),
                                float((ends - starts).sum()) / 1e9)

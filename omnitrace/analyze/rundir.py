@@ -143,8 +143,7 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     run.stage_deaths.extend(sorted(built.died, key=lambda x: x[1]))
     run.skipped_spans += acc.skipped
     run.span_count += acc.rows - acc.skipped
-    _add_tables(run, acc, log.requests.strings, log.rings,
-                {int(r.get("pid", 0)): int(r.get("replica", 0)) for r in log.rings.values()})
+    _add_tables(run, acc, log.requests.strings, log.rings, spanload.replica_of(log.rings))
     return True
 
 

@@ -76,8 +76,8 @@ API, THINKER, THINKER_SEND, TALKER, TALKER_RECV, TALKER_SEND, CODEC, CODEC_RECV 
 
 
 def chunk_events(script: list, rid: str, prod: tuple, send: tuple, recv: tuple, cons_sched: tuple,
-           p: int, c: int, chunk: int, snap: tuple, deq: float, proc: tuple, put: tuple,
-           get: tuple, scheduled: float | None) -> None:
+                 p: int, c: int, chunk: int, snap: tuple, deq: float, proc: tuple, put: tuple,
+                 get: tuple, scheduled: float | None) -> None:
     """One chunk from stage ``p`` to ``c``: snapshot and enqueue (producer scheduler),
     dequeue, payload and put (sender), get and ready (consumer receiver), scheduled."""
     script += [
@@ -118,14 +118,14 @@ def three_stage_events(rid: str, off: float = 0.0) -> list[tuple]:
          (TALKER, Ev.STAGE_ADD, rid, 1, -1, 0, 0, o + 180),
          (TALKER, Ev.STAGE_SCHEDULE, rid, 1, -1, 1, 0, o + 190)]
     chunk_events(s, rid, THINKER, THINKER_SEND, TALKER_RECV, TALKER, 0, 1, 0, (o + 100, o + 110), o + 150,
-           (o + 150, o + 160), (o + 160, o + 170), (o + 175, o + 180), o + 200)
+                 (o + 150, o + 160), (o + 160, o + 170), (o + 175, o + 180), o + 200)
     chunk_events(s, rid, TALKER, TALKER_SEND, CODEC_RECV, CODEC, 1, 2, 0, (o + 300, o + 305), o + 310,
-           (o + 310, o + 320), (o + 320, o + 330), (o + 340, o + 345), o + 350)
+                 (o + 310, o + 320), (o + 320, o + 330), (o + 340, o + 345), o + 350)
     s += [(CODEC, Ev.STAGE_ADD, rid, 2, -1, 0, 0, o + 330),
           (CODEC, Ev.STAGE_SCHEDULE, rid, 2, -1, 1, 0, o + 331)]
     # a later thinker chunk, scheduled after the talker's snapshot: must NOT gate codec chunk 0
     chunk_events(s, rid, THINKER, THINKER_SEND, TALKER_RECV, TALKER, 0, 1, 1, (o + 400, o + 401), o + 402,
-           (o + 402, o + 403), (o + 403, o + 404), (o + 405, o + 406), o + 407)
+                 (o + 402, o + 403), (o + 403, o + 404), (o + 405, o + 406), o + 407)
     s += [(CODEC, Ev.STAGE_EMIT, rid, 2, -1, 0, int(Modality.AUDIO), o + 800),
           (API, Ev.REQUEST_FIRST_AUDIO, rid, -1, -1, 0, 0, o + 900),
           (THINKER, Ev.STAGE_FINISH, rid, 0, -1, 0, 0, o + 990),
