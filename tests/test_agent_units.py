@@ -113,6 +113,45 @@ def test_sender_busy_seconds_are_the_tasks_the_sender_closed():
 
 
 @pytest.mark.unit
+def test_metrics_view_fills_what_one_observation_per_span_would():
+    """The view's grouped, vectorised path against the rule applied span by span: every
+    complete chunk span with a histogram, its labels, value and exemplar (the last one per
+    bucket)."""
+    from omnitrace.agent import views
+    rng = np.random.default_rng(11)
+    n = 5000
+    spans = np.zeros(n, stt.SPAN_DTYPE)
+    spans["name"] = rng.integers(0, len(stt.NAMES), n)
+    spans["stage"], spans["peer"] = rng.integers(0, 3, n), rng.integers(0, 3, n)
+    spans["replica"], spans["req"] = rng.integers(0, 2, n), rng.integers(0, 50, n)
+    spans["reason"] = np.where(rng.random(n) < 0.1, stt.R_TIMEOUT, 0)
+    spans["start"] = rng.integers(0, 10**9, n)
+    spans["end"] = spans["start"] + rng.lognormal(12, 2, n).astype(np.int64)
+    spans["v1"], spans["v2"] = rng.integers(0, 1 << 20, n), rng.integers(0, 10**6, n)
+    requests = [f"r{i}" for i in range(50)]
+    fast, ref = Metrics(), Metrics()
+    MetricsView(fast, requests).feed(stt.Feed(spans, np.zeros(0, stt.EMIT_DTYPE)), spanload.Part({}, requests))
+    trace_hex = views.TraceIds(requests)
+    for row in spans[(spans["reason"] == 0) & np.isin(spans["name"], list(views._CHUNK_METRICS))]:
+        name, stage, peer, replica = (int(row[c]) for c in ("name", "stage", "peer", "replica"))
+        src, dst = (stage, peer) if name in stt.PRODUCER_NAMES else (peer, stage)
+        for metric, col, scale, exemplar in views._CHUNK_METRICS[name]:
+            value = ((int(row["end"]) - int(row["start"])) * scale if col is None
+                     else float(int(row["v1"]) + 1) if col == "depth" else int(row[col]) * scale)
+            ref.observe(metric, value, (str(stage), str(replica), str(src), str(dst)),
+                        trace_hex(int(row["req"])) if exemplar else None)
+    for metric in {m for specs in views._CHUNK_METRICS.values() for m, *_ in specs}:
+        got = {s.labels: s for s in fast.hist.snapshot(metric)}
+        want = {s.labels: s for s in ref.hist.snapshot(metric)}
+        assert got.keys() == want.keys() and want
+        for labels, w in want.items():
+            g = got[labels]
+            assert (g.counts, g.native, g.zeros) == (w.counts, w.native, w.zeros)
+            assert g.sum == pytest.approx(w.sum, rel=1e-12)
+            assert [e and e[:2] for e in g.exemplars] == [e and e[:2] for e in w.exemplars]
+
+
+@pytest.mark.unit
 def test_ring_strings_wrap_and_drop_count_exact(tmp_path, monkeypatch):
     monkeypatch.setenv(cv.ENV_RUN_ID, f"unit-{os.getpid()}")
     ring = record.Ring(f"unit-{os.getpid()}", record.ProcessInfo(), 64)

@@ -25,9 +25,10 @@ class AgentConfig:
     prometheus_port: int = 9464
     prometheus_addr: str = "127.0.0.1"
     # drain period: each cycle's fixed cost (a header read and a decode per ring, a zstd
-    # block) is paid 10 times a second; a ring that filled an eighth since the last cycle
-    # is drained again after HURRY_MS (agent.recorder), so a burst still has the ring's headroom
-    interval_ms: float = 100.0
+    # block compressed with cold caches) is paid 5 times a second; a ring that filled an
+    # eighth since the last cycle is drained again after HURRY_MS (agent.recorder), so a
+    # burst still has the ring's headroom (benchmarks/agent_results.md: 200 vs 100 ms)
+    interval_ms: float = 200.0
     metrics_interval_s: float = 10.0  # metrics.jsonl period
     max_run_bytes: int | None = None  # cap on the event log (compressed bytes)
     command: tuple[str, ...] = ()

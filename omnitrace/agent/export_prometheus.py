@@ -85,6 +85,18 @@ def native_key(value: float) -> int:
     return math.ceil(math.log2(value) * cv.NATIVE_PER_DOUBLING)
 
 
+def _native_counts(positive: np.ndarray) -> tuple[list[int], list[int]]:
+    """(native bucket keys, counts) of positive values (:func:`native_key`, vectorised):
+    a bincount over the few hundred keys between the least and the greatest, no sort."""
+    if not len(positive):
+        return [], []
+    keys = np.ceil(np.log2(positive) * cv.NATIVE_PER_DOUBLING).astype(np.int64)
+    low = int(keys.min())
+    counts = np.bincount(keys - low)
+    found = np.flatnonzero(counts)
+    return (found + low).tolist(), counts[found].tolist()
+
+
 class Series(NamedTuple):
     """One label set's histogram, copied for an exposition."""
     labels: tuple
@@ -141,14 +153,14 @@ class _Child:
         idx = np.searchsorted(self._bounds_np, values, "left")
         classic = np.bincount(idx, minlength=len(self.counts)).tolist()
         positive = values[values > cv.NATIVE_ZERO_THRESHOLD]
-        found, hits = np.unique(np.ceil(np.log2(positive) * cv.NATIVE_PER_DOUBLING).astype(np.int64),
-                                return_counts=True)
+        found, hits = _native_counts(positive)
         exemplars = []
         if exemplar_of is not None and keys is not None:
             now = time.time()
-            buckets, rev = np.unique(idx[::-1], return_index=True)
+            last = np.full(len(self.counts), -1, np.int64)  # each bucket's last value's position
+            np.maximum.at(last, idx, np.arange(len(idx)))
             exemplars = [(b, (exemplar_of(int(keys[pos])), float(values[pos]), now))
-                         for b, pos in zip(buckets.tolist(), (len(idx) - 1 - rev).tolist())]
+                         for b, pos in enumerate(last.tolist()) if pos >= 0]
         with self.lock:
             for i, c in enumerate(classic):
                 if c:
@@ -156,7 +168,7 @@ class _Child:
             self.sum += float(values.sum())
             self.zeros += len(values) - len(positive)
             native = self.native
-            for k, c in zip(found.tolist(), hits.tolist()):
+            for k, c in zip(found, hits):
                 native[k] = native.get(k, 0) + c
             for b, ex in exemplars:
                 self.exemplars[b] = ex
