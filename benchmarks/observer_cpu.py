@@ -17,7 +17,8 @@ pipeline order; named from the rings where there are rings), ``agent``, ``py-spy
 ``run`` (the `omnitrace run` supervisor), ``other`` (multiprocessing's resource tracker).
 Variants: ``bare`` (`omnitrace serve`), ``omnitrace`` (`omnitrace run serve`),
 ``omnitrace-py`` (the same with the Python ring writer, ``OMNITRACE_RECORD_WRITER=python``),
-``flame-nb``/``flame-b`` (``--flame`` nonblocking/blocking).
+``flame-nb``/``flame-b`` (``--flame`` nonblocking/blocking; ``flame-nb:10`` at
+``--flame-rate 10``).
 ``pipeline`` = api + stages: what the server itself spends, the in-situ figure.
 
 ``--tree NAME=PATH`` adds the variant ``omnitrace@NAME``: `omnitrace run` from another
@@ -260,7 +261,7 @@ def main() -> int:
     p.add_argument("--json", default=None, help="write every round and the summary here")
     args = p.parse_args()
     variants = args.variants.split(",")
-    if not ({"bare", "omnitrace"} & set(variants)) or set(variants) - set(ALL):
+    if not ({"bare", "omnitrace"} & set(variants)) or {v.split(":")[0] for v in variants} - set(ALL):
         p.error(f"variants: a comma list of {', '.join(ALL)} including bare or omnitrace (what the rest "
                 "is paired with)")
     args.trees = dict(t.split("=", 1) for t in args.tree)

@@ -70,8 +70,10 @@ def _server_cmd(variant: str, port: int, run_dir: str, serve: list[str]) -> list
     if variant in ("bare", "naive-otel"):
         return [*py, "serve", "--port", str(port), *serve]
     opts = []
-    if variant.startswith("flame"):
-        opts = ["--flame", "--flame-mode", "nonblocking" if variant == "flame-nb" else "blocking"]
+    if variant.startswith("flame"):  # flame-nb, flame-b, or either with ":RATE"
+        mode, _, rate = variant.partition(":")
+        opts = ["--flame", "--flame-mode", "nonblocking" if mode == "flame-nb" else "blocking"]
+        opts += ["--flame-rate", rate] if rate else []
     return [*py, "run", "--run-dir", run_dir, *opts, "serve", "--port", str(port), *serve]
 
 
