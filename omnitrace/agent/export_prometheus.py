@@ -81,7 +81,7 @@ COUNTERS: dict[str, tuple[str, str]] = {
 def native_key(value: float) -> int:
     """The native bucket of a positive value: bucket ``k`` holds (2^((k-1)/16), 2^(k/16)].
     (A value on a boundary may land one bucket up from rounding in log2; both paths, this
-    and the vectorised one in :meth:`_Child.observe_many`, round alike.)"""
+    and the vectorised one in :func:`_native_counts`, round alike.)"""
     return math.ceil(math.log2(value) * cv.NATIVE_PER_DOUBLING)
 
 
