@@ -44,3 +44,19 @@ def test_it_fits_80x24_with_every_section(rep):
                     "Head-of-line", "recorder: events"):
         assert any(x.startswith(section) for x in lines), (section, text)
     assert sum(1 for x in lines if "█" in x) >= 3  # the top causes are still listed
+
+
+def test_the_endpoint_alone_still_shows_the_head_of_line_leaders():
+    """A URL source has no agent.json: the leaderboard comes from the endpoint's gauge
+    (blocked time per culprit, largest first; the victims' count is agent.json's only)."""
+    from omnitrace.agent import promproto
+    from omnitrace.agent.export_prometheus import Metrics
+    from omnitrace.top import source
+    m = Metrics()
+    m.set_culprits([{"culprit": "req-big", "blocked_s": 0.250, "victims": 3},
+                    {"culprit": "req-small", "blocked_s": 0.004, "victims": 1}])
+    body, _ = m.exposition(promproto.CONTENT_TYPE)
+    v = model.build(source.parse_protobuf(body, 1.0), None, "http://127.0.0.1:9464/metrics")
+    assert [(c["culprit"], c["blocked_s"]) for c in v.culprits] == [("req-big", 0.25), ("req-small", 0.004)]
+    text = render(v, HISTORY, 100)
+    assert "req-big" in text and "250.00 ms" in text and "(none yet" not in text

@@ -100,11 +100,10 @@ def _lines(v: model.View, history: dict[str, deque], rows: int, culprits: int) -
                + (f" ({v.culprits_note})" if v.culprits_note else ""))
     if v.culprits:
         for c in v.culprits[:culprits]:
-            out.append(f"  {c['culprit'][:48]:<48} {c['blocked_s'] * 1e3:9.2f} ms "
-                       f"over {c['victims']} request(s)")
+            over = f" over {c['victims']} request(s)" if c.get("victims") is not None else ""
+            out.append(f"  {c['culprit'][:48]:<48} {c['blocked_s'] * 1e3:9.2f} ms{over}")
     else:
-        out.append("  (none yet; the leaderboard needs a run directory)" if v.source.startswith("http")
-                   else "  (none yet)")
+        out.append("  (none yet)")
     out.append("")
     out.append(f"recorder: events {v.events:.0f}, dropped {v.dropped:.0f}   agent lag {v.lag_s:.2f} s   "
                f"exporters lost {v.export_lost:.0f} spans, sampled out {v.sampled_out:.0f}")

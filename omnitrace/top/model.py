@@ -160,7 +160,7 @@ def build(cur: Sample, prev: Sample | None, source: str) -> View:
         if h is not None and h.count > 0:
             v.snapshot[label(st)] = (1e3 * (quantile(0.5, h) or 0), 1e3 * (quantile(0.99, h) or 0))
     views = cur.agent.get("views", {}) if cur.agent else {}
-    v.culprits = list(views.get("head_of_line_top_culprits", []))
+    v.culprits = list(views.get("head_of_line_top_culprits", [])) or _culprits_of_gauge(cur)
     v.accounting = (cur.agent or {}).get("accounting") or {}
     v.events = cur.total("omnitrace_events_total")
     v.dropped = cur.total("omnitrace_events_dropped_total")
@@ -169,6 +169,14 @@ def build(cur: Sample, prev: Sample | None, source: str) -> View:
                         if _get(lab, "outcome") in ("failed", "dropped"))
     v.sampled_out = cur.total("omnitrace_agent_spans_sampled_out_total")
     return v
+
+
+def _culprits_of_gauge(cur: Sample) -> list[dict]:
+    """The endpoint's leaderboard (the agent's live top 10 as a gauge), where agent.json,
+    which also counts each culprit's victims, is not at hand (a URL source)."""
+    rows = [{"culprit": _get(lab, "culprit"), "blocked_s": x, "victims": None}
+            for lab, x in cur.series("omnitrace_head_of_line_culprit_seconds").items() if x > 0]
+    return sorted(rows, key=lambda r: -r["blocked_s"])
 
 
 def from_report(rep: dict, source: str) -> View:
