@@ -191,7 +191,7 @@ def expand(st: np.ndarray, rnd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class Calibration:
     offset_ns: int  # py-spy ts (us) * 1000 + offset_ns = perf_counter_ns
     uncertainty_ns: int  # width of the best-agreeing offsets
-    observations: int  # clock-thread samples used
+    observations: int  # clock-thread samples that fall between two recorded switches
     agreeing: int  # of them consistent with the chosen offset
 
 
@@ -243,8 +243,11 @@ def calibrate(chunk: Chunk, frames: Frames, clock_pid: int, flips_ns: np.ndarray
     # the best-covered segment [pos[i], pos[i+1]); take its middle
     right = pos[i + 1] if i + 1 < len(pos) else pos[i]
     mid = (int(pos[i]) + int(right)) // 2
-    return Calibration(offset_ns=mid, uncertainty_ns=int(right - pos[i]), observations=len(ts),
-                       agreeing=best)
+    # only samples between the first and the last recorded switch can agree or not: a
+    # process killed before its last switches were written leaves samples no switch explains
+    checkable = int(np.count_nonzero((ts + mid >= F[0]) & (ts + mid < F[-1])))
+    return Calibration(offset_ns=mid, uncertainty_ns=int(right - pos[i]),
+                       observations=max(checkable, best), agreeing=best)
 
 
 def consistent_rounds(chunk: Chunk, frames: Frames, pid: int, flips_ns: np.ndarray, prefix: str,
