@@ -16,6 +16,7 @@ from omnitrace import eventlog, otlp, record, rowops, spanload
 from omnitrace import spantable as stt
 from omnitrace.agent import export_otlp
 from omnitrace.agent.export_prometheus import Metrics
+from omnitrace.agent import views
 from omnitrace.agent.views import MetricsView
 from omnitrace.conventions import Ev
 from omnitrace.eventlog import EVENT_DTYPE
@@ -117,7 +118,6 @@ def test_metrics_view_fills_what_one_observation_per_span_would():
     """The view's grouped, vectorised path against the rule applied span by span: every
     complete chunk span with a histogram, its labels, value and exemplar (the last one per
     bucket)."""
-    from omnitrace.agent import views
     rng = np.random.default_rng(11)
     n = 5000
     spans = np.zeros(n, stt.SPAN_DTYPE)

@@ -7,10 +7,12 @@ from collections import deque
 
 import pytest
 
+from omnitrace.agent import promproto
+from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.analyze.report import build_report
 from omnitrace.analyze.rundir import load_run
 from omnitrace.cli.top import render
-from omnitrace.top import model
+from omnitrace.top import model, source
 from tests.support.event_fixture import three_stage_events, write_event_run
 
 pytestmark = pytest.mark.unit
@@ -49,9 +51,6 @@ def test_it_fits_80x24_with_every_section(rep):
 def test_the_endpoint_alone_still_shows_the_head_of_line_leaders():
     """A URL source has no agent.json: the leaderboard comes from the endpoint's gauge
     (blocked time per culprit, largest first; the victims' count is agent.json's only)."""
-    from omnitrace.agent import promproto
-    from omnitrace.agent.export_prometheus import Metrics
-    from omnitrace.top import source
     m = Metrics()
     m.set_culprits([{"culprit": "req-big", "blocked_s": 0.250, "victims": 3},
                     {"culprit": "req-small", "blocked_s": 0.004, "victims": 1}])

@@ -245,9 +245,10 @@ def calibrate(chunk: Chunk, frames: Frames, clock_pid: int, flips_ns: np.ndarray
     mid = (int(pos[i]) + int(right)) // 2
     # only samples between the first and the last recorded switch can agree or not: a
     # process killed before its last switches were written leaves samples no switch explains
+    # (every agreeing sample is one of them: it lies between switch k and k + 1)
     checkable = int(np.count_nonzero((ts + mid >= F[0]) & (ts + mid < F[-1])))
-    return Calibration(offset_ns=mid, uncertainty_ns=int(right - pos[i]),
-                       observations=max(checkable, best), agreeing=best)
+    return Calibration(offset_ns=mid, uncertainty_ns=int(right - pos[i]), observations=checkable,
+                       agreeing=best)
 
 
 def consistent_rounds(chunk: Chunk, frames: Frames, pid: int, flips_ns: np.ndarray, prefix: str,
