@@ -15,7 +15,7 @@ import pytest
 from tests.support.report_util import replay_timeline, speedscope_errors
 
 from omnitrace.profile import chrometrace as ct
-from omnitrace.profile import clock, linked, render
+from omnitrace.profile import clock, finalize, linked, render
 from omnitrace.profile.config import FlameConfig
 from omnitrace.profile.runner import PySpy
 from omnitrace.profile.store import ROUND_DTYPE, Store, collapsed, in_order
@@ -116,6 +116,21 @@ def test_pyspy_samples_land_on_our_clock(tmp_path):
                           np.full(len(marks), main, np.int64))
     sel = linked.select(store, iv)
     assert render.share(collapsed(store, sel), "short_phase") >= 0.65
+    # the finalizer's note per chunk says which time it covers, so a selection whose samples
+    # were placed without a calibrated clock says so; with the clock file, none is named
+    runner = {"chunks": [spy.meta()]}
+    assumed, _, _, (bad,) = finalize.load_chunks(str(tmp_path), runner, 0, ct.Frames())
+    os.rename(base + ".clock.bin", os.path.join(cfg.raw_dir, f"clock-{proc.pid}.bin"))
+    placed, _, _, (good,) = finalize.load_chunks(str(tmp_path), runner, 0, ct.Frames())
+    assert not bad["calibrated"] and good["calibrated"], (bad, good)
+    for note, st in ((bad, assumed), (good, placed)):
+        assert (note["from_unix_ns"], note["to_unix_ns"]) == (st["t"].min(), st["end"].max()), note
+        store = Store(st, rounds, frames.frames, frames.stacks, 4_000_000, dict(chunk.threads))
+        said = linked.uncalibrated([note], store, np.arange(len(st)))
+        if note is good:
+            assert said == [], said
+        else:
+            assert len(said) == 1 and f"{len(st)} of {len(st)} samples" in said[0], said
 
 
 def _store(rows: list[tuple[int, int, int, int, int]], rounds: list[int]) -> Store:

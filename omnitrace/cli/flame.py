@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             idx, secs = linked.select_time(store, iv)
             n_samples = len(idx)
             summary.update(spans=iv.spans, intervals=int(len(iv.start)),
-                           interval_s=round(linked.covered_ns(iv) / 1e9, 6), notes=iv.notes)
+                           interval_s=round(linked.covered_ns(iv) / 1e9, 6),
+                           notes=iv.notes + linked.uncalibrated(index.get("clock") or [], store, idx))
         else:
             n_samples, idx, secs = _whole(run, store, args.stage, args.thread)
     except linked.SelectError as exc:

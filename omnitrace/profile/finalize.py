@@ -175,6 +175,8 @@ def load_chunks(run_dir: str, runner: dict, offset_unix: int, frames: ct.Frames
         rnd = (chunk.rounds if good is None else chunk.rounds[good]) * 1000 + shift
         lo_u, hi_u = lo + offset_unix if lo > -(1 << 62) else lo, hi + offset_unix if hi < (1 << 62) else hi
         parts.append(_clip(st, lo_u, hi_u))
+        if len(parts[-1]):  # the time this chunk's samples cover: a selection can name its clock
+            note.update(from_unix_ns=int(parts[-1]["t"].min()), to_unix_ns=int(parts[-1]["end"].max()))
         rnd = rnd[(rnd >= lo_u) & (rnd < hi_u)]
         r = np.zeros(len(rnd), ROUND_DTYPE)
         r["t"], r["pid"] = rnd, int(chunk.stretches["pid"][0]) if len(chunk.stretches) else 0

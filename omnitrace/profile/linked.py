@@ -455,6 +455,26 @@ def seen(sampled_s: float, covered_s: float, spans: int, samples: int) -> str:
     return f" against {spans} spans' {covered_s:.3f} s{share}"
 
 
+def uncalibrated(clock: list[dict], store: Store, idx: np.ndarray) -> list[str]:
+    """A note per py-spy chunk whose clock was not calibrated and which holds some of the
+    selected samples (``clock``: index.json's notes per chunk). Those samples sit at an
+    assumed offset (the other processes' typical py-spy start-up delay), off by a few ms,
+    so they can miss or wrongly fall in spans shorter than that."""
+    out = []
+    st = store.stretches
+    for c in clock:
+        if c.get("calibrated") or "from_unix_ns" not in c:
+            continue
+        n = int(((st["pid"][idx] == int(c["pid"])) & (st["t"][idx] >= int(c["from_unix_ns"]))
+                 & (st["t"][idx] < int(c["to_unix_ns"]))).sum())
+        if n:
+            out.append(f"{n} of {len(idx)} samples come from pid {c['pid']}'s py-spy chunk {c['chunk']}, "
+                       f"whose clock was not calibrated ({c.get('error', 'no clock samples')}): placed at "
+                       f"an assumed offset ({c.get('assumed_offset_ms', 0)} ms), they can miss spans "
+                       "shorter than a few ms")
+    return out
+
+
 def covered_ns(iv: Intervals) -> int:
     """Wall time the intervals cover (their union per thread, summed over threads)."""
     total = 0
