@@ -14,7 +14,8 @@ and variant, a fresh server:
 
 Roles: ``api`` (the server process), ``stage0..N`` (its stage processes in spawn order =
 pipeline order; named from the rings where there are rings), ``agent``, ``py-spy``,
-``run`` (the `omnitrace run` supervisor), ``other`` (multiprocessing's resource tracker).
+``flame-runner`` (``--flame``'s supervisor of the py-spys, the server's parent), ``run``
+(the `omnitrace run` supervisor), ``other`` (multiprocessing's resource tracker).
 Variants: ``bare`` (`omnitrace serve`), ``omnitrace`` (`omnitrace run serve`),
 ``omnitrace-py`` (the same with the Python ring writer, ``OMNITRACE_RECORD_WRITER=python``),
 ``flame-nb``/``flame-b`` (``--flame`` nonblocking/blocking; ``flame-nb:10`` at
@@ -92,6 +93,8 @@ def _role(pid: int, root: int, instrumented: bool) -> str:
         return "agent"
     if "py-spy" in cmd.split(" ", 1)[0] or os.path.basename(cmd.split(" ", 1)[0]) == "py-spy":
         return "py-spy"
+    if "omnitrace.profile.runner" in cmd:  # --flame's supervisor of the py-spys: not the server
+        return "flame-runner"
     if "resource_tracker" in cmd:
         return "other"
     if "multiprocessing.spawn" in cmd:
@@ -226,7 +229,7 @@ def summarise(results: dict[str, list[dict]], rng: np.random.Generator) -> list[
             row["pipeline_added_us_per_event"] = _ci(
                 [a * 1e3 / r["events_per_request"] for a, r in zip(added, rs)], rng)
         if v != "bare":
-            for role in ("agent", "py-spy"):
+            for role in ("agent", "py-spy", "flame-runner"):
                 if any(role in r["cpu_ms_per_request"] for r in rs):
                     row[f"{role}_us_per_event"] = _ci(
                         [r["cpu_ms_per_request"].get(role, 0.0) * 1e3 / r["events_per_request"] for r in rs], rng)

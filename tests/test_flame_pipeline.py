@@ -22,21 +22,12 @@ import numpy as np
 import pytest
 
 from tests.support.report_util import browser, open_in_speedscope, replay_timeline, speedscope_errors
-from tests.support.flame_run import flame_run
+from tests.support.flame_run import flame_run, within_sampling_error
 
 # the seed scenario's shape (c=32, 2,500-token prompts), shorter: 32 requests, 160 tokens
 # 100 Hz (the default is 25): enough samples in a 10-second run
 BENCH = ["--no-progress", "--concurrency", "32", "--num-prompts", "32", "--warmup", "0",
          "--input-len", "2500", "--output-len", "160", "--seed", "3"]
-
-
-def within_sampling_error(summary: dict, truth: float) -> bool:
-    """A selection's seconds (from its samples) against the spans' own time: within 10%, or
-    the sampling error of that many samples where it is wider (each sample that falls in a
-    short span stands for a whole gap: the relative error goes as 1/sqrt(samples); ~100
-    here, so ~25%; benchmarks/flame_seconds.py measures the 10% on a longer load)."""
-    tol = max(0.10, 2.5 / np.sqrt(max(summary["samples"], 1)))
-    return abs(summary["seconds"] - truth) <= tol * truth
 
 
 def flame(*args: str) -> subprocess.CompletedProcess:

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 
 def _env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNITRACE_")}
@@ -19,3 +21,13 @@ def flame_run(run_dir: str, bench: list[str], serve: str, *flame_args: str,
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
     assert r.returncode == 0, f"omnitrace run failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     return r
+
+
+def within_sampling_error(summary: dict, truth: float) -> bool:
+    """A selection's seconds (from its samples, `omnitrace flame --json`) against the spans'
+    own time: within 10%, or the sampling error of that many samples where it is wider
+    (each sample that falls in a short span stands for a whole gap: the relative error goes
+    as 1/sqrt(samples); ~100 samples in the suite's short runs, so ~25%;
+    benchmarks/flame_results.md measures the 10% on a longer load)."""
+    tol = max(0.10, 2.5 / np.sqrt(max(summary["samples"], 1)))
+    return abs(summary["seconds"] - truth) <= tol * truth
