@@ -3,19 +3,23 @@ the driver process, a consumer in a spawned ``StageEngineCoreProc_stage1_replica
 
 Must hold: both stage processes get profiles named by stage; the time per snapshot call
 read off the samples (time in ``_snapshot_processor_request`` on the scheduler thread over
-the calls the spans counted) is within 25% of the spans' own mean, on 0.30 and 0.32, and
-the two measures agree on how much the fix saved per call (both within 25%, or the sampling
-error of the samples that showed the function where wider). Seen in six runs (32 requests,
-32 or 96 chunks, 250 Hz): ms per call from the samples within -22%..+15% of the spans'
-(0.30.0 0.31-0.54 ms, 0.32.0rc1 0.065-0.28 ms; with 32 chunks 0.32 had 4-20 samples in the
-function, so the runs use 96). The per-call drop is 1.9-4.7x here, not the >= 5x of the
-real server (``tests/test_vllm_serve.py``, p50 per call), because in this driver the save
-thread serialises a tensor per chunk beside the scheduler and 0.32's short call often waits for
-the GIL inside its span. The share of the producer's
-samples in the function (0.30 42-62%, 0.32 5-34%) moves with the machine's load, so it is
-printed; asserted: 0.30's share >= 20% and above 0.32's. vLLM-Omni's hooks record the
-scheduler's snapshot and enqueue stamps from the save thread, so the scheduler has no ring
-of its own: its samples are found as the main thread (native id = pid).
+the calls the spans counted) is within 25% of the spans' own mean, on 0.30 and 0.32 (or
+the sampling error of the samples that showed the function, where wider); and the fix's
+saving per call, 0.30 -> 0.32, is >= 5x in both measures.
+
+The driver's scheduler pauses 20 ms between steps, as a model's forward would (the real
+tiny Qwen3-Omni's thinker steps take tens of ms on this CPU), so the save thread sends a
+step's chunks between steps. With 2 ms pauses it sent all the time and 0.32's short call
+often waited for the GIL inside its span: 0.065-0.28 ms a call instead of ~0.025, a drop
+of only 1.9-4.7x, where the real server's spans give >= 5x at p50
+(``tests/test_vllm_serve.py``). Seen here with 256 chunks a request (250 Hz): 0.30
+0.32-0.34 ms a call, 0.32 0.020-0.027 ms (~40 samples in the function); the drop 12.6-16.9x
+from the samples, 11.9-12.3x from the spans; beside a core burner 21.5x / 14.6x (0.32's
+call read 37% low from its 41 samples), so the runs use 384 chunks. The share of the producer's
+samples in the function moves with the machine's load, so it is printed; asserted: 0.30's
+share >= 20% and above 0.32's. vLLM-Omni's hooks record the scheduler's snapshot and
+enqueue stamps from the save thread, so the scheduler has no ring of its own: its samples
+are found as the main thread (native id = pid).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import pytest
 
 from tests.support.vllm_venvs import DRIVER, ROOT, _omni_version, _venvs
 
-ARGS = ["--requests", "32", "--chunks", "96", "--prompt-tokens", "2500"]
+ARGS = ["--requests", "32", "--chunks", "384", "--prompt-tokens", "2500", "--step-ms", "20"]
 
 
 def _share(run_dir: Path, pid: int, function: str) -> tuple[float, int]:
@@ -111,9 +115,8 @@ def test_stage_profiles_and_snapshot_share_030_vs_032(tmp_path: Path) -> None:
         pytest.skip(f"needs both 0.30 and 0.32 venvs (have {sorted(by_version)})")
     assert old[0] >= 0.2, by_version  # the recursive walk is most of the producer's work
     assert old[0] > new[0], by_version  # the factor itself: printed above, see the docstring
-    # what the fix saved per call, read off the samples as off the spans (1.9-4.7x here: see
-    # the docstring)
-    (o_samp, o_span, _), (n_samp, n_span, n) = (next(per_call[v] for v in per_call if v.startswith(x))
+    # what the fix saved per call, read off the samples as off the spans
+    (o_samp, o_span, _), (n_samp, n_span, _) = (next(per_call[v] for v in per_call if v.startswith(x))
                                                 for x in ("0.30", "0.32"))
-    assert o_span > n_span and o_samp / n_samp == pytest.approx(
-        o_span / n_span, rel=max(0.25, 2.5 / np.sqrt(max(n, 1)))), per_call
+    print(f"per-call drop 0.30 -> 0.32: {o_samp / n_samp:.1f}x from the samples, {o_span / n_span:.1f}x from the spans")
+    assert o_span >= 5 * n_span and o_samp >= 5 * n_samp, per_call
