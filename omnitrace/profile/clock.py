@@ -9,7 +9,11 @@ zero to well under a millisecond (``omnitrace.profile.chrometrace.calibrate``).
 
 The short holds also catch py-spy's late stamps: a sample stamped after the clock had
 moved on is not used to place stacks inside spans (``chrometrace.consistent_rounds``).
-Cost: one wake-up every ~20 ms (a GIL hand-off each), nothing else.
+Cost: one wake-up every ~20 ms, a GIL hand-off each that a busy thread of the process pays
+for (what it adds to a process: ``benchmarks/RESULTS.md``). The holds stay short although a
+25 Hz sampler sees only every other switch: py-spy writes a sampling round only when some
+thread's stack changed, and these switches are what gets most rounds written. Holds of 1-3
+sampling periods were tried; fewer rounds were written and calibration was coarser.
 """
 from __future__ import annotations
 
