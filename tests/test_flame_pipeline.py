@@ -243,6 +243,7 @@ def test_request_selection_is_that_requests_spans(run_dir, tmp_path):
                              "-o", str(tmp_path / "steps"), "--json").stdout)
     assert steps["samples"] >= 50, steps
     assert within_sampling_error(steps, steps["interval_s"]), steps
+    assert steps["sampling_error_pct"] == round(100 / steps["samples"] ** 0.5, 1), steps  # what the title says
 
 
 def test_html_report_embeds_flame_graphs_offline(run_dir, tmp_path):

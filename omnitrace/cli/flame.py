@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     with open(ss_path, "wb") as f:
         f.write(orjson.dumps(render.speedscope([(label, in_order(store, idx, secs) if args.category else stacks)],
                                                title)))
+    err = linked.sampling_error_pct(int(n_samples))
     summary.update(samples=int(n_samples), seconds=round(float(secs.sum()), 3),
+                   sampling_error_pct=None if err is None else round(err, 1),
                    svg=svg_path, speedscope=ss_path,
                    top=[{"function": k, "inclusive": round(i, 4), "self": round(s, 4)}
                         for k, i, s in _top(stacks, args.top)])

@@ -444,14 +444,19 @@ def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(out_i)[order], np.concatenate(out_w)[order]
 
 
+def sampling_error_pct(samples: int) -> float | None:
+    """The relative error of seconds estimated from ``samples`` samples, ~1/sqrt(samples):
+    each sample in a short span stands for a whole gap. None without samples."""
+    return 100 / samples ** 0.5 if samples else None
+
+
 def seen(sampled_s: float, covered_s: float, spans: int, samples: int) -> str:
     """How a selection's sampled seconds stand against its spans' own time, for a title,
-    with the samples' error (~1/sqrt(samples): each sample in a short span stands for a
-    whole gap), so 146% of 4 samples reads as what it is."""
+    with the samples' error, so 146% of 4 samples reads as what it is."""
     share = ""
     if covered_s > 0:
-        share = f" ({sampled_s / covered_s:.0%}" + (f", ±{100 / samples ** 0.5:.0f}% sampling error)"
-                                                    if samples else ")")
+        err = sampling_error_pct(samples)
+        share = f" ({sampled_s / covered_s:.0%}" + (f", ±{err:.0f}% sampling error)" if err else ")")
     return f" against {spans} spans' {covered_s:.3f} s{share}"
 
 
