@@ -25,7 +25,6 @@ import pytest
 
 from omnitrace.bench.serve_and_bench import free_port
 from omnitrace.inject.leftovers import request_of
-from tests.support.flame_run import within_sampling_error
 from tests.support.shm_watcher import CHUNK_KEY, ShmWatcher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,7 +177,7 @@ def served030(tmp_path_factory) -> dict:
     assert server.returncode == 0, out[-5000:]
     return {"venv": venv, "run_dir": run_dir, "output": out, "killed": killed, "panels": panels,
             "client": [json.loads(x) for x in client.stdout.splitlines() if x.startswith("{")],
-            "report": _report(venv, run_dir)}
+            "report": _report(venv, run_dir), "bench": json.loads((run_dir / "bench.json").read_text())}
 
 
 def _prometheus(tmp: Path, jobs: dict[str, int], pport: int) -> subprocess.Popen:
@@ -367,12 +366,14 @@ def _flame(fx: dict, *args: str) -> dict:
 
 
 def test_flame_profiles_per_real_stage_process(served030) -> None:
-    """Every stage process has a profile; the span-linked selections on the real classes
-    hold the snapshot function, and the seconds their samples stand for match the spans'
-    own time as `omnitrace export` writes them: within 10%, or the error of that many
-    samples where wider (at 100 Hz this load gives ~10-60 samples a selection: seen
-    0.93/0.96 for the thinker's/talker's snapshots, 0.85 for the thinker's fifo_blocked).
-    A single request's selection holds a sample or none here (its snapshots take ~8 ms)."""
+    """Every stage process has a profile; the span-linked selections join on the real
+    classes: the thinker's and talker's snapshot selections cover exactly the exported
+    snapshot spans' time, the thinker's fifo_blocked at most what the victims'
+    omni.fifo.blocked_ns sum, and one request's thinker steps (vLLM's EngineCore.step,
+    `--category compute --request`) lie inside its admitted time there and cover most
+    of it. The seconds the samples stand for are not checked here: under this load py-spy
+    at 100 Hz stops sampling for 0.5-40 s at a time (the clock threads' switches go on in
+    those gaps, so the targets ran), and a selection read 20-97% of its spans' time."""
     prof = served030["run_dir"] / "profiles"
     names = sorted(p.name for p in prof.glob("*.speedscope.json"))
     for stage in ("thinker", "talker", "code2wav"):
@@ -380,19 +381,26 @@ def test_flame_profiles_per_real_stage_process(served030) -> None:
     spans = _spans(served030["venv"], served030["run_dir"])
     for stage_id, stage in ((0, "thinker"), (1, "talker")):
         sel = _flame(served030, "--stage", stage, "--category", "snapshot")
-        assert sel["samples"] >= 5, sel
-        assert any("_snapshot_processor_request" in f for f in json.dumps(sel).split('"')), sel
+        assert sel["spans"] > 0, sel
+        if sel["samples"]:
+            assert any("_snapshot_processor_request" in f for f in json.dumps(sel).split('"')), sel
         truth = sum(s["dur_ns"] for s in spans if s["name"] == "omni.chunk.snapshot"
                     and int(s["attrs"]["omni.stage.id"]) == stage_id) / 1e9
         assert sel["interval_s"] == pytest.approx(truth, rel=1e-3), (stage, sel, truth)  # one scheduler
-        assert within_sampling_error(sel, truth), (stage, sel, truth)
     # the thinker's sender while other requests' chunks waited behind its work: the busy
     # intervals' union, at most what the victims' omni.fifo.blocked_ns sum
     sel = _flame(served030, "--stage", "thinker", "--category", "fifo_blocked", "--thread", "sender")
     blocked = sum(int(s["attrs"].get("omni.fifo.blocked_ns", 0)) for s in spans
                   if s["name"] == "omni.chunk.fifo" and int(s["attrs"]["omni.stage.id"]) == 0) / 1e9
-    assert sel["samples"] >= 5 and 0 < sel["interval_s"] <= blocked * 1.001, (sel, blocked)
-    assert within_sampling_error(sel, sel["interval_s"]), sel
+    assert 0 < sel["interval_s"] <= blocked * 1.001, (sel, blocked)
+    # one request: the thinker's steps (EngineCore.step, the model ran) while it was admitted
+    # there, i.e. inside its omni.stage span after its omni.stage.queue span
+    rid = next(r["id"] for r in served030["bench"]["requests"] if not r.get("warmup") and not r.get("error"))
+    mine = {s["name"]: s["dur_ns"] for s in spans if s["attrs"].get("omni.request.id") == rid
+            and int(s["attrs"].get("omni.stage.id", -1)) == 0 and s["name"] in ("omni.stage", "omni.stage.queue")}
+    admitted = (mine["omni.stage"] - mine["omni.stage.queue"]) / 1e9
+    sel = _flame(served030, "--stage", "thinker", "--category", "compute", "--request", rid)
+    assert 0.5 * admitted <= sel["interval_s"] <= admitted * 1.001, (sel, admitted)
 
 
 def test_nothing_left_in_dev_shm(loadtest032) -> None:

@@ -20,6 +20,9 @@ Where each event comes from (stage = the recording process's stage, chunk = conn
                       at arrival, so their ``queue`` starts there
 * STAGE_SCHEDULE      ``OmniSchedulerMixin._wrap_omni_scheduler_output`` (the end of every
                       ``schedule()``): the step's ``scheduled_new_reqs`` (a = running)
+* STEP_BEGIN/END      ``EngineCore.step`` / ``step_with_batch_queue``, steps that ran the model
+                      (a = requests the step's ``schedule()`` scheduled; b = 0: prefill
+                      tokens are not split out here)
 * STAGE_EMIT/FINISH   ``update_from_output`` of the AR and generation schedulers: one EMIT
                       per request output of the step (a = index, b = AUDIO where the stage's
                       ``engine_output_type`` is audio), FINISH with its finish reason
@@ -70,6 +73,7 @@ ADAPTER_MODULE = "vllm_omni.distributed.omni_connectors.transfer_adapter.chunk_t
 SHM_MODULE = "vllm_omni.distributed.omni_connectors.connectors.shm_connector"
 CHAT_MODULE = "vllm_omni.entrypoints.openai.serving_chat"
 SCHED_MODULE = "vllm.v1.core.sched.scheduler"
+CORE_MODULE = "vllm.v1.engine.core"
 MIXIN_MODULE = "vllm_omni.core.sched.omni_scheduler_mixin"
 AR_MODULE = "vllm_omni.core.sched.omni_ar_scheduler"
 GEN_MODULE = "vllm_omni.core.sched.omni_generation_scheduler"
@@ -404,7 +408,7 @@ class _SchedState:
     """What a stage scheduler's hooks keep: its stage, output modality and, per engine
     request id, the API id and the outputs emitted so far."""
 
-    __slots__ = ("stage", "modality", "ids")
+    __slots__ = ("stage", "modality", "ids", "batch")
 
     def __init__(self, sched: Any) -> None:
         mc = sched.vllm_config.model_config
@@ -412,6 +416,7 @@ class _SchedState:
         audio = getattr(mc, "engine_output_type", None) == "audio"
         self.modality = int(cv.Modality.AUDIO if audio else cv.Modality.TEXT)
         self.ids: dict[str, list] = {}  # engine id -> [api id, outputs emitted]
+        self.batch = 0  # requests in the last schedule() (for the step's STEP_BEGIN)
         # named before its first event: a stage's first ring may come before its adapter
         replica = int(os.environ.get("VLLM_OMNI_REPLICA_ID", "0") or 0)
         record.set_process_info(role="stage", stage=self.stage, replica=replica,
@@ -450,6 +455,9 @@ def wrap_schedule_output(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _wrap_omni_scheduler_output(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         res = orig(self, scheduler_output, *args, **kwargs)
         try:
+            st = self.__dict__.get("_ot_sched")
+            if st is not None:
+                st.batch = len(getattr(res, "num_scheduled_tokens", None) or ())
             new = getattr(res, "scheduled_new_reqs", None)
             if new:
                 t = _now()
@@ -463,6 +471,29 @@ def wrap_schedule_output(orig: Callable[..., Any]) -> Callable[..., Any]:
         return res
 
     return _wrap_omni_scheduler_output
+
+
+def wrap_engine_step(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``EngineCore.step`` / ``step_with_batch_queue`` -> (outputs, model_executed). Only a
+    step that ran the model is recorded: a stage waiting for chunks polls empty steps
+    every millisecond, which would be events without compute. Both events are written at
+    the step's end, STEP_BEGIN with the stamp taken at its start."""
+
+    @functools.wraps(orig)
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t = _now()
+        res = orig(self, *args, **kwargs)
+        try:
+            if res[1]:
+                st = self.scheduler.__dict__.get("_ot_sched")  # an Omni stage's scheduler
+                if st is not None:
+                    _emit(E.STEP_BEGIN, "", st.stage, NO_CHUNK, st.batch, 0, t)
+                    _emit(E.STEP_END, "", st.stage, NO_CHUNK, st.batch, 0)
+        except Exception as exc:
+            hook_failed("stage step", exc)
+        return res
+
+    return step
 
 
 def wrap_update_from_output(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -719,6 +750,8 @@ def server_hooks() -> list[Hook]:
         Hook("stage emit (ar)", AR_MODULE, "OmniARScheduler.update_from_output", wrap_update_from_output),
         Hook("stage emit (generation)", GEN_MODULE, "OmniGenerationScheduler.update_from_output",
              wrap_update_from_output),
+        Hook("stage step", CORE_MODULE, "EngineCore.step", wrap_engine_step),
+        Hook("stage step (batch queue)", CORE_MODULE, "EngineCore.step_with_batch_queue", wrap_engine_step),
         Hook("request dispatch", POOL_MODULE, "StagePool.submit_initial", wrap_submit_initial),
         Hook("packet received", ORCH_MODULE, "Orchestrator._handle_processed_outputs",
              wrap_processed_outputs),
