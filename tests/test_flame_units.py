@@ -119,9 +119,9 @@ def test_pyspy_samples_land_on_our_clock(tmp_path):
     # the finalizer's note per chunk says which time it covers, so a selection whose samples
     # were placed without a calibrated clock says so; with the clock file, none is named
     runner = {"chunks": [spy.meta()]}
-    assumed, _, _, (bad,) = finalize.load_chunks(str(tmp_path), runner, 0, ct.Frames())
+    assumed, _, _, (bad,), _ = finalize.load_chunks(str(tmp_path), runner, 0, ct.Frames())
     os.rename(base + ".clock.bin", os.path.join(cfg.raw_dir, f"clock-{proc.pid}.bin"))
-    placed, _, _, (good,) = finalize.load_chunks(str(tmp_path), runner, 0, ct.Frames())
+    placed, _, _, (good,), _ = finalize.load_chunks(str(tmp_path), runner, 0, ct.Frames())
     assert not bad["calibrated"] and good["calibrated"], (bad, good)
     for note, st in ((bad, assumed), (good, placed)):
         assert (note["from_unix_ns"], note["to_unix_ns"]) == (st["t"].min(), st["end"].max()), note
@@ -260,3 +260,29 @@ def test_waiting_frames(leaf, parked):
 def test_selection_title_states_the_sampling_error():
     assert linked.seen(0.256, 0.175, 1920, 4) == " against 1920 spans' 0.175 s (146%, ±50% sampling error)"
     assert linked.seen(0.0, 0.175, 3, 0) == " against 3 spans' 0.175 s (0%)"
+    assert linked.seen(0.1, 0.5, 10, 100, 0.3) == " against 10 spans' 0.500 s (20%, ±10% sampling error; 0.300 s of it unsampled)"
+
+
+@pytest.mark.unit
+def test_time_py_spy_did_not_sample_is_found_and_not_held_over():
+    """Rounds every 10 ms, then none for 500 ms while the clock thread kept switching (py-spy
+    fell behind), then none for 100 ms without a switch (a thread held the GIL: nothing
+    changed, py-spy may have sampled). Only the first is unsampled, from a period and a
+    stamp's lateness after the first switch on; a sample's time stops there."""
+    period = 10_000_000
+    rounds = np.array([0, 10, 20, 520, 530, 630, 640], np.int64) * 1_000_000
+    flips = np.array([5, 25, 45, 65, 525, 645], np.int64) * 1_000_000
+    a, b = finalize.unsampled(rounds, flips, period)
+    assert (a.tolist(), b.tolist()) == ([25_000_000 + period + finalize.LATE_STAMP_NS], [520_000_000])
+    # a process: a working thread across all of it; the gap as finalize stores it
+    rnd = np.zeros(len(rounds), ROUND_DTYPE)
+    rnd["pid"], rnd["t"] = 1, rounds
+    gaps = finalize._unsampled_by_pid(rnd, {1: flips}, period)
+    store = Store(np.array([(0, 700_000_000, 1, 7, 0)], ct.STRETCH_DTYPE), rnd,
+                  [("root", "a.py", 1), ("work", "a.py", 2)], [(0, 1)], period, {(1, 7): "MainThread"}, gaps)
+    iv = linked.Intervals(np.array([0]), np.array([700_000_000]), np.ones(1, np.int64), np.full(1, 7, np.int64))
+    idx, secs = linked.select_time(store, iv)
+    ms = (secs * 1e3).round(3).tolist()
+    assert ms == [10, 10, 25 - 20 + 10 + 5, 10, 100, 10, 10], ms  # the 20 ms round stops at the gap
+    assert linked.unsampled_ns(store, iv) == 520_000_000 - 40_000_000
+    assert sum(ms) * 1e6 == pytest.approx(linked.covered_ns(iv) - linked.unsampled_ns(store, iv) - 50_000_000)

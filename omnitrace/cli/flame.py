@@ -87,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
             iv, rt = linked.intervals(run, args.category, args.stage, args.request, args.thread)
             idx, secs = linked.select_time(store, iv)
             n_samples = len(idx)
-            summary.update(spans=iv.spans, intervals=int(len(iv.start)),
-                           interval_s=round(linked.covered_ns(iv) / 1e9, 6),
-                           notes=iv.notes + linked.uncalibrated(index.get("clock") or [], store, idx))
+            covered_s, unsampled_s = linked.covered_ns(iv) / 1e9, linked.unsampled_ns(store, iv) / 1e9
+            summary.update(spans=iv.spans, intervals=int(len(iv.start)), interval_s=round(covered_s, 6),
+                           unsampled_s=round(unsampled_s, 6),
+                           notes=iv.notes + linked.uncalibrated(index.get("clock") or [], store, idx)
+                           + linked.unsampled_note(unsampled_s, covered_s))
         else:
             n_samples, idx, secs = _whole(run, store, args.stage, args.thread)
     except linked.SelectError as exc:
@@ -101,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     title = f"omnitrace flame: {label}"
     sub = f"{float(secs.sum()):.3f} s sampled ({n_samples} samples at {1e9 / store.period_ns:.0f} Hz)"
     if args.category:
-        sub += linked.seen(float(secs.sum()), summary["interval_s"], summary["spans"], n_samples)
+        sub += linked.seen(float(secs.sum()), summary["interval_s"], summary["spans"], n_samples,
+                           summary["unsampled_s"])
     with open(svg_path, "w", encoding="utf-8") as f:
         f.write(render.svg(stacks, title, sub))
     with open(ss_path, "wb") as f:
@@ -166,9 +169,12 @@ def _list(run: str, index: dict, store: Any, as_json: bool) -> int:
     print(f"profiles of {run} (py-spy {index.get('rate', '?')} Hz, {index.get('mode', '?')}, "
           f"window {index.get('window', 'run')}):")
     for p in index.get("profiles", []):
-        extra = f" [{p['note']}]" if p.get("note") else ""
+        extra = ""
         if p.get("rounds_known") is not None:
-            extra = f" {p['rounds_known']:.0%} of nominal rounds written" + extra
+            extra += f" {p['rounds_known']:.0%} of nominal rounds written"
+        if p.get("unsampled_s"):
+            extra += f", not sampled for {p['unsampled_s']:.1f} s (py-spy fell behind)"
+        extra += f" [{p['note']}]" if p.get("note") else ""
         print(f"  {p['name']:<12} pid {p['pid']:<7} {p.get('tool', '?'):<12} {p.get('seconds', 0):8.1f} s "
               f"profiles/{p['name']}.svg{extra}")
     for m in index.get("missing", []):

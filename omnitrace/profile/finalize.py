@@ -27,7 +27,7 @@ from omnitrace.profile import clock, render, waiting
 from omnitrace.profile.config import PROFILES_DIR, RAW_DIR
 from omnitrace.profile.runner import CUTOVER_S
 from omnitrace.profile.store import FILE as SAMPLES_FILE
-from omnitrace.profile.store import ROUND_DTYPE, Store, collapsed
+from omnitrace.profile.store import GAP_DTYPE, ROUND_DTYPE, Store, collapsed
 
 INDEX = "index.json"
 # A chunk's clock is calibrated when the best offset explains at least this share of the
@@ -36,6 +36,9 @@ INDEX = "index.json"
 # of span placement by ``consistent_rounds``), so a majority is not required.
 MIN_AGREEING = 0.25
 KEPT_ROLES = ("api", "stage")
+# how late py-spy stamps a round it read (0.2-3 ms seen on a loaded 2-core VM): no gap is
+# called unsampled before a switch plus a period plus this
+LATE_STAMP_NS = 5_000_000
 _VLLM_STAGE = re.compile(r"StageEngineCoreProc_stage(\d+)_replica(\d+)")
 _SIMPLE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,40}")
 
@@ -108,6 +111,12 @@ def _windows(run_dir: str) -> list[tuple[int, int]]:
     return out
 
 
+def _clip_gaps(gaps: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    g = gaps[(gaps["end"] > lo) & (gaps["start"] < hi)].copy()
+    g["start"], g["end"] = np.maximum(g["start"], lo), np.minimum(g["end"], hi)
+    return g
+
+
 def _clip(st: np.ndarray, lo: int, hi: int) -> np.ndarray:
     st = st[(st["end"] > lo) & (st["t"] < hi)].copy()
     # a stretch cut at the slot's start begins at its next (expanded) sample, not before
@@ -116,17 +125,41 @@ def _clip(st: np.ndarray, lo: int, hi: int) -> np.ndarray:
     return st[st["end"] > st["t"]]
 
 
+def unsampled(rounds: np.ndarray, flips: np.ndarray, period_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the time in which py-spy provably took no sample of a process:
+    ``rounds``, its written rounds, sorted; ``flips``, its clock thread's switches, sorted,
+    both in one clock.
+
+    py-spy writes a round when some thread's stack changed, and every switch of the clock
+    thread is a change, so a sample taken after a switch is always written. A gap between
+    two written rounds that holds a switch therefore had no sample from one period (and a
+    stamp's lateness, ``LATE_STAMP_NS``) after that switch until the next round: py-spy
+    fell behind (seen: 0.5-40 s at a time beside the real vLLM-Omni server under load). A
+    gap without a switch is not counted: the clock thread could not run (a thread held the
+    GIL), so no stack changed and py-spy may well have sampled."""
+    if len(rounds) < 2 or not len(flips):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    k = np.searchsorted(flips, rounds[:-1], "right")
+    has = k < len(flips)
+    start = flips[np.minimum(k, len(flips) - 1)] + period_ns + LATE_STAMP_NS
+    end = rounds[1:]
+    m = has & (start < end)
+    return start[m], end[m]
+
+
 def load_chunks(run_dir: str, runner: dict, offset_unix: int, frames: ct.Frames
-                ) -> tuple[np.ndarray, np.ndarray, dict, list[dict]]:
+                ) -> tuple[np.ndarray, np.ndarray, dict, list[dict], np.ndarray]:
     """Every process's chunks: stretches and rounds in unix ns, each chunk cut to its own
     slot (rotation overlaps a process's chunks); (stretches, rounds as ROUND_DTYPE, threads,
-    clock notes per chunk). The clock threads' own samples are dropped once used."""
+    clock notes per chunk, unsampled time as GAP_DTYPE). The clock threads' own samples are
+    dropped once used."""
     raw = os.path.join(run_dir, RAW_DIR)
     by_pid: dict[int, list[dict]] = {}
     for c in runner.get("chunks") or ():
         if c.get("ready_ns"):
             by_pid.setdefault(int(c["pid"]), []).append(c)
     parts, rparts, threads, notes, pending = [], [], {}, [], []
+    flips_by_pid: dict[int, np.ndarray] = {}
     offsets: list[int] = []  # calibrated (py-spy zero - its start), for chunks without a clock
     for pid, chunks in sorted(by_pid.items()):
         chunks.sort(key=lambda c: c["index"])
@@ -134,6 +167,7 @@ def load_chunks(run_dir: str, runner: dict, offset_unix: int, frames: ct.Frames
             flips = np.fromfile(os.path.join(raw, f"clock-{pid}.bin"), dtype="<i8")
         except (OSError, ValueError):
             flips = np.zeros(0, np.int64)
+        flips_by_pid[pid] = np.sort(flips) + offset_unix
         for i, c in enumerate(chunks):
             path = os.path.join(raw, c["path"])
             if not os.path.exists(path):
@@ -172,19 +206,33 @@ def load_chunks(run_dir: str, runner: dict, offset_unix: int, frames: ct.Frames
         shift = off + offset_unix
         st["t"] = st["t"] * 1000 + shift
         st["end"] = st["end"] * 1000 + shift
-        rnd = (chunk.rounds if good is None else chunk.rounds[good]) * 1000 + shift
         lo_u, hi_u = lo + offset_unix if lo > -(1 << 62) else lo, hi + offset_unix if hi < (1 << 62) else hi
         parts.append(_clip(st, lo_u, hi_u))
         if len(parts[-1]):  # the time this chunk's samples cover: a selection can name its clock
             note.update(from_unix_ns=int(parts[-1]["t"].min()), to_unix_ns=int(parts[-1]["end"].max()))
+        rnd = np.sort(chunk.rounds if good is None else chunk.rounds[good]) * 1000 + shift
         rnd = rnd[(rnd >= lo_u) & (rnd < hi_u)]
         r = np.zeros(len(rnd), ROUND_DTYPE)
         r["t"], r["pid"] = rnd, int(chunk.stretches["pid"][0]) if len(chunk.stretches) else 0
         rparts.append(r)
         threads.update({k: v for k, v in chunk.threads.items() if v != clock.THREAD})
     st = np.concatenate(parts) if parts else np.zeros(0, ct.STRETCH_DTYPE)
-    rnd = np.concatenate(rparts) if rparts else np.zeros(0, ROUND_DTYPE)
-    return st, np.sort(rnd, order=["pid", "t"]), threads, notes
+    rnd = np.sort(np.concatenate(rparts) if rparts else np.zeros(0, ROUND_DTYPE), order=["pid", "t"])
+    return st, rnd, threads, notes, _unsampled_by_pid(rnd, flips_by_pid, int(1e9 // int(runner.get("rate") or 100)))
+
+
+def _unsampled_by_pid(rnd: np.ndarray, flips_by_pid: dict[int, np.ndarray], period_ns: int) -> np.ndarray:
+    """GAP_DTYPE rows for every process, over all its chunks' rounds (the ones selections
+    use: a late-stamped round's time is no better known than a missing one's)."""
+    parts = []
+    for pid, flips in flips_by_pid.items():
+        lo, hi = np.searchsorted(rnd["pid"], (pid, pid + 1))
+        a, b = unsampled(rnd["t"][lo:hi], flips, period_ns)
+        g = np.zeros(len(a), GAP_DTYPE)
+        g["pid"], g["start"], g["end"] = pid, a, b
+        parts.append(g)
+    gaps = np.concatenate(parts) if parts else np.zeros(0, GAP_DTYPE)
+    return np.sort(gaps, order=["pid", "start"])
 
 
 def finalize(run_dir: str) -> dict:
@@ -197,7 +245,7 @@ def finalize(run_dir: str) -> dict:
         offset = int(runner.get("offset_ns") or 0)
     rate = int(runner.get("rate") or 100)
     frames = ct.Frames()
-    st, rnd, threads, notes = load_chunks(run_dir, runner, offset, frames)
+    st, rnd, threads, notes, gaps = load_chunks(run_dir, runner, offset, frames)
     procs = _processes(run_dir)
     cfg = runner.get("config") or {}
     windows = _windows(run_dir) if cfg.get("window") == "measured" else []
@@ -211,12 +259,13 @@ def finalize(run_dir: str) -> dict:
             for lo, hi in windows:
                 inside |= (rnd["t"] >= lo) & (rnd["t"] < hi)
             rnd = rnd[inside]
+            gaps = np.sort(np.concatenate([_clip_gaps(gaps, lo, hi) for lo, hi in windows]), order=["pid", "start"])
             index["windows_unix_ns"] = windows
         else:
             index["window_note"] = "no measured window in bench.json: the whole run is kept"
     st = st[np.isin(st["pid"], np.fromiter(procs, np.int64, len(procs)))] if len(st) else st
     store = Store(st, rnd, frames.frames, frames.stacks, int(1e9 // rate),
-                  {k: v for k, v in threads.items() if k[0] in procs})
+                  {k: v for k, v in threads.items() if k[0] in procs}, gaps)
     os.makedirs(pdir, exist_ok=True)
     store.save(os.path.join(pdir, SAMPLES_FILE))
     names: dict[int, str] = {}
@@ -240,6 +289,7 @@ def finalize(run_dir: str) -> dict:
             entry.update(tool="py-spy", seconds=round(sum(stacks.values()), 3),
                          waiting_s=round(waiting_s, 3),
                          rounds_known=_rounds_known(store, pid, rate),
+                         unsampled_s=round(float((gaps["end"] - gaps["start"])[gaps["pid"] == pid].sum()) / 1e9, 3),
                          threads=[{"tid": t, "name": n} for t, n in tlist])
             index["profiles"].append(entry)
             if pid in inproc:

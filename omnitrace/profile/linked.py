@@ -435,6 +435,10 @@ def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
         rounds = store.rounds["t"][lo:hi]
         nxt = np.searchsorted(rounds, t, "right")
         until = np.where(nxt < len(rounds), rounds[np.minimum(nxt, len(rounds) - 1)], t + store.period_ns)
+        gaps = _gaps(store, pid)[0]  # py-spy fell behind from there: the sample does not stand for it
+        if len(gaps):
+            k = np.searchsorted(gaps, t, "right")
+            until = np.minimum(until, np.where(k < len(gaps), gaps[np.minimum(k, len(gaps) - 1)], until))
         out_i.append(idx)
         out_t.append(t)
         out_w.append(np.minimum(until - t, HOLD_MAX_PERIODS * store.period_ns) / 1e9)
@@ -450,14 +454,25 @@ def sampling_error_pct(samples: int) -> float | None:
     return 100 / samples ** 0.5 if samples else None
 
 
-def seen(sampled_s: float, covered_s: float, spans: int, samples: int) -> str:
+def seen(sampled_s: float, covered_s: float, spans: int, samples: int, unsampled_s: float = 0.0) -> str:
     """How a selection's sampled seconds stand against its spans' own time, for a title,
-    with the samples' error, so 146% of 4 samples reads as what it is."""
+    with the samples' error, so 146% of 4 samples reads as what it is, and the part of
+    that time py-spy did not sample at all."""
     share = ""
     if covered_s > 0:
         err = sampling_error_pct(samples)
-        share = f" ({sampled_s / covered_s:.0%}" + (f", ±{err:.0f}% sampling error)" if err else ")")
+        share = f" ({sampled_s / covered_s:.0%}" + (f", ±{err:.0f}% sampling error" if err else "")
+        share += f"; {unsampled_s:.3f} s of it unsampled)" if unsampled_s > 0 else ")"
     return f" against {spans} spans' {covered_s:.3f} s{share}"
+
+
+def unsampled_note(unsampled_s: float, covered_s: float) -> list[str]:
+    """A note where py-spy missed a noticeable part of the selection's time."""
+    if covered_s <= 0 or unsampled_s < 0.05 * covered_s:
+        return []
+    return [f"py-spy took no sample during {unsampled_s:.3f} s ({unsampled_s / covered_s:.0%}) of these "
+            "spans' time (it fell behind: too many processes for the cores, or --flame-rate too high); "
+            "the seconds estimate the rest"]
 
 
 def uncalibrated(clock: list[dict], store: Store, idx: np.ndarray) -> list[str]:
@@ -478,6 +493,33 @@ def uncalibrated(clock: list[dict], store: Store, idx: np.ndarray) -> list[str]:
                        f"an assumed offset ({c.get('assumed_offset_ms', 0)} ms), they can miss spans "
                        "shorter than a few ms")
     return out
+
+
+def _gaps(store: Store, pid: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the process's unsampled time (sorted, disjoint)."""
+    g = store.unsampled
+    lo, hi = np.searchsorted(g["pid"], (pid, pid + 1))
+    return g["start"][lo:hi], g["end"][lo:hi]
+
+
+def unsampled_ns(store: Store, iv: Intervals) -> int:
+    """How much of the time the intervals cover py-spy provably did not sample (it fell
+    behind: ``finalize.unsampled``). A selection's seconds estimate the rest."""
+    total = 0
+    key = (iv.pid << 32) | iv.tid
+    for k in np.unique(key).tolist():
+        gs, ge = _gaps(store, k >> 32)
+        if not len(gs):
+            continue
+        a, b = _union(iv.start[key == k], iv.end[key == k])
+        cum = np.concatenate(([0], np.cumsum(ge - gs)))
+
+        def before(x: np.ndarray) -> np.ndarray:  # unsampled time before x
+            i = np.searchsorted(gs, x, "right")
+            return cum[i] - np.where(i > 0, np.maximum(ge[np.maximum(i - 1, 0)] - x, 0), 0)
+
+        total += int((before(b) - before(a)).sum())
+    return total
 
 
 def covered_ns(iv: Intervals) -> int:

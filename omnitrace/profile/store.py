@@ -4,13 +4,14 @@ Stored as *stretches* (``chrometrace.STRETCH_DTYPE``: a thread's stack from the 
 round where it changed until the round where it changed again), the rounds (every
 sample's instant), all in unix ns on the event log's clock, and the interned frames and
 stacks. ``samples()`` gives back one sample per round (``chrometrace.expand``); each
-sample stands for one sampling period (``period_ns``).
+sample stands for one sampling period (``period_ns``). ``unsampled``: the stretches of
+each process's time in which py-spy provably took no sample (it fell behind).
 """
 from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
@@ -19,6 +20,8 @@ from omnitrace.profile.chrometrace import STRETCH_DTYPE, expand
 
 FILE = "samples.npz"
 ROUND_DTYPE = np.dtype([("pid", "<i4"), ("t", "<i8")])  # a sampling round of one process
+# a stretch of a process's time in which py-spy provably took no sample (finalize.unsampled)
+GAP_DTYPE = np.dtype([("pid", "<i4"), ("start", "<i8"), ("end", "<i8")])
 
 
 def save_npz(path: str, meta: dict, **arrays: np.ndarray) -> None:
@@ -40,6 +43,7 @@ class Store:
     stacks: list[tuple[int, ...]]  # frame ids, root first
     period_ns: int  # one sampling period
     threads: dict[tuple[int, int], str]  # (pid, native tid) -> thread name
+    unsampled: np.ndarray = field(default_factory=lambda: np.zeros(0, GAP_DTYPE))  # sorted (pid, start)
 
     def samples(self, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(stretch index, sample time) of every sample of the stretches in ``mask``: one per
@@ -65,7 +69,7 @@ class Store:
     def save(self, path: str) -> None:
         save_npz(path, {"frames": self.frames, "stacks": self.stacks, "period_ns": self.period_ns,
                         "threads": [[p, t, n] for (p, t), n in self.threads.items()]},
-                 stretches=self.stretches, rounds=self.rounds)
+                 stretches=self.stretches, rounds=self.rounds, unsampled=self.unsampled)
 
     @classmethod
     def load(cls, path: str) -> "Store":
@@ -73,8 +77,9 @@ class Store:
             st = z["stretches"].astype(STRETCH_DTYPE, copy=False)
             rounds = z["rounds"].astype(ROUND_DTYPE, copy=False)
             meta = orjson.loads(z["meta"].tobytes())
+            gaps = z["unsampled"].astype(GAP_DTYPE, copy=False) if "unsampled" in z else np.zeros(0, GAP_DTYPE)
         return cls(st, rounds, [tuple(f) for f in meta["frames"]], [tuple(s) for s in meta["stacks"]],
-                   int(meta["period_ns"]), {(p, t): n for p, t, n in meta["threads"]})
+                   int(meta["period_ns"]), {(p, t): n for p, t, n in meta["threads"]}, gaps)
 
 
 def in_order(store: Store, idx: np.ndarray, weights: np.ndarray) -> list[tuple[tuple[str, ...], float]]:
