@@ -409,10 +409,12 @@ def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
     time order, and the seconds each stands for: the real gap until its process's next
     written round, at most ``HOLD_MAX_PERIODS`` periods. py-spy samples on a fixed
     schedule but writes a round only when some thread changed (and falls behind under
-    load), so a written round stands for itself and the unwritten ones after it; the
-    samples inside the intervals, each weighted by its gap, estimate the covered time from
-    the samples alone (samples x the nominal period read 33-43% low). Set beside
-    :func:`covered_ns` they say how much of the spans' time py-spy saw."""
+    load), so a written round stands for itself and the unwritten ones after it, but not
+    for time py-spy provably did not sample (``Store.unsampled``: it fell behind); the
+    samples inside the intervals, each weighted by its gap, estimate the sampled part of
+    the covered time from the samples alone (samples x the nominal period read 33-43%
+    low). Set beside :func:`covered_ns` and :func:`unsampled_ns` they say how much of the
+    spans' time py-spy saw."""
     empty = np.zeros(0, np.int64), np.zeros(0)
     if not len(iv.start) or not len(store.stretches):
         return empty
@@ -471,7 +473,7 @@ def unsampled_note(unsampled_s: float, covered_s: float) -> list[str]:
     if covered_s <= 0 or unsampled_s < 0.05 * covered_s:
         return []
     return [f"py-spy took no sample during {unsampled_s:.3f} s ({unsampled_s / covered_s:.0%}) of these "
-            "spans' time (it fell behind: too many processes for the cores, or --flame-rate too high); "
+            "spans' time (it fell behind while the process ran: its clock thread kept switching); "
             "the seconds estimate the rest"]
 
 
