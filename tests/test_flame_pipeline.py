@@ -74,6 +74,8 @@ def test_every_stage_and_the_api_have_a_profile(run_dir):
     for p in index["profiles"]:
         assert p["tool"] == "py-spy" and p["seconds"] > 1.0, p
         assert 0.05 < p["rounds_known"] <= 1.0, p
+        # py-spy's own count: it took at least the rounds written (unchanged ones are not)
+        assert 0 <= p["pyspy_errors"] < p["pyspy_samples"], p
         assert 0 < p["waiting_s"] < p["seconds"], p  # parked threads: drawn on request only
         with open(os.path.join(pdir, f"{p['name']}.speedscope.json")) as f:
             doc = json.load(f)

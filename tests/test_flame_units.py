@@ -119,10 +119,12 @@ def test_pyspy_samples_land_on_our_clock(tmp_path):
     # the finalizer's note per chunk says which time it covers, so a selection whose samples
     # were placed without a calibrated clock says so; with the clock file, none is named
     runner = {"chunks": [spy.meta()]}
+    assert runner["chunks"][0]["pyspy_samples"] >= len(chunk.rounds), runner  # its last line, read
     assumed, _, _, (bad,), _ = finalize.load_chunks(str(tmp_path), runner, 0, ct.Frames())
     os.rename(base + ".clock.bin", os.path.join(cfg.raw_dir, f"clock-{proc.pid}.bin"))
     placed, _, _, (good,), _ = finalize.load_chunks(str(tmp_path), runner, 0, ct.Frames())
     assert not bad["calibrated"] and good["calibrated"], (bad, good)
+    assert good["pyspy_samples"] == runner["chunks"][0]["pyspy_samples"], good
     for note, st in ((bad, assumed), (good, placed)):
         assert (note["from_unix_ns"], note["to_unix_ns"]) == (st["t"].min(), st["end"].max()), note
         store = Store(st, rounds, frames.frames, frames.stacks, 4_000_000, dict(chunk.threads))

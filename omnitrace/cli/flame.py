@@ -174,6 +174,8 @@ def _list(run: str, index: dict, store: Any, as_json: bool) -> int:
             extra += f" {p['rounds_known']:.0%} of nominal rounds written"
         if p.get("unsampled_s"):
             extra += f", not sampled for {p['unsampled_s']:.1f} s (py-spy fell behind)"
+        if p.get("pyspy_errors"):
+            extra += f", {p['pyspy_errors']} of py-spy's {p['pyspy_samples']} samples unreadable"
         extra += f" [{p['note']}]" if p.get("note") else ""
         print(f"  {p['name']:<12} pid {p['pid']:<7} {p.get('tool', '?'):<12} {p.get('seconds', 0):8.1f} s "
               f"profiles/{p['name']}.svg{extra}")

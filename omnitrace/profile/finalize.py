@@ -111,6 +111,17 @@ def _windows(run_dir: str) -> list[tuple[int, int]]:
     return out
 
 
+def _pyspy_counts(notes: list[dict], pid: int) -> dict[str, int]:
+    """py-spy's own counts over a process's chunks: samples it took, and how many of them it
+    could not read (a stack read while it changed: ``--nonblocking``); absent where py-spy
+    did not say (killed)."""
+    mine = [n for n in notes if n.get("pid") == pid and "pyspy_samples" in n]
+    if not mine:
+        return {}
+    return {"pyspy_samples": sum(n["pyspy_samples"] for n in mine),
+            "pyspy_errors": sum(n["pyspy_errors"] for n in mine)}
+
+
 def _clip_gaps(gaps: np.ndarray, lo: int, hi: int) -> np.ndarray:
     g = gaps[(gaps["end"] > lo) & (gaps["start"] < hi)].copy()
     g["start"], g["end"] = np.maximum(g["start"], lo), np.minimum(g["end"], hi)
@@ -175,7 +186,8 @@ def load_chunks(run_dir: str, runner: dict, offset_unix: int, frames: ct.Frames
                 continue
             chunk = ct.parse(path, frames)
             cal = ct.calibrate(chunk, frames, pid, flips, clock.PREFIX, clock.K, int(c["started_ns"]))
-            note: dict[str, Any] = {"pid": pid, "chunk": c["index"]}
+            note: dict[str, Any] = {"pid": pid, "chunk": c["index"],
+                                    **{k: c[k] for k in ("pyspy_samples", "pyspy_errors") if k in c}}
             if cal is not None and cal.agreeing >= MIN_AGREEING * cal.observations:
                 off = cal.offset_ns
                 offsets.append(off - int(c["started_ns"]))
@@ -290,6 +302,7 @@ def finalize(run_dir: str) -> dict:
                          waiting_s=round(waiting_s, 3),
                          rounds_known=_rounds_known(store, pid, rate),
                          unsampled_s=round(float((gaps["end"] - gaps["start"])[gaps["pid"] == pid].sum()) / 1e9, 3),
+                         **_pyspy_counts(notes, pid),
                          threads=[{"tid": t, "name": n} for t, n in tlist])
             index["profiles"].append(entry)
             if pid in inproc:

@@ -25,6 +25,7 @@ Exit status: the command's (128+N when it was killed by signal N, as a shell rep
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import select
 import signal
@@ -68,6 +69,8 @@ class PySpy:
         self.proc: subprocess.Popen | None = None
         self.started_ns = self.ready_ns = self.stopped_ns = 0
         self.error: str | None = None
+        self._said = b""  # the tail of py-spy's stdout: its last line counts samples and errors
+        self._drainer: threading.Thread | None = None
 
     def argv(self) -> list[str]:
         # --idle: every thread in every sample. chrometrace writes a thread's stack only
@@ -101,7 +104,8 @@ class PySpy:
                 buf += chunk
                 if b"Sampling process" in buf:
                     self.ready_ns = time.perf_counter_ns()
-                    threading.Thread(target=self._drain, daemon=True).start()
+                    self._drainer = threading.Thread(target=self._drain, daemon=True)
+                    self._drainer.start()
                     return True
             elif self.proc.poll() is not None:
                 break
@@ -118,8 +122,8 @@ class PySpy:
     def _drain(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         try:
-            while self.proc.stdout.read(4096):
-                pass
+            while chunk := self.proc.stdout.read(4096):
+                self._said = (self._said + chunk)[-4096:]
         except (OSError, ValueError):
             pass
 
@@ -144,6 +148,8 @@ class PySpy:
         except subprocess.TimeoutExpired:
             self._kill()
             self.error = f"{self.cfg.tool} did not write its chunk within {STOP_TIMEOUT_S:.0f} s"
+        if self._drainer is not None:
+            self._drainer.join(2.0)
         self.compress()
 
     def compress(self) -> None:
@@ -169,7 +175,13 @@ class PySpy:
         path = self.path + ".zst" if os.path.exists(self.path + ".zst") else self.path
         return {"pid": self.pid, "index": self.index, "path": os.path.basename(path),
                 "started_ns": self.started_ns, "ready_ns": self.ready_ns,
-                "stopped_ns": self.stopped_ns, "error": self.error}
+                "stopped_ns": self.stopped_ns, "error": self.error, **self.counts()}
+
+    def counts(self) -> dict[str, int]:
+        """py-spy's own count of the samples it took and of those it failed to read (its
+        last line: "Samples: N Errors: M"); empty before it has said so."""
+        m = re.search(rb"Samples: (\d+) Errors: (\d+)", self._said)
+        return {"pyspy_samples": int(m[1]), "pyspy_errors": int(m[2])} if m else {}
 
 
 class Supervisor(threading.Thread):
