@@ -17,7 +17,7 @@ from tests.support.report_util import replay_timeline, speedscope_errors
 from omnitrace.profile import chrometrace as ct
 from omnitrace.profile import clock, finalize, linked, render
 from omnitrace.profile.config import FlameConfig
-from omnitrace.profile.runner import PySpy
+from omnitrace.profile.runner import PySpy, behind_s
 from omnitrace.profile.store import ROUND_DTYPE, Store, collapsed, in_order
 
 TARGET = textwrap.dedent('''
@@ -288,3 +288,11 @@ def test_time_py_spy_did_not_sample_is_found_and_not_held_over():
     assert ms == [10, 10, 25 - 20 + 10 + 5, 10, 100, 10, 10], ms  # the 20 ms round stops at the gap
     assert linked.unsampled_ns(store, iv) == 520_000_000 - 40_000_000
     assert sum(ms) * 1e6 == pytest.approx(linked.covered_ns(iv) - linked.unsampled_ns(store, iv) - 50_000_000)
+
+
+@pytest.mark.unit
+def test_pyspy_saying_it_is_behind_is_read():
+    """py-spy's own line (Rust's Duration format), as its stdout gives it."""
+    text = "py-spy> 2.31s behind in sampling, results may be inaccurate.\npy-spy> 512.3ms behind in sampling\n"
+    assert behind_s(text.encode()) == [2.31, 0.5123]
+    assert behind_s(b"py-spy> Sampling process 100 times a second. Press Control-C to exit.") == []

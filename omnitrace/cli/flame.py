@@ -174,6 +174,8 @@ def _list(run: str, index: dict, store: Any, as_json: bool) -> int:
             extra += f" {p['rounds_known']:.0%} of nominal rounds written"
         if p.get("unsampled_s"):
             extra += f", not sampled for {p['unsampled_s']:.1f} s (py-spy fell behind)"
+        if p.get("pyspy_behind"):
+            extra += f", py-spy ran behind {p['pyspy_behind']} times (up to {p['pyspy_behind_max_s']} s)"
         if p.get("pyspy_errors"):
             extra += f", {p['pyspy_errors']} of py-spy's {p['pyspy_samples']} samples unreadable"
         extra += f" [{p['note']}]" if p.get("note") else ""

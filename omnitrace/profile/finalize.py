@@ -39,6 +39,7 @@ KEPT_ROLES = ("api", "stage")
 # how late py-spy stamps a round it read (0.2-3 ms seen on a loaded 2-core VM): no gap is
 # called unsampled before a switch plus a period plus this
 LATE_STAMP_NS = 5_000_000
+PYSPY_COUNTS = ("pyspy_samples", "pyspy_errors", "pyspy_behind", "pyspy_behind_max_s")  # runner.PySpy.counts
 _VLLM_STAGE = re.compile(r"StageEngineCoreProc_stage(\d+)_replica(\d+)")
 _SIMPLE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,40}")
 
@@ -118,8 +119,13 @@ def _pyspy_counts(notes: list[dict], pid: int) -> dict[str, int]:
     mine = [n for n in notes if n.get("pid") == pid and "pyspy_samples" in n]
     if not mine:
         return {}
-    return {"pyspy_samples": sum(n["pyspy_samples"] for n in mine),
-            "pyspy_errors": sum(n["pyspy_errors"] for n in mine)}
+    out = {"pyspy_samples": sum(n["pyspy_samples"] for n in mine),
+           "pyspy_errors": sum(n["pyspy_errors"] for n in mine)}
+    behind = [n for n in mine if n.get("pyspy_behind")]
+    if behind:
+        out.update(pyspy_behind=sum(n["pyspy_behind"] for n in behind),
+                   pyspy_behind_max_s=max(n["pyspy_behind_max_s"] for n in behind))
+    return out
 
 
 def _clip_gaps(gaps: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -187,7 +193,7 @@ def load_chunks(run_dir: str, runner: dict, offset_unix: int, frames: ct.Frames
             chunk = ct.parse(path, frames)
             cal = ct.calibrate(chunk, frames, pid, flips, clock.PREFIX, clock.K, int(c["started_ns"]))
             note: dict[str, Any] = {"pid": pid, "chunk": c["index"],
-                                    **{k: c[k] for k in ("pyspy_samples", "pyspy_errors") if k in c}}
+                                    **{k: c[k] for k in PYSPY_COUNTS if k in c}}
             if cal is not None and cal.agreeing >= MIN_AGREEING * cal.observations:
                 off = cal.offset_ns
                 offsets.append(off - int(c["started_ns"]))

@@ -59,6 +59,16 @@ def _why(text: str, tool: str, code: int | None) -> str:
     return msg or f"{tool} exited with status {code}"
 
 
+# py-spy's "2.31s behind in sampling" (Rust's Duration Debug format: s, ms, µs)
+_BEHIND = re.compile(rb"([0-9.]+)(s|ms|\xc2\xb5s) behind in sampling")
+_UNIT = {b"s": 1.0, b"ms": 1e-3, b"\xc2\xb5s": 1e-6}
+
+
+def behind_s(text: bytes) -> list[float]:
+    """The delays (seconds) of py-spy's "behind in sampling" lines in ``text``."""
+    return [float(m[1]) * _UNIT[m[2]] for m in _BEHIND.finditer(text)]
+
+
 class PySpy:
     """One ``py-spy record`` of one process into one chrometrace chunk."""
 
@@ -70,6 +80,7 @@ class PySpy:
         self.started_ns = self.ready_ns = self.stopped_ns = 0
         self.error: str | None = None
         self._said = b""  # the tail of py-spy's stdout: its last line counts samples and errors
+        self._behind: list[float] = []  # seconds behind, each time it said so (at most 1/s)
         self._drainer: threading.Thread | None = None
 
     def argv(self) -> list[str]:
@@ -124,6 +135,7 @@ class PySpy:
         try:
             while chunk := self.proc.stdout.read(4096):
                 self._said = (self._said + chunk)[-4096:]
+                self._behind += behind_s(chunk)
         except (OSError, ValueError):
             pass
 
@@ -177,11 +189,15 @@ class PySpy:
                 "started_ns": self.started_ns, "ready_ns": self.ready_ns,
                 "stopped_ns": self.stopped_ns, "error": self.error, **self.counts()}
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[str, Any]:
         """py-spy's own count of the samples it took and of those it failed to read (its
-        last line: "Samples: N Errors: M"); empty before it has said so."""
+        last line: "Samples: N Errors: M"; empty before it has said so), and how often and
+        how far its sampling thread said it was behind."""
         m = re.search(rb"Samples: (\d+) Errors: (\d+)", self._said)
-        return {"pyspy_samples": int(m[1]), "pyspy_errors": int(m[2])} if m else {}
+        out = {"pyspy_samples": int(m[1]), "pyspy_errors": int(m[2])} if m else {}
+        if self._behind:  # its sampling thread ran late by more than a second this often
+            out.update(pyspy_behind=len(self._behind), pyspy_behind_max_s=round(max(self._behind), 2))
+        return out
 
 
 class Supervisor(threading.Thread):
