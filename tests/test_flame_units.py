@@ -269,13 +269,15 @@ def test_selection_title_states_the_sampling_error():
 def test_time_py_spy_did_not_sample_is_found_and_not_held_over():
     """Rounds every 10 ms, then none for 500 ms while the clock thread kept switching (py-spy
     fell behind), then none for 100 ms without a switch (a thread held the GIL: nothing
-    changed, py-spy may have sampled). Only the first is unsampled, from a period and a
-    stamp's lateness after the first switch on; a sample's time stops there."""
+    changed, py-spy may have sampled). Only the first is unsampled, from 7 periods (py-spy's
+    random wait) and a stamp's lateness after the first switch on; a sample's time stops
+    there."""
     period = 10_000_000
     rounds = np.array([0, 10, 20, 520, 530, 630, 640], np.int64) * 1_000_000
     flips = np.array([5, 25, 45, 65, 525, 645], np.int64) * 1_000_000
     a, b = finalize.unsampled(rounds, flips, period)
-    assert (a.tolist(), b.tolist()) == ([25_000_000 + period + finalize.LATE_STAMP_NS], [520_000_000])
+    assert (a.tolist(), b.tolist()) == ([25_000_000 + finalize.STALL_PERIODS * period + finalize.LATE_STAMP_NS],
+                                        [520_000_000])
     # a process: a working thread across all of it; the gap as finalize stores it
     rnd = np.zeros(len(rounds), ROUND_DTYPE)
     rnd["pid"], rnd["t"] = 1, rounds
@@ -285,8 +287,8 @@ def test_time_py_spy_did_not_sample_is_found_and_not_held_over():
     iv = linked.Intervals(np.array([0]), np.array([700_000_000]), np.ones(1, np.int64), np.full(1, 7, np.int64))
     idx, secs = linked.select_time(store, iv)
     ms = (secs * 1e3).round(3).tolist()
-    assert ms == [10, 10, 25 - 20 + 10 + 5, 10, 100, 10, 10], ms  # the 20 ms round stops at the gap
-    assert linked.unsampled_ns(store, iv) == 520_000_000 - 40_000_000
+    assert ms == [10, 10, 25 - 20 + 70 + 5, 10, 100, 10, 10], ms  # the 20 ms round stops at the gap
+    assert linked.unsampled_ns(store, iv) == 520_000_000 - 100_000_000
     assert sum(ms) * 1e6 == pytest.approx(linked.covered_ns(iv) - linked.unsampled_ns(store, iv) - 50_000_000)
 
 

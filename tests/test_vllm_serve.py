@@ -374,9 +374,9 @@ def test_flame_profiles_per_real_stage_process(served030) -> None:
     `--category compute --request`) lie inside its admitted time there and cover most of
     it. The seconds the samples stand for match the part of that time py-spy sampled
     (within 10%, or the samples' error where wider): under this load py-spy at 100 Hz
-    stops sampling for 0.5-40 s at a time, 34-48% of each profile (the clock threads'
+    stops sampling for 0.5-40 s at a time, 14-40% of each profile (the clock threads'
     switches go on in those gaps, so the targets ran; py-spy itself says it ran behind),
-    and the selections say how much (`unsampled_s`; seen 71-98% of a selection's time)."""
+    and the selections say how much (`unsampled_s`; seen 47-96% of a selection's time)."""
     prof = served030["run_dir"] / "profiles"
     names = sorted(p.name for p in prof.glob("*.speedscope.json"))
     for stage in ("thinker", "talker", "code2wav"):

@@ -172,7 +172,7 @@ def _list(run: str, index: dict, store: Any, as_json: bool) -> int:
         extra = ""
         if p.get("rounds_known") is not None:
             extra += f" {p['rounds_known']:.0%} of nominal rounds written"
-        if p.get("unsampled_s"):
+        if p.get("unsampled_s", 0) >= 0.05:
             extra += f", not sampled for {p['unsampled_s']:.1f} s (py-spy fell behind)"
         if p.get("pyspy_behind"):
             extra += f", py-spy ran behind {p['pyspy_behind']} times (up to {p['pyspy_behind_max_s']} s)"

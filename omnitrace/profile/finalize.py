@@ -36,9 +36,11 @@ INDEX = "index.json"
 # of span placement by ``consistent_rounds``), so a majority is not required.
 MIN_AGREEING = 0.25
 KEPT_ROLES = ("api", "stage")
-# how late py-spy stamps a round it read (0.2-3 ms seen on a loaded 2-core VM): no gap is
-# called unsampled before a switch plus a period plus this
+# how late py-spy stamps a round it read (0.2-3 ms seen on a loaded 2-core VM), and how many
+# periods py-spy's random wait may take by chance (exp(-7): ~0.1%): no time is called
+# unsampled before a clock switch plus these
 LATE_STAMP_NS = 5_000_000
+STALL_PERIODS = 7
 PYSPY_COUNTS = ("pyspy_samples", "pyspy_errors", "pyspy_behind", "pyspy_behind_max_s")  # runner.PySpy.counts
 _VLLM_STAGE = re.compile(r"StageEngineCoreProc_stage(\d+)_replica(\d+)")
 _SIMPLE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,40}")
@@ -148,17 +150,19 @@ def unsampled(rounds: np.ndarray, flips: np.ndarray, period_ns: int) -> tuple[np
     both in one clock.
 
     py-spy writes a round when some thread's stack changed, and every switch of the clock
-    thread is a change, so a sample taken after a switch is always written. A gap between
-    two written rounds that holds a switch therefore had no sample from one period (and a
-    stamp's lateness, ``LATE_STAMP_NS``) after that switch until the next round: py-spy
-    fell behind (seen: 0.5-40 s at a time beside the real vLLM-Omni server under load). A
-    gap without a switch is not counted: the clock thread could not run (a thread held the
-    GIL), so no stack changed and py-spy may well have sampled."""
+    thread is a change, so a sample taken after a switch is always written. py-spy samples
+    at random, exponentially distributed intervals (mean: one period), so the wait from a
+    switch to the next sample exceeds ``STALL_PERIODS`` periods by chance once in ~1,100
+    switches. A gap between two written rounds that holds a switch therefore had no sample
+    from that long (and a stamp's lateness, ``LATE_STAMP_NS``) after the switch until the
+    next round: py-spy fell behind (seen: 0.5-40 s at a time beside the real vLLM-Omni
+    server under load). A gap without a switch is not counted: the clock thread could not
+    run (a thread held the GIL), so no stack changed and py-spy may well have sampled."""
     if len(rounds) < 2 or not len(flips):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     k = np.searchsorted(flips, rounds[:-1], "right")
     has = k < len(flips)
-    start = flips[np.minimum(k, len(flips) - 1)] + period_ns + LATE_STAMP_NS
+    start = flips[np.minimum(k, len(flips) - 1)] + STALL_PERIODS * period_ns + LATE_STAMP_NS
     end = rounds[1:]
     m = has & (start < end)
     return start[m], end[m]
