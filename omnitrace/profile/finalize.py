@@ -25,7 +25,7 @@ import orjson
 from omnitrace.profile import chrometrace as ct
 from omnitrace.profile import clock, render, waiting
 from omnitrace.profile.config import PROFILES_DIR, RAW_DIR
-from omnitrace.profile.runner import CUTOVER_S
+from omnitrace.profile.runner import CUTOVER_S, PYSPY_COUNTS
 from omnitrace.profile.store import FILE as SAMPLES_FILE
 from omnitrace.profile.store import GAP_DTYPE, ROUND_DTYPE, Store, collapsed
 
@@ -41,7 +41,6 @@ KEPT_ROLES = ("api", "stage")
 # unsampled before a clock switch plus these
 LATE_STAMP_NS = 5_000_000
 STALL_PERIODS = 7
-PYSPY_COUNTS = ("pyspy_samples", "pyspy_errors", "pyspy_behind", "pyspy_behind_max_s")  # runner.PySpy.counts
 _VLLM_STAGE = re.compile(r"StageEngineCoreProc_stage(\d+)_replica(\d+)")
 _SIMPLE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,40}")
 
@@ -130,13 +129,8 @@ def _pyspy_counts(notes: list[dict], pid: int) -> dict[str, int]:
     return out
 
 
-def _clip_gaps(gaps: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    g = gaps[(gaps["end"] > lo) & (gaps["start"] < hi)].copy()
-    g["start"], g["end"] = np.maximum(g["start"], lo), np.minimum(g["end"], hi)
-    return g
-
-
 def _clip(st: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Rows with ``t``/``end`` (stretches, unsampled gaps) cut to [lo, hi)."""
     st = st[(st["end"] > lo) & (st["t"] < hi)].copy()
     # a stretch cut at the slot's start begins at its next (expanded) sample, not before
     st["t"] = np.maximum(st["t"], lo)
@@ -251,10 +245,10 @@ def _unsampled_by_pid(rnd: np.ndarray, flips_by_pid: dict[int, np.ndarray], peri
         lo, hi = np.searchsorted(rnd["pid"], (pid, pid + 1))
         a, b = unsampled(rnd["t"][lo:hi], flips, period_ns)
         g = np.zeros(len(a), GAP_DTYPE)
-        g["pid"], g["start"], g["end"] = pid, a, b
+        g["pid"], g["t"], g["end"] = pid, a, b
         parts.append(g)
     gaps = np.concatenate(parts) if parts else np.zeros(0, GAP_DTYPE)
-    return np.sort(gaps, order=["pid", "start"])
+    return np.sort(gaps, order=["pid", "t"])
 
 
 def finalize(run_dir: str) -> dict:
@@ -281,7 +275,7 @@ def finalize(run_dir: str) -> dict:
             for lo, hi in windows:
                 inside |= (rnd["t"] >= lo) & (rnd["t"] < hi)
             rnd = rnd[inside]
-            gaps = np.sort(np.concatenate([_clip_gaps(gaps, lo, hi) for lo, hi in windows]), order=["pid", "start"])
+            gaps = np.sort(np.concatenate([_clip(gaps, lo, hi) for lo, hi in windows]), order=["pid", "t"])
             index["windows_unix_ns"] = windows
         else:
             index["window_note"] = "no measured window in bench.json: the whole run is kept"
@@ -306,12 +300,13 @@ def finalize(run_dir: str) -> dict:
         mask = st["pid"] == pid
         if mask.any():
             stacks, tlist = _by_thread(store, mask)
+            gs, ge = store.gaps(pid)
             waiting_s = _write(pdir, name, stacks, _timeline(store, mask, tlist), f"{name} (pid {pid})",
                                f"py-spy {rate} Hz")
             entry.update(tool="py-spy", seconds=round(sum(stacks.values()), 3),
                          waiting_s=round(waiting_s, 3),
                          rounds_known=_rounds_known(store, pid, rate),
-                         unsampled_s=round(float((gaps["end"] - gaps["start"])[gaps["pid"] == pid].sum()) / 1e9, 3),
+                         unsampled_s=round(float((ge - gs).sum()) / 1e9, 3),
                          **_pyspy_counts(notes, pid),
                          threads=[{"tid": t, "name": n} for t, n in tlist])
             index["profiles"].append(entry)

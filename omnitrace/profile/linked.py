@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
@@ -407,9 +408,9 @@ HOLD_MAX_PERIODS = 50
 def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
     """The samples of the working thread inside the intervals (their union per thread), in
     time order, and the seconds each stands for: the real gap until its process's next
-    written round, at most ``HOLD_MAX_PERIODS`` periods. py-spy samples on a fixed
-    schedule but writes a round only when some thread changed (and falls behind under
-    load), so a written round stands for itself and the unwritten ones after it, but not
+    written round, at most ``HOLD_MAX_PERIODS`` periods. py-spy samples at random
+    intervals (a period on average) but writes a round only when some thread changed (and
+    falls behind under load), so a written round stands for itself and the unwritten ones after it, but not
     for time py-spy provably did not sample (``Store.unsampled``: it fell behind); the
     samples inside the intervals, each weighted by its gap, estimate the sampled part of
     the covered time from the samples alone (samples x the nominal period read 33-43%
@@ -419,15 +420,12 @@ def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
     if not len(iv.start) or not len(store.stretches):
         return empty
     st = store.stretches
-    key_iv = (iv.pid << 32) | iv.tid
     out_i, out_w, out_t = [], [], []
-    for k in np.unique(key_iv).tolist():
-        pid, tid = k >> 32, k & 0xFFFFFFFF
+    for pid, tid, a, b in _unions(iv):
         mask = (st["pid"] == pid) & (st["tid"] == tid)
         if not mask.any():
             continue
         idx, t = store.samples(mask)
-        a, b = _union(iv.start[key_iv == k], iv.end[key_iv == k])
         j = np.searchsorted(a, t, "right") - 1
         inside = (j >= 0) & (t < b[np.maximum(j, 0)])
         idx, t = idx[inside], t[inside]
@@ -437,7 +435,7 @@ def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
         rounds = store.rounds["t"][lo:hi]
         nxt = np.searchsorted(rounds, t, "right")
         until = np.where(nxt < len(rounds), rounds[np.minimum(nxt, len(rounds) - 1)], t + store.period_ns)
-        gaps = _gaps(store, pid)[0]  # py-spy fell behind from there: the sample does not stand for it
+        gaps = store.gaps(pid)[0]  # py-spy fell behind from there: the sample does not stand for it
         if len(gaps):
             k = np.searchsorted(gaps, t, "right")
             until = np.minimum(until, np.where(k < len(gaps), gaps[np.minimum(k, len(gaps) - 1)], until))
@@ -497,41 +495,34 @@ def uncalibrated(clock: list[dict], store: Store, idx: np.ndarray) -> list[str]:
     return out
 
 
-def _gaps(store: Store, pid: int) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, ends) of the process's unsampled time (sorted, disjoint)."""
-    g = store.unsampled
-    lo, hi = np.searchsorted(g["pid"], (pid, pid + 1))
-    return g["start"][lo:hi], g["end"][lo:hi]
-
-
 def unsampled_ns(store: Store, iv: Intervals) -> int:
     """How much of the time the intervals cover py-spy provably did not sample (it fell
     behind: ``finalize.unsampled``). A selection's seconds estimate the rest."""
     total = 0
-    key = (iv.pid << 32) | iv.tid
-    for k in np.unique(key).tolist():
-        gs, ge = _gaps(store, k >> 32)
-        if not len(gs):
-            continue
-        a, b = _union(iv.start[key == k], iv.end[key == k])
-        cum = np.concatenate(([0], np.cumsum(ge - gs)))
-
-        def before(x: np.ndarray) -> np.ndarray:  # unsampled time before x
-            i = np.searchsorted(gs, x, "right")
-            return cum[i] - np.where(i > 0, np.maximum(ge[np.maximum(i - 1, 0)] - x, 0), 0)
-
-        total += int((before(b) - before(a)).sum())
+    for pid, _, a, b in _unions(iv):
+        gs, ge = store.gaps(pid)
+        if len(gs):
+            total += int((_inside_before(b, gs, ge) - _inside_before(a, gs, ge)).sum())
     return total
+
+
+def _inside_before(x: np.ndarray, gs: np.ndarray, ge: np.ndarray) -> np.ndarray:
+    """Time of the sorted, disjoint intervals [gs, ge) that lies before each x."""
+    cum = np.concatenate(([0], np.cumsum(ge - gs)))
+    i = np.searchsorted(gs, x, "right")
+    return cum[i] - np.where(i > 0, np.maximum(ge[np.maximum(i - 1, 0)] - x, 0), 0)
 
 
 def covered_ns(iv: Intervals) -> int:
     """Wall time the intervals cover (their union per thread, summed over threads)."""
-    total = 0
+    return sum(int((b - a).sum()) for _, _, a, b in _unions(iv))
+
+
+def _unions(iv: Intervals) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """(pid, tid, starts, ends): the union of the intervals of each thread."""
     key = (iv.pid << 32) | iv.tid
     for k in np.unique(key).tolist():
-        a, b = _union(iv.start[key == k], iv.end[key == k])
-        total += int((b - a).sum())
-    return total
+        yield k >> 32, k & 0xFFFFFFFF, *_union(iv.start[key == k], iv.end[key == k])
 
 
 def _union(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

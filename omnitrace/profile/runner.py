@@ -59,6 +59,8 @@ def _why(text: str, tool: str, code: int | None) -> str:
     return msg or f"{tool} exited with status {code}"
 
 
+# what PySpy.counts reads from py-spy's stdout, as index.json names it
+PYSPY_COUNTS = ("pyspy_samples", "pyspy_errors", "pyspy_behind", "pyspy_behind_max_s")
 # py-spy's "2.31s behind in sampling" (Rust's Duration Debug format: s, ms, µs)
 _BEHIND = re.compile(rb"([0-9.]+)(s|ms|\xc2\xb5s) behind in sampling")
 _UNIT = {b"s": 1.0, b"ms": 1e-3, b"\xc2\xb5s": 1e-6}

@@ -21,7 +21,7 @@ from omnitrace.profile.chrometrace import STRETCH_DTYPE, expand
 FILE = "samples.npz"
 ROUND_DTYPE = np.dtype([("pid", "<i4"), ("t", "<i8")])  # a sampling round of one process
 # a stretch of a process's time in which py-spy provably took no sample (finalize.unsampled)
-GAP_DTYPE = np.dtype([("pid", "<i4"), ("start", "<i8"), ("end", "<i8")])
+GAP_DTYPE = np.dtype([("pid", "<i4"), ("t", "<i8"), ("end", "<i8")])
 
 
 def save_npz(path: str, meta: dict, **arrays: np.ndarray) -> None:
@@ -43,7 +43,7 @@ class Store:
     stacks: list[tuple[int, ...]]  # frame ids, root first
     period_ns: int  # one sampling period
     threads: dict[tuple[int, int], str]  # (pid, native tid) -> thread name
-    unsampled: np.ndarray = field(default_factory=lambda: np.zeros(0, GAP_DTYPE))  # sorted (pid, start)
+    unsampled: np.ndarray = field(default_factory=lambda: np.zeros(0, GAP_DTYPE))  # sorted (pid, t)
 
     def samples(self, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(stretch index, sample time) of every sample of the stretches in ``mask``: one per
@@ -61,6 +61,11 @@ class Store:
         if not out_i:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(out_i), np.concatenate(out_t)
+
+    def gaps(self, pid: int) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, ends) of the process's unsampled time, sorted and disjoint."""
+        lo, hi = np.searchsorted(self.unsampled["pid"], (pid, pid + 1))
+        return self.unsampled["t"][lo:hi], self.unsampled["end"][lo:hi]
 
     def frame_label(self, fid: int) -> str:
         name, path, _ = self.frames[fid]

@@ -455,13 +455,11 @@ def wrap_schedule_output(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _wrap_omni_scheduler_output(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         res = orig(self, scheduler_output, *args, **kwargs)
         try:
-            st = self.__dict__.get("_ot_sched")
-            if st is not None:
-                st.batch = len(getattr(res, "num_scheduled_tokens", None) or ())
+            st = _sched_state(self)
+            st.batch = len(getattr(res, "num_scheduled_tokens", None) or ())
             new = getattr(res, "scheduled_new_reqs", None)
             if new:
                 t = _now()
-                st = _sched_state(self)
                 for nr in new:
                     hit = st.ids.get(nr.req_id)
                     if hit is not None:
