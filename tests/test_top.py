@@ -87,9 +87,15 @@ def live(tmp_path_factory, long_lived_processes):
 
 
 def _pane_session(name: str, cmd: str, status_file: str) -> None:
-    # the exit status lands in a file, so the test sees how `top` ended
-    _tmux("new-session", "-d", "-s", name, "-x", "120", "-y", "50",
-          f"{cmd}; echo $? > {status_file}; sleep 30")
+    # the exit status lands in a file, so the test sees how `top` ended. The previous test
+    # killed the server's last session, and a loaded tmux server can still be exiting when
+    # the next one connects (new-session then fails once): try again after it is gone
+    args = ("new-session", "-d", "-s", name, "-x", "120", "-y", "50", f"{cmd}; echo $? > {status_file}; sleep 30")
+    for _ in range(5):
+        if _tmux(*args, check=False).returncode == 0:
+            return
+        time.sleep(0.5)
+    _tmux(*args)
 
 
 def _screen(name: str) -> str:
