@@ -80,7 +80,7 @@ class LiveRun:
         return err
 
     def kill(self) -> None:
-        """The whole run dies: agent (own session) and `omnitrace run` with its command."""
+        """The whole run dies: agent (own process group) and `omnitrace run` with its command."""
         os.kill(self.run_json["agent_pid"], signal.SIGKILL)
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.communicate(timeout=60)

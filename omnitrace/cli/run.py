@@ -239,12 +239,13 @@ def _start_agent(cfg: AgentConfig, lock: int) -> subprocess.Popen | None:
     args = python_module("omnitrace.cli.agent", "--config", cfg.to_json())
     env = dict(os.environ)
     env.pop(cv.ENV_RUN_ID, None)  # the agent itself is not instrumented
-    # own session: a Ctrl-C on the terminal reaches the command, not the agent, which
-    # must stay to do the final drain
+    # own process group: a Ctrl-C on the terminal reaches the command, not the agent, which
+    # must stay to do the final drain. Not its own session: that would be its own scheduler
+    # autogroup, starved beside a busy server (omnitrace.profile.runner's docstring)
     # the run directory's lock goes with it: held while the agent writes there, even if
     # this process is killed
     agent = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                             start_new_session=True, pass_fds=(lock,))
+                             process_group=0, pass_fds=(lock,))
     assert agent.stdout is not None
     ready, _, _ = select.select([agent.stdout], [], [], AGENT_READY_TIMEOUT_S)
     line = agent.stdout.readline() if ready else b""
