@@ -372,11 +372,12 @@ def test_flame_profiles_per_real_stage_process(served030) -> None:
     snapshot spans' time, the thinker's fifo_blocked at most what the victims'
     omni.fifo.blocked_ns sum, and one request's thinker steps (vLLM's EngineCore.step,
     `--category compute --request`) lie inside its admitted time there and cover most of
-    it. The seconds the samples stand for match the part of that time py-spy sampled
-    (within 10%, or the samples' error where wider): under this load py-spy at 100 Hz
-    stops sampling for 0.5-40 s at a time, 14-40% of each profile (the clock threads'
-    switches go on in those gaps, so the targets ran; py-spy itself says it ran behind),
-    and the selections say how much (`unsampled_s`; seen 47-96% of a selection's time)."""
+    it. The seconds the samples stand for match the spans' own time (within 10%, or the
+    samples' error where wider: 17-54 samples in a snapshot selection of this load, ~400
+    and ~2,000 in the thinker's and talker's steps), and py-spy sampled all of it: no
+    selection has more than 5% unsampled. (Each py-spy in its own session, i.e. its own
+    scheduler autogroup, sat runnable but unscheduled for seconds beside these stages and
+    left 40-96% of a selection unsampled.)"""
     prof = served030["run_dir"] / "profiles"
     names = sorted(p.name for p in prof.glob("*.speedscope.json"))
     for stage in ("thinker", "talker", "code2wav"):
@@ -390,7 +391,10 @@ def test_flame_profiles_per_real_stage_process(served030) -> None:
         truth = sum(s["dur_ns"] for s in spans if s["name"] == "omni.chunk.snapshot"
                     and int(s["attrs"]["omni.stage.id"]) == stage_id) / 1e9
         assert sel["interval_s"] == pytest.approx(truth, rel=1e-3), (stage, sel, truth)  # one scheduler
-        assert within_sampling_error(sel, truth - sel["unsampled_s"]), (stage, sel, truth)
+        _sampled_all(sel, truth)
+    for stage in ("thinker", "talker"):  # every step that ran the model
+        sel = _flame(served030, "--stage", stage, "--category", "compute")
+        _sampled_all(sel, sel["interval_s"])
     # the thinker's sender while other requests' chunks waited behind its work: the busy
     # intervals' union, at most what the victims' omni.fifo.blocked_ns sum
     sel = _flame(served030, "--stage", "thinker", "--category", "fifo_blocked", "--thread", "sender")
@@ -405,7 +409,13 @@ def test_flame_profiles_per_real_stage_process(served030) -> None:
     admitted = (mine["omni.stage"] - mine["omni.stage.queue"]) / 1e9
     sel = _flame(served030, "--stage", "thinker", "--category", "compute", "--request", rid)
     assert 0.5 * admitted <= sel["interval_s"] <= admitted * 1.001, (sel, admitted)
-    assert within_sampling_error(sel, sel["interval_s"] - sel["unsampled_s"]), sel
+    _sampled_all(sel, sel["interval_s"])
+
+
+def _sampled_all(sel: dict, truth: float) -> None:
+    """A selection's seconds against its spans' own time ``truth``; py-spy missed <= 5%."""
+    assert sel["unsampled_s"] <= 0.05 * truth + 1e-3, (sel, truth)
+    assert within_sampling_error(sel, truth), (sel, truth)
 
 
 def test_nothing_left_in_dev_shm(loadtest032) -> None:
