@@ -147,6 +147,7 @@ def main() -> None:
     venv = Path(ns.venv).resolve()
     tiny = venv / "tiny-qwen3-omni"
     work = Path(ns.keep or tempfile.mkdtemp(prefix="flame-real-"))
+    work.mkdir(parents=True, exist_ok=True)
     run_dir, port = work / "run", _free_port()
     from omnitrace.bench.serve_and_bench import wait_healthy
     with open(work / "server.log", "wb") as log:

@@ -260,9 +260,13 @@ def test_waiting_frames(leaf, parked):
 
 @pytest.mark.unit
 def test_selection_title_states_the_sampling_error():
-    assert linked.seen(0.256, 0.175, 1920, 4) == " against 1920 spans' 0.175 s (146%, ±50% sampling error)"
-    assert linked.seen(0.0, 0.175, 3, 0) == " against 3 spans' 0.175 s (0%)"
-    assert linked.seen(0.1, 0.5, 10, 100, 0.3) == " against 10 spans' 0.500 s (20%, ±10% sampling error; 0.300 s of it unsampled)"
+    """The error comes from the seconds each sample stands for: equal gaps give
+    1/sqrt(n), unequal ones more (one long gap dominates the sum)."""
+    assert linked.seen(np.full(4, 0.064), 0.175, 1920) == " against 1920 spans' 0.175 s (146%, ±50% sampling error)"
+    assert linked.seen(np.zeros(0), 0.175, 3) == " against 3 spans' 0.175 s (0%)"
+    assert linked.seen(np.full(100, 0.001), 0.5, 10, 0.3) == " against 10 spans' 0.500 s (20%, ±10% sampling error; 0.300 s of it unsampled)"
+    assert linked.sampling_error_pct(np.array([0.01, 0.01, 0.01, 0.01])) == pytest.approx(50)
+    assert linked.sampling_error_pct(np.array([0.001, 0.001, 0.001, 0.037])) == pytest.approx(92.6, abs=0.1)
 
 
 @pytest.mark.unit

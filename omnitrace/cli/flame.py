@@ -103,14 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     title = f"omnitrace flame: {label}"
     sub = f"{float(secs.sum()):.3f} s sampled ({n_samples} samples at {1e9 / store.period_ns:.0f} Hz)"
     if args.category:
-        sub += linked.seen(float(secs.sum()), summary["interval_s"], summary["spans"], n_samples,
-                           summary["unsampled_s"])
+        sub += linked.seen(secs, summary["interval_s"], summary["spans"], summary["unsampled_s"])
     with open(svg_path, "w", encoding="utf-8") as f:
         f.write(render.svg(stacks, title, sub))
     with open(ss_path, "wb") as f:
         f.write(orjson.dumps(render.speedscope([(label, in_order(store, idx, secs) if args.category else stacks)],
                                                title)))
-    err = linked.sampling_error_pct(int(n_samples))
+    err = linked.sampling_error_pct(secs)
     summary.update(samples=int(n_samples), seconds=round(float(secs.sum()), 3),
                    sampling_error_pct=None if err is None else round(err, 1),
                    svg=svg_path, speedscope=ss_path,

@@ -103,7 +103,6 @@ def _category_graphs(run_dir: str, rep: dict[str, Any]) -> list[str]:
         iv, _ = linked.intervals(run_dir, cat, str(sid), index=index)
         idx, secs = linked.select_time(store, iv)
         sub = (f"{float(secs.sum()):.3f} s sampled ({len(idx)} samples) on the working thread"
-               + linked.seen(float(secs.sum()), linked.covered_ns(iv) / 1e9, iv.spans, len(idx),
-                             linked.unsampled_ns(store, iv) / 1e9))
+               + linked.seen(secs, linked.covered_ns(iv) / 1e9, iv.spans, linked.unsampled_ns(store, iv) / 1e9))
         out.append(render.svg(collapsed(store, idx, secs), f"{label} {cat}", sub))
     return out

@@ -448,19 +448,25 @@ def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(out_i)[order], np.concatenate(out_w)[order]
 
 
-def sampling_error_pct(samples: int) -> float | None:
-    """The relative error of seconds estimated from ``samples`` samples, ~1/sqrt(samples):
-    each sample in a short span stands for a whole gap. None without samples."""
-    return 100 / samples ** 0.5 if samples else None
+def sampling_error_pct(secs: np.ndarray) -> float | None:
+    """The relative error (one sigma, %) of a selection's seconds, from the seconds each
+    sample stands for (``select_time``): a sample in a span shorter than its gap stands
+    for the whole gap, and the gaps are random (py-spy waits exponentially distributed
+    times, and writes a round only when some thread changed), so the sum's variance is
+    about the sum of the squared gaps. Equal gaps give 1/sqrt(n), py-spy's about
+    sqrt(2/n); ``benchmarks/flame_results.md`` sets it beside the spread of the same
+    intervals placed at random. None without samples."""
+    total = float(secs.sum()) if len(secs) else 0.0
+    return 100 * float(np.sqrt(np.square(secs).sum())) / total if total > 0 else None
 
 
-def seen(sampled_s: float, covered_s: float, spans: int, samples: int, unsampled_s: float = 0.0) -> str:
-    """How a selection's sampled seconds stand against its spans' own time, for a title,
-    with the samples' error, so 146% of 4 samples reads as what it is, and the part of
-    that time py-spy did not sample at all."""
-    share = ""
+def seen(secs: np.ndarray, covered_s: float, spans: int, unsampled_s: float = 0.0) -> str:
+    """How a selection's sampled seconds (``secs``: what each sample stands for) stand
+    against its spans' own time, for a title, with their error, so 146% of 4 samples reads
+    as what it is, and the part of that time py-spy did not sample at all."""
+    share, sampled_s = "", float(secs.sum())
     if covered_s > 0:
-        err = sampling_error_pct(samples)
+        err = sampling_error_pct(secs)
         share = f" ({sampled_s / covered_s:.0%}" + (f", ±{err:.0f}% sampling error" if err else "")
         share += f"; {unsampled_s:.3f} s of it unsampled)" if unsampled_s > 0 else ")"
     return f" against {spans} spans' {covered_s:.3f} s{share}"
