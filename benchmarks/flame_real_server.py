@@ -8,7 +8,10 @@ every py-spy thread's ``/proc/PID/task/TID/schedstat`` (CPU time, time waiting o
 queue) and state every 20 ms. Then, from the run directory: py-spy's own counts and the
 unsampled time per profile (``profiles/index.json``), and the span-linked selections'
 seconds against the exported spans' own time (``omnitrace flame --json``, ``omnitrace
-export --otlp-json``). Output: markdown tables; figures go to benchmarks/flame_results.md.
+export --otlp-json``), and the same intervals placed at random (each shifted by up to
+±200 ms, 20 draws): the estimator's own spread, and whether the selection's real placement
+reads differently from a random one. ``--analyze RUN_DIR`` redoes only that part on a kept
+run. Output: markdown tables; figures go to benchmarks/flame_results.md.
 
 "Longest starved" is the longest stretch a py-spy sampling thread stayed runnable ("R")
 without gaining CPU time: a thread the scheduler does not run.
@@ -135,6 +138,46 @@ def _selection(venv: Path, run_dir: Path, *args: str) -> dict:
     return json.loads(fl.stdout)
 
 
+def _placed_at_random(run_dir: Path, category: str, stage: str, thread: str | None, request: str | None,
+                      draws: int = 20) -> tuple[float, float]:
+    """Mean and spread of seconds / covered time with every interval shifted at random."""
+    import dataclasses
+
+    import numpy as np
+
+    from omnitrace.profile import linked
+    store = linked.profiles_store(str(run_dir))
+    iv, _ = linked.intervals(str(run_dir), category, stage, request, thread)
+    rng, ratios = np.random.default_rng(0), []
+    for _ in range(draws):
+        d = rng.integers(-200_000_000, 200_000_000, len(iv.start))
+        moved = dataclasses.replace(iv, start=iv.start + d, end=iv.end + d)
+        ratios.append(linked.select_time(store, moved)[1].sum() / (linked.covered_ns(moved) / 1e9))
+    return float(np.mean(ratios)), float(np.std(ratios))
+
+
+def analyze(venv: Path, run_dir: Path) -> None:
+    snap = _span_time(venv, run_dir)
+    rid = next(r["id"] for r in json.loads((run_dir / "bench.json").read_text())["requests"]
+               if not r.get("warmup") and not r.get("error"))
+    rows = [("thinker snapshot", "snapshot", "thinker", None, None, snap.get(0)),
+            ("talker snapshot", "snapshot", "talker", None, None, snap.get(1)),
+            ("thinker fifo_blocked, sender", "fifo_blocked", "thinker", "sender", None, None),
+            ("thinker compute", "compute", "thinker", None, None, None),
+            ("talker compute", "compute", "talker", None, None, None),
+            ("thinker compute, one request", "compute", "thinker", None, rid, None)]
+    print("\n| selection | samples | seconds | spans' time s | ratio | ± stated | placed at random: ratio ± sd |"
+          " unsampled s |\n|---|---|---|---|---|---|---|---|")
+    for name, category, stage, thread, request, truth in rows:
+        args = ["--stage", stage, "--category", category] + (["--thread", thread] if thread else []) \
+            + (["--request", request] if request else [])
+        sel = _selection(venv, run_dir, *args)
+        truth = truth if truth is not None else sel["interval_s"]
+        mean, sd = _placed_at_random(run_dir, category, stage, thread, request)
+        print(f"| {name} | {sel['samples']} | {sel['seconds']:.3f} | {truth:.3f} | {sel['seconds'] / truth:.3f} | "
+              f"{sel.get('sampling_error_pct')}% | {mean:.3f} ± {sd:.3f} | {sel['unsampled_s']:.3f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--venv", default=str(ROOT / ".venv-vllm"))
@@ -142,9 +185,14 @@ def main() -> None:
     ap.add_argument("--num-prompts", default="16")
     ap.add_argument("--concurrency", default="4")
     ap.add_argument("--output-len", default="16")
+    ap.add_argument("--flame-tool", default=None, help="passed to omnitrace run (e.g. a wrapper that renices py-spy)")
     ap.add_argument("--keep", default=None, help="run directory's parent (default: a temporary one)")
+    ap.add_argument("--analyze", default=None, metavar="RUN_DIR", help="only the selections, of a kept run")
     ns = ap.parse_args()
     venv = Path(ns.venv).resolve()
+    if ns.analyze:
+        analyze(venv, Path(ns.analyze))
+        return
     tiny = venv / "tiny-qwen3-omni"
     work = Path(ns.keep or tempfile.mkdtemp(prefix="flame-real-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -153,6 +201,7 @@ def main() -> None:
     with open(work / "server.log", "wb") as log:
         server = subprocess.Popen(
             [str(venv / "bin" / "omnitrace"), "run", "--run-dir", str(run_dir), "--flame", "--flame-rate", ns.rate,
+             *(["--flame-tool", ns.flame_tool] if ns.flame_tool else []),
              "serve", str(tiny / "model"), "--port", str(port), "--deploy-config", str(tiny / "deploy.yaml"),
              "--load-format", "dummy", "--enforce-eager", "--dtype", "bfloat16", "--served-model-name", MODEL,
              "--stage-init-timeout", "900"], env=_env(venv), stdout=log, stderr=subprocess.STDOUT)
@@ -182,23 +231,7 @@ def main() -> None:
     for p in index["profiles"]:
         print(f"| {p['name']} | {p.get('rounds_known')} | {p.get('pyspy_behind', 0)}, "
               f"{p.get('pyspy_behind_max_s', 0)} | {p.get('unsampled_s')} |")
-    snap = _span_time(venv, run_dir)
-    rid = next(r["id"] for r in json.loads((run_dir / "bench.json").read_text())["requests"]
-               if not r.get("warmup") and not r.get("error"))
-    rows = [("thinker snapshot", ("--stage", "thinker", "--category", "snapshot"), snap.get(0)),
-            ("talker snapshot", ("--stage", "talker", "--category", "snapshot"), snap.get(1)),
-            ("thinker fifo_blocked, sender", ("--stage", "thinker", "--category", "fifo_blocked",
-                                              "--thread", "sender"), None),
-            ("thinker compute", ("--stage", "thinker", "--category", "compute"), None),
-            ("talker compute", ("--stage", "talker", "--category", "compute"), None),
-            ("thinker compute, one request", ("--stage", "thinker", "--category", "compute", "--request", rid), None)]
-    print("\n| selection | samples | seconds | spans' time s | ratio | ± (1/sqrt n) | unsampled s |"
-          "\n|---|---|---|---|---|---|---|")
-    for name, args, truth in rows:
-        sel = _selection(venv, run_dir, *args)
-        truth = truth if truth is not None else sel["interval_s"]
-        print(f"| {name} | {sel['samples']} | {sel['seconds']:.3f} | {truth:.3f} | "
-              f"{sel['seconds'] / truth:.3f} | {sel.get('sampling_error_pct')}% | {sel['unsampled_s']:.3f} |")
+    analyze(venv, run_dir)
 
 
 if __name__ == "__main__":

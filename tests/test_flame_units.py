@@ -17,7 +17,7 @@ from tests.support.report_util import replay_timeline, speedscope_errors
 from omnitrace.profile import chrometrace as ct
 from omnitrace.profile import clock, finalize, linked, render
 from omnitrace.profile.config import FlameConfig
-from omnitrace.profile.runner import PySpy, behind_s
+from omnitrace.profile.runner import PYSPY_NICE, PySpy, behind_s
 from omnitrace.profile.store import ROUND_DTYPE, Store, collapsed, in_order
 
 TARGET = textwrap.dedent('''
@@ -52,6 +52,17 @@ TARGET = textwrap.dedent('''
 ''')
 
 
+def _nice(pid: int, tid: int) -> int:
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
+def _may_lower_nice() -> bool:
+    """CAP_SYS_NICE, as a child process finds out (root in a container may lack it)."""
+    return subprocess.run([sys.executable, "-c", "import os; os.setpriority(os.PRIO_PROCESS, 0, -1)"],
+                          capture_output=True).returncode == 0
+
+
 def test_pyspy_samples_land_on_our_clock(tmp_path):
     """A real py-spy, calibrated by the clock thread: samples showing the short phase fall
     inside its own noted intervals, and the intervals select mostly that phase. py-spy
@@ -68,10 +79,13 @@ def test_pyspy_samples_land_on_our_clock(tmp_path):
                             stdout=subprocess.PIPE, text=True, env=env)
     cfg = FlameConfig(run_dir=str(tmp_path), rate=250)
     os.makedirs(cfg.raw_dir)
-    spy = PySpy(cfg, proc.pid, 0)  # as the runner starts it (high CPU weight)
+    spy = PySpy(cfg, proc.pid, 0)  # as the runner starts it
     try:
         assert proc.stdout.readline().strip() == "ready"
         assert spy.start(), spy.error
+        # every py-spy thread runs ahead of the target's where that is allowed
+        assert spy.nice == (PYSPY_NICE if _may_lower_nice() else 0)
+        assert {_nice(spy.proc.pid, int(t)) for t in os.listdir(f"/proc/{spy.proc.pid}/task")} == {spy.nice}
         started = spy.started_ns
         proc.stdin.write("go\n")
         proc.stdin.flush()
@@ -125,6 +139,7 @@ def test_pyspy_samples_land_on_our_clock(tmp_path):
     placed, _, _, (good,), _ = finalize.load_chunks(str(tmp_path), runner, 0, ct.Frames())
     assert not bad["calibrated"] and good["calibrated"], (bad, good)
     assert good["pyspy_samples"] == runner["chunks"][0]["pyspy_samples"], good
+    assert good["pyspy_nice"] == spy.nice, good
     for note, st in ((bad, assumed), (good, placed)):
         assert (note["from_unix_ns"], note["to_unix_ns"]) == (st["t"].min(), st["end"].max()), note
         store = Store(st, rounds, frames.frames, frames.stacks, 4_000_000, dict(chunk.threads))
