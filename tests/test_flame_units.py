@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
+from tests.support.flame_run import may_lower_nice
 from tests.support.report_util import replay_timeline, speedscope_errors
 
 from omnitrace.profile import chrometrace as ct
@@ -57,12 +58,6 @@ def _nice(pid: int, tid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[16])
 
 
-def _may_lower_nice() -> bool:
-    """CAP_SYS_NICE, as a child process finds out (root in a container may lack it)."""
-    return subprocess.run([sys.executable, "-c", "import os; os.setpriority(os.PRIO_PROCESS, 0, -1)"],
-                          capture_output=True).returncode == 0
-
-
 def test_pyspy_samples_land_on_our_clock(tmp_path):
     """A real py-spy, calibrated by the clock thread: samples showing the short phase fall
     inside its own noted intervals, and the intervals select mostly that phase. py-spy
@@ -84,7 +79,7 @@ def test_pyspy_samples_land_on_our_clock(tmp_path):
         assert proc.stdout.readline().strip() == "ready"
         assert spy.start(), spy.error
         # every py-spy thread runs ahead of the target's where that is allowed
-        assert spy.nice == (PYSPY_NICE if _may_lower_nice() else 0)
+        assert spy.nice == (PYSPY_NICE if may_lower_nice() else 0)
         assert {_nice(spy.proc.pid, int(t)) for t in os.listdir(f"/proc/{spy.proc.pid}/task")} == {spy.nice}
         started = spy.started_ns
         proc.stdin.write("go\n")

@@ -23,6 +23,12 @@ def flame_run(run_dir: str, bench: list[str], serve: str, *flame_args: str,
     return r
 
 
+def may_lower_nice() -> bool:
+    """CAP_SYS_NICE, as a child process finds out (root in a container may lack it)."""
+    return subprocess.run([sys.executable, "-c", "import os; os.setpriority(os.PRIO_PROCESS, 0, -1)"],
+                          capture_output=True).returncode == 0
+
+
 def within_sampling_error(summary: dict, truth: float) -> bool:
     """A selection's seconds (from its samples, `omnitrace flame --json`) against the spans'
     own time: within 10%, or 2.5 times the sampling error the selection states where that
