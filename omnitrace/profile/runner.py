@@ -21,12 +21,10 @@ command starts) the run goes on with one warning line, and the API server and st
 processes profile their main thread in-process with pyinstrument instead.
 
 Each py-spy stays in the command's session (its own process group, so a terminal's Ctrl-C
-does not reach it). A new session would be a new scheduler autogroup on Linux
-(``/proc/sys/kernel/sched_autogroup_enabled``, on by default): measured on a 6.18 kernel
-beside the real vLLM-Omni server on 2 cores, a py-spy in its own autogroup sat runnable
-but unscheduled for up to 2.7 s at a time, 16-20 s of a 31-s load, and left 40-96% of a
-selection unsampled; in the server's autogroup it waited ~0.6 s in all
-(``docs/flame-graphs.md``).
+does not reach it): on Linux a new session is a new scheduler autogroup
+(``/proc/sys/kernel/sched_autogroup_enabled``, on by default), and beside a busy server a
+py-spy in an autogroup of its own was left runnable but unscheduled for seconds at a time,
+missing most of the stages' time (``benchmarks/flame_results.md``).
 
 Exit status: the command's (128+N when it was killed by signal N, as a shell reports it).
 """
@@ -219,18 +217,24 @@ class PySpy:
 
 def renice(pid: int, nice: int) -> bool:
     """Every thread of process ``pid`` to ``nice`` (Linux's nice is per thread); False
-    where not allowed."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return False
-    for tid in tids:
+    where not allowed. Listed again until no new thread shows: one started meanwhile
+    took the nice of its starter as it was then."""
+    done: set[str] = set()
+    for _ in range(5):
         try:
-            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-        except PermissionError:
-            return False
-        except ProcessLookupError:  # a thread that ended meanwhile
-            continue
+            tids = set(os.listdir(f"/proc/{pid}/task")) - done
+        except OSError:
+            return bool(done)
+        if not tids:
+            break
+        for tid in tids:
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+            except PermissionError:
+                return False
+            except ProcessLookupError:  # a thread that ended meanwhile
+                pass
+        done |= tids
     return True
 
 
