@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from tests.support.report_util import browser, open_in_speedscope, replay_timeline, speedscope_errors
-from tests.support.flame_run import flame_run, may_lower_nice, within_sampling_error
+from tests.support.flame_run import flame_run, may_run_realtime, within_sampling_error
 
 # the seed scenario's shape (c=32, 2,500-token prompts), shorter: 32 requests, 160 tokens
 # 100 Hz (the default is 25): enough samples in a 10-second run
@@ -218,7 +218,7 @@ def test_blocked_intervals_are_the_span_builders(run_dir):
 def test_flame_cli_lists_and_refuses_bad_input(run_dir, tmp_path):
     r = flame(run_dir)
     assert r.returncode == 0 and "thinker" in r.stdout and "MISSING" not in r.stdout, r.stdout
-    assert ("py-spy ran at nice 0" in r.stdout) is not may_lower_nice(), r.stdout  # said where it could not
+    assert ("real-time priority" in r.stdout) is not may_run_realtime(), r.stdout  # said where it could not
     for args, needle in (([run_dir, "--stage", "nope", "--category", "snapshot"], "unknown stage"),
                          ([run_dir, "--category", "snapshot", "--request", "no-such-id"], "not in this run"),
                          ([run_dir, "--category", "bogus"], "invalid choice"),

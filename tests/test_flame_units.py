@@ -12,13 +12,13 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-from tests.support.flame_run import may_lower_nice
+from tests.support.flame_run import may_run_realtime
 from tests.support.report_util import replay_timeline, speedscope_errors
 
 from omnitrace.profile import chrometrace as ct
 from omnitrace.profile import clock, finalize, linked, render
 from omnitrace.profile.config import FlameConfig
-from omnitrace.profile.runner import PYSPY_NICE, PySpy, behind_s
+from omnitrace.profile.runner import PYSPY_NICE, PySpy, behind_s, prioritize
 from omnitrace.profile.store import ROUND_DTYPE, Store, collapsed, in_order
 
 TARGET = textwrap.dedent('''
@@ -78,9 +78,15 @@ def test_pyspy_samples_land_on_our_clock(tmp_path):
     try:
         assert proc.stdout.readline().strip() == "ready"
         assert spy.start(), spy.error
-        # every py-spy thread runs ahead of the target's where that is allowed
-        assert spy.nice == (PYSPY_NICE if may_lower_nice() else 0)
-        assert {_nice(spy.proc.pid, int(t)) for t in os.listdir(f"/proc/{spy.proc.pid}/task")} == {spy.nice}
+        # every py-spy thread runs ahead of the target's where that is allowed: real-time,
+        # and nice -10 once it says it is behind
+        realtime = may_run_realtime()
+        assert spy.priority == ("realtime" if realtime else "normal")
+        tids = [int(t) for t in os.listdir(f"/proc/{spy.proc.pid}/task")]
+        assert {os.sched_getscheduler(t) for t in tids} == {os.SCHED_FIFO if realtime else os.SCHED_OTHER}
+        if realtime:
+            assert prioritize(spy.proc.pid, realtime=False) == "nice"
+            assert {(os.sched_getscheduler(t), _nice(spy.proc.pid, t)) for t in tids} == {(os.SCHED_OTHER, PYSPY_NICE)}
         started = spy.started_ns
         proc.stdin.write("go\n")
         proc.stdin.flush()
@@ -134,7 +140,7 @@ def test_pyspy_samples_land_on_our_clock(tmp_path):
     placed, _, _, (good,), _ = finalize.load_chunks(str(tmp_path), runner, 0, ct.Frames())
     assert not bad["calibrated"] and good["calibrated"], (bad, good)
     assert good["pyspy_samples"] == runner["chunks"][0]["pyspy_samples"], good
-    assert good["pyspy_nice"] == spy.nice, good
+    assert good["pyspy_priority"] == spy.priority, good
     for note, st in ((bad, assumed), (good, placed)):
         assert (note["from_unix_ns"], note["to_unix_ns"]) == (st["t"].min(), st["end"].max()), note
         store = Store(st, rounds, frames.frames, frames.stacks, 4_000_000, dict(chunk.threads))

@@ -182,9 +182,9 @@ def _list(run: str, index: dict, store: Any, as_json: bool) -> int:
               f"profiles/{p['name']}.svg{extra}")
     for m in index.get("missing", []):
         print(f"  {m['name']:<12} pid {m['pid']:<7} MISSING: {m['reason']}")
-    if any(c.get("pyspy_nice") == 0 for c in index.get("clock", [])):
-        print("  py-spy ran at nice 0 (raising its priority needs CAP_SYS_NICE): on busy cores, "
-              "spans shorter than ~1 ms can read low (docs/flame-graphs.md)")
+    if any(c.get("pyspy_priority") in ("nice", "normal") for c in index.get("clock", [])):
+        print("  py-spy did not run at real-time priority throughout (it needs CAP_SYS_NICE, and drops "
+              "it when behind): on busy cores, spans shorter than ~1 ms can read low (docs/flame-graphs.md)")
     by_pid: dict[int, list[dict]] = {}
     for c in index.get("clock", []):
         by_pid.setdefault(int(c.get("pid", 0)), []).append(c)

@@ -190,7 +190,7 @@ def load_chunks(run_dir: str, runner: dict, offset_unix: int, frames: ct.Frames
                 continue
             chunk = ct.parse(path, frames)
             cal = ct.calibrate(chunk, frames, pid, flips, clock.PREFIX, clock.K, int(c["started_ns"]))
-            note: dict[str, Any] = {"pid": pid, "chunk": c["index"], "pyspy_nice": c.get("nice", 0),
+            note: dict[str, Any] = {"pid": pid, "chunk": c["index"], "pyspy_priority": c.get("priority"),
                                     **{k: c[k] for k in PYSPY_COUNTS if k in c}}
             if cal is not None and cal.agreeing >= MIN_AGREEING * cal.observations:
                 off = cal.offset_ns

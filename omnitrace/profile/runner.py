@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -52,11 +52,14 @@ READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 120.0
 PREFLIGHT_TIMEOUT_S = 30.0
 CUTOVER_S = 0.5  # a rotated process is sampled by both py-spys at least this long
-# py-spy's threads run this far ahead of the command's (nice -10: ~9x the weight) where
-# allowed (CAP_SYS_NICE). A sampling thread that waits for a CPU while the target's threads
-# burst reads after the burst, so spans shorter than that wait are under-sampled
-# (docs/flame-graphs.md); its CPU time is the same either way.
+# py-spy's sampling thread must run when it wakes: while every core is busy it otherwise
+# waits for a CPU, longest when the target's threads burst, and reads after spans shorter
+# than that wait (docs/flame-graphs.md). So its threads get the lowest real-time priority
+# (SCHED_FIFO 1, as `perf record --realtime`) where allowed (CAP_SYS_NICE), else nice -10,
+# else stay as they are. py-spy uses a few % of a core; one that cannot keep up (it says it
+# is behind) drops to nice -10 rather than hold a core.
 PYSPY_NICE = -10
+PRIORITIES = ("realtime", "nice", "normal")  # what a py-spy's threads got, best first
 
 
 def _why(text: str, tool: str, code: int | None) -> str:
@@ -95,7 +98,7 @@ class PySpy:
         self._said = b""  # the tail of py-spy's stdout: its last line counts samples and errors
         self._behind: list[float] = []  # seconds behind, each time it said so (at most 1/s)
         self._drainer: threading.Thread | None = None
-        self.nice = 0  # what its threads got (PYSPY_NICE where allowed)
+        self.priority = "normal"  # what its threads got: one of PRIORITIES
 
     def argv(self) -> list[str]:
         # --idle: every thread in every sample. chrometrace writes a thread's stack only
@@ -127,9 +130,9 @@ class PySpy:
                 if not chunk:
                     break
                 buf += chunk
-                if b"Sampling process" in buf:  # its sampling thread exists: renice it too
+                if b"Sampling process" in buf:  # its sampling thread exists: raise it too
                     self.ready_ns = time.perf_counter_ns()
-                    self.nice = PYSPY_NICE if renice(self.proc.pid, PYSPY_NICE) else 0
+                    self.priority = prioritize(self.proc.pid)
                     self._drainer = threading.Thread(target=self._drain, daemon=True)
                     self._drainer.start()
                     return True
@@ -150,7 +153,10 @@ class PySpy:
         try:
             while chunk := self.proc.stdout.read(4096):
                 self._said = (self._said + chunk)[-4096:]
-                self._behind += behind_s(chunk)
+                behind = behind_s(chunk)
+                self._behind += behind
+                if behind and self.priority == "realtime":  # its own cost, not the scheduler's
+                    self.priority = prioritize(self.proc.pid, realtime=False)
         except (OSError, ValueError):
             pass
 
@@ -202,7 +208,7 @@ class PySpy:
         path = self.path + ".zst" if os.path.exists(self.path + ".zst") else self.path
         return {"pid": self.pid, "index": self.index, "path": os.path.basename(path),
                 "started_ns": self.started_ns, "ready_ns": self.ready_ns,
-                "stopped_ns": self.stopped_ns, "error": self.error, "nice": self.nice, **self.counts()}
+                "stopped_ns": self.stopped_ns, "error": self.error, "priority": self.priority, **self.counts()}
 
     def counts(self) -> dict[str, Any]:
         """py-spy's own count of the samples it took and of those it failed to read (its
@@ -215,10 +221,22 @@ class PySpy:
         return out
 
 
-def renice(pid: int, nice: int) -> bool:
-    """Every thread of process ``pid`` to ``nice`` (Linux's nice is per thread); False
-    where not allowed. Listed again until no new thread shows: one started meanwhile
-    took the nice of its starter as it was then."""
+def prioritize(pid: int, realtime: bool = True) -> str:
+    """Raise every thread of process ``pid`` as far as allowed (``PYSPY_NICE``'s comment);
+    which of ``PRIORITIES`` it got."""
+    if realtime and _each_thread(pid, lambda t: os.sched_setscheduler(t, os.SCHED_FIFO, os.sched_param(1))):
+        return "realtime"
+
+    def nice(tid: int) -> None:
+        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, tid, PYSPY_NICE)
+    return "nice" if _each_thread(pid, nice) else "normal"
+
+
+def _each_thread(pid: int, apply: Callable[[int], None]) -> bool:
+    """``apply`` to every thread of ``pid`` (scheduling is per thread on Linux); False where
+    not allowed. Listed again until no new thread shows: one started meanwhile took its
+    starter's setting as it was then."""
     done: set[str] = set()
     for _ in range(5):
         try:
@@ -229,7 +247,7 @@ def renice(pid: int, nice: int) -> bool:
             break
         for tid in tids:
             try:
-                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+                apply(int(tid))
             except PermissionError:
                 return False
             except ProcessLookupError:  # a thread that ended meanwhile

@@ -23,9 +23,10 @@ def flame_run(run_dir: str, bench: list[str], serve: str, *flame_args: str,
     return r
 
 
-def may_lower_nice() -> bool:
-    """CAP_SYS_NICE, as a child process finds out (root in a container may lack it)."""
-    return subprocess.run([sys.executable, "-c", "import os; os.setpriority(os.PRIO_PROCESS, 0, -1)"],
+def may_run_realtime() -> bool:
+    """CAP_SYS_NICE (or an RLIMIT_RTPRIO), as a child process finds out (root in a
+    container may lack it)."""
+    return subprocess.run([sys.executable, "-c", "import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))"],
                           capture_output=True).returncode == 0
 
 
