@@ -185,7 +185,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", default="16")
     ap.add_argument("--concurrency", default="4")
     ap.add_argument("--output-len", default="16")
-    ap.add_argument("--flame-tool", default=None, help="passed to omnitrace run (e.g. a wrapper that renices py-spy)")
+    ap.add_argument("--flame-tool", default=None, help="passed to omnitrace run (e.g. a wrapper: chrt, nice)")
     ap.add_argument("--keep", default=None, help="run directory's parent (default: a temporary one)")
     ap.add_argument("--analyze", default=None, metavar="RUN_DIR", help="only the selections, of a kept run")
     ns = ap.parse_args()

@@ -14,6 +14,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -248,7 +249,8 @@ def test_request_selection_is_that_requests_spans(run_dir, tmp_path):
     assert within_sampling_error(steps, steps["interval_s"]), steps
     # the error from what each sample stands for: at least equal gaps' 1/sqrt(n), and what the title says
     assert steps["sampling_error_pct"] >= round(100 / steps["samples"] ** 0.5, 1), steps
-    assert f"±{steps['sampling_error_pct']:.0f}% sampling error" in open(steps["svg"], encoding="utf-8").read(), steps
+    said = re.search(r"±(\d+)% sampling error", open(steps["svg"], encoding="utf-8").read())
+    assert said and abs(int(said[1]) - steps["sampling_error_pct"]) <= 0.55, steps  # each rounds its own
 
 
 def test_html_report_embeds_flame_graphs_offline(run_dir, tmp_path):
