@@ -59,7 +59,6 @@ CUTOVER_S = 0.5  # a rotated process is sampled by both py-spys at least this lo
 # else stay as they are. py-spy uses a few % of a core; one that cannot keep up (it says it
 # is behind) drops to nice -10 rather than hold a core.
 PYSPY_NICE = -10
-PRIORITIES = ("realtime", "nice", "normal")  # what a py-spy's threads got, best first
 
 
 def _why(text: str, tool: str, code: int | None) -> str:
@@ -98,7 +97,7 @@ class PySpy:
         self._said = b""  # the tail of py-spy's stdout: its last line counts samples and errors
         self._behind: list[float] = []  # seconds behind, each time it said so (at most 1/s)
         self._drainer: threading.Thread | None = None
-        self.priority = "normal"  # what its threads got: one of PRIORITIES
+        self.priority = "normal"  # what its threads got: "realtime", "nice" or "normal"
 
     def argv(self) -> list[str]:
         # --idle: every thread in every sample. chrometrace writes a thread's stack only
@@ -223,7 +222,7 @@ class PySpy:
 
 def prioritize(pid: int, realtime: bool = True) -> str:
     """Raise every thread of process ``pid`` as far as allowed (``PYSPY_NICE``'s comment);
-    which of ``PRIORITIES`` it got."""
+    "realtime", "nice" or "normal": what it got."""
     if realtime and _each_thread(pid, lambda t: os.sched_setscheduler(t, os.SCHED_FIFO, os.sched_param(1))):
         return "realtime"
 
