@@ -10,8 +10,10 @@ unsampled time per profile (``profiles/index.json``), and the span-linked select
 seconds against the exported spans' own time (``omnitrace flame --json``, ``omnitrace
 export --otlp-json``), and the same intervals placed at random (each shifted by up to
 ±200 ms, 20 draws): the estimator's own spread, and whether the selection's real placement
-reads differently from a random one. ``--analyze RUN_DIR`` redoes only that part on a kept
-run. Output: markdown tables; figures go to benchmarks/flame_results.md.
+reads differently from a random one; and whether the samples whose stack shows the
+snapshot code were stamped inside the snapshot spans (sample times checked by what py-spy
+read). ``--analyze RUN_DIR`` redoes only that part on a kept run. Output: markdown
+tables; figures go to benchmarks/flame_results.md.
 
 "Longest starved" is the longest stretch a py-spy sampling thread stayed runnable ("R")
 without gaining CPU time: a thread the scheduler does not run.
@@ -156,6 +158,31 @@ def _placed_at_random(run_dir: Path, category: str, stage: str, thread: str | No
     return float(np.mean(ratios)), float(np.std(ratios))
 
 
+def _stamps_against_stacks(run_dir: Path, stage: str, code: str = "snapshot") -> str:
+    """Of the samples on the stage's scheduler thread whose stack shows ``code`` (a frame
+    name containing it), how many py-spy stamped inside the stage's snapshot spans, and
+    how far outside the others fell: whether sample times land right on sub-ms spans,
+    checked by what py-spy read rather than by when."""
+    import numpy as np
+
+    from omnitrace.profile import linked
+    store = linked.profiles_store(str(run_dir))
+    iv, _ = linked.intervals(str(run_dir), "snapshot", stage)
+    if not len(iv.start):
+        return "no spans"
+    mask = (store.stretches["pid"] == iv.pid[0]) & (store.stretches["tid"] == iv.tid[0])
+    idx, t = store.samples(mask)
+    shows = np.array([any(code in store.frames[f][0] for f in store.stacks[s])
+                      for s in store.stretches["stack"][idx]], bool)
+    a, b = linked._union(iv.start, iv.end)
+    j = np.searchsorted(a, t, "right") - 1
+    inside = (j >= 0) & (t < b[np.maximum(j, 0)])
+    k = np.minimum(np.searchsorted(a, t), len(a) - 1)
+    far = np.minimum(np.abs(t - b[np.maximum(j, 0)]), np.abs(a[k] - t))[shows & ~inside] / 1e6
+    return (f"{int((shows & inside).sum())} of {int(shows.sum())} inside"
+            + (f", the rest within {np.median(far):.2f} ms (median)" if len(far) else ""))
+
+
 def analyze(venv: Path, run_dir: Path) -> None:
     snap = _span_time(venv, run_dir)
     rid = next(r["id"] for r in json.loads((run_dir / "bench.json").read_text())["requests"]
@@ -176,6 +203,8 @@ def analyze(venv: Path, run_dir: Path) -> None:
         mean, sd = _placed_at_random(run_dir, category, stage, thread, request)
         print(f"| {name} | {sel['samples']} | {sel['seconds']:.3f} | {truth:.3f} | {sel['seconds'] / truth:.3f} | "
               f"{sel.get('sampling_error_pct')}% | {mean:.3f} ± {sd:.3f} | {sel['unsampled_s']:.3f} |")
+    print("\nSamples whose stack shows `snapshot`, stamped inside the snapshot spans: "
+          + "; ".join(f"{st} {_stamps_against_stacks(run_dir, st)}" for st in ("thinker", "talker")))
 
 
 def main() -> None:
