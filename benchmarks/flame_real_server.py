@@ -3,20 +3,22 @@
     python benchmarks/flame_real_server.py --venv .venv-vllm [--rate 100] [--num-prompts 16]
 
 Serves the tiny CPU Qwen3-Omni (``scripts/install-vllm-omni.sh --serve-cpu``) under
-``omnitrace run --flame``, loads it with ``omnitrace bench`` and, during the load, reads
-every py-spy thread's ``/proc/PID/task/TID/schedstat`` (CPU time, time waiting on a run
-queue) and state every 20 ms. Then, from the run directory: py-spy's own counts and the
-unsampled time per profile (``profiles/index.json``), and the span-linked selections'
-seconds against the exported spans' own time (``omnitrace flame --json``, ``omnitrace
-export --otlp-json``), and the same intervals placed at random (each shifted by up to
-±200 ms, 20 draws): the estimator's own spread, and whether the selection's real placement
-reads differently from a random one; and whether the samples whose stack shows the
-snapshot code were stamped inside the snapshot spans (sample times checked by what py-spy
-read). ``--analyze RUN_DIR`` redoes only that part on a kept run. Output: markdown
-tables; figures go to benchmarks/flame_results.md.
+``omnitrace run --flame`` and loads it with ``omnitrace bench``. During the load it reads
+every thread's ``/proc/PID/task/TID/schedstat`` (CPU time, time waiting on a run queue)
+and state every 20 ms, of each py-spy and of omnitrace's agent. Then, from the run
+directory: the agent's dropped events and longest drain lag (``agent.json``); py-spy's own
+counts and the unsampled time per profile (``profiles/index.json``); the span-linked
+selections' seconds against the exported spans' own time (``omnitrace flame --json``,
+``omnitrace export --otlp-json``), and the same intervals placed at random (each shifted
+by up to ±200 ms, 20 draws): the estimator's own spread, and whether the selection's real
+placement reads differently from a random one; and whether the samples whose stack shows
+the snapshot code were stamped inside the snapshot spans (sample times checked by what
+py-spy read). ``--analyze RUN_DIR`` redoes only the selections on a kept run. Output:
+markdown tables; figures go to benchmarks/flame_results.md.
 
-"Longest starved" is the longest stretch a py-spy sampling thread stayed runnable ("R")
-without gaining CPU time: a thread the scheduler does not run.
+"Longest starved" is the longest stretch a process's busiest thread (py-spy's sampling
+thread, the agent's drain loop) stayed runnable ("R") without gaining CPU time: a thread
+the scheduler does not run.
 """
 from __future__ import annotations
 
@@ -50,31 +52,38 @@ def _free_port() -> int:
 
 
 class SchedWatch(threading.Thread):
-    """Every py-spy thread's schedstat and state, every ``period`` s."""
+    """Every thread's schedstat and state, every ``period`` s, of each py-spy and of
+    omnitrace's agent (both run in the command's session: their scheduler autogroup)."""
 
     def __init__(self, period: float = 0.02) -> None:
         super().__init__(daemon=True)
         self.period, self.stop, self.rows = period, threading.Event(), []
+        self.kinds: dict[int, str] = {}
 
     @staticmethod
-    def _pyspys() -> list[int]:
-        out = []
+    def _watched() -> dict[int, str]:
+        out = {}
         for p in filter(str.isdigit, os.listdir("/proc")):
             try:
                 with open(f"/proc/{p}/cmdline", "rb") as f:
-                    if f.read().split(b"\0")[0].endswith(b"py-spy"):
-                        out.append(int(p))
+                    argv = f.read().split(b"\0")
             except OSError:
-                pass
+                continue
+            if argv[0].endswith(b"py-spy"):
+                out[int(p)] = "py-spy"
+            elif b"omnitrace.cli.agent" in argv:
+                out[int(p)] = "agent"
         return out
 
     def run(self) -> None:
-        spies, listed = [], 0.0
+        watched: dict[int, str] = {}
+        listed = 0.0
         while not self.stop.is_set():
             now = time.monotonic()
             if now - listed > 1:
-                spies, listed = self._pyspys(), now
-            for pid in spies:
+                watched, listed = self._watched(), now
+                self.kinds.update(watched)
+            for pid in watched:
                 try:
                     for tid in os.listdir(f"/proc/{pid}/task"):
                         base = f"/proc/{pid}/task/{tid}/"
@@ -87,9 +96,9 @@ class SchedWatch(threading.Thread):
                     pass
             time.sleep(self.period)
 
-    def per_pyspy(self) -> list[dict]:
-        """Per py-spy, its busiest thread (the sampling thread): CPU, run-queue wait, the
-        longest stretch it stayed runnable without CPU."""
+    def per_process(self) -> list[dict]:
+        """Per watched process, its busiest thread (py-spy's sampling thread, the agent's
+        drain loop): CPU, run-queue wait, the longest stretch it stayed runnable without CPU."""
         by: dict[tuple[int, int], list[tuple]] = {}
         for r in self.rows:
             by.setdefault((r[1], r[2]), []).append(r)
@@ -103,8 +112,9 @@ class SchedWatch(threading.Thread):
             for a, b in zip(rs, rs[1:]):
                 starved = starved + b[0] - a[0] if a[3] == "R" and b[4] == a[4] else 0.0
                 longest = max(longest, starved)
-            out.append({"pyspy": pid, "watched_s": rs[-1][0] - rs[0][0], "cpu_s": (rs[-1][4] - rs[0][4]) / 1e9,
-                        "runqueue_s": (rs[-1][5] - rs[0][5]) / 1e9, "longest_starved_s": longest})
+            out.append({"pid": pid, "kind": self.kinds.get(pid, "?"), "watched_s": rs[-1][0] - rs[0][0],
+                        "cpu_s": (rs[-1][4] - rs[0][4]) / 1e9, "runqueue_s": (rs[-1][5] - rs[0][5]) / 1e9,
+                        "longest_starved_s": longest})
         return out
 
 
@@ -251,10 +261,14 @@ def main() -> None:
             server.send_signal(signal.SIGTERM)
             server.wait(300)
     print(f"run: {run_dir} (bench rc {bench.returncode})\n")
-    print("| py-spy | watched s | CPU s | run-queue wait s | longest starved s |\n|---|---|---|---|---|")
-    for r in watch.per_pyspy():
-        print(f"| {r['pyspy']} | {r['watched_s']:.1f} | {r['cpu_s']:.2f} | {r['runqueue_s']:.2f} | "
+    print("| process | pid | watched s | busiest thread: CPU s | run-queue wait s | longest starved s |\n"
+          "|---|---|---|---|---|---|")
+    for r in watch.per_process():
+        print(f"| {r['kind']} | {r['pid']} | {r['watched_s']:.1f} | {r['cpu_s']:.2f} | {r['runqueue_s']:.2f} | "
               f"{r['longest_starved_s']:.2f} |")
+    agent = json.loads((run_dir / "agent.json").read_text())
+    print(f"\nagent: {agent.get('events_read')} events read, {agent.get('events_dropped')} dropped, "
+          f"longest drain lag {agent.get('max_drain_lag_ms')} ms, longest drain cycle {agent.get('max_cycle_ms')} ms")
     index = json.loads((run_dir / "profiles" / "index.json").read_text())
     print("\n| profile | rounds written | py-spy behind (times, max s) | unsampled s |\n|---|---|---|---|")
     for p in index["profiles"]:
