@@ -180,11 +180,11 @@ def _stamps_against_stacks(run_dir: Path, stage: str, code: str = "snapshot") ->
     iv, _ = linked.intervals(str(run_dir), "snapshot", stage)
     if not len(iv.start):
         return "no spans"
-    mask = (store.stretches["pid"] == iv.pid[0]) & (store.stretches["tid"] == iv.tid[0])
+    pid, tid, a, b = next(linked.thread_unions(iv))  # snapshots run on one thread
+    mask = (store.stretches["pid"] == pid) & (store.stretches["tid"] == tid)
     idx, t = store.samples(mask)
     shows = np.array([any(code in store.frames[f][0] for f in store.stacks[s])
                       for s in store.stretches["stack"][idx]], bool)
-    a, b = linked._union(iv.start, iv.end)
     j = np.searchsorted(a, t, "right") - 1
     inside = (j >= 0) & (t < b[np.maximum(j, 0)])
     k = np.minimum(np.searchsorted(a, t), len(a) - 1)

@@ -421,7 +421,7 @@ def select_time(store: Store, iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
         return empty
     st = store.stretches
     out_i, out_w, out_t = [], [], []
-    for pid, tid, a, b in _unions(iv):
+    for pid, tid, a, b in thread_unions(iv):
         mask = (st["pid"] == pid) & (st["tid"] == tid)
         if not mask.any():
             continue
@@ -505,7 +505,7 @@ def unsampled_ns(store: Store, iv: Intervals) -> int:
     """How much of the time the intervals cover py-spy provably did not sample (it fell
     behind: ``finalize.unsampled``). A selection's seconds estimate the rest."""
     total = 0
-    for pid, _, a, b in _unions(iv):
+    for pid, _, a, b in thread_unions(iv):
         gs, ge = store.gaps(pid)
         if len(gs):
             total += int((_inside_before(b, gs, ge) - _inside_before(a, gs, ge)).sum())
@@ -521,10 +521,10 @@ def _inside_before(x: np.ndarray, gs: np.ndarray, ge: np.ndarray) -> np.ndarray:
 
 def covered_ns(iv: Intervals) -> int:
     """Wall time the intervals cover (their union per thread, summed over threads)."""
-    return sum(int((b - a).sum()) for _, _, a, b in _unions(iv))
+    return sum(int((b - a).sum()) for _, _, a, b in thread_unions(iv))
 
 
-def _unions(iv: Intervals) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+def thread_unions(iv: Intervals) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
     """(pid, tid, starts, ends): the union of the intervals of each thread."""
     key = (iv.pid << 32) | iv.tid
     for k in np.unique(key).tolist():
