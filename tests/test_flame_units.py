@@ -213,6 +213,24 @@ def test_rounds_cluster_one_sample_of_all_threads():
     assert ct.rounds(stamps, gap_us=50).tolist() == [1000, 5000, 5100, 9000]
 
 
+@pytest.mark.unit
+def test_a_thread_name_py_spy_read_once_is_kept(tmp_path):
+    """py-spy leaves a thread's name out of the samples it took while it could not read the
+    threading module's table ('thread (77)'): the name read elsewhere stands, within a
+    chunk and across chunks, and a later real name still replaces an old one."""
+    def sample(ts, thread):
+        return [{"ph": ph, "name": name, "pid": 5, "tid": 1, "ts": ts, "args": args}
+                for ph, name, args in (("B", thread, {}), ("B", "work", {"filename": "w.py", "line": 3}),
+                                       ("E", "work", {}), ("E", thread, {}))]
+    path = tmp_path / "chunk.json"
+    path.write_text(json.dumps(sample(10, "thread (77): MainThread") + sample(20, "thread (77)")
+                               + sample(30, "thread (78)")))
+    chunk = ct.parse(str(path), ct.Frames())
+    assert chunk.threads == {(5, 77): "MainThread", (5, 78): ""}
+    assert finalize.thread_names([chunk.threads, {(5, 77): ""}, {(5, 78): "sender"}]) == \
+        {(5, 77): "MainThread", (5, 78): "sender"}
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--flame-rate", "50"], "--flame-rate needs --flame"),
     (["--flame", "--flame-rate", "0"], "--flame-rate must be 1..1000"),

@@ -121,7 +121,7 @@ def parse(path: str, frames: Frames) -> Chunk:
                 st.append(name)
             elif not fname and (th := _thread_frame(name)) is not None:
                 key_of[ptid] = (int(ev["pid"]), th[0])
-                threads[(int(ev["pid"]), th[0])] = th[1]
+                threads[key_of[ptid]] = th[1] or threads.get(key_of[ptid], "")  # unread: kept
                 st.append(name)
             else:
                 st.append((name, fname, int(ev["args"].get("line") or 0)))

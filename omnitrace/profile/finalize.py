@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -173,7 +174,7 @@ def load_chunks(run_dir: str, runner: dict, offset_unix: int, frames: ct.Frames
     for c in runner.get("chunks") or ():
         if c.get("ready_ns"):
             by_pid.setdefault(int(c["pid"]), []).append(c)
-    parts, rparts, threads, notes, pending = [], [], {}, [], []
+    parts, rparts, notes, pending = [], [], [], []
     flips_by_pid: dict[int, np.ndarray] = {}
     offsets: list[int] = []  # calibrated (py-spy zero - its start), for chunks without a clock
     for pid, chunks in sorted(by_pid.items()):
@@ -212,11 +213,12 @@ def load_chunks(run_dir: str, runner: dict, offset_unix: int, frames: ct.Frames
                 note["late_rounds"] = int((~good).sum())
             pending.append((chunk, off, int(c["started_ns"]), lo, hi, note, good))
     typical = int(np.median(offsets)) if offsets else 0
+    names = thread_names(p[0].threads for p in pending)
     for chunk, off, started, lo, hi, note, good in pending:
         if off is None:  # py-spy's zero: its start plus the typical start-up delay of the others
             off = started + typical
             note["assumed_offset_ms"] = round(typical / 1e6, 3)
-        keep = np.array([chunk.threads.get((int(p), int(t))) != clock.THREAD
+        keep = np.array([names.get((int(p), int(t))) != clock.THREAD
                          for p, t in zip(chunk.stretches["pid"], chunk.stretches["tid"])], bool)
         st = chunk.stretches[keep] if len(chunk.stretches) else chunk.stretches
         shift = off + offset_unix
@@ -231,10 +233,21 @@ def load_chunks(run_dir: str, runner: dict, offset_unix: int, frames: ct.Frames
         r = np.zeros(len(rnd), ROUND_DTYPE)
         r["t"], r["pid"] = rnd, int(chunk.stretches["pid"][0]) if len(chunk.stretches) else 0
         rparts.append(r)
-        threads.update({k: v for k, v in chunk.threads.items() if v != clock.THREAD})
+    threads = {k: v for k, v in names.items() if v != clock.THREAD}
     st = np.concatenate(parts) if parts else np.zeros(0, ct.STRETCH_DTYPE)
     rnd = np.sort(np.concatenate(rparts) if rparts else np.zeros(0, ROUND_DTYPE), order=["pid", "t"])
     return st, rnd, threads, notes, _unsampled_by_pid(rnd, flips_by_pid, int(1e9 // int(runner.get("rate") or 100)))
+
+
+def thread_names(per_chunk: Iterable[dict[tuple[int, int], str]]) -> dict[tuple[int, int], str]:
+    """(pid, native tid) -> name over a process's chunks, in order: a name py-spy read in
+    any chunk is kept over an empty one (py-spy leaves the name out of the samples taken
+    while it could not read the threading module's table: seen on an API process's
+    MainThread under load, which would else lose its name, or a clock thread its)."""
+    out: dict[tuple[int, int], str] = {}
+    for threads in per_chunk:
+        out.update({k: v for k, v in threads.items() if v or k not in out})
+    return out
 
 
 def _unsampled_by_pid(rnd: np.ndarray, flips_by_pid: dict[int, np.ndarray], period_ns: int) -> np.ndarray:

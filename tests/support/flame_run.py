@@ -37,5 +37,10 @@ def within_sampling_error(summary: dict, truth: float) -> bool:
     as 1/sqrt(samples) or more; ~100 samples in the suite's short runs;
     benchmarks/flame_results.md measures the 10% on a longer load)."""
     err = summary.get("sampling_error_pct") or 100 / np.sqrt(max(summary["samples"], 1))
-    tol = max(0.10, 2.5 * err / 100)
-    return abs(summary["seconds"] - truth) <= tol * truth + 1e-3  # seconds are rounded to the ms
+    return abs(summary["seconds"] - truth) <= tolerance(0.10, err) * truth + 1e-3  # seconds: to the ms
+
+
+def tolerance(floor: float, sampling_error_pct: float) -> float:
+    """The relative tolerance of a figure read off samples: ``floor``, or 2.5 times its
+    sampling error (one sigma, %) where that is wider."""
+    return max(floor, 2.5 * sampling_error_pct / 100)
