@@ -116,7 +116,7 @@ def finished(tmp_path_factory, long_lived_processes):
         assert prom_util.wait(lambda: all_in(proms, 8 + REQUESTS), DEADLINE_S, 1.0), \
             "Prometheus never saw every request end"
         time.sleep(3)
-        at_ms = int(time.time() * 1000)
+        at_ms = int(time.time() * 1000)  # each window: [base - 1 ms, at], holding the base scrape
         answers = {flavour: {(q.panel, q.legend, q.expr): prom_util.query(
                                  p, q.expr.replace("[1m]", f"[{at_ms - base_ms[flavour] + 1}ms]"),
                                  time=f"{at_ms / 1000:.3f}")

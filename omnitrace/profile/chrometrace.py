@@ -76,6 +76,14 @@ def _thread_frame(name: str) -> tuple[int, str] | None:
     return tid, rest[2:] if rest.startswith(": ") else ""
 
 
+def keep_read_name(names: dict[tuple[int, int], str], key: tuple[int, int], name: str) -> None:
+    """Record a thread's name unless py-spy did not read it this time (``''``) and a name
+    is known: py-spy leaves it out of the samples taken while it could not read the
+    threading module's table (seen on an API process's MainThread under load)."""
+    if name or key not in names:
+        names[key] = name
+
+
 def parse(path: str, frames: Frames) -> Chunk:
     with open(path, "rb") as f:
         data = f.read()
@@ -121,7 +129,7 @@ def parse(path: str, frames: Frames) -> Chunk:
                 st.append(name)
             elif not fname and (th := _thread_frame(name)) is not None:
                 key_of[ptid] = (int(ev["pid"]), th[0])
-                threads[key_of[ptid]] = th[1] or threads.get(key_of[ptid], "")  # unread: kept
+                keep_read_name(threads, key_of[ptid], th[1])
                 st.append(name)
             else:
                 st.append((name, fname, int(ev["args"].get("line") or 0)))

@@ -240,13 +240,12 @@ def load_chunks(run_dir: str, runner: dict, offset_unix: int, frames: ct.Frames
 
 
 def thread_names(per_chunk: Iterable[dict[tuple[int, int], str]]) -> dict[tuple[int, int], str]:
-    """(pid, native tid) -> name over a process's chunks, in order: a name py-spy read in
-    any chunk is kept over an empty one (py-spy leaves the name out of the samples taken
-    while it could not read the threading module's table: seen on an API process's
-    MainThread under load, which would else lose its name, or a clock thread its)."""
+    """(pid, native tid) -> name over the chunks, in order; a name read in one chunk
+    stands where another did not read it (a clock thread's too, so its samples are dropped)."""
     out: dict[tuple[int, int], str] = {}
     for threads in per_chunk:
-        out.update({k: v for k, v in threads.items() if v or k not in out})
+        for key, name in threads.items():
+            ct.keep_read_name(out, key, name)
     return out
 
 
