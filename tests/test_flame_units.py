@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -205,6 +206,28 @@ def test_svg_and_speedscope_writers():
     names = {f["name"] for f in doc["shared"]["frames"]}
     assert {"main", "work", "idle"} <= names
     json.dumps(doc)
+
+
+def _brief() -> None:
+    time.sleep(0.002)
+
+
+@pytest.mark.unit
+def test_pyinstrument_profile_keeps_frames_under_one_percent(tmp_path):
+    """A call that took 0.3% of the session is in the SVG's stacks and in the speedscope
+    file (pyinstrument's renderers drop frames under 1% unless told to show all)."""
+    from pyinstrument import Profiler
+
+    from omnitrace.profile.inproc import load_collapsed
+    prof = Profiler(interval=0.001)
+    prof.start()
+    _brief()
+    time.sleep(0.6)
+    prof.stop().save(str(tmp_path / "s.json"))
+    stacks, doc = load_collapsed(str(tmp_path / "s.json"))
+    brief = [s for s, sec in stacks.items() if any(f.startswith("_brief ") for f in s)]
+    assert brief and sum(stacks[s] for s in brief) < 0.01 * sum(stacks.values()), stacks
+    assert "_brief" in {f["name"] for f in doc["shared"]["frames"]}
 
 
 @pytest.mark.unit

@@ -9,9 +9,10 @@
 
 * ``api`` (``--flame-api pyinstrument``): the API server's asyncio loop. The profiler
   starts on the thread that names the process the API server (``record.set_process_info(
-  role="api")``, called before the loop runs), in pyinstrument's async mode: the loop's
-  time is charged to the coroutines it runs, and the awaits of the coroutine that was
-  current when it started (the server's main task) to that coroutine.
+  role="api")``, called before the loop runs), in pyinstrument's async mode. Started
+  outside the loop, every task is in its context: the loop's CPU is charged to the
+  coroutines it runs, and every await (the server's main coroutine's too) shows as the
+  loop's idle ``select``/``epoll.poll``, not as an ``[await]`` frame.
 * ``all`` (py-spy could not attach): the API server and each stage profile the thread
   that named them (their main thread) from then on.
 
@@ -142,5 +143,7 @@ def load_collapsed(path: str) -> tuple[dict[tuple[str, ...], float], dict]:
 
     if root is not None:
         walk(root, ())
-    doc = orjson.loads(SpeedscopeRenderer().render(session))
+    # show_all: pyinstrument's renderers drop frames under 1% of the total by default; the
+    # speedscope file keeps every frame, as the SVG (from the unprocessed tree above) does
+    doc = orjson.loads(SpeedscopeRenderer(show_all=True).render(session))
     return out, doc
