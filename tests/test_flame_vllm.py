@@ -56,8 +56,8 @@ def _share(run_dir: Path, pid: int, function: str) -> tuple[float, int]:
 def _per_call_ms(run_dir: Path, pid: int, function: str, calls: int) -> tuple[float, float]:
     """Time in ``function`` on the process's main thread, from the samples alone (each
     stretch of one stack weighted by its duration, as the per-process profile is), over the
-    number of calls the spans counted; and the time's sampling error (%, the product's own estimate from those durations: py-spy's
-    gaps are random, so ~sqrt(2/n) rather than 1/sqrt(n))."""
+    number of calls the spans counted; and the time's sampling error (%, the product's own
+    estimate from those durations: py-spy's gaps are random, so ~sqrt(2/n), not 1/sqrt(n))."""
     from omnitrace.profile.linked import sampling_error_pct
     from omnitrace.profile.store import Store
     store = Store.load(str(run_dir / "profiles" / "samples.npz"))
