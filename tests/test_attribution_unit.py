@@ -146,3 +146,49 @@ def test_waterfall_marks_only_the_queues_the_critical_path_waited_in(tmp_path):
     # the thinker's queue gates the request; the talker's and code2wav's wait for a chunk
     assert queues == {"0:thinker": True, "1:talker": False, "2:code2wav": False}
     assert {p[2] for p in wf["path"] if p[3] == "queue"} == {"0:thinker"}
+
+
+def _get_overlapping_its_put(rid: str) -> list[tuple]:
+    """The worked example with code2wav's get of talker chunk 0 entered before the talker's
+    put began and left after it ended (a receiver thread descheduled inside a non-blocking
+    get: seen on the real server), behind two earlier no-chunk talker tasks under the same
+    chunk index, which finished before the get began."""
+    from omnitrace.conventions import Ev
+    from tests.support.event_fixture import CODEC_RECV, TALKER, TALKER_SEND
+    out = []
+    for e in three_stage_events(rid):
+        ring, kind, _, stage, chunk = e[:5]
+        if ring == CODEC_RECV and chunk == 0 and kind == Ev.GET_BEGIN:
+            e = (*e[:7], 315)  # put: 320-330
+        elif ring == CODEC_RECV and chunk == 0 and kind in (Ev.GET_END, Ev.CHUNK_READY):
+            e = (*e[:7], 335)
+        out.append(e)
+    for t in (210, 250):  # no-chunk talker tasks labelled with chunk 0: process bytes 0
+        out += [(TALKER, Ev.SNAPSHOT_BEGIN, rid, 1, 0, 0, 2, t), (TALKER, Ev.SNAPSHOT_END, rid, 1, 0, 0, 2, t + 1),
+                (TALKER, Ev.FIFO_ENQUEUE, rid, 1, 0, 0, 2, t + 1),
+                (TALKER_SEND, Ev.FIFO_DEQUEUE, rid, 1, 0, 0, 2, t + 2),
+                (TALKER_SEND, Ev.PROCESS_BEGIN, rid, 1, 0, 0, 2, t + 2),
+                (TALKER_SEND, Ev.PROCESS_END, rid, 1, 0, 0, 2, t + 3)]
+    return sorted(out, key=lambda e: e[7])
+
+
+@pytest.mark.unit
+def test_a_get_overlapping_its_put_takes_the_task_that_put_it(tmp_path):
+    """The get is matched to the put it can have read (begun before the get ended) and the
+    put to its own task (the sender's last process before it), not to whatever finished
+    before the get began: no task is called unrecorded, and the overlap is the producer's."""
+    bench = {"requests": [{"id": "o", "warmup": False, "ttfp_s": 0.001}]}
+    run = load_run([write_event_run(str(tmp_path / "r"), _get_overlapping_its_put("o"), bench=bench)])
+    a = at.attribute(request_spans(run)["o"])
+    assert a.missing == [] and a.unrecorded_tasks == []
+    tot = {k: v // US for k, v in a.totals().items()}
+    # talker: snapshot 300-305, FIFO 305-310, process 310-320, put 320-330; code2wav's get
+    # counts from the put's end (330-335), no poll lag
+    assert (tot[(1, "snapshot")], tot[(1, "fifo_own")], tot[(1, "process")], tot[(1, "put")]) == (5, 5, 10, 10)
+    assert tot[(2, "get")] == 5 and (2, "poll_lag") not in tot
+    assert sum(a.totals().values()) == a.ttfp_ns
+    (get,) = [s for s in a.segments if s.category == "get" and s.stage == 2]
+    assert get.detail == "overlap" and get.start == a.arrival + 330 * US
+    row = build_report(run)["requests"][0]  # the batch walk reads the same
+    assert row["missing_spans"] == [] and row["unrecorded_tasks"] == []
+    assert [s[4] for s in row["segments"] if s[3] == "get" and s[2] == "2:code2wav"] == ["overlap"]

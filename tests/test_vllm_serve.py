@@ -359,6 +359,34 @@ def test_counts_equal_what_the_server_did(loadtest032) -> None:
     assert keys == seg_keys
 
 
+def test_a_task_is_called_unrecorded_only_where_the_server_made_one_omnitrace_lacks(loadtest032) -> None:
+    """The report's "lack the producing task" warning against an independent count: every
+    chunk segment the server created in /dev/shm (inotify) was put by one producing task;
+    omnitrace recorded that task when it holds a process span with payload bytes under the
+    chunk's key. A hop the report lists as unrecorded must be one of the tasks the witness
+    shows missing, and the warning appears only with such a hop (a get that overlapped its
+    put once made the walk call a recorded task missing)."""
+    made = {(s["attrs"]["omni.request.id"], int(s["attrs"]["omni.stage.id"]), int(s["attrs"]["omni.chunk.index"]))
+            for s in loadtest032["spans"]
+            if s["name"] == "omni.chunk.process" and int(s["attrs"].get("omni.transfer.bytes", 0)) > 0}
+    created = set()
+    for n in loadtest032["watcher"].created:
+        m = CHUNK_KEY.match(n)
+        if m and not n.endswith(".lock"):
+            created.add((m["req"][len("chatcmpl-"):-9], int(m["stage"]), int(m["chunk"])))
+    assert created and made
+    unrecorded = created - made
+    rep = loadtest032["report"]
+    listed = set()
+    for r in rep["requests"]:
+        for hop in r["unrecorded_tasks"]:
+            pair, chunk = hop.split("#")
+            listed.add((r["id"], int(pair.split("->")[0]), int(chunk)))
+    assert listed <= unrecorded, (listed - unrecorded, len(unrecorded))
+    warned = [w for w in rep["warnings"] if "lack the producing task" in w]
+    assert bool(warned) == bool(listed), (warned, listed)
+
+
 def _flame(fx: dict, *args: str) -> dict:
     out = fx["run_dir"] / ("flame-" + "-".join(a.lstrip("-") for a in args))
     fl = _ot(fx["venv"], "flame", str(fx["run_dir"]), *args, "-o", str(out), "--json", timeout=300)

@@ -1,7 +1,7 @@
 """The batch walk (analyze/walk.py) against the reference walk (attribution.attribute),
 request by request, on a real run and on that run's chunk spans perturbed every way the
 rule has a branch for (missing spans, several tasks under one key, 0-byte tasks, ties,
-table order); and the report made with it against the report made by the reference."""
+gets overlapping their puts, table order); and the report made with it against the report made by the reference."""
 from __future__ import annotations
 
 import copy
@@ -70,6 +70,11 @@ def _perturbed(run, rng: np.random.Generator, how: str):
         early["start"] = np.minimum(early["start"] + rng.integers(-1_000_000, 1_000_000, n), early["end"])
         early["reason"] = np.where(rng.random(n) < 0.05, 1, early["reason"])
         early["v2"] = np.where(rng.random(n) < 0.3, rng.integers(0, 10_000_000, n), early["v2"])
+    elif how == "early-get":  # gets entered before their put began or ended (a receiver
+        # thread descheduled in a non-blocking get): matched to their put by causality
+        get = early["name"] == stt.N_GET
+        early["start"] = np.where(get & (rng.random(n) < 0.5), early["start"] - rng.integers(0, 5_000_000, n),
+                                  early["start"])
     elif how == "cycle":  # stage loops: a hop key met again, the hop limit reached
         wait = early["name"] == stt.N_WAIT
         early["peer"] = np.where(wait & (rng.random(n) < 0.5), early["stage"], early["peer"])
@@ -84,7 +89,7 @@ def _perturbed(run, rng: np.random.Generator, how: str):
     return out
 
 
-@pytest.mark.parametrize("how", ["drop", "duplicate", "zero-bytes", "jitter", "cycle"])
+@pytest.mark.parametrize("how", ["drop", "duplicate", "zero-bytes", "jitter", "early-get", "cycle"])
 def test_batch_walk_equals_the_reference_on_perturbed_spans(real_run, how):
     run = load_run([real_run])
     rng = np.random.default_rng(len(how))

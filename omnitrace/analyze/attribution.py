@@ -17,6 +17,22 @@ Rule (the analytical core; also in docs/bench-and-report.md). For one request, f
    S `poll_lag` (P's put end -> S's get begin), P `put`, P `process`, P FIFO residence
    split into `fifo_blocked` (= omni.fifo.blocked_ns, capped at the residence) and
    `fifo_own` (the rest), P `snapshot`. Then t = P's snapshot begin and S = P; go to 2.
+   Which span of a kind is the chunk's (several can share its key: retries, a producer's
+   no-chunk tasks under the next chunk's index) follows the ORDERING RULE below.
+
+Ordering rule (the one home; the walk here and ``walk.py`` apply it). One process's spans
+are ordered by their stamps: one monotonic clock, and the sender runs a task's dequeue,
+process and put in turn on one thread. Spans of two processes are ordered only by
+causality, never by which call began first: a receiver thread can enter a non-blocking get
+before the put begins and be descheduled until the segment exists (seen on the real
+server under load: get 476.38-477.91 ms around put 477.28-477.52). So: the consumer's get
+is the latest ending by the chunk's ready; its put is the latest that BEGAN by that get's
+end (the one it can have read); the producing task is the latest process ending by that
+put's begin, its FIFO wait the latest ending by the process begin, its snapshot the latest
+ending by the FIFO wait's begin; `poll_lag` is [put end, get begin] of that pair. A get
+that began before its put ended is charged as `get` only from the put's end (segment
+detail ``overlap``): before it the chunk was not yet written, and that time is the
+producer's put and task, whatever the receiver thread was doing.
 4. A stage with no input chunk before t (stage 0): [scheduled, t] is `compute`, its
    `omni.stage.queue` (add -> scheduled) is `queue`, and [A, add] is the API's `parse`
    (A -> body parsed) and `dispatch` (-> handed to the stage queues), then the stage's
@@ -283,13 +299,18 @@ def attribute(r: RequestSpans) -> Attribution | None:
         w.push(ws.start, ws.end, cons, WAIT_SCHEDULE)
         csp = r.consumer.get(key, {})
         psp = r.producer.get(key, {})
-        for name, st, cat in ((cv.SPAN_GET, cons, GET), (cv.SPAN_POLL, cons, POLL_LAG)):
-            s = _latest(csp.get(name), w.cursor)
-            if s is None:
-                missing.append(f"{name}[{prod}->{cons}#{c}]")
-            else:
-                w.push(s.start, s.end, st, cat)
-        put = _latest(psp.get(cv.SPAN_PUT), w.cursor)
+        # the chunk's get and put, matched by causality (the ordering rule)
+        get = _latest(csp.get(cv.SPAN_GET), w.cursor)
+        put = _latest_begun(psp.get(cv.SPAN_PUT), get.end if get is not None else w.cursor)
+        if get is None:
+            missing.append(f"{cv.SPAN_GET}[{prod}->{cons}#{c}]")
+        else:
+            got = get.start if put is None else max(get.start, min(put.end, get.end))
+            w.push(got, get.end, cons, GET, "overlap" if got > get.start else "")
+        if get is None or put is None:
+            missing.append(f"{cv.SPAN_POLL}[{prod}->{cons}#{c}]")
+        else:
+            w.push(put.end, max(get.start, put.end), cons, POLL_LAG)
         if put is None:
             missing.append(f"{cv.SPAN_PUT}[{prod}->{cons}#{c}]")
         else:
@@ -299,16 +320,17 @@ def attribute(r: RequestSpans) -> Attribution | None:
         # step and labels no-chunk tasks (0 bytes) with the index of the next chunk; if only
         # such tasks are in the trace, the producing task was not recorded on its own, so its
         # time stays in the producer's compute (walked next) and the hop is listed.
-        procs = [x for x in psp.get(cv.SPAN_PROCESS, ()) if x.end <= w.cursor] or psp.get(cv.SPAN_PROCESS, [])
+        by = put.start if put is not None else w.cursor  # the sender's clock orders its task
+        procs = [x for x in psp.get(cv.SPAN_PROCESS, ()) if x.end <= by] or psp.get(cv.SPAN_PROCESS, [])
         made = [x for x in procs if x.nbytes > 0]
         if put is not None and put.nbytes > 0 and procs and not made:
             missing.append(f"task[{prod}->{cons}#{c}]")
             task: list[Span | None] = [None, None, None]
             stale.append((prod, cons, c))
         else:
-            proc = max(made, key=lambda x: x.end) if made else _latest(procs, w.cursor)
+            proc = max(made, key=lambda x: x.end) if made else _latest(procs, by)
             task = [proc, None, None]
-            cut = proc.start if proc is not None else w.cursor
+            cut = proc.start if proc is not None else by
             task[1] = _latest(psp.get(cv.SPAN_FIFO), cut)
             cut = task[1].start if task[1] is not None else cut
             task[2] = _latest(psp.get(cv.SPAN_SNAPSHOT), cut)
@@ -343,6 +365,17 @@ def _latest(spans: list[Span] | None, t: int) -> Span | None:
         return spans[0]
     before = [s for s in spans if s.end <= t]
     return max(before or spans, key=lambda s: s.end)
+
+
+def _latest_begun(spans: list[Span] | None, t: int) -> Span | None:
+    """Of several spans under one key, the latest BEGUN by ``t`` (or, if none did, the
+    latest begun): a put that a get ending at ``t`` can have read."""
+    if not spans:
+        return None
+    if len(spans) == 1:
+        return spans[0]
+    before = [s for s in spans if s.start <= t]
+    return max(before or spans, key=lambda s: s.start)
 
 
 def _gating_chunk(scheduled: Iterable[Span], t: int) -> Span | None:

@@ -24,8 +24,8 @@ from omnitrace import spantable as stt
 from omnitrace.analyze import attribution as at
 
 CAT = {c: i for i, c in enumerate(at.CATEGORIES)}
-DETAILS = ("", "gap", "inbox", "submit", "unwalked")
-_GAP, _INBOX, _SUBMIT, _UNWALKED = 1, 2, 3, 4
+DETAILS = ("", "gap", "inbox", "submit", "unwalked", "overlap")
+_GAP, _INBOX, _SUBMIT, _UNWALKED, _OVERLAP = 1, 2, 3, 4, 5
 _NONE = -1
 # missing-span kinds, in the order a hop notes them (their names: the reference's strings)
 _MISSING = (cv.SPAN_GET, cv.SPAN_POLL, cv.SPAN_PUT, "task", cv.SPAN_PROCESS, cv.SPAN_FIFO,
@@ -193,7 +193,7 @@ class _Segments:
                                np.full(n, cat, np.int8), np.broadcast_to(np.asarray(detail, np.int8), (n,))))
 
     def push(self, idx: np.ndarray, start: np.ndarray, end: np.ndarray, stage: np.ndarray | int,
-             cat: str, detail: int = 0) -> None:
+             cat: str, detail: np.ndarray | int = 0) -> None:
         """``_Walker.push`` for the requests ``idx``."""
         if not len(idx):
             return
@@ -206,7 +206,8 @@ class _Segments:
         start = np.maximum(np.minimum(start, cur), arr)
         m = start < cur
         st = np.broadcast_to(np.asarray(stage, np.int64), (len(idx),))
-        self._add(idx[m], start[m], cur[m], st[m], CAT[cat], detail, 2 * self.k + 1)
+        det = np.broadcast_to(np.asarray(detail, np.int8), (len(idx),))
+        self._add(idx[m], start[m], cur[m], st[m], CAT[cat], det[m], 2 * self.k + 1)
         self.cursor[idx] = np.where(m, start, cur)
         self.last_stage[idx] = st
 
@@ -254,13 +255,14 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
     prod_code = _code(owner, stage, peer, chunk)
     cons_code = _code(owner, peer, stage, chunk)
 
-    def index(sel: np.ndarray, code: np.ndarray) -> _Latest:
-        return _Latest(code[sel], end[sel], rowno[sel])
+    def index(sel: np.ndarray, code: np.ndarray, by: np.ndarray = end) -> _Latest:
+        return _Latest(code[sel], by[sel], rowno[sel])
 
     ready = (name == stt.N_WAIT) & (rows["reason"] == 0)
     sched = index(ready, _code(owner, stage, np.full(len(rows), -1), np.full(len(rows), -1)))
-    get, poll = index(name == stt.N_GET, cons_code), index(name == stt.N_POLL, cons_code)
-    put, fifo = index(name == stt.N_PUT, prod_code), index(name == stt.N_FIFO, prod_code)
+    get = index(name == stt.N_GET, cons_code)
+    put = index(name == stt.N_PUT, prod_code, by=start)  # the latest BEGUN by a time
+    fifo = index(name == stt.N_FIFO, prod_code)
     snap, proc = index(name == stt.N_SNAPSHOT, prod_code), index(name == stt.N_PROCESS, prod_code)
     made = index((name == stt.N_PROCESS) & (v1 > 0), prod_code)
 
@@ -292,18 +294,20 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
         W.push(idx, end[ws], t_, cons, at.COMPUTE)
         W.push(idx, start[ws], end[ws], cons, at.WAIT_SCHEDULE)
         pc = _code(idx, prod, cons, c)  # producer-side code of the hop's key
-        notes: list[tuple[np.ndarray, int]] = []
-        for ix, kind, cat in ((get, _M_GET, at.GET), (poll, _M_POLL, at.POLL_LAG)):
-            s = ix.by(pc, W.cursor[idx])
-            have = s >= 0
-            notes.append((~have, kind))
-            si = s[have]
-            W.push(idx[have], start[si], end[si], cons[have], cat)
-        pu = put.by(pc, W.cursor[idx])
+        # the chunk's get and put, matched by causality (attribution's ordering rule)
+        g = get.by(pc, W.cursor[idx])
+        have_get = g >= 0
+        gi = np.maximum(g, 0)
+        pu = put.by(pc, np.where(have_get, end[gi], W.cursor[idx]))
         have_put = pu >= 0
-        notes.append((~have_put, _M_PUT))
-        pui = pu[have_put]
-        W.push(idx[have_put], start[pui], end[pui], prod[have_put], at.PUT)
+        pui = np.maximum(pu, 0)
+        got = np.where(have_put, np.maximum(start[gi], np.minimum(end[pui], end[gi])), start[gi])
+        overlap = np.where(got > start[gi], _OVERLAP, 0).astype(np.int8)
+        W.push(idx[have_get], got[have_get], end[gi][have_get], cons[have_get], at.GET, overlap[have_get])
+        both = have_get & have_put
+        W.push(idx[both], end[pui][both], np.maximum(start[gi], end[pui])[both], cons[both], at.POLL_LAG)
+        notes: list[tuple[np.ndarray, int]] = [(~have_get, _M_GET), (~both, _M_POLL), (~have_put, _M_PUT)]
+        W.push(idx[have_put], start[pui][have_put], end[pui][have_put], prod[have_put], at.PUT)
         _producer_task(W, rows, idx, pc, prod, have_put, pu, (proc, made, fifo, snap), notes)
         for mask, kind in notes:  # in the order the reference notes them
             for j in np.flatnonzero(mask).tolist():
@@ -330,8 +334,9 @@ def _producer_task(W: _Segments, rows: np.ndarray, idx: np.ndarray, pc: np.ndarr
     proc, made, fifo, snap = ix
     start, end, v1, v2 = rows["start"], rows["end"], rows["v1"], rows["v2"]
     # the producing task (the reference's comment says why): procs = its process spans
-    # ending by the cursor, or all; made = those with payload bytes
-    cur = W.cursor[idx]
+    # ending by the put's begin (the sender's own clock; no put: the cursor), or all;
+    # made = those with payload bytes
+    cur = np.where(have_put, start[np.maximum(pu, 0)], W.cursor[idx])
     n_proc = proc.count(pc)
     some_by = proc.any_by(pc, cur)
     made_by = made.by(pc, cur, fallback=False)
