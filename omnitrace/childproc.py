@@ -7,15 +7,21 @@ Python >= 3.11 has ``-P`` (no unsafe path entry); 3.10 runs the module through `
 with the empty entry ('' = the current directory) taken off first. Either way the child
 sees the parent's interpreter and the installed package, never the cwd.
 
-``start`` also starts such a child with SIGINT blocked until it can take a Ctrl-C.
+``start`` also starts such a child with SIGINT blocked until it can take a Ctrl-C, and
+bound to its parent: when the parent dies (even by SIGKILL) the child gets SIGHUP, its
+launcher hung up, and stops as it would on Ctrl-C (:func:`stop_like_ctrl_c`). So a signal
+to any omnitrace command reaches the whole tree, and no child outlives a killed parent.
 """
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import os
 import signal
 import subprocess
 import sys
-from typing import Any
+import weakref
+from typing import Any, Callable
 
 # 3.10: `-c CODE MODULE ARGS...` -> sys.argv == ['-c', MODULE, ARGS...] and sys.path[0] == ''
 _RUN_MODULE = ("import runpy, sys\n"
@@ -52,17 +58,84 @@ def module_of(argv: list[str]) -> str | None:
     return None
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_children: "weakref.WeakSet[subprocess.Popen]" = weakref.WeakSet()
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_STATUS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hangup"}
+
+
+def parent_death_signal(signum: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel send ``signum`` to the child when this process
+    dies (Linux ``PR_SET_PDEATHSIG``; None elsewhere). Only for a process with no other
+    thread (``preexec_fn`` runs between fork and exec): every caller is a launcher's main
+    thread. A parent that died before the call is caught by the ``getppid`` check."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    parent = os.getpid()
+
+    def bind() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signum)
+    return bind
+
+
 def start(cmd: list[str], **popen_kw: Any) -> subprocess.Popen:
     """Popen ``cmd`` (one of ours: it calls accept_sigint() once it can take a Ctrl-C)
-    with SIGINT blocked. A Ctrl-C on the terminal reaches the whole process group; one
-    that lands while the child's interpreter starts and imports would kill it with a
-    traceback. Blocked, it stays pending (the mask survives exec, and Python leaves it as
-    it finds it) and is taken where the child handles it."""
+    with SIGINT blocked, SIGHUP when this process dies, and remembered for
+    :func:`forward`. A Ctrl-C on the terminal reaches the whole process group; one that
+    lands while the child's interpreter starts and imports would kill it with a traceback.
+    Blocked, it stays pending (the mask survives exec, and Python leaves it as it finds it)
+    and is taken where the child handles it."""
+    popen_kw.setdefault("preexec_fn", parent_death_signal(signal.SIGHUP))
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        return subprocess.Popen(cmd, **popen_kw)
+        child = subprocess.Popen(cmd, **popen_kw)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    _children.add(child)
+    return child
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP taken as a Ctrl-C is (every clean-up that handles
+    KeyboardInterrupt runs), with its signal kept for the status and the exit code."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def forward(signum: int) -> None:
+    """Send ``signum`` to every child :func:`start` started that still runs."""
+    for child in list(_children):
+        if child.poll() is None:
+            try:
+                child.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+
+def stop_like_ctrl_c() -> None:
+    """From here on SIGTERM and SIGHUP stop this command as a Ctrl-C does, after passing
+    the signal on to its children (a terminal's Ctrl-C reaches them all by itself; a
+    ``kill`` reaches one process). Main thread only."""
+    def handle(signum: int, _frame: object) -> None:
+        forward(signum)
+        raise Stopped(signum)
+    for s in STOP_SIGNALS:
+        signal.signal(s, handle)
+
+
+def signal_of(exc: BaseException) -> int:
+    """The signal behind a KeyboardInterrupt (SIGINT unless it is a :class:`Stopped`)."""
+    return exc.signum if isinstance(exc, Stopped) else signal.SIGINT
+
+
+def stop_status(signum: int) -> str:
+    """How a run or a load stopped by ``signum`` is labelled (run.json, bench.json)."""
+    return _STATUS.get(signum, f"signal-{signum}")
 
 
 def accept_sigint() -> None:

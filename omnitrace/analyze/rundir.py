@@ -201,6 +201,27 @@ def _warmup_ids(bench: dict[str, Any] | None) -> set[str]:
             and r.get("id")}
 
 
+# run.json statuses other than "complete" (written by the agent: omnitrace.cli.agent)
+_STATUS_NOTES = {
+    "interrupted": "the run was stopped by SIGINT (Ctrl-C)",
+    "terminated": "the run was stopped by SIGTERM",
+    "hangup": "the run was stopped by SIGHUP (its terminal or its launcher went away)",
+    "launcher-killed": "omnitrace run was killed; the agent stopped the command and recorded it "
+                       "to its end: requests sent after that have no trace",
+    "agent-killed": "the agent died while the command ran: events after that were not recorded",
+    "drain-failed": "the agent's drain thread failed: events after that were not recorded",
+    "running": "the run never finished (every process of it killed at once?): no final counts",
+}
+
+
+def status_note(status: str, live: bool = False) -> str:
+    """One line on a run.json status other than complete (``live``: its agent runs)."""
+    if status == "running" and live:
+        return "run status 'running': the run is still recording; results are partial"
+    why = _STATUS_NOTES.get(status, "the run did not finish cleanly")
+    return f"run status {status!r}: {why}; results are partial"
+
+
 def load_run(paths: list[str], skip_warmup: bool = True) -> Run:
     """Load and merge run directories (e.g. one per host of one deployment)."""
     # Millions of small acyclic objects: the cyclic GC would rescan them again and again
@@ -231,8 +252,7 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
         else:
             run.run_json.append(rj)
             if rj.get("status") not in (None, "complete"):
-                run.warnings.append(f"{pre}run status is {rj.get('status')!r}: the run did not finish "
-                                    "cleanly; results are partial")
+                run.warnings.append(pre + status_note(str(rj.get("status")), live_agent(p) is not None))
             left = rj.get("shm_leftovers")
             if isinstance(left, dict) and (left.get("wake_dirs") or left.get("chunk_segments")):
                 run.warnings.append(

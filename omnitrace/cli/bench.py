@@ -4,8 +4,9 @@ Writes ``bench.json`` into ``$OMNITRACE_RUN_DIR`` (set by ``omnitrace run``) or 
 per-request rows (id = the x-request-id sent, so rows join to traces) and, per concurrency
 level, ``measured_window`` {start_unix_ns, end_unix_ns} and the warm-up ids that analysis
 excludes. The file is rewritten after every level, so an interrupted sweep keeps what it
-measured, labelled ``status: "interrupted"`` (the level cut short included, marked
-``interrupted``). ``status: "complete"`` only when every request of every level succeeded;
+measured, labelled by how it stopped, ``status: "interrupted"`` (Ctrl-C), ``"terminated"``
+(SIGTERM) or ``"hangup"`` (SIGHUP: its terminal, or the loadtest that started it, went
+away), the level cut short included, marked ``interrupted``. ``status: "complete"`` only when every request of every level succeeded;
 ``complete-with-errors`` when every level ran but some requests failed. Results already at
 the destination are never replaced without ``--overwrite``, and results that cannot be
 written there are never lost (``omnitrace/bench/output.py``).
@@ -24,7 +25,7 @@ from typing import Any
 import orjson
 from tqdm import tqdm
 
-from omnitrace import __version__
+from omnitrace import __version__, childproc
 from omnitrace import conventions as cv
 from omnitrace.analyze.stats import summary
 from omnitrace.bench.client import RequestResult
@@ -132,26 +133,30 @@ def _run_interruptible(coro, grace_s: float = 2.0):
     asyncio would print its traceback)."""
     loop = asyncio.new_event_loop()
     task = loop.create_task(coro)
-    interrupted = False
+    got: list[int] = []  # the signal that stopped the load (SIGTERM/SIGHUP: as a Ctrl-C)
+    stops = (signal.SIGINT, *childproc.STOP_SIGNALS)
 
-    def on_sigint() -> None:
-        nonlocal interrupted
-        interrupted = True
+    def on_signal(signum: int) -> None:
+        got.append(signum)
         task.cancel()
 
-    try:
-        loop.add_signal_handler(signal.SIGINT, on_sigint)
-    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-        pass
+    def stopped() -> KeyboardInterrupt:
+        return KeyboardInterrupt() if got[0] == signal.SIGINT else childproc.Stopped(got[0])
+
+    for s in stops:
+        try:
+            loop.add_signal_handler(s, on_signal, s)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            pass
     try:
         try:
             result = loop.run_until_complete(task)
         except asyncio.CancelledError:
-            if not interrupted:
+            if not got:
                 raise
-            raise KeyboardInterrupt from None
-        if interrupted:  # the coroutine absorbed the cancellation
-            raise KeyboardInterrupt
+            raise stopped() from None
+        if got:  # the coroutine absorbed the cancellation
+            raise stopped()
         return result
     except KeyboardInterrupt:
         pending = asyncio.all_tasks(loop)
@@ -167,10 +172,11 @@ def _run_interruptible(coro, grace_s: float = 2.0):
                 t.exception()
         raise
     finally:
-        try:
-            loop.remove_signal_handler(signal.SIGINT)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
+        for s in stops:
+            try:
+                loop.remove_signal_handler(s)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
         try:
             loop.run_until_complete(loop.shutdown_asyncgens())
         except BaseException:
@@ -232,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
             if lv.aborted:
                 status = "failed"
                 break
-    except KeyboardInterrupt:
-        status = "interrupted"
-        console.say("bench", "interrupted; partial results kept", gap=True)
+    except KeyboardInterrupt as exc:
+        status = childproc.stop_status(childproc.signal_of(exc))
+        console.say("bench", f"{status}; partial results kept", gap=True)
         if partial:
             levels.append(_cut_level(c, partial))
             partial = []

@@ -186,9 +186,12 @@ def served_model_name(model: str, serve_args: list[str]) -> str:
 
 # --------------------------------------------------------------------------- one run
 class Interrupted(Exception):
-    def __init__(self, run_dir: str) -> None:
+    """A load stopped by a signal (Ctrl-C, or SIGTERM/SIGHUP: ``childproc.Stopped``)."""
+
+    def __init__(self, run_dir: str, signum: int = signal.SIGINT) -> None:
         super().__init__(run_dir)
         self.run_dir = run_dir
+        self.signum = signum
 
 
 def _stop(proc: subprocess.Popen, timeout_s: float = 120.0) -> int:
@@ -238,16 +241,22 @@ def bench(url: str, run_dir: str, bench_args: tuple[str, ...]) -> int:
     proc = childproc.start(cmd)
     try:
         return proc.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         _wait_quietly(proc, 30)
-        raise Interrupted(run_dir) from None
+        raise Interrupted(run_dir, childproc.signal_of(exc)) from None
 
 
-def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> None:
-    """Serve, load, stop. Raises Interrupted on Ctrl-C, LoadtestError on failure."""
+def _ended(rc: int) -> str:
+    return f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+
+
+def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> int:
+    """Serve, load, stop; bench's exit status (1 also when the server stopped during the
+    load). Raises Interrupted on a stop signal, LoadtestError on failure."""
     port = free_port()
     serve = ["serve", *([dep.model] if dep.model else []), "--port", str(port), *dep.serve_args]
-    cmd = [*_py(), "run", "--run-dir", run_dir, *cfg.run_args, *serve]
+    # stopping the server after the load is this run's planned end (run.json: complete)
+    cmd = [*_py(), "run", "--run-dir", run_dir, "--planned-stop", "TERM", *cfg.run_args, *serve]
     shown = ['omnitrace', *cmd[len(_py()):]]
     console.say("loadtest", f"starting {' '.join(shlex.quote(c) for c in shown)}")
     server = childproc.start(cmd)
@@ -257,12 +266,17 @@ def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> None:
         if why:
             raise LoadtestError(f"{why} (see the server's output above)")
         rc = bench(url, run_dir, cfg.bench_args)
-        if rc != 0:
+        if server.poll() is not None:  # not stopped by us: run.json says how (launcher-killed ...)
+            console.say("loadtest", f"the server (omnitrace run) stopped during the load "
+                        f"({_ended(server.returncode)}); the report shows what was recorded")
+            rc = rc or 1
+        elif rc != 0:
             console.say("loadtest", f"the load test did not complete (bench exit {rc}); "
                         "the report shows what was measured")
-    except KeyboardInterrupt:
+        return rc
+    except KeyboardInterrupt as exc:
         _wait_quietly(server, 120)
-        raise Interrupted(run_dir) from None
+        raise Interrupted(run_dir, childproc.signal_of(exc)) from None
     except Interrupted:
         _wait_quietly(server, 120)
         raise
@@ -270,9 +284,9 @@ def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> None:
         if server.poll() is None:
             try:
                 _stop(server)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as exc:
                 _wait_quietly(server, 60)
-                raise Interrupted(run_dir) from None
+                raise Interrupted(run_dir, childproc.signal_of(exc)) from None
 
 
 def report(run_dir: str, html: bool) -> int:
@@ -319,11 +333,11 @@ def run_ab(cfg: LoadtestConfig, pattern: str, repeats: int) -> int:
                     f"({' '.join(deps[label].serve_args) or 'default'}) -> {d}", gap=True)
         try:
             one_run(cfg, deps[label], d)
-        except Interrupted:
-            console.say("loadtest", f"interrupted during run {i}; finished runs: "
+        except Interrupted as exc:
+            console.say("loadtest", f"{childproc.stop_status(exc.signum)} during run {i}; finished runs: "
                         f"{' '.join(runs['A'] + runs['B']) or 'none'}; {d} holds what was recorded "
                         f"(omnitrace compare --a ... --b ... on the finished ones)", gap=True)
-            return 130
+            return 128 + exc.signum
         runs[label].append(d)
     from omnitrace.cli.compare import compare
     from omnitrace.analyze.rundir import RunDirError
@@ -359,14 +373,14 @@ def main(argv: list[str] | None = None) -> int:
     except LoadtestError as exc:
         console.say("loadtest", f"{exc}")
         return 2
+    childproc.stop_like_ctrl_c()  # a `kill` of loadtest stops the whole run, as Ctrl-C does
     try:
         if args.ab:
             return run_ab(cfg, args.pattern, args.repeats)
         if cfg.base_url:
             rc = bench(cfg.base_url, cfg.run_dir, cfg.bench_args)
         else:
-            one_run(cfg, cfg.deployments[0], cfg.run_dir)
-            rc = 0
+            rc = one_run(cfg, cfg.deployments[0], cfg.run_dir)
         rep = report(cfg.run_dir, cfg.html)
         if rep not in (0, 3):
             return rep
@@ -380,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (Interrupted, KeyboardInterrupt) as exc:
         d = exc.run_dir if isinstance(exc, Interrupted) else cfg.run_dir
-        console.say("loadtest", f"interrupted; the run directory keeps what was recorded: {d}\n"
-                    f"  omnitrace report {d}", gap=True)
-        return 130
+        signum = exc.signum if isinstance(exc, Interrupted) else childproc.signal_of(exc)
+        console.say("loadtest", f"{childproc.stop_status(signum)}; the run directory keeps what was "
+                    f"recorded: {d}\n  omnitrace report {d}", gap=True)
+        return 128 + signum

@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--patches", action="append", default=[], metavar="DIR",
                    help="your own hook definitions (TARGET/VERSIONS/HOOKS modules, see "
                         "docs/vllm-omni.md), tried before the built-in ones; repeatable")
+    p.add_argument("--planned-stop", default=None, metavar="SIGNAL",
+                   help="the signal that ends this run as planned (e.g. TERM: `omnitrace "
+                        "loadtest` stops its server so): run.json says complete, not terminated")
     from omnitrace.profile.flags import add_flame_options
     add_flame_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER)
@@ -164,6 +167,11 @@ def _validate(ns: argparse.Namespace) -> AgentConfig:
     for d in ns.patches:
         if not os.path.isdir(d):
             raise UsageError(f"--patches {d}: not a directory")
+    if ns.planned_stop is not None:
+        try:
+            ns.planned_stop = signal.Signals[f"SIG{ns.planned_stop.upper().removeprefix('SIG')}"]
+        except KeyError:
+            raise UsageError(f"--planned-stop {ns.planned_stop!r}: not a signal name (e.g. TERM)") from None
     run_id = ns.run_id or new_run_id()
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", run_id):
         raise UsageError(f"bad run id {run_id!r} (letters, digits, '-' and '_', at most 64)")
@@ -290,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.overwrite:
         _clear_run(cfg.run_dir)
 
-    sigs = _Signals()  # from here a Ctrl-C is remembered and forwarded, never a traceback
+    sigs = _Signals(ns.planned_stop)  # from here a signal is remembered and forwarded, never a traceback
     try:
         return _run_with_agent(cfg, lock, ns, full_cmd, extra_env, flame, sigs)
     finally:
@@ -304,7 +312,7 @@ def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cm
     if agent is None:
         return 2
     if sigs.got:  # Ctrl-C while the agent started: the command never starts
-        _stop_agent(agent, 128 + sigs.got[0], cfg, sigs.status())
+        _stop_agent(agent, 128 + sigs.got[0], cfg, childproc.stop_status(sigs.got[0]))
         console.say("run", f"interrupted before the command started; {cfg.run_dir} holds "
                     "an empty run")
         return 128 + sigs.got[0]
@@ -330,21 +338,24 @@ def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cm
     ours = childproc.module_of(full_cmd) == "omnitrace.cli.serve"
     try:  # --flame: the profile runner starts the command under py-spy
         popen = childproc.start if ours and flame is None else subprocess.Popen
-        child = popen(flame_flags.wrap(flame, full_cmd), env=env)
+        # killed, this launcher takes the command with it (SIGTERM: its own clean stop)
+        child = popen(flame_flags.wrap(flame, full_cmd), env=env,
+                      preexec_fn=childproc.parent_death_signal(signal.SIGTERM))
     except OSError as exc:
         console.say("run", f"{full_cmd[0]}: {exc.strerror}")
         rc = 127 if isinstance(exc, FileNotFoundError) else 126
         _stop_agent(agent, rc, cfg)
         return rc
     sigs.attach(child)
+    _tell_agent(agent, f"command {child.pid}")  # killed, this launcher leaves it to the agent
     rc = _wait_command(child, agent)
     if rc < 0:
         rc = 128 - rc  # killed by a signal: report it the way a shell does
     _stop_agent(agent, rc, cfg, sigs.status())
-    _sweep_leftovers(cfg.run_dir)
-    flame_flags.finish(flame)  # profiles/: after the agent's last drain (it names the processes)
-    if sigs.status() == "interrupted":
-        console.say("run", f"interrupted; what was recorded is in {cfg.run_dir} "
+    from omnitrace.inject.runend import after_command
+    after_command(cfg.run_dir, "run")
+    if sigs.status():
+        console.say("run", f"{sigs.status()}; what was recorded is in {cfg.run_dir} "
                     f"(`omnitrace report {cfg.run_dir}`)")
     elif rc == 0:
         console.say("run", f"done; see `omnitrace report {cfg.run_dir}`")
@@ -354,28 +365,18 @@ def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cm
     return rc
 
 
-def _sweep_leftovers(run_dir: str) -> None:
-    from omnitrace.inject.leftovers import sweep_run
-    removed = sweep_run(run_dir)
-    if removed and (removed["wake_dirs"] or removed["chunk_segments"]):
-        console.say("run", f"removed what the served processes left in /dev/shm: "
-                    f"{len(removed['wake_dirs'])} vLLM-Omni wake director(ies) of exited stages, "
-                    f"{len(removed['chunk_segments'])} unread chunk segment(s) (run.json: shm_leftovers)")
-    if removed and removed["chunk_segments_kept"]:
-        console.say("run", f"{len(removed['chunk_segments_kept'])} unread chunk segment(s) left in "
-                    f"/dev/shm: process(es) {', '.join(map(str, removed['alive_pids']))} of the run are "
-                    "still alive and may read them (run.json: shm_leftovers)")
-
-
 class _Signals:
     """SIGINT, SIGTERM and SIGHUP for `omnitrace run` once its agent may start: remembered
     (a signal before the command runs means it never starts) and forwarded to the command
-    once it runs, whose exit then ends the run as usual."""
+    once it runs, whose exit then ends the run as usual. A hangup (the terminal, or a
+    launcher that died) asks the command for its clean stop, SIGTERM: most servers die
+    on a SIGHUP without one."""
 
     KINDS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self) -> None:
+    def __init__(self, planned: int | None = None) -> None:
         self.got: list[int] = []
+        self.planned = planned
         self.child: subprocess.Popen | None = None
         self.old = {s: signal.signal(s, self._handle) for s in self.KINDS}
 
@@ -386,7 +387,7 @@ class _Signals:
     def _send(self, signum: int) -> None:
         try:
             if self.child is not None:
-                self.child.send_signal(signum)
+                self.child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
         except ProcessLookupError:
             pass
 
@@ -397,8 +398,11 @@ class _Signals:
             self._send(signum)
 
     def status(self) -> str | None:
-        """run.json's status for a run ended by Ctrl-C (else the agent's own)."""
-        return "interrupted" if signal.SIGINT in self.got else None
+        """run.json's status for a run a signal ended (interrupted, terminated, hangup);
+        None: the agent's own (the command ended by itself, or by the planned stop)."""
+        if not self.got or self.got[0] == self.planned:
+            return None
+        return childproc.stop_status(self.got[0])
 
     def restore(self) -> None:
         for s, h in self.old.items():
@@ -419,6 +423,16 @@ def _wait_command(child: subprocess.Popen, agent: subprocess.Popen) -> int:
             console.say("run", f"the agent (pid {agent.pid}) died ({how}) while the command "
                         "runs: recording stopped; the command goes on; the report will count what "
                         "was not recorded (run.json: status agent-killed)")
+
+
+def _tell_agent(agent: subprocess.Popen, line: str) -> None:
+    """One line of the agent's stdin protocol (:mod:`omnitrace.cli.agent`)."""
+    try:
+        assert agent.stdin is not None
+        agent.stdin.write(f"{line}\n".encode())
+        agent.stdin.flush()
+    except (BrokenPipeError, OSError):
+        pass  # a dead agent: _wait_command says so
 
 
 def _stop_agent(agent: subprocess.Popen, rc: int, cfg: AgentConfig | None = None,

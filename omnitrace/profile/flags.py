@@ -62,19 +62,17 @@ def wrap(cfg: FlameConfig | None, cmd: list[str]) -> list[str]:
     return python_module("omnitrace.profile.runner", "--config", cfg.to_json(), "--", *cmd)
 
 
-def finish(cfg: FlameConfig | None) -> None:
+def finish(run_dir: str, who: str = "run") -> None:
     """Write profiles/ (one line on stderr says what is there and what is missing)."""
-    if cfg is None:
-        return
     from omnitrace.profile.finalize import finalize
     try:
-        index = finalize(cfg.run_dir)
+        index = finalize(run_dir)
     except Exception as exc:  # the run itself is recorded: profiles must never fail it
-        console.say("run", f"warning: flame graphs not written: {type(exc).__name__}: {exc}")
+        console.say(who, f"warning: flame graphs not written: {type(exc).__name__}: {exc}")
         return
     names = ", ".join(p["name"] for p in index["profiles"]) or "none"
-    line = f"flame graphs in {os.path.join(cfg.run_dir, 'profiles')}: {names}"
+    line = f"flame graphs in {os.path.join(run_dir, 'profiles')}: {names}"
     if index["missing"]:  # why: in the runner's warning, in index.json, in the report
         line += (f"; py-spy profile missing for {', '.join(m['name'] for m in index['missing'])} "
                  "(profiles/index.json says why)")
-    console.say("run", line)
+    console.say(who, line)
