@@ -77,6 +77,42 @@ def segments(run_dir: str) -> list[str]:
 RETRY_S = 5.0  # after a write error (disk full), how often a fresh segment is tried
 
 
+@dataclass
+class ResumeState:
+    """Where a restarted agent takes up a run's event log (:func:`resume_state`)."""
+
+    next_segment: int = 0
+    rings: dict[int, dict] = field(default_factory=dict)  # ring index -> its RING description
+    tables: dict[int, dict[int, str]] = field(default_factory=dict)  # ring -> string table at the end
+
+
+def resume_state(run_dir: str) -> ResumeState:
+    """The log's state at its end, for an agent that takes over from one that died: the
+    next segment's number, and each ring the last segment describes with its string table
+    as of the last record that reached the disk (the segment's STRINGS head, then its
+    records; a torn tail loses what it held). Reads the last two segments only: each
+    segment starts with the table of every ring live then (two: the agent may have died
+    just after it created the last one)."""
+    paths = segments(run_dir)
+    if not paths:
+        return ResumeState()
+    log = EventLog()
+    out = ResumeState(next_segment=int(os.path.basename(paths[-1])[4:10]) + 1)
+    decoders: dict[int, record.SlotDecoder] = {}
+    for path in paths[-2:]:
+        for kind, idx, payload in _blocks(path, path == paths[-1], log):
+            if kind == RING:
+                out.rings[idx] = orjson.loads(payload)
+            elif kind in (STRINGS, RECORDS):
+                dec = decoders.setdefault(idx, record.SlotDecoder(log.requests))
+                if kind == STRINGS:
+                    dec.load_table({int(k): v for k, v in orjson.loads(payload).items()})
+                else:
+                    dec.decode(payload)
+    out.tables = {idx: dict(dec.strings) for idx, dec in decoders.items()}
+    return out
+
+
 class EventLogWriter:
     """Appends blocks to the current segment; used by the agent's drain thread only.
 
@@ -87,7 +123,7 @@ class EventLogWriter:
     Ring, death and account blocks wait for it (they are what the report counts with)."""
 
     def __init__(self, run_dir: str, run_id: str, offset_ns: int, max_bytes: int | None = None,
-                 segment_raw_bytes: int = SEGMENT_RAW_BYTES) -> None:
+                 segment_raw_bytes: int = SEGMENT_RAW_BYTES, resume: ResumeState | None = None) -> None:
         os.makedirs(os.path.join(run_dir, DIR), mode=0o700, exist_ok=True)
         self.run_dir, self.run_id, self.offset_ns = run_dir, run_id, offset_ns
         self.max_bytes = max_bytes
@@ -95,7 +131,10 @@ class EventLogWriter:
         self._zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
         self._fd = -1
         self._obj = None
-        self.segment = -1
+        # resumed (an agent that died wrote the log so far): the next segment number, and the
+        # string tables its first segment starts with, so its rings' records decode
+        self.segment = (resume.next_segment if resume else 0) - 1
+        self._first_tables = resume.tables if resume else {}
         self._seg_raw = 0
         self._seg_bytes = 0  # the open segment's size on disk (a failed write is cut back to it)
         self._buf: list[bytes] = []
@@ -205,8 +244,8 @@ class EventLogWriter:
         if not self._buf:
             return change
         try:
-            if self._fd < 0:
-                self._open_segment({})  # the first segment's strings are in its records
+            if self._fd < 0:  # the first segment's strings are in its records (resumed:
+                self._open_segment(self._first_tables)  # and in the tables taken over)
             self._write(b"".join(self._buf))
         except OSError as exc:
             self._fail(exc)

@@ -506,9 +506,11 @@ class SlotDecoder:
         return reset
 
     def load_table(self, table: dict[int, str]) -> None:
-        """Start from a known string table (an event-log segment's STRINGS block)."""
+        """Start from a known string table (an event-log segment's STRINGS block), at a
+        record boundary (a string cut off before it is dropped)."""
         self.strings.clear()
         self._lut[:] = 0
+        self._need, self._pending = 0, bytearray()
         for rid, text in sorted(table.items()):
             self._define(rid, text.encode("utf-8"))
 
@@ -516,6 +518,11 @@ class SlotDecoder:
     def cut(self) -> bool:
         """True while a string's bytes are split between this cut and the next."""
         return self._need > 0
+
+    @property
+    def need_slots(self) -> int:
+        """Byte slots of a cut string still to come (0: the cut ended at a record)."""
+        return self._need
 
     def decode(self, raw: bytes | memoryview) -> np.ndarray:
         view = memoryview(raw)

@@ -205,6 +205,22 @@ class RunDir:
             os.replace(tmp, self.file("processes.jsonl"))
         return self._guard("processes.jsonl", write)
 
+    def read_processes(self) -> list[dict]:
+        """processes.jsonl as written (none: empty; a torn last line is skipped)."""
+        out = []
+        try:
+            with open(self.file("processes.jsonl"), "rb") as f:
+                for line in f:
+                    try:
+                        p = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        continue
+                    if isinstance(p, dict) and isinstance(p.get("pid"), int):
+                        out.append(p)
+        except OSError:
+            pass
+        return out
+
     def write_agent(self, counters: dict) -> bool:
         return self._guard("agent.json", lambda: write_json_atomic(self.file("agent.json"), counters))
 

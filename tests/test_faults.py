@@ -118,7 +118,7 @@ def test_agent_sigkill_accounted_at_every_moment(tmp_path, moment) -> None:
     n = 20_000
     kill_at = {"before-any-event": 0, "mid-run": n // 2, "after-the-last-event": n}[moment]
     d = tmp_path / "run"
-    res = _emit(d, n, kill_at)
+    res = _emit(d, n, kill_at, "--agent-restarts", "0")  # no successor: what is lost is counted
     assert res.returncode == 0, res.stderr
     assert "the agent (pid" in res.stderr and "died (signal 9) while the command runs" in res.stderr
     assert "Traceback" not in res.stderr, res.stderr
@@ -133,6 +133,45 @@ def test_agent_sigkill_accounted_at_every_moment(tmp_path, moment) -> None:
     assert "THE AGENT DIED" in " ".join(rep["warnings"]) or acc["never_drained"] == 0
     assert "written =" in txt
     assert not (d / ".omnitrace-reserve").exists()
+
+
+# The writer above, SIGKILLing the agent at event KILL_AT, then waiting (up to 30 s) until
+# another agent has taken over (run.json's agent_pid changes), then writing the rest with
+# kind 201: events it knows were written after the successor started.
+TAKEOVER = EMITTER.replace("""    time.sleep(1.5)  # `omnitrace run` notices while the command still runs""", """
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if json.load(open(os.path.join(run_dir, "run.json")))["agent_pid"] != pid:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.01)""").replace("record.emit(200 + i % 3,", "record.emit(200 if i < kill_at else 201,")
+
+
+@pytest.mark.parametrize("moment", ["before-any-event", "mid-run"])
+def test_a_killed_agent_is_replaced_and_records_what_follows(tmp_path, moment) -> None:
+    """The agent SIGKILLed: another takes over its rings and its event log; every event
+    written after it took over is recorded (the writer's own count), the identity closes
+    (a loss only as "agent died"), the run ends complete with the gap in run.json."""
+    from omnitrace import eventlog
+    n = 20_000
+    kill_at = {"before-any-event": 0, "mid-run": n // 2}[moment]
+    d = tmp_path / "run"
+    res = omnitrace_run(["--run-dir", str(d), "--run-id", f"takeover-{uuid.uuid4().hex[:8]}", "--",
+                         sys.executable, "-c", TAKEOVER, str(n), str(kill_at), str(d)], timeout=180)
+    assert res.returncode == 0 and "took over its rings" in res.stderr, res.stderr
+    run = read_json(str(d), "run.json")
+    assert run["status"] == "complete" and len(run["agent_restarts"]) == 1, run
+    gap = run["agent_restarts"][0]
+    assert gap["restarted_unix_ns"] - gap["noticed_unix_ns"] < 5e9, gap
+    log = eventlog.read_event_log(str(d))
+    assert int((log.events["kind"] == 201).sum()) == n - kill_at  # all of them, decoded
+    rep, txt = _report(d)
+    acc = rep["recorder"]["accounting"]
+    _assert_closes(acc, n)
+    assert acc["recorded"] >= n - kill_at
+    assert "took over its rings" in " ".join(rep["warnings"]) and "written =" in txt
 
 
 TORN_EVENTS = 20_000

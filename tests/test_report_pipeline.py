@@ -162,7 +162,8 @@ def test_agent_killed_mid_run(tmp_path):
 
     from omnitrace import eventlog
     d = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "omnitrace", "run", "--run-dir", str(d), "--", sys.executable, "-m",
+    cmd = [sys.executable, "-m", "omnitrace", "run", "--run-dir", str(d), "--agent-restarts", "0", "--",
+           sys.executable, "-m",
            "omnitrace.bench.serve_and_bench", "--", "--no-progress", "--concurrency", "4",
            "--num-prompts", "40", "--input-len", "100", "--output-len", "60"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())

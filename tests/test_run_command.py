@@ -130,12 +130,24 @@ def test_agent_killed_is_recorded_and_rings_removed(tmp_path):
               "time.sleep(0.3)\n"
               "record.emit(21, 'r', 0)\n")
     res = omnitrace_run(["--run-dir", str(tmp_path / "run"), "--run-id", f"killed-{os.getpid()}",
-                         "--", "python", "-c", script])
+                         "--agent-restarts", "0", "--", "python", "-c", script])
     assert res.returncode == 0, res.stderr
     run = read_json(str(tmp_path / "run"), "run.json")
     assert run["status"] == "agent-killed" and run["exit_code"] == 0
     assert "agent died" in res.stderr
     assert not [n for n in os.listdir("/dev/shm") if f"killed-{os.getpid()}" in n]
+    # by default a new agent takes over: the event after the kill is in the record, the
+    # spare agent kept for that is gone with the run
+    run_id = f"taken-{os.getpid()}"
+    res = omnitrace_run(["--run-dir", str(tmp_path / "run2"), "--run-id", run_id, "--", "python", "-c",
+                         script.replace("'run', 'run.json'", "'run2', 'run.json'").replace(
+                             str(tmp_path / "run" / "run.json"), str(tmp_path / "run2" / "run.json"))])
+    assert res.returncode == 0 and "took over its rings" in res.stderr, res.stderr
+    from omnitrace import eventlog
+    assert sorted(eventlog.read_event_log(str(tmp_path / "run2")).events["kind"].tolist()) == [20, 21]
+    assert read_json(str(tmp_path / "run2"), "run.json")["status"] == "complete"
+    assert not [n for n in os.listdir("/dev/shm") if run_id in n]
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and run_id.encode() in _cmdline(int(p))]
 
 
 def test_a_run_dir_holding_a_run_is_refused_unless_overwrite(tmp_path):
@@ -213,3 +225,11 @@ def test_a_failing_command_is_reported_as_failed(tmp_path):
                          "raise SystemExit(3)"])
     assert res.returncode == 3
     assert "the command failed (exit status 3)" in res.stderr and "done;" not in res.stderr
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""

@@ -33,6 +33,9 @@ class AgentConfig:
     max_run_bytes: int | None = None  # cap on the event log (compressed bytes)
     command: tuple[str, ...] = ()
     shm_dir: str = "/dev/shm"
+    # an agent started in place of one that died (omnitrace run restarts it): that one's
+    # pid, how it ended, when it was last seen writing and when its death was noticed
+    takes_over: dict | None = None
 
     @property
     def otlp_kinds(self) -> list[str]:

@@ -43,6 +43,14 @@ def _rss_bytes() -> int:
         return 0
 
 
+def _json_or_empty(read) -> dict:
+    try:
+        got = read()
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
 class Agent:
     VIEW_PERIOD_S = 1.0  # the views take what is waiting this often: a feed's fixed cost
     # (a few hundred numpy calls) is paid once a second (benchmarks/agent_views.py);
@@ -55,8 +63,6 @@ class Agent:
         self.metrics = Metrics()
         self.metrics.run_info.labels(cfg.run_id).set(1)
         self.handoff = Handoff()
-        self.recorder = Recorder(cfg, self.metrics, self.handoff)
-        self.pump = ViewPump(self.metrics, self.recorder.requests, self.recorder.collector.offset_ns)
         self.exporters: list[export_otlp.QueuedExporter] = []
         self.metric_pushers: list[export_otlp.MetricsPusher] = []
         self.exit_code: int | None = None
@@ -67,12 +73,38 @@ class Agent:
         self.end_status = "complete"  # run.json's at the end; `omnitrace run` may say otherwise
         self.max_rss = 0
         self._last_export_counts: dict[tuple[str, str], int] = {}
+        self._old_processes: list[dict] = []
         self.meta = {
             "run_id": cfg.run_id, "command": list(cfg.command), "host": socket.gethostname(),
             "started_unix_ns": self.started_unix_ns, "ended_unix_ns": None,
             "status": "running", "exit_code": None, "omnitrace_version": __version__,
             "exporters": list(cfg.exporters), "record": "events",
         }
+        self.recorder = Recorder(cfg, self.metrics, self.handoff, *self._taken_over())
+        for p in self._old_processes:  # processes that exited before this agent started
+            self.recorder.processes.setdefault(int(p["pid"]), p)
+        self.recorder.procs_dirty = bool(self._old_processes)
+        self.pump = ViewPump(self.metrics, self.recorder.requests, self.recorder.collector.offset_ns)
+
+    def _taken_over(self) -> tuple:
+        """(event log state, ring indices by name) of the agent this one replaces; its
+        processes and run.json carried on (the run's start, command, earlier restarts)."""
+        gone = self.cfg.takes_over
+        if gone is None:
+            return None, None
+        from omnitrace import eventlog
+        from omnitrace.runfiles import read_json
+        old_agent = _json_or_empty(lambda: read_json(self.rundir.file("agent.json")))
+        old_run = _json_or_empty(lambda: read_json(self.rundir.file("run.json")))
+        self.meta.update({k: v for k, v in old_run.items() if k not in ("status", "ended_unix_ns", "agent_pid")})
+        restarts = list(self.meta.get("agent_restarts") or [])
+        restarts.append({**gone, "restarted_unix_ns": time.time_ns(), "new_pid": os.getpid(),
+                         "record": old_agent.get("record") or {}})
+        self.meta["agent_restarts"] = restarts
+        self._old_processes = self.rundir.read_processes()
+        rings = {str(r["name"]): int(r["index"]) for r in old_agent.get("rings") or ()
+                 if isinstance(r, dict) and r.get("name") and isinstance(r.get("index"), int)}
+        return eventlog.resume_state(self.cfg.run_dir), rings
 
     # ------------------------------------------------------------------ start
     def start(self) -> dict:

@@ -14,7 +14,7 @@ import time
 from collections import deque
 
 from omnitrace import conventions as cv
-from omnitrace import eventlog, record
+from omnitrace import eventlog, record, rowops
 from omnitrace.agent.collect import Collector, RingSource
 from omnitrace.agent.config import AgentConfig
 from omnitrace.agent.export_prometheus import Metrics
@@ -57,16 +57,24 @@ class Recorder:
     HURRY_MS = 10.0  # the next drain cycle this soon when a ring filled HURRY_FILL since the last
     HURRY_FILL = 1 / 8
 
-    def __init__(self, cfg: AgentConfig, metrics: Metrics, handoff: Handoff) -> None:
+    def __init__(self, cfg: AgentConfig, metrics: Metrics, handoff: Handoff,
+                 resume: eventlog.ResumeState | None = None, known_rings: dict[str, int] | None = None) -> None:
+        """``resume``/``known_rings``: an agent taking over from one that died (its event
+        log's state; every ring index it gave, by ring name, from its agent.json)."""
         self.cfg, self.metrics, self.handoff = cfg, metrics, handoff
         self.collector = Collector(cfg.run_id, cfg.shm_dir)
         self.requests = record.RequestIds()
         self.log = eventlog.EventLogWriter(cfg.run_dir, cfg.run_id, self.collector.offset_ns,
-                                           cfg.max_run_bytes)
+                                           cfg.max_run_bytes, resume=resume)
         self.processes: dict[int, dict] = {}
         self.procs_dirty = False
         self.warned_drops: dict[str, int] = {}
-        self.ring_idx: dict[str, int] = {}
+        # ring name -> index; a resumed agent keeps the dead one's and never reuses one
+        self.ring_idx: dict[str, int] = dict(known_rings or {})
+        for idx, info in (resume.rings.items() if resume else ()):
+            self.ring_idx.setdefault(str(info.get("name")), idx)
+        self._next_idx = max(self.ring_idx.values(), default=-1) + 1
+        self._tables_taken = resume.tables if resume else {}
         self._ident: dict[int, tuple] = {}
         self.decoders: dict[int, record.SlotDecoder] = {}
         self.events_read = 0
@@ -118,8 +126,12 @@ class Recorder:
         """The ring's index; (re)describes it in the event log when its writer changed."""
         idx = self.ring_idx.get(src.name)
         if idx is None:
-            idx = self.ring_idx[src.name] = len(self.ring_idx)
-            self.decoders[idx] = record.SlotDecoder(self.requests)
+            idx = self.ring_idx[src.name] = self._next_idx
+            self._next_idx += 1
+        if idx not in self.decoders:
+            self.decoders[idx] = dec = record.SlotDecoder(self.requests)
+            if idx in self._tables_taken:  # ids the dead agent's decoder had learnt
+                dec.load_table(self._tables_taken[idx])
         h = src.header
         ident = (h.pid, h.role, h.stage, h.replica, h.process, h.thread)
         if self._ident.get(idx) != ident:
@@ -141,7 +153,14 @@ class Recorder:
         src.header = src.reader.header()  # role/stage may be set after creation
         self._note_process(src)
         idx = self._ring(src)
-        rec = self.decoders[idx].decode(raw)
+        dec = self.decoders[idx]
+        rec = dec.decode(raw)
+        if dec.cut:  # the rest of the string now (the writer publishes it whole): the
+            # ring's read cursor never rests inside one, where an agent taking over would
+            # read text as records
+            rest = src.reader.read_raw(dec.need_slots)
+            raw += rest
+            rec = rowops.concat((rec, dec.decode(rest)), record.RECORD_DTYPE)
         n = len(rec)
         self.log.records(idx, raw, n)
         src.events += n

@@ -122,12 +122,16 @@ def ledger(recorded: int, rings: dict[int, dict], accounts: dict[int, dict], tor
         led.events_written += _int(counts, "events_written")
         led.dropped_in_rings += _int(counts, "dropped")
     led.never_drained = sum(_int(r, "never_drained") for r in left)
-    rec = agent.get("record") if isinstance(agent.get("record"), dict) else {}
-    led.not_recorded = _int(rec, "events_not_recorded")
-    if led.not_recorded:
-        led.not_recorded_why = str(rec.get("last_write_error") or "") or (
-            "max-run-bytes" if rec.get("capped") else "write error")
-    led.agent_died = run_json.get("status") == "agent-killed"
+    restarts = [r for r in run_json.get("agent_restarts") or () if isinstance(r, dict)]
+    # each agent's own write counters: the one that finished, and every one that died
+    # and was replaced (its last agent.json, kept in run.json by its successor)
+    recs = [agent.get("record")] + [r.get("record") for r in restarts]
+    for rec in (r for r in recs if isinstance(r, dict)):
+        led.not_recorded += _int(rec, "events_not_recorded")
+        if _int(rec, "events_not_recorded") and not led.not_recorded_why:
+            led.not_recorded_why = str(rec.get("last_write_error") or "") or (
+                "max-run-bytes" if rec.get("capped") else "write error")
+    led.agent_died = run_json.get("status") == "agent-killed" or bool(restarts)
     if led.rings_unknown:
         led.notes.append(f"{led.rings_unknown} of {led.rings} ring(s) have no final counts "
                          "(recorded by an older omnitrace, or run.json was not written)")

@@ -222,6 +222,24 @@ def status_note(status: str, live: bool = False) -> str:
     return f"run status {status!r}: {why}; results are partial"
 
 
+def restart_notes(run_json: dict) -> list[str]:
+    """One line per agent that died and was replaced (run.json ``agent_restarts``): when,
+    and how long no agent drained the rings."""
+    out = []
+    start = run_json.get("started_unix_ns")
+    for r in run_json.get("agent_restarts") or ():
+        if not isinstance(r, dict) or not isinstance(r.get("restarted_unix_ns"), int):
+            continue
+        seen = r.get("last_seen_unix_ns") if isinstance(r.get("last_seen_unix_ns"), int) else r.get("noticed_unix_ns")
+        at = f"{(seen - start) / 1e9:.1f} s into the run" if isinstance(seen, int) and isinstance(start, int) else "?"
+        gap = (r["restarted_unix_ns"] - seen) / 1e9 if isinstance(seen, int) else float("nan")
+        out.append(f"the agent (pid {r.get('pid')}) died ({r.get('ended', '?')}) about {at}; pid "
+                   f"{r.get('new_pid')} took over its rings {gap:.1f} s after it was last seen: what it had "
+                   "read and not yet written is lost, what the rings dropped meanwhile is counted "
+                   "(see the event accounting)")
+    return out
+
+
 def load_run(paths: list[str], skip_warmup: bool = True) -> Run:
     """Load and merge run directories (e.g. one per host of one deployment)."""
     # Millions of small acyclic objects: the cyclic GC would rescan them again and again
@@ -253,6 +271,7 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
             run.run_json.append(rj)
             if rj.get("status") not in (None, "complete"):
                 run.warnings.append(pre + status_note(str(rj.get("status")), live_agent(p) is not None))
+            run.warnings.extend(pre + w for w in restart_notes(rj))
             left = rj.get("shm_leftovers")
             if isinstance(left, dict) and (left.get("wake_dirs") or left.get("chunk_segments")):
                 run.warnings.append(

@@ -13,6 +13,10 @@ it, was sent SIGTERM by the kernel (``childproc.parent_death_signal``); the agen
 it while it stops (killing it if it has not ended in ``LAUNCHER_GRACE_S``), then drains,
 marks the run ``launcher-killed`` and does what the launcher would have done after the
 command (``inject.runend.after_command``). SIGTERM/SIGINT to the agent: finish now.
+
+``--standby``: a spare kept ready beside the running agent (imports done, then ``STANDBY``),
+that starts only on ``takeover CONFIG`` (an AgentConfig as JSON, ``takes_over`` set): `omnitrace run` replaces an agent that died with
+it in a fraction of the second a cold start takes on a busy machine.
 What it does: :mod:`omnitrace.agent.main`.
 """
 from __future__ import annotations
@@ -34,6 +38,16 @@ from omnitrace.agent.main import Agent
 
 STOP_STATUSES = ("interrupted", "terminated", "hangup")
 LAUNCHER_GRACE_S = 60.0  # a command's own clean stop after its launcher died, at most
+
+
+def _await_takeover(cfg: AgentConfig) -> AgentConfig | None:
+    """A standby's wait, its imports done (they are most of an agent's start): the config
+    to take over with, or None when its launcher no longer needs it (stdin closed)."""
+    print("STANDBY", flush=True)
+    for line in sys.stdin:
+        if line.startswith("takeover "):
+            return AgentConfig.from_json(line[len("takeover "):])
+    return None
 
 
 def _watch_stdin(agent: Agent) -> None:
@@ -79,9 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="omnitrace agent",
                                 description="Started by `omnitrace run`; not meant to be run by hand.")
     p.add_argument("--config", required=True, help="AgentConfig as JSON")
+    p.add_argument("--standby", action="store_true",
+                   help="print STANDBY, then wait for `takeover CONFIG` on stdin (the config to "
+                        "start with, takes_over set) before starting; exit if stdin closes")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         cfg = AgentConfig.from_json(args.config)
+        if args.standby:
+            cfg = _await_takeover(cfg)
+            if cfg is None:
+                return 0
         agent = Agent(cfg)
         info = agent.start()
     except (OSError, export_otlp.ConfigError, ValueError, TypeError) as exc:

@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--patches", action="append", default=[], metavar="DIR",
                    help="your own hook definitions (TARGET/VERSIONS/HOOKS modules, see "
                         "docs/vllm-omni.md), tried before the built-in ones; repeatable")
+    p.add_argument("--agent-restarts", type=int, default=5, metavar="N",
+                   help="an agent that dies is replaced by one that takes over its rings, at most "
+                        "N times a minute (0: never; the command goes on unrecorded)")
     p.add_argument("--planned-stop", default=None, metavar="SIGNAL",
                    help="the signal that ends this run as planned (e.g. TERM: `omnitrace "
                         "loadtest` stops its server so): run.json says complete, not terminated")
@@ -167,6 +170,8 @@ def _validate(ns: argparse.Namespace) -> AgentConfig:
     for d in ns.patches:
         if not os.path.isdir(d):
             raise UsageError(f"--patches {d}: not a directory")
+    if ns.agent_restarts < 0:
+        raise UsageError(f"--agent-restarts must be >= 0, got {ns.agent_restarts}")
     if ns.planned_stop is not None:
         try:
             ns.planned_stop = signal.Signals[f"SIG{ns.planned_stop.upper().removeprefix('SIG')}"]
@@ -243,8 +248,39 @@ def _resolve_command(cmd: list[str]) -> tuple[list[str], dict[str, str], int | N
     return cmd, extra, None
 
 
-def _start_agent(cfg: AgentConfig, lock: int) -> subprocess.Popen | None:
-    args = python_module("omnitrace.cli.agent", "--config", cfg.to_json())
+def _start_agent(cfg: AgentConfig, lock: int, standby: subprocess.Popen | None = None) -> subprocess.Popen | None:
+    """The agent, READY (None: it could not start; it said why). ``standby``: a spare
+    (:func:`_spare_agent`) told to take over with ``cfg.takes_over``, cold-started if that
+    fails."""
+    if standby is not None and standby.poll() is None:
+        try:
+            assert standby.stdin is not None
+            standby.stdin.write(b"takeover " + cfg.to_json().encode() + b"\n")
+            standby.stdin.flush()
+            return _ready(standby)
+        except (BrokenPipeError, OSError):
+            pass
+    return _ready(_agent_process(cfg, lock))
+
+
+def _spare_agent(cfg: AgentConfig, lock: int) -> subprocess.Popen:
+    """An agent process with its imports done, waiting to take over (``--standby``)."""
+    return _agent_process(cfg, lock, "--standby")
+
+
+def _stop_spare(spare: subprocess.Popen | None) -> None:
+    if spare is not None and spare.poll() is None:
+        try:
+            assert spare.stdin is not None
+            spare.stdin.close()  # a standby exits when its launcher closes its stdin
+            spare.wait(10)
+        except (OSError, subprocess.TimeoutExpired):
+            spare.kill()
+            spare.wait()
+
+
+def _agent_process(cfg: AgentConfig, lock: int, *extra: str) -> subprocess.Popen:
+    args = python_module("omnitrace.cli.agent", "--config", cfg.to_json(), *extra)
     env = dict(os.environ)
     env.pop(cv.ENV_RUN_ID, None)  # the agent itself is not instrumented
     # own process group: a Ctrl-C on the terminal reaches the command, not the agent, which
@@ -252,11 +288,18 @@ def _start_agent(cfg: AgentConfig, lock: int) -> subprocess.Popen | None:
     # autogroup, starved beside a busy server (omnitrace.profile.runner's docstring)
     # the run directory's lock goes with it: held while the agent writes there, even if
     # this process is killed
-    agent = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                             process_group=0, pass_fds=(lock,))
+    return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                            process_group=0, pass_fds=(lock,))
+
+
+def _ready(agent: subprocess.Popen) -> subprocess.Popen | None:
+    """``agent`` once it says READY (a standby's STANDBY line before is skipped)."""
     assert agent.stdout is not None
-    ready, _, _ = select.select([agent.stdout], [], [], AGENT_READY_TIMEOUT_S)
-    line = agent.stdout.readline() if ready else b""
+    deadline = time.monotonic() + AGENT_READY_TIMEOUT_S
+    line = b"STANDBY"
+    while line.startswith(b"STANDBY"):
+        ready, _, _ = select.select([agent.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        line = agent.stdout.readline() if ready else b""
     if not line.startswith(b"READY"):
         if not ready:  # silent and alive: give up on it
             agent.kill()
@@ -267,6 +310,7 @@ def _start_agent(cfg: AgentConfig, lock: int) -> subprocess.Popen | None:
             agent.kill()
             agent.wait()
         return None
+    agent.info = orjson.loads(line[len(b"READY"):])  # type: ignore[attr-defined]
     return agent
 
 
@@ -348,7 +392,7 @@ def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cm
         return rc
     sigs.attach(child)
     _tell_agent(agent, f"command {child.pid}")  # killed, this launcher leaves it to the agent
-    rc = _wait_command(child, agent)
+    rc, agent = _wait_command(child, agent, cfg, lock, ns.agent_restarts)
     if rc < 0:
         rc = 128 - rc  # killed by a signal: report it the way a shell does
     _stop_agent(agent, rc, cfg, sigs.status())
@@ -409,20 +453,73 @@ class _Signals:
             signal.signal(s, h)
 
 
-def _wait_command(child: subprocess.Popen, agent: subprocess.Popen) -> int:
-    """The command's exit status; an agent that dies meanwhile is said at once (the
-    command goes on, unrecorded: its rings fill and count what they drop)."""
-    while True:
-        try:
-            return child.wait(1.0 if agent.returncode is None else None)
-        except subprocess.TimeoutExpired:
-            pass
-        arc = agent.poll()
-        if arc is not None:
-            how = f"signal {-arc}" if arc < 0 else f"exit status {arc}"
-            console.say("run", f"the agent (pid {agent.pid}) died ({how}) while the command "
-                        "runs: recording stopped; the command goes on; the report will count what "
+AGENT_POLL_S = 0.1  # a dead agent is noticed (and replaced) this soon
+AGENT_RESTART_WINDOW_S = 60.0  # --agent-restarts counts within this: one that keeps dying is let be
+
+
+def _wait_command(child: subprocess.Popen, agent: subprocess.Popen, cfg: AgentConfig,
+                  lock: int, max_restarts: int) -> tuple[int, subprocess.Popen]:
+    """The command's exit status, and the agent that is there at its end: one that dies
+    meanwhile is replaced at once by one that takes over its rings and event log (only
+    what it had read and not yet written, and what the rings dropped while none ran, is
+    lost: both counted; run.json ``agent_restarts`` holds each gap's times)."""
+    agents = _Agents(agent, cfg, lock, max_restarts)
+    try:
+        while True:
+            try:
+                return child.wait(AGENT_POLL_S if agents.agent is not None else None), agents.last
+            except subprocess.TimeoutExpired:
+                pass
+            if agents.agent.poll() is not None and agents.replace() is not None:
+                _tell_agent(agents.agent, f"command {child.pid}")
+    finally:
+        _stop_spare(agents.spare)
+
+
+class _Agents:
+    """The running agent, and a spare kept ready to replace it (:func:`_spare_agent`)."""
+
+    def __init__(self, agent: subprocess.Popen, cfg: AgentConfig, lock: int, max_restarts: int) -> None:
+        self.agent: subprocess.Popen | None = agent
+        self.last = agent  # the latest agent, alive or not (its exit ends the run's record)
+        self.cfg, self.lock, self.max_restarts = cfg, lock, max_restarts
+        self.spare = _spare_agent(cfg, lock) if max_restarts else None
+        self.restarts: list[float] = []
+
+    def replace(self) -> subprocess.Popen | None:
+        """The dead agent's successor (None: not replaced; recording stops, said once)."""
+        dead, noticed = self.last, time.time_ns()
+        how = f"signal {-dead.returncode}" if dead.returncode < 0 else f"exit status {dead.returncode}"
+        self.restarts = [t for t in self.restarts if time.monotonic() - t < AGENT_RESTART_WINDOW_S]
+        new = None
+        if len(self.restarts) < self.max_restarts:
+            self.restarts.append(time.monotonic())
+            cfg = dataclasses.replace(  # its endpoint where the dead one's was
+                self.cfg, prometheus_port=dead.info.get("prometheus_port") or self.cfg.prometheus_port,
+                takes_over={"pid": dead.pid, "ended": how, "noticed_unix_ns": noticed,
+                            "last_seen_unix_ns": _mtime_ns(os.path.join(self.cfg.run_dir, "agent.json"))})
+            new = _start_agent(cfg, self.lock, self.spare)
+            if new is not None and new is self.spare:
+                self.spare = _spare_agent(self.cfg, self.lock)  # ready for the next one
+        self.agent = new
+        if new is None:
+            console.say("run", f"the agent (pid {dead.pid}) died ({how}) while the command runs"
+                        + ("" if not self.max_restarts else
+                           f", the {self.max_restarts + 1}th time in {AGENT_RESTART_WINDOW_S:.0f} s")
+                        + ": recording stopped; the command goes on; the report will count what "
                         "was not recorded (run.json: status agent-killed)")
+            return None
+        self.last = new
+        console.say("run", f"the agent (pid {dead.pid}) died ({how}); pid {new.pid} took over its "
+                    f"rings {(time.time_ns() - noticed) / 1e9:.2f} s later (run.json: agent_restarts)")
+        return new
+
+
+def _mtime_ns(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
 
 
 def _tell_agent(agent: subprocess.Popen, line: str) -> None:
