@@ -44,6 +44,7 @@ import orjson
 import zstandard
 
 from omnitrace import record, rowops
+from omnitrace.outages import Outages
 
 BLOCK = struct.Struct("<B3xII")
 RING, RECORDS, DIED, STRINGS, HEADER, ACCOUNT = 1, 2, 3, 4, 5, 6
@@ -151,6 +152,7 @@ class EventLogWriter:
         self.last_error = ""  # kept after recording resumed: why events were not recorded
         self._retry_at = 0.0
         self.final_only = False  # after a write error at the end: only the last blocks
+        self.outages = Outages()  # when recording was off after a write error
 
     def _open_segment(self, tables: dict[int, dict[int, str]]) -> None:
         self.segment += 1
@@ -193,6 +195,8 @@ class EventLogWriter:
         """``raw`` slots of ring ``idx`` holding ``events`` event records."""
         if self.capped or self.failed:
             self.events_not_recorded += events
+            if self.failed:
+                self.outages.failed(events)
             return
         self._buf.append(BLOCK.pack(RECORDS, idx, len(raw)))
         self._buf.append(raw)
@@ -267,6 +271,7 @@ class EventLogWriter:
         """Recording off after a write error; this commit's events are not recorded."""
         self.failed = self.last_error = exc.strerror or str(exc)
         self.write_errors += 1
+        self.outages.failed(self._buf_events)
         self.events_not_recorded += self._buf_events
         self._buf_events = 0
         self._buf = list(self._meta)  # the ring/death/account blocks wait for a segment
@@ -283,6 +288,7 @@ class EventLogWriter:
             self._retry_at = time.monotonic() + RETRY_S
             return False
         self.failed = ""
+        self.outages.ok()
         return True
 
     def _close_segment(self) -> None:
@@ -309,7 +315,8 @@ class EventLogWriter:
                 "bytes_written": self.bytes_written, "events_recorded": self.events_recorded,
                 "events_not_recorded": self.events_not_recorded, "capped": self.capped,
                 "max_bytes": self.max_bytes, "write_error": self.failed,
-                "last_write_error": self.last_error, "write_errors": self.write_errors}
+                "last_write_error": self.last_error, "write_errors": self.write_errors,
+                "outages": self.outages.to_list()}
 
 
 # ----------------------------------------------------------------------------- reader

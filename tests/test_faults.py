@@ -238,6 +238,9 @@ def test_disk_full_keeps_the_command_going_and_counts_what_was_not_written(tmp_p
     _assert_closes(acc, n)
     assert acc["not_recorded"] > 0 and acc["not_recorded_why"] == "No space left on device", acc
     assert acc["lost"] == 0, acc
+    # named with its time: from when recording stopped, every event not recorded counted
+    (outage,) = [w for w in rep["warnings"] if w.startswith("event log was out of service from ")]
+    assert f" s ({acc['not_recorded']} events not recorded) into the run" in outage, outage
     assert "could not be written (No space left on device)" in " ".join(rep["warnings"])
 
 

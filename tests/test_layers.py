@@ -18,7 +18,7 @@ LAYERS = [
     ("core", ("omnitrace", "omnitrace.conventions", "omnitrace.categories", "omnitrace.rowops",
               "omnitrace.record", "omnitrace.tracecontext", "omnitrace.eventlog", "omnitrace.spantable",
               "omnitrace.otlp", "omnitrace.spanload", "omnitrace.runfiles", "omnitrace.childproc",
-              "omnitrace.console")),
+              "omnitrace.console", "omnitrace.outages")),
     ("runtime", ("omnitrace.runtime",)),
     ("profile", ("omnitrace.profile",)),
     ("analyze", ("omnitrace.analyze",)),

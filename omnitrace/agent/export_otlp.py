@@ -27,6 +27,7 @@ from opentelemetry.trace.status import Status, StatusCode
 from omnitrace import __version__
 from omnitrace.otlp import OtlpSpan, resource_attrs
 from omnitrace import console
+from omnitrace.outages import Outages
 
 OTLP_EXPORTERS = ("otlp-grpc", "otlp-http")
 SCOPE = InstrumentationScope("omnitrace.agent", __version__)
@@ -47,14 +48,17 @@ class Health:
         self.what, self.unit = what, unit
         self.down_since: float | None = None
         self.lost_while_down = 0
+        self.outages = Outages()  # the same, with times, for agent.json and the report
 
     def ok(self) -> None:
+        self.outages.ok()
         if self.down_since is not None:
             self._say(f"reachable again after {time.monotonic() - self.down_since:.0f} s; "
                       f"{self.lost_while_down} {self.unit} were not delivered meanwhile")
             self.down_since, self.lost_while_down = None, 0
 
     def failed(self, n: int, error: str) -> None:
+        self.outages.failed(n)
         if self.down_since is None:
             self.down_since = time.monotonic()
             self._say(f"unreachable ({error}); {self.unit} are counted as not delivered "
@@ -227,7 +231,8 @@ class QueuedExporter:
 
     def counters(self) -> dict:
         return {"exported": self.exported, "failed": self.failed, "dropped": self.dropped,
-                "queued": self.queued, "last_error": self.last_error}
+                "queued": self.queued, "last_error": self.last_error,
+                "outages": self.health.outages.to_list()}
 
 
 def build(kinds: Iterable[str], endpoints: dict[str, str | None], timeout_s: float | None,

@@ -69,6 +69,7 @@ def _agent_counters(run: Run) -> dict[str, Any]:
                 e = exporters.setdefault(kind, {"exported": 0, "failed": 0, "dropped": 0})
                 for k in e:
                     e[k] += int(c.get(k, 0) or 0)
+    outages = _outages(run)
     never = sum(int(r.get("events_never_drained", 0) or 0) for r in run.run_json)
     acc = None
     if run.ledger is not None:  # the identity's figures replace the agent's (maybe stale) ones
@@ -80,7 +81,27 @@ def _agent_counters(run: Run) -> dict[str, Any]:
             "rings_with_drops": rings, "never_drained": never, "not_recorded": not_recorded,
             "torn_records": run.torn_records, "accounting": acc, "exporters": exporters,
             "requests_not_exported": sampled_reqs, "spans_not_exported": sampled_spans,
-            "views_failed": views_failed}
+            "views_failed": views_failed, "outages": outages}
+
+
+def _outages(run: Run) -> dict[str, str]:
+    """What was out of service when, by what: the event log (a full disk) and each OTLP
+    span exporter, from every agent's counters (those that died included: run.json)."""
+    from omnitrace.outages import describe
+    out: dict[str, str] = {}
+    for rj, a in zip(run.run_json + [{}] * len(run.agent), run.agent):
+        start = rj.get("started_unix_ns")
+        records = [a.get("record")] + [r.get("record") for r in rj.get("agent_restarts") or ()
+                                       if isinstance(r, dict)]
+        for rec in (r for r in records if isinstance(r, dict)):
+            text = describe(rec.get("outages"), start, "events not recorded")
+            if text:
+                out["event log"] = ", ".join(x for x in (out.get("event log"), text) if x)
+        for kind, c in (a.get("exporters") or {}).items():
+            text = describe(c.get("outages") if isinstance(c, dict) else None, start, "spans not delivered")
+            if text:
+                out[f"{kind} export"] = text
+    return out
 
 
 def _undelivered(c: dict[str, Any], in_record: int, sampled_out: int) -> None:

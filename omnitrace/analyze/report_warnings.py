@@ -85,6 +85,10 @@ def _exporters(f: Facts) -> list[str]:
             for kind, c in f.recorder["exporters"].items() if c["undelivered"]]
 
 
+def _outages(f: Facts) -> list[str]:
+    return [f"{what} was out of service {when}" for what, when in (f.recorder.get("outages") or {}).items()]
+
+
 def _views_failed(f: Facts) -> list[str]:
     if not f.recorder["views_failed"]:
         return []
@@ -145,7 +149,7 @@ def _incomplete(f: Facts) -> list[str]:
 # above the load's own warnings, loudest first
 HEAD: tuple[Rule, ...] = (_stage_deaths, _failed, _dropped, _accounting)
 # below them
-TAIL: tuple[Rule, ...] = (_exporters, _views_failed, _sampled, _no_ttfp, _untraced,
+TAIL: tuple[Rule, ...] = (_exporters, _outages, _views_failed, _sampled, _no_ttfp, _untraced,
                           _nothing_attributed, _unrecorded, _incomplete)
 
 
