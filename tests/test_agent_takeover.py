@@ -12,16 +12,8 @@ import sys
 import time
 
 from omnitrace import eventlog, record
-from tests.support.proctree import alive
+from tests.support.proctree import alive, json_or_empty
 from tests.support.report_util import _env
-
-
-def _json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
 
 
 def _written(run_id: str) -> dict[str, int]:
@@ -47,14 +39,14 @@ def test_agent_killed_under_load_is_replaced_and_records_what_follows(tmp_path):
                                 stdout=err, stderr=err, env=_env(), start_new_session=True)
         try:
             deadline = time.monotonic() + 180
-            while int(_json(os.path.join(d, "agent.json")).get("requests_freed", 0)) < 16:
+            while int(json_or_empty(os.path.join(d, "agent.json")).get("requests_freed", 0)) < 16:
                 assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "err").read_text()[-3000:]
                 time.sleep(0.1)
-            run = _json(os.path.join(d, "run.json"))
+            run = json_or_empty(os.path.join(d, "run.json"))
             old = run["agent_pid"]
             os.kill(old, signal.SIGKILL)
             killed = time.monotonic()
-            while _json(os.path.join(d, "run.json")).get("agent_pid") in (old, None):
+            while json_or_empty(os.path.join(d, "run.json")).get("agent_pid") in (old, None):
                 assert time.monotonic() - killed < 30, "no agent took over"
                 time.sleep(0.01)
             took_over = time.monotonic() - killed
@@ -66,7 +58,7 @@ def test_agent_killed_under_load_is_replaced_and_records_what_follows(tmp_path):
     out = (tmp_path / "err").read_text()
     assert proc.returncode == 0 and "took over its rings" in out, out[-3000:]
     assert not alive({old})
-    run = _json(os.path.join(d, "run.json"))
+    run = json_or_empty(os.path.join(d, "run.json"))
     assert run["status"] == "complete" and len(run["agent_restarts"]) == 1, run
     gap = run["agent_restarts"][0]
     # the successor's start, from the run's own stamps; this test saw it within `took_over`

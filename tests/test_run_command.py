@@ -144,10 +144,11 @@ def test_agent_killed_is_recorded_and_rings_removed(tmp_path):
                              str(tmp_path / "run" / "run.json"), str(tmp_path / "run2" / "run.json"))])
     assert res.returncode == 0 and "took over its rings" in res.stderr, res.stderr
     from omnitrace import eventlog
+    from tests.support.proctree import cmdline
     assert sorted(eventlog.read_event_log(str(tmp_path / "run2")).events["kind"].tolist()) == [20, 21]
     assert read_json(str(tmp_path / "run2"), "run.json")["status"] == "complete"
     assert not [n for n in os.listdir("/dev/shm") if run_id in n]
-    assert not [p for p in os.listdir("/proc") if p.isdigit() and run_id.encode() in _cmdline(int(p))]
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and run_id.encode() in cmdline(int(p))]
 
 
 def test_a_run_dir_holding_a_run_is_refused_unless_overwrite(tmp_path):
@@ -226,10 +227,3 @@ def test_a_failing_command_is_reported_as_failed(tmp_path):
     assert res.returncode == 3
     assert "the command failed (exit status 3)" in res.stderr and "done;" not in res.stderr
 
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""

@@ -13,18 +13,10 @@ import time
 
 import pytest
 
-from tests.support.proctree import alive, descendants
+from tests.support.proctree import alive, cmdline, descendants, json_or_empty
 from tests.support.report_util import _env
 
 LONG = ["--concurrency", "4", "--num-prompts", "5000", "--input-len", "200", "--output-len", "20"]
-
-
-def _json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
 
 
 def _start_loadtest(tmp_path, d: str) -> tuple[subprocess.Popen, object]:
@@ -37,7 +29,7 @@ def _start_loadtest(tmp_path, d: str) -> tuple[subprocess.Popen, object]:
 def _until_loaded(proc: subprocess.Popen, d: str, tmp_path) -> None:
     """Until requests are going through the whole pipeline (the agent saw some end)."""
     deadline = time.monotonic() + 180
-    while int(_json(os.path.join(d, "agent.json")).get("requests_freed", 0)) < 4:
+    while int(json_or_empty(os.path.join(d, "agent.json")).get("requests_freed", 0)) < 4:
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "err").read_text()[-3000:]
         time.sleep(0.2)
 
@@ -61,7 +53,7 @@ def _stopped(proc: subprocess.Popen, tree: set[int], tmp_path, d: str) -> tuple[
             os.killpg(proc.pid, signal.SIGKILL)
     err = (tmp_path / "err").read_text()
     assert not _gone(tree), (f"left running: {sorted(alive(tree))}", err[-3000:])
-    run = _json(os.path.join(d, "run.json"))
+    run = json_or_empty(os.path.join(d, "run.json"))
     assert run.get("run_id") and _shm_of(run["run_id"]) == [], _shm_of(run.get("run_id", "?"))
     assert "Traceback" not in err, err[-3000:]
     return run, err
@@ -91,7 +83,7 @@ def test_a_plain_kill_of_loadtest_stops_the_whole_run(tmp_path, sig, run_status,
         err.close()
     assert proc.returncode == 128 + sig, out[-3000:]
     assert run["status"] == run_status, run
-    bench = _json(os.path.join(d, "bench.json"))
+    bench = json_or_empty(os.path.join(d, "bench.json"))
     assert bench["status"] == bench_status and bench["requests"], bench.get("status")
     rep = _report(d)
     assert rep["recorder"]["accounting"]["closes"], rep["recorder"]["accounting"]
@@ -110,7 +102,7 @@ def test_loadtest_sigkilled_takes_its_children_with_it(tmp_path):
     finally:
         err.close()
     assert run["status"] == "hangup", run
-    assert _json(os.path.join(d, "bench.json"))["status"] == "hangup"
+    assert json_or_empty(os.path.join(d, "bench.json"))["status"] == "hangup"
     assert _report(d)["recorder"]["accounting"]["closes"]
 
 
@@ -123,7 +115,7 @@ def test_omnitrace_run_sigkilled_mid_load(tmp_path):
     try:
         _until_loaded(proc, d, tmp_path)
         tree = descendants(proc.pid)
-        run_pid = next(p for p in tree if b"omnitrace\x00run\x00" in open(f"/proc/{p}/cmdline", "rb").read())
+        run_pid = next(p for p in tree if b"omnitrace\x00run\x00" in cmdline(p))
         os.kill(run_pid, signal.SIGKILL)
         run, out = _stopped(proc, tree, tmp_path, d)
     finally:

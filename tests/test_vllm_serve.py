@@ -26,6 +26,7 @@ import pytest
 from omnitrace.bench.serve_and_bench import free_port
 from omnitrace.inject.leftovers import request_of
 from tests.support.flame_run import within_sampling_error
+from tests.support.proctree import cmdline
 from tests.support.shm_watcher import CHUNK_KEY, ShmWatcher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -246,18 +247,10 @@ def _kill_stage_mid_load(venv: Path, url: str, out: Path, proc_name: str) -> int
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.5)
     pid = next(int(d) for d in os.listdir("/proc") if d.isdigit() and proc_name.encode() in
-               _cmdline(int(d)))
+               cmdline(int(d)))
     os.kill(pid, signal.SIGKILL)
     load.wait(600)
     return pid
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, log: Path) -> None:

@@ -301,7 +301,7 @@ def attribute(r: RequestSpans) -> Attribution | None:
         psp = r.producer.get(key, {})
         # the chunk's get and put, matched by causality (the ordering rule)
         get = _latest(csp.get(cv.SPAN_GET), w.cursor)
-        put = _latest_begun(psp.get(cv.SPAN_PUT), get.end if get is not None else w.cursor)
+        put = _latest(psp.get(cv.SPAN_PUT), get.end if get is not None else w.cursor, begun=True)
         if get is None:
             missing.append(f"{cv.SPAN_GET}[{prod}->{cons}#{c}]")
         else:
@@ -357,25 +357,16 @@ def attribute(r: RequestSpans) -> Attribution | None:
     return Attribution(r.rid, arrival, ttfp, segs, list(reversed(hops)), missing, stale)
 
 
-def _latest(spans: list[Span] | None, t: int) -> Span | None:
-    """Of several spans under one key, the one on the path: the latest ending by ``t``."""
+def _latest(spans: list[Span] | None, t: int, begun: bool = False) -> Span | None:
+    """Of several spans under one key, the one on the path: the latest ending (``begun``:
+    beginning) by ``t``, or if none does, the latest of all."""
     if not spans:
         return None
     if len(spans) == 1:
         return spans[0]
-    before = [s for s in spans if s.end <= t]
-    return max(before or spans, key=lambda s: s.end)
-
-
-def _latest_begun(spans: list[Span] | None, t: int) -> Span | None:
-    """Of several spans under one key, the latest BEGUN by ``t`` (or, if none did, the
-    latest begun): a put that a get ending at ``t`` can have read."""
-    if not spans:
-        return None
-    if len(spans) == 1:
-        return spans[0]
-    before = [s for s in spans if s.start <= t]
-    return max(before or spans, key=lambda s: s.start)
+    at = (lambda s: s.start) if begun else (lambda s: s.end)
+    before = [s for s in spans if at(s) <= t]
+    return max(before or spans, key=at)
 
 
 def _gating_chunk(scheduled: Iterable[Span], t: int) -> Span | None:

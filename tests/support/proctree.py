@@ -2,6 +2,7 @@
 command started (its descendants, by parent pid) and which are still alive."""
 from __future__ import annotations
 
+import json
 import os
 
 
@@ -40,3 +41,21 @@ def alive(pids: set[int]) -> set[int]:
         if st is not None and st[1] not in ("Z", "X"):
             out.add(p)
     return out
+
+
+def cmdline(pid: int) -> bytes:
+    """``pid``'s command line, NUL-separated (empty: gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def json_or_empty(path: str) -> dict:
+    """A JSON file a live process rewrites (empty while it is absent or half written)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
