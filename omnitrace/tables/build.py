@@ -142,7 +142,7 @@ def requests_table(rows: np.ndarray, requests: list[str]) -> pa.Table:
     at[rows["req"].astype(np.int64)] = np.arange(len(rows))
     at = at[1:]
     has = at >= 0
-    r = rows[np.maximum(at, 0)] if len(rows) else np.zeros(n, stt.SPAN_DTYPE)
+    r = rowops.take(rows, np.maximum(at, 0)) if len(rows) else np.zeros(n, stt.SPAN_DTYPE)
     done = has & (r["reason"] == stt.R_NONE)
     arrival = np.where(has, r["start"], 0)
 
@@ -155,7 +155,7 @@ def requests_table(rows: np.ndarray, requests: list[str]) -> pa.Table:
         "thread_id": _nullable(r["ring"], ~has), "arrival_ns": _nullable(arrival, ~has),
         "first_text_ns": _nullable(r["t1"], ~has | (r["t1"] == 0)),
         "first_audio_ns": _nullable(r["t2"], ~has | (r["t2"] == 0)),
-        "end_ns": _nullable(r["end"], ~done), "ttft_ns": since_arrival(r["t1"]), "ttfp_ns": since_arrival(r["t2"]),
+        "end_ns": _nullable(r["end"], ~done), "last_ns": _nullable(r["end"], ~has), "ttft_ns": since_arrival(r["t1"]), "ttfp_ns": since_arrival(r["t2"]),
         "status": enum(np.clip(r["status"], 0, len(STATUS) - 1), STATUS, ~done),
         "prompt_tokens": _nullable(r["v1"], ~has | (r["v1"] < 0)),
         "max_tokens": _nullable(r["v2"], ~has | (r["v2"] < 0)),
@@ -177,8 +177,8 @@ def visits_table(small: np.ndarray, emits: np.ndarray) -> pa.Table:
     si, qi = np.full(n, -1), np.full(n, -1)
     si[np.searchsorted(uniq, sk)] = np.arange(len(st))
     qi[np.searchsorted(uniq, qk)] = np.arange(len(qu))
-    s = st[np.maximum(si, 0)] if len(st) else np.zeros(n, stt.SPAN_DTYPE)
-    q = qu[np.maximum(qi, 0)] if len(qu) else np.zeros(n, stt.SPAN_DTYPE)
+    s = rowops.take(st, np.maximum(si, 0)) if len(st) else np.zeros(n, stt.SPAN_DTYPE)
+    q = rowops.take(qu, np.maximum(qi, 0)) if len(qu) else np.zeros(n, stt.SPAN_DTYPE)
     has_s, has_q = si >= 0, qi >= 0
     finished = has_s & (s["reason"] == stt.R_NONE)
     out = rowops.select(emits, emits["stage"] != cv.API_STAGE)
@@ -268,7 +268,7 @@ class _Senders:
     def tasks(self) -> pa.Table:
         b = self.busy
         order = np.lexsort((b["start"], self.ids(b["pid"], b["stage"])))
-        b = b[order]
+        b = rowops.take(b, order)
         return arrow_table("sender_tasks", {
             "sender_id": self.ids(b["pid"], b["stage"]), "request_id": b["req"].astype(np.int64),
             "start_ns": b["start"], "end_ns": b["end"], "dur_ns": b["end"] - b["start"]})

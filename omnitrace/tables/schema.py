@@ -69,6 +69,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
               ("first_text_ns", I64, "first text chunk written to the client (null: none)"),
               ("first_audio_ns", I64, "first audio packet written to the client: where TTFP ends (null: none)"),
               ("end_ns", I64, "REQUEST_END, the last byte sent (null: not recorded)"),
+              ("last_ns", I64, "the request span's end: end_ns, else its last recorded event (null: no "
+                               "API request recorded)"),
               ("ttft_ns", I64, "first_text_ns - arrival_ns"),
               ("ttfp_ns", I64, "first_audio_ns - arrival_ns: time to first audio packet"),
               ("status", ENUM, "ok, error or cancelled, from REQUEST_END (null: not recorded)"),
