@@ -23,6 +23,7 @@ from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
 
@@ -148,7 +149,7 @@ def _on_lanes(name: str, kind: str, start: np.ndarray, end: np.ndarray, thread: 
 def _table_slices(tables: dict[str, pa.Table], threads: dict[int, int], tracks: _Tracks) -> list[_Slices]:
     req_of = dict(zip(*(tables["requests"].column(c).to_pylist() for c in ("request_id", "request"))))
     out = []
-    r = tables["requests"].filter(pa.compute.is_valid(tables["requests"].column("arrival_ns")))
+    r = tables["requests"].filter(pc.is_valid(tables["requests"].column("arrival_ns")))
     out.append(_on_lanes(cv.SPAN_REQUEST, "requests", _column(r, "arrival_ns"), _column(r, "last_ns"),
                          _column(r, "thread_id"), threads, tracks,
                          [{"request": q} for q in r.column("request").to_pylist()]))
@@ -156,7 +157,7 @@ def _table_slices(tables: dict[str, pa.Table], threads: dict[int, int], tracks: 
     out.append(_on_lanes(cv.SPAN_STAGE, "stage_visits", _column(v, "add_ns"), _column(v, "last_ns"),
                          _column(v, "thread_id"), threads, tracks,
                          [{"request": req_of[q]} for q in v.column("request_id").to_pylist()]))
-    q = v.filter(pa.compute.is_valid(v.column("schedule_ns")))
+    q = v.filter(pc.is_valid(v.column("schedule_ns")))
     out.append(_on_lanes(cv.SPAN_STAGE_QUEUE, "stage queue", _column(q, "add_ns"), _column(q, "schedule_ns"),
                          _column(q, "thread_id"), threads, tracks,
                          [{"request": req_of[x]} for x in q.column("request_id").to_pylist()]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.dataset  # noqa: F401 - Table.filter imports it, and it hooks six into sys.meta_path: here, once
 
 I32, I64, F64, STR, BOOL = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
 ENUM = pa.dictionary(pa.int8(), pa.string())
@@ -229,3 +230,18 @@ def _type_name(t: pa.DataType) -> str:
         return "enum"
     return {"int32": "int32", "int64": "int64", "string": "string", "bool": "bool",
             "double": "float64"}.get(str(t), "list")
+
+
+SOURCES = {"load": "the event log", "bench": "bench.json", "report": "the report's walk"}
+
+
+def markdown() -> str:
+    """The tables and their columns as the reference section of docs/tables.md (a test
+    holds that page's section equal to this)."""
+    out = []
+    for t in TABLES.values():
+        out += [f"### `{t.name}`", "", f"{t.doc} *From {SOURCES[t.source]}.*", "",
+                "| column | type | meaning |", "|---|---|---|"]
+        out += [f"| `{c.name}` | {_type_name(c.type)} | {c.doc} |" for c in t.columns]
+        out.append("")
+    return "\n".join(out)

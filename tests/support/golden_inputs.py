@@ -47,16 +47,22 @@ ALL = (*STORED, "synthetic")
 
 
 # ---------------------------------------------------------------- hand-made, recorded
+WORKED_IDS = [f"w{i}" for i in range(6)]
+
+
+def worked_script() -> list[tuple]:
+    return sorted((e for i, r in enumerate(WORKED_IDS) for e in three_stage_events(r, off=i * 300)),
+                  key=lambda e: e[7])
+
+
 def _worked(d: str) -> str:
-    ids = [f"w{i}" for i in range(6)]
     bench = {"status": "complete",
              "requests": [{"id": r, "warmup": i == 0, "concurrency": 4, "ttfp_s": 0.0009 + i * 1e-5,
-                           "status": "ok"} for i, r in enumerate(ids)]}
-    script = [e for i, r in enumerate(ids) for e in three_stage_events(r, off=i * 300)]
-    return write_event_run(d, sorted(script, key=lambda e: e[7]), bench=bench)
+                           "status": "ok"} for i, r in enumerate(WORKED_IDS)]}
+    return write_event_run(d, worked_script(), bench=bench)
 
 
-def _hol(d: str) -> str:
+def hol_script() -> list[tuple]:
     """Victim v (arrival 0, first packet 1000 us; thinker chunks 0-2 in the FIFO over [101,
     400], [111, 450], [121, 500], gating chunk 2; chunk 3 after it); x holds the sender over
     [150, 250], y over [250, 380], z over [800, 1100] (while only chunk 3 waits)."""
@@ -78,10 +84,10 @@ def _hol(d: str) -> str:
               (THINKER_SEND, Ev.PROCESS_END, rid, 0, 0, 1000, 1, deq + 10),
               (THINKER_SEND, Ev.PUT_BEGIN, rid, 0, 0, 0, 1, deq + 10),
               (THINKER_SEND, Ev.PUT_END, rid, 0, 0, 1000, 1, put_end)]
-    return write_event_run(d, sorted(s, key=lambda e: e[7]))
+    return sorted(s, key=lambda e: e[7])
 
 
-HAND_MADE = {"worked": _worked, "hol": _hol}
+HAND_MADE = {"worked": _worked, "hol": lambda d: write_event_run(d, hol_script())}
 
 
 # ---------------------------------------------------------------- synthetic, simulated
