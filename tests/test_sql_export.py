@@ -23,15 +23,10 @@ from omnitrace.profile.store import FILE, ROUND_DTYPE, Store
 from omnitrace.tables import schema
 from omnitrace.tables import run as tables_run
 from tests.support import golden_inputs as gi
-from tests.support.perfetto_check import decode
+from tests.support.perfetto_check import decode, script_slices
 
 pytestmark = pytest.mark.unit
 HOL = os.path.join(gi.RUNS, "hol")
-# slice name -> the event kind that begins each one (a script's own count)
-SPANS = {"omni.chunk.snapshot": Ev.SNAPSHOT_BEGIN, "omni.chunk.fifo": Ev.FIFO_ENQUEUE,
-         "omni.chunk.process": Ev.PROCESS_BEGIN, "omni.chunk.put": Ev.PUT_BEGIN, "omni.chunk.get": Ev.GET_BEGIN,
-         "omni.chunk.wait_schedule": Ev.CHUNK_READY, "omni.chunk.poll_lag": Ev.GET_BEGIN,
-         "omni.request": Ev.REQUEST_ARRIVE, "omni.stage": Ev.STAGE_ADD, "omni.stage.queue": Ev.STAGE_SCHEDULE}
 
 
 def _sql(capsys, *argv: str) -> tuple[int, str, str]:
@@ -97,8 +92,7 @@ def _perfetto(tmp_path, run: str) -> tuple[dict, object]:
 def test_the_perfetto_trace_has_a_slice_per_span(tmp_path, name, script):
     d, _ = _perfetto(tmp_path, os.path.join(gi.RUNS, name))
     assert d.errors == []
-    kinds = [int(e[1]) for e in script()]
-    assert dict(d.slices) == {n: kinds.count(int(k)) for n, k in SPANS.items() if kinds.count(int(k))}
+    assert dict(d.slices) == script_slices(script())
     threads = {t.thread.thread_name for t in d.tracks.values() if t.HasField("thread")}
     assert {"api", "scheduler", "sender", "receiver"} <= threads
     assert all(a["request"] for *_, a in d.rows)

@@ -10,6 +10,21 @@ from dataclasses import dataclass, field
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from omnitrace.conventions import Ev
+
+# slice name -> the event kind that begins each one
+BEGUN_BY = {"omni.chunk.snapshot": Ev.SNAPSHOT_BEGIN, "omni.chunk.fifo": Ev.FIFO_ENQUEUE,
+            "omni.chunk.process": Ev.PROCESS_BEGIN, "omni.chunk.put": Ev.PUT_BEGIN, "omni.chunk.get": Ev.GET_BEGIN,
+            "omni.chunk.wait_schedule": Ev.CHUNK_READY, "omni.chunk.poll_lag": Ev.GET_BEGIN,
+            "omni.request": Ev.REQUEST_ARRIVE, "omni.stage": Ev.STAGE_ADD, "omni.stage.queue": Ev.STAGE_SCHEDULE}
+
+
+def script_slices(script: list[tuple]) -> dict[str, int]:
+    """Slices per name a hand-made script's events make (``event_fixture`` tuples): its own
+    count of the events that begin each span."""
+    kinds = [int(e[1]) for e in script]
+    return {n: kinds.count(int(k)) for n, k in BEGUN_BY.items() if kinds.count(int(k))}
+
 
 @dataclass
 class Decoded:
