@@ -153,17 +153,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _tables_out(args: argparse.Namespace) -> int:
     """--parquet DIR or --perfetto FILE: the run's tables, written."""
+    from omnitrace.tables import files
     from omnitrace.tables.run import TablesError
     try:
         if args.parquet:
             from omnitrace.analyze import report_tables
-            from omnitrace.tables import files
             rt = report_tables.load(args.run)
             written = files.write_parquet(rt.tables, args.parquet)
             what = f"{len(written)} tables ({sum(t.num_rows for t in rt.tables.values())} rows) -> {args.parquet}"
         else:
             from omnitrace.profile.store import FILE, Store
-            from omnitrace.tables import files
             samples = os.path.join(args.run, "profiles", FILE)  # a --flame run's py-spy samples
             rt, counts = files.write_perfetto(args.run, args.perfetto,
                                               Store.load(samples) if os.path.exists(samples) else None)

@@ -67,7 +67,7 @@ class TablesSink:
     def feed(self, feed: stt.Feed, part: spanload.Part) -> None:
         spans = feed.spans
         name = spans["name"]
-        self._small.append(rowops.select(spans, name <= max(_SMALL)))
+        self._small.append(rowops.select(spans, np.isin(name, _SMALL)))
         self._emits.append(feed.emits)
         if self._chunks:
             top = max(int(spans["ring"].max()) + 1 if len(spans) else 0, max(part.rings, default=-1) + 1)
@@ -83,7 +83,9 @@ class TablesSink:
         """The wanted tables; ``rings``: the final ring descriptions, ``requests``: request id
         strings by number (the log's, then any only the bench sent)."""
         small = self._small.view()
-        senders = _senders(self._busy.view(), self._chunks.get("fifo_tasks"), rings)
+        fifo = self._chunks.get("fifo_tasks")
+        senders = _Senders(self._busy.view(), fifo.view() if fifo is not None else np.zeros(0, CHUNK_DTYPE),
+                           spanload.replica_of(rings))
         made = {
             "requests": lambda: requests_table(rowops.select(small, small["name"] == stt.N_REQUEST), requests),
             "stage_visits": lambda: visits_table(small, self._emits.view()),
@@ -274,18 +276,9 @@ class _Senders:
             "start_ns": b["start"], "end_ns": b["end"], "dur_ns": b["end"] - b["start"]})
 
 
-def _senders(busy: np.ndarray, fifo: Growing | None, rings: dict[int, dict]) -> _Senders:
-    return _Senders(busy, fifo.view() if fifo is not None else np.zeros(0, CHUNK_DTYPE),
-                    spanload.replica_of(rings))
-
-
-def _ring_rows(rings: dict[int, dict]) -> list[tuple[int, dict]]:
-    return sorted(rings.items())
-
-
 def processes_table(rings: dict[int, dict]) -> pa.Table:
     by_pid: dict[int, dict] = {}
-    for _, r in _ring_rows(rings):
+    for _, r in sorted(rings.items()):
         by_pid.setdefault(int(r.get("pid", 0)), r)
     rows = sorted(by_pid.items())
     return arrow_table("processes", {
@@ -296,7 +289,7 @@ def processes_table(rings: dict[int, dict]) -> pa.Table:
 
 
 def threads_table(rings: dict[int, dict]) -> pa.Table:
-    rows = _ring_rows(rings)
+    rows = sorted(rings.items())
     return arrow_table("threads", {
         "thread_id": [i for i, _ in rows], "pid": [int(r.get("pid", 0)) for _, r in rows],
         "tid": [int(r.get("tid", 0)) for _, r in rows], "thread": [str(r.get("thread", "")) for _, r in rows],
@@ -307,7 +300,7 @@ def threads_table(rings: dict[int, dict]) -> pa.Table:
 
 def stages_table(rings: dict[int, dict]) -> pa.Table:
     names: dict[int, str] = {}
-    for _, r in _ring_rows(rings):
+    for _, r in sorted(rings.items()):
         stage = int(r.get("stage", cv.API_STAGE))
         names.setdefault(stage, "api" if stage == cv.API_STAGE else str(r.get("process") or f"stage{stage}"))
     return arrow_table("stages", {"stage": sorted(names), "name": [names[s] for s in sorted(names)]})

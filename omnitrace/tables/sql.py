@@ -16,8 +16,6 @@ import orjson
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-FORMATS = ("table", "csv", "json")
-
 
 class QueryError(Exception):
     """A query DuckDB refused: the message in one line."""
@@ -81,7 +79,7 @@ def run(tables: dict[str, pa.Table], query: str) -> pa.Table:
 
 
 def render(result: pa.Table, fmt: str) -> bytes:
-    """``result`` as ``fmt`` (one of :data:`FORMATS`)."""
+    """``result`` as ``fmt``: "csv", "json" (an array of objects) or "table" (aligned text)."""
     if fmt == "csv":
         buf = io.BytesIO()
         pacsv.write_csv(result, buf)
