@@ -25,9 +25,9 @@ def test_the_report_of_a_stored_run_is_the_golden_file(name):
     assert gi.report_json(gi.RUNS, name) == _stored(name)
 
 
-def test_the_report_of_the_synthetic_run_is_the_golden_file(tmp_path):
-    gi.write_synthetic(str(tmp_path / "synthetic"))
-    assert gi.report_json(str(tmp_path), "synthetic") == _stored("synthetic")
+def test_the_report_of_the_synthetic_run_is_the_golden_file(synthetic_run):
+    parent, name = os.path.split(synthetic_run)
+    assert gi.report_json(parent, name) == _stored("synthetic")
 
 
 def test_the_golden_files_hold_what_they_guard():

@@ -98,12 +98,10 @@ def test_the_perfetto_trace_has_a_slice_per_span(tmp_path, name, script):
     assert all(a["request"] for *_, a in d.rows)
 
 
-def test_fifo_depth_counters_follow_the_simulated_queue(tmp_path):
+def test_fifo_depth_counters_follow_the_simulated_queue(tmp_path, synthetic_run):
     """Per stage, the depth after every enqueue and dequeue, from the simulation's own
     stamps: +1 at each enqueue, -1 at each dequeue."""
-    syn = str(tmp_path / "synthetic")
-    gi.write_synthetic(syn)
-    d, _ = _perfetto(tmp_path, syn)
+    d, _ = _perfetto(tmp_path, synthetic_run)
     assert d.errors == []
     events, _ = gi.synthetic_events()
     want = {}

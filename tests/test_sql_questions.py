@@ -98,10 +98,8 @@ def ask_all(capsys, run: str, rep: dict) -> list[list[dict]]:
 
 
 @pytest.mark.unit
-def test_the_questions_give_the_reports_numbers_on_the_synthetic_run(tmp_path, capsys):
-    run = str(tmp_path / "synthetic")
-    gi.write_synthetic(run)
-    answers = ask_all(capsys, run, build_report(load_run([run])))
+def test_the_questions_give_the_reports_numbers_on_the_synthetic_run(synthetic_run, capsys):
+    answers = ask_all(capsys, synthetic_run, build_report(load_run([synthetic_run])))
     # each comparison had something to compare
     assert len(answers[0]) > 100 and len(answers[1]) == 2 and len(answers[2]) > 200 and len(answers[4]) == 4
 

@@ -25,11 +25,9 @@ BEGUN_BY = {"snapshots": Ev.SNAPSHOT_BEGIN, "fifo_tasks": Ev.FIFO_ENQUEUE, "payl
 
 
 @pytest.fixture(scope="module")
-def synthetic(tmp_path_factory) -> tuple[str, list[tuple], list[str]]:
-    d = str(tmp_path_factory.mktemp("syn") / "synthetic")
-    gi.write_synthetic(d)
+def synthetic(synthetic_run) -> tuple[str, list[tuple], list[str]]:
     events, ids = gi.synthetic_events()
-    return d, events, ids
+    return synthetic_run, events, ids
 
 
 def _script_counts(script: list[tuple]) -> dict[str, int]:
