@@ -167,6 +167,14 @@ def real_run(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def synthetic_run(tmp_path_factory) -> str:
+    """The golden synthetic run (tests/support/golden_inputs.py: 300 simulated requests
+    written through the log writer), made once, read only; in-process, in milliseconds."""
+    from tests.support.golden_inputs import write_synthetic
+    return write_synthetic(str(tmp_path_factory.mktemp("golden") / "synthetic"))
+
+
+@pytest.fixture(scope="session")
 def long_lived_processes() -> set[int]:
     """Register the pid of a process a fixture keeps alive across tests (``.add(pid)``)."""
     return LONG_LIVED

@@ -19,6 +19,7 @@ LAYERS = [
               "omnitrace.record", "omnitrace.tracecontext", "omnitrace.eventlog", "omnitrace.spantable",
               "omnitrace.otlp", "omnitrace.spanload", "omnitrace.runfiles", "omnitrace.childproc",
               "omnitrace.console", "omnitrace.outages")),
+    ("tables", ("omnitrace.tables",)),
     ("runtime", ("omnitrace.runtime",)),
     ("profile", ("omnitrace.profile",)),
     ("analyze", ("omnitrace.analyze",)),

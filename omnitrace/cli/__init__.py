@@ -17,7 +17,8 @@ COMMANDS = {
     "report": "per-stage TTFP attribution of a run directory",
     "compare": "A/B comparison of runs with confidence intervals",
     "flame": "flame graphs of a --flame run, per stage or linked to spans",
-    "export": "every span of a run as OTLP/JSON lines or to an OTLP endpoint",
+    "export": "a run's spans as OTLP, its tables as Parquet, its timeline as a Perfetto trace",
+    "sql": "ask a run your own question: SQL over its typed tables",
     "top": "the load test live in a terminal: rates, TTFP, attribution, FIFOs",
 }
 

@@ -1,8 +1,10 @@
-"""`omnitrace export RUN (--otlp-json FILE | --otlp-endpoint URL)`: every span of a run,
-rebuilt from its event log, as OTLP/JSON lines (the Collector's file format, one
-``ExportTraceServiceRequest`` per line) or sent to an OTLP collector (Jaeger, Tempo, an
-OpenTelemetry Collector) with the official exporter. The spans are the ones the live
-exporter sends: same builder (``omnitrace.spantable``), same ids and attributes
+"""`omnitrace export RUN (--otlp-json FILE | --otlp-endpoint URL | --parquet DIR |
+--perfetto FILE)`: every span of a run, rebuilt from its event log, as OTLP/JSON lines (the
+Collector's file format, one ``ExportTraceServiceRequest`` per line) or sent to an OTLP
+collector (Jaeger, Tempo, an OpenTelemetry Collector) with the official exporter; or the
+run's tables (``omnitrace.tables``, docs/tables.md) as one Parquet file per table; or its
+timeline as a Perfetto trace (``omnitrace.tables.perfetto``). The OTLP spans are the ones
+the live exporter sends: same builder (``omnitrace.spantable``), same ids and attributes
 (``omnitrace.otlp``).
 """
 from __future__ import annotations
@@ -18,22 +20,24 @@ import orjson
 from omnitrace import eventlog, otlp, spanload
 from omnitrace import spantable as stt
 from omnitrace import console
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"omnitrace export: {message} (see omnitrace export --help)\n")
+from omnitrace.cli.helpformat import OneLineParser
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="omnitrace export",
-                description="Rebuild every span of a run from its event log and write it as "
-                            "OTLP/JSON lines or send it to an OTLP endpoint.")
+    p = OneLineParser(prog="omnitrace export",
+                      description="Rebuild every span of a run from its event log and write it as "
+                                  "OTLP/JSON lines or send it to an OTLP endpoint; or write the run's "
+                                  "tables as Parquet, or its timeline as a Perfetto trace.")
     p.add_argument("run", metavar="RUN", help="run directory")
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("--otlp-json", metavar="FILE", help="write OTLP/JSON lines to FILE ('-' = stdout)")
     out.add_argument("--otlp-endpoint", metavar="URL",
                      help="send with OTLP: host:port (gRPC, default) or http(s)://host:port/v1/traces (HTTP)")
+    out.add_argument("--parquet", metavar="DIR",
+                     help="write every table (docs/tables.md) as DIR/TABLE.parquet")
+    out.add_argument("--perfetto", metavar="FILE",
+                     help="write a Perfetto trace: tracks per process and thread, spans as slices, "
+                          "FIFO depth counters, py-spy samples of a --flame run")
     p.add_argument("--protocol", choices=("grpc", "http"), default=None,
                    help="OTLP protocol for --otlp-endpoint (default: http when the URL has a "
                         "path, else grpc)")
@@ -91,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isdir(args.run):
         console.say("export", f"{args.run}: not a run directory")
         return 2
+    if args.parquet or args.perfetto:
+        return _tables_out(args)
     exporter = None
     if args.otlp_endpoint:
         from omnitrace.agent import export_otlp
@@ -142,6 +148,33 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if lost else 0
     if args.otlp_json != "-":
         console.say("export", f"{total} spans -> {args.otlp_json}")
+    return 0
+
+
+def _tables_out(args: argparse.Namespace) -> int:
+    """--parquet DIR or --perfetto FILE: the run's tables, written."""
+    from omnitrace.tables import files
+    from omnitrace.tables.run import TablesError
+    try:
+        if args.parquet:
+            from omnitrace.analyze import report_tables
+            rt = report_tables.load(args.run)
+            written = files.write_parquet(rt.tables, args.parquet)
+            what = f"{len(written)} tables ({sum(t.num_rows for t in rt.tables.values())} rows) -> {args.parquet}"
+        else:
+            from omnitrace.profile.store import FILE, Store
+            samples = os.path.join(args.run, "profiles", FILE)  # a --flame run's py-spy samples
+            rt, counts = files.write_perfetto(args.run, args.perfetto,
+                                              Store.load(samples) if os.path.exists(samples) else None)
+            what = f"{sum(counts.values())} slices -> {args.perfetto}"
+    except TablesError as exc:
+        console.say("export", str(exc))
+        return 2
+    except OSError as exc:
+        console.say("export", f"cannot write: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        return 2
+    _say_accounting(args.run, rt.loaded)
+    console.say("export", what)
     return 0
 
 

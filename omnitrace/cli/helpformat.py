@@ -18,3 +18,11 @@ class DefaultsFormatter(argparse.RawDescriptionHelpFormatter):
             return text
         shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
         return f"{text} (default: {shown})"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A usage mistake as one line on stderr, ``PROG: MESSAGE (see PROG --help)``, exit 2
+    (argparse prints the whole usage first)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")

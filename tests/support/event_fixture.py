@@ -14,8 +14,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Iterable
 
-from omnitrace import record
+import numpy as np
+
+from omnitrace import eventlog, record
 from omnitrace.agent.config import AgentConfig
 from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.agent.recorder import Handoff, Recorder
@@ -57,6 +60,44 @@ def write_event_run(d: str, script: list[tuple], bench: dict | None = None) -> s
                          "started_unix_ns": time.time_ns()},
                      {"events_read": rec.events_read, "events_dropped": 0}, bench)
     return d
+
+
+def write_log(dst: str, run_id: str, offset_ns: int, rings: dict[int, dict], ev: np.ndarray,
+              strings: list[str], windows: int, segment_raw_bytes: int = 1 << 16,
+              died: Iterable[int] = (), accounts: dict[int, dict] | None = None) -> int:
+    """``ev`` (``eventlog.EVENT_DTYPE`` rows in time order, unix ns; ``req`` indexes
+    ``strings``) written straight through the agent's log writer into ``dst``'s event log,
+    in ``windows`` time windows (each ring's events of a window as one block, a request's
+    id string before its first use in the ring), in segments of ``segment_raw_bytes``;
+    then ``died`` rings and ``accounts`` (ring -> final counts). For runs too large for
+    the rings, or rewritten from another. Returns the segments written."""
+    w = eventlog.EventLogWriter(dst, run_id, offset_ns, segment_raw_bytes=segment_raw_bytes)
+    tables: dict[int, dict[int, str]] = {}
+    for idx, ring in rings.items():
+        w.ring(idx, ring)
+    for part in np.array_split(ev, windows):
+        for idx in rings:
+            rows = part[part["ring"] == idx]
+            if not len(rows):
+                continue
+            head = []
+            table = tables.setdefault(idx, {})
+            for r in np.unique(rows["req"]).tolist():
+                if r and r not in table:
+                    table[r] = strings[r]
+                    head.append(record.string_slots(r, strings[r]))
+            rec = np.zeros(len(rows), record.RECORD_DTYPE)
+            for f in ("a", "req", "chunk", "kind", "stage", "b"):
+                rec[f] = rows[f]
+            rec["t"] = rows["t"] - offset_ns
+            w.records(idx, b"".join(head) + rec.tobytes(), len(rows))
+        w.commit(tables)
+    for idx in died:
+        w.died(idx)
+    for idx, counts in (accounts or {}).items():
+        w.account(idx, counts)
+    w.close(tables)
+    return w.segment + 1
 
 
 def _ring_of_a_thread(run_id: str, info: record.ProcessInfo, thread: str) -> record.Ring:

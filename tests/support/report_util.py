@@ -163,7 +163,8 @@ def rewrite_event_log(src: str, dst: str, windows: int, segment_raw_bytes: int =
 
     import numpy as np
 
-    from omnitrace import eventlog, record
+    from omnitrace import eventlog
+    from tests.support.event_fixture import write_log
     log = eventlog.read_event_log(src)
     assert log is not None, f"{src}: no event log"
     os.makedirs(dst, exist_ok=True)
@@ -171,32 +172,6 @@ def rewrite_event_log(src: str, dst: str, windows: int, segment_raw_bytes: int =
         if os.path.exists(os.path.join(src, name)):
             shutil.copy(os.path.join(src, name), dst)
     run_id = next(iter(log.run_ids), "rewritten")  # the same run, cut differently
-    w = eventlog.EventLogWriter(dst, run_id, log.offset_ns, segment_raw_bytes=segment_raw_bytes)
     ev = log.events[np.argsort(log.events["t"], kind="stable")]
-    strings = log.requests.strings
-    tables: dict[int, dict[int, str]] = {}
-    for idx, ring in log.rings.items():
-        w.ring(idx, ring)
-    for part in np.array_split(ev, windows):
-        for idx in log.rings:
-            rows = part[part["ring"] == idx]
-            if not len(rows):
-                continue
-            head = []
-            table = tables.setdefault(idx, {})
-            for r in np.unique(rows["req"]).tolist():
-                if r and r not in table:  # a request's id string, before its first use
-                    table[r] = strings[r]
-                    head.append(record.string_slots(r, strings[r]))
-            rec = np.zeros(len(rows), record.RECORD_DTYPE)
-            for f in ("a", "req", "chunk", "kind", "stage", "b"):
-                rec[f] = rows[f]
-            rec["t"] = rows["t"] - log.offset_ns
-            w.records(idx, b"".join(head) + rec.tobytes(), len(rows))
-        w.commit(tables)
-    for idx in log.died:
-        w.died(idx)
-    for idx, counts in log.accounts.items():  # the rings' final counts: the same events
-        w.account(idx, counts)
-    w.close(tables)
-    return w.segment + 1
+    return write_log(dst, run_id, log.offset_ns, log.rings, ev, log.requests.strings, windows,
+                     segment_raw_bytes, log.died, log.accounts)
