@@ -19,6 +19,7 @@ COMMANDS = {
     "flame": "flame graphs of a --flame run, per stage or linked to spans",
     "export": "every span of a run as OTLP/JSON lines or to an OTLP endpoint",
     "top": "the load test live in a terminal: rates, TTFP, attribution, FIFOs",
+    "hooks": "which hooks the installed vLLM-Omni (and a deploy file's path) will see",
 }
 
 
