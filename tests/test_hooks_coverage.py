@@ -125,7 +125,8 @@ def _in_venv(venv: Path, *args: str, env: dict | None = None, timeout: int = 900
 def _venv_params() -> list:
     found = _venvs()
     if not found:
-        return [pytest.param(None, marks=pytest.mark.skip(reason="no vLLM-Omni venv: run scripts/install-vllm-omni.sh"))]
+        why = "no vLLM-Omni venv: run scripts/install-vllm-omni.sh"
+        return [pytest.param(None, marks=pytest.mark.skip(reason=why))]
     return [pytest.param(v, id=v.name) for v in found]
 
 

@@ -96,6 +96,12 @@ class Coverage:
         return out
 
 
+def _one_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (vLLM's validation errors run to many lines)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
 # --------------------------------------------------------------------------- deploy files
 def deploy_file(name: str) -> str:
     """A path, or the name of one of the installed vLLM-Omni's ``deploy/`` files."""
@@ -116,14 +122,13 @@ def _load_deploy(path: str, platform: str) -> Any:
     try:
         from vllm_omni.config import stage_config as sc
     except Exception as exc:
-        raise CoverageError(f"this vLLM-Omni cannot read deploy files ({type(exc).__name__}: {exc})") from None
+        raise CoverageError(f"this vLLM-Omni cannot read deploy files ({_one_line(exc)})") from None
     try:
         deploy = sc.load_deploy_config(path)
         overrides = getattr(sc, "_apply_platform_overrides", None)  # vLLM-Omni's own platform rule
         return overrides(deploy, platform) if overrides is not None else deploy
     except Exception as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else ""
-        raise CoverageError(f"cannot read deploy file {path}: {type(exc).__name__}: {msg}") from None
+        raise CoverageError(f"cannot read deploy file {path}: {_one_line(exc)}") from None
 
 
 def _connectors(deploy: Any) -> tuple[list[str], bool]:
@@ -147,8 +152,7 @@ def _native_stages(model: str, path: str, deploy: Any) -> dict[int, bool]:
         pc = StageConfigFactory.get_pipeline_config(
             model, trust_remote_code=bool(getattr(deploy, "trust_remote_code", False)), deploy_config_path=path)
     except Exception as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else ""
-        raise CoverageError(f"cannot resolve the pipeline of {model}: {type(exc).__name__}: {msg}") from None
+        raise CoverageError(f"cannot resolve the pipeline of {model}: {_one_line(exc)}") from None
     if pc is None:
         raise CoverageError(f"vLLM-Omni has no pipeline for {model}")
     return {int(st.stage_id): bool(getattr(st, "supports_native_mrv2_data_plane", False)) for st in pc.stages}
@@ -206,12 +210,13 @@ def _resolve(hook: patching.Hook) -> tuple[str, str]:
     try:
         module = importlib.import_module(hook.module)
     except Exception as exc:
-        return MISSING, f"module does not import ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        return MISSING, f"module does not import ({_one_line(exc)})"
     try:
         owner, attr = patching.resolve(module, hook.qualname)
     except AttributeError as exc:
         return MISSING, str(exc)
-    if hook.static and not isinstance(owner.__dict__.get(attr) if isinstance(owner, type) else None, staticmethod):
+    raw = owner.__dict__.get(attr) if isinstance(owner, type) else None
+    if hook.static and not isinstance(raw, staticmethod):
         return MISSING, "no longer a staticmethod"
     return FOUND, ""
 
@@ -242,7 +247,7 @@ def check(deploy: str | None = None, platform: str = "cuda", patch_dirs: Iterabl
     try:
         sets = patching.load_patch_sets(list(patch_dirs))
     except Exception as exc:
-        raise CoverageError(f"cannot load hook definitions ({type(exc).__name__}: {exc})") from None
+        raise CoverageError(f"cannot load hook definitions ({_one_line(exc)})") from None
     chosen = patching.choose(sets, target, version)
     if chosen is None:
         raise CoverageError(patching.unknown_version(sets, target, version) + ": omnitrace has no hooks for it")
@@ -264,8 +269,9 @@ def as_json(cov: Coverage) -> dict[str, Any]:
             "versions": list(cov.versions), "counts": cov.counts(),
             "complete": not cov.missing and not cov.unhooked, "unhooked_paths": cov.unhooked,
             "deploy": None if d is None else {
-                "file": d.file, "platform": d.platform, "stages": [{"stage": sid, "model_runner": runner, "native_data_plane": nat}
-                                                           for sid, runner, nat in d.stages],
+                "file": d.file, "platform": d.platform,
+                "stages": [{"stage": sid, "model_runner": runner, "native_data_plane": nat}
+                           for sid, runner, nat in d.stages],
                 "async_chunk": d.async_chunk, "connectors": d.connectors,
                 "talker_first_audio": d.talker_first_audio, "paths": sorted(d.paths),
                 "not_on_paths": sorted(set(ALL_PATHS) - d.paths), "notes": d.notes},

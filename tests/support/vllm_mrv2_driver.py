@@ -89,7 +89,8 @@ def codec_frames_batch(transfer_manager: Any, pooling_outputs: list, requests: l
     """A batch builder (Qwen3-TTS's shape): every request's chunk of a step in one call."""
     for r in requests:
         _count(r)
-    return [_chunk_of((o or {}).get("codes", {}).get("audio"), f) for o, r, f in zip(pooling_outputs, requests, is_finished)]
+    return [_chunk_of((o or {}).get("codes", {}).get("audio"), f)
+            for o, f in zip(pooling_outputs, is_finished, strict=True)]
 
 
 def _model_config(stage: int, builder: str | None, worker_type: str, name: str) -> Any:

@@ -24,7 +24,7 @@ Same events and span names as the V1 adapter where the meaning is the same
                     ``_send_single_request`` on the save thread
 * GET_BEGIN/END     ``SharedMemoryConnector.get`` hits on the receiver thread (the V1 hook)
 * CHUNK_READY       the receiver's ``_poll_single_request`` returned True (chunk read and
-                    staged); chunk = the one it read
+                    staged; async chunks only); chunk = the one it read
 * CHUNK_SCHEDULED   ``OmniSchedulingCoordinator.process_pending_chunks``: ids newly in
                     ``requests_with_ready_chunks``, with the request's latest ready chunk.
                     Only where the receiver runs in the scheduler's process (TP = 1, uniproc
@@ -346,11 +346,14 @@ def _flush(cohort: _Cohort) -> None:
 
 # --------------------------------------------------------------------------- consumer
 def wrap_poll(orig: Callable[..., bool]) -> Callable[..., bool]:
+    """Async chunks only: a full payload (``async_chunk: false``) is handed to the scheduler
+    by ``process_pending_full_payload_inputs``, which has no chunk to schedule."""
+
     @functools.wraps(orig)
     def _poll_single_request(self: Any, req_id: str, *args: Any, **kwargs: Any) -> bool:
         chunk = self._get_req_chunk.get(req_id, 0)  # the chunk this poll asks for
         ok = orig(self, req_id, *args, **kwargs)
-        if ok:
+        if ok and self._async_chunk:
             try:
                 stage = int(self._stage_id)
                 ext = api_request_id(self._request_ids_mapping.get(req_id, req_id))
