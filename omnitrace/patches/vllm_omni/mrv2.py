@@ -19,7 +19,8 @@ Same events and span names as the V1 adapter where the meaning is the same
                     a = COPY: a flat list copy of the token history, empty after chunk 0)
 * PROCESS_BEGIN/END ``_build_custom_process_payload`` (scalar builders), or the stage's batch
                     builder (``_custom_process_batch_func``: one call, its interval for each
-                    request of it); a = bytes of the chunk it led to (0 = no chunk)
+                    request of it); a = bytes of the chunk it led to (0 = no chunk; 1 =
+                    a chunk whose put was not seen: another connector, or not done)
 * PUT_BEGIN/END     ``SharedMemoryConnector.put`` (the V1 hook) inside the mixin's
                     ``_send_single_request`` on the save thread
 * GET_BEGIN/END     ``SharedMemoryConnector.get`` hits on the receiver thread (the V1 hook)
@@ -340,8 +341,9 @@ def _flush(cohort: _Cohort) -> None:
             _emit(E.SNAPSHOT_BEGIN, ext, stage, chunk, 0, peer, task.snap[0])
             _emit(E.SNAPSHOT_END, ext, stage, chunk, _COPY, peer, task.snap[1])
         if task.proc is not None:
+            made = put[2] if put is not None else int(task.chunk is not None)
             _emit(E.PROCESS_BEGIN, ext, stage, chunk, 0, peer, task.proc[0])
-            _emit(E.PROCESS_END, ext, stage, chunk, put[2] if put is not None else 0, peer, task.proc[1])
+            _emit(E.PROCESS_END, ext, stage, chunk, made, peer, task.proc[1])
 
 
 # --------------------------------------------------------------------------- consumer
