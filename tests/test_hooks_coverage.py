@@ -18,7 +18,7 @@ import pytest
 from omnitrace import conventions as cv
 from omnitrace.cli import hooks as hooks_cli
 from omnitrace.inject import coverage
-from tests.support.vllm_venvs import ROOT, _venvs
+from tests.support.vllm_venvs import ROOT, _venvs, hooked_paths
 
 DEMO_PKG = '''
 class Thing:
@@ -122,10 +122,11 @@ def _in_venv(venv: Path, *args: str, env: dict | None = None, timeout: int = 900
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
-def _venv_params() -> list:
-    found = _venvs()
+def _mrv2_venv_params() -> list:
+    """Venvs whose release omnitrace hooks on the MRv2 path (0.30 on)."""
+    found = [v for v in _venvs() if cv.PATH_MRV2 in hooked_paths(v)]
     if not found:
-        why = "no vLLM-Omni venv: run scripts/install-vllm-omni.sh"
+        why = "no vLLM-Omni venv with MRv2 hooks (0.30+): run scripts/install-vllm-omni.sh"
         return [pytest.param(None, marks=pytest.mark.skip(reason=why))]
     return [pytest.param(v, id=v.name) for v in found]
 
@@ -144,7 +145,7 @@ def _deploys(venv: Path) -> Path:
 
 @pytest.mark.vllm
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("venv", _venv_params())
+@pytest.mark.parametrize("venv", _mrv2_venv_params())
 def test_every_hook_of_the_installed_release_is_found_on_an_mrv2_deploy(venv: Path) -> None:
     """``qwen3_tts.yaml`` (``model_runner: v2``, both releases): the MRv2 hooks are on its
     path and, like every other hook of the release's set, found."""
@@ -161,6 +162,7 @@ def test_every_hook_of_the_installed_release_is_found_on_an_mrv2_deploy(venv: Pa
     first_audio = [s for s in doc["sites"] if s["path"] == cv.PATH_TALKER_FIRST_AUDIO]
     has_sender = any(_deploys(venv).parent.glob("worker_v2/first_audio_sender.py"))
     assert bool(first_audio) == has_sender  # talker-first audio exists (and is hooked) from 0.32 on
+    assert (cv.PATH_TALKER_FIRST_AUDIO in doc["deploy"]["paths"]) == has_sender
 
 
 _PATHS_OF_DEPLOYS = r'''

@@ -28,7 +28,7 @@ from omnitrace import conventions as cv
 from omnitrace import eventlog
 from tests.support.agent_util import read_spans
 from tests.support.shm_watcher import ShmWatcher
-from tests.support.vllm_venvs import MRV2_DRIVER, _venvs, omnitrace_warnings, run_driver
+from tests.support.vllm_venvs import MRV2_DRIVER, _venvs, hooked_paths, omnitrace_warnings, run_driver
 
 E = cv.Ev
 TALKER, CODE2WAV = 1, 2
@@ -36,22 +36,18 @@ STEPS = 6  # the driver's default: batches per request
 QUEUE_BOUND = 8  # vLLM-Omni's _NATIVE_OUTPUT_QUEUE_DEPTH
 
 
-def _has(venv: Path, module: str) -> bool:
-    parts = module.split(".")
-    return any((venv / "lib").glob(f"python*/site-packages/{'/'.join(parts)}.py"))
-
-
 def _params() -> list[Any]:
-    """(venv, builder): the scalar builder where the data plane exists (0.30 on), the
-    batch builder too where talker-first audio does (0.32 on)."""
+    """(venv, builder): the scalar builder where omnitrace hooks the MRv2 data plane (0.30
+    on), the batch builder too where it hooks talker-first audio (0.32 on)."""
     out = []
     for v in _venvs():
-        if _has(v, "vllm_omni.worker_v2.omni_data_plane"):
+        paths = hooked_paths(v)
+        if cv.PATH_MRV2 in paths:
             out.append(pytest.param(v, "scalar", id=f"{v.name}-scalar"))
-            if _has(v, "vllm_omni.worker_v2.first_audio_sender"):
-                out.append(pytest.param(v, "batch", id=f"{v.name}-batch"))
+        if cv.PATH_TALKER_FIRST_AUDIO in paths:
+            out.append(pytest.param(v, "batch", id=f"{v.name}-batch"))
     return out or [pytest.param(None, None, marks=pytest.mark.skip(
-        reason="no vLLM-Omni venv with worker_v2 (0.30+): run scripts/install-vllm-omni.sh"))]
+        reason="no vLLM-Omni venv with MRv2 hooks (0.30+): run scripts/install-vllm-omni.sh"))]
 
 
 class Recorded:

@@ -44,3 +44,16 @@ def run_driver(venv: Path, run_dir: Path, *args: str, driver: Path = DRIVER, env
 
 def omnitrace_warnings(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("omnitrace: ")]
+
+
+def hooked_paths(venv: Path) -> set[str]:
+    """The data paths omnitrace's hook set for the venv's vLLM-Omni instruments (its version
+    read from the distribution record: no process started, so it can run at collection)."""
+    from omnitrace.inject import patching
+
+    infos = sorted((venv / "lib").glob("python*/site-packages/vllm_omni-*.dist-info"))
+    if not infos:
+        return set()
+    version = infos[-1].name[len("vllm_omni-"):-len(".dist-info")]
+    chosen = patching.choose(patching.load_patch_sets(), "vllm-omni", version)
+    return {h.path for h in chosen.hooks} if chosen is not None else set()
