@@ -61,6 +61,10 @@ class Ev(IntEnum):
 
     # errors
     STAGE_DIED = 60  # API server noticed a stage process died; stage = the dead stage
+    # MRv2 native data plane: a connector delivery not confirmed by its deadline (vLLM-Omni
+    # then quarantines the stage's delivery manager: the stage's later sends fail);
+    # stage = the producer, chunk = the connector chunk, a = the deadline in ms
+    DELIVERY_TIMEOUT = 61
 
 
 class Status(IntEnum):
@@ -81,6 +85,16 @@ class Snapshot(IntEnum):
 
 NO_CHUNK = -1
 API_STAGE = -1
+
+# --------------------------------------------------------------------------- data paths
+# The ways a request's chunks and first audio leave vLLM-Omni; each hook names the one it
+# instruments (``inject.patching.Hook.path``) and ``omnitrace hooks`` says which a deploy
+# file takes (``inject.coverage``).
+PATH_ALL = ""  # API server, stage schedulers, orchestrator: every path
+PATH_V1_ADAPTER = "v1-adapter"  # OmniChunkTransferAdapter in each stage's scheduler process
+PATH_MRV2 = "mrv2"  # Model Runner V2's native data plane in each stage's worker
+PATH_TALKER_FIRST_AUDIO = "talker-first-audio"  # the Talker delivers the first audio packet
+PATH_SHM_CONNECTOR = "shm-connector"  # SharedMemoryConnector put/get (either chunk path)
 
 # --------------------------------------------------------------------------- spans
 SPAN_REQUEST = "omni.request"  # API server: arrival -> last byte; events TTFT, TTFP

@@ -69,12 +69,14 @@ def replica_of(rings: dict[int, dict]) -> dict[int, int]:
 class Loaded:
     """What the load saw besides the spans: the decoder's account (rings, request ids,
     warnings, torn records: ``eventlog.EventLog`` without events), the event count, the
-    STAGE_DIED events as (stage, time), the scheduler steps' events (``STEP_EVENT_DTYPE``, in
-    log order) and the events per (ring, kind) (``ring_kinds[ring, kind]``)."""
+    STAGE_DIED events as (stage, time), the DELIVERY_TIMEOUT events as (stage, time, request
+    index, chunk), the scheduler steps' events (``STEP_EVENT_DTYPE``, in log order) and the
+    events per (ring, kind) (``ring_kinds[ring, kind]``)."""
 
     log: eventlog.EventLog
     events: int = 0
     died: list[tuple[int, int]] = field(default_factory=list)
+    timeouts: list[tuple[int, int, int, int]] = field(default_factory=list)
     steps: np.ndarray = field(default_factory=lambda: np.zeros(0, STEP_EVENT_DTYPE))
     ring_kinds: np.ndarray = field(default_factory=lambda: np.zeros((0, 256), np.int64))
 
@@ -149,6 +151,8 @@ class _Reading:
         seen.events += len(ev)
         d = ev[kind == cv.Ev.STAGE_DIED]
         seen.died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
+        d = ev[kind == cv.Ev.DELIVERY_TIMEOUT]
+        seen.timeouts.extend(zip(d["stage"].tolist(), d["t"].tolist(), d["req"].tolist(), d["chunk"].tolist()))
         if not self._with_steps or not len(ev):
             return
         s = ev[(kind == _STEP_KINDS[0]) | (kind == _STEP_KINDS[1])]

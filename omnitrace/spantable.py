@@ -94,7 +94,7 @@ _CHUNK_KINDS = tuple(k for _, b, e in _PAIRS for k in (b, e))
 _SENDER_KINDS = (E.FIFO_DEQUEUE, E.PROCESS_END, E.PUT_END)
 _KNOWN = np.zeros(256, bool)
 for _k in (*_REQUEST_KINDS, *_STAGE_KINDS, *_CHUNK_KINDS, E.STEP_BEGIN, E.STEP_END,
-           E.STAGE_DIED):
+           E.STAGE_DIED, E.DELIVERY_TIMEOUT):
     _KNOWN[int(_k)] = True
 # the request and stage events' kinds as plain ints: the per-event loop compares each
 # event's kind with several of them (an IntEnum member lookup costs ~0.2 us)

@@ -15,7 +15,7 @@ import yaml
 from tests.support.runtime_server import Server, chat_body, fast_pipeline
 from tests.support.otlp_receiver import free_port
 
-COMMANDS = ("run", "serve", "bench", "report", "compare", "export", "top", "loadtest", "sql")
+COMMANDS = ("run", "serve", "bench", "report", "compare", "export", "top", "loadtest", "sql", "hooks")
 
 
 def _omni(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from omnitrace import conventions as cv
-from tests.support.vllm_venvs import _omni_version, _venvs, DRIVER, ROOT
+from tests.support.vllm_venvs import _omni_version, _venvs, DRIVER, ROOT, omnitrace_warnings, run_driver
 
 REQUESTS, CHUNKS, PROMPT = 3, 4, 2500
 
@@ -67,20 +67,6 @@ def read_spans(run_dir: Path) -> list[dict]:
                                   "start": int(s["startTimeUnixNano"]), "end": int(s["endTimeUnixNano"]),
                                   **_attrs(s.get("attributes", []))})
     return spans
-
-
-def run_driver(venv: Path, run_dir: Path, *args: str, env: dict[str, str] | None = None,
-               timeout: int = 240) -> tuple[subprocess.CompletedProcess, dict | None]:
-    cmd = [sys.executable, "-m", "omnitrace", "run", "--run-dir", str(run_dir), "--",
-           str(venv / "bin" / "python"), str(DRIVER), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, **(env or {})})
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    return proc, (json.loads(lines[-1]) if lines else None)
-
-
-def omnitrace_warnings(stderr: str) -> list[str]:
-    return [ln for ln in stderr.splitlines() if ln.startswith("omnitrace: ")]
 
 
 _runs: dict[str, tuple] = {}

@@ -1,5 +1,7 @@
 """Why measured requests failed, by cause: the bench's per-request errors, the trace's
-request status, and the stage deaths the API server recorded (``STAGE_DIED``).
+request status, the stage deaths the API server recorded (``STAGE_DIED``) and the MRv2
+connector deliveries that timed out (``DELIVERY_TIMEOUT``: vLLM-Omni then quarantines the
+stage's sends).
 
 A failed request is a failure of the server or the client, named as such; "no trace" is
 left for requests that succeeded and still have none (a tracing gap).
@@ -46,10 +48,12 @@ def cause_of(error: str) -> tuple[str, str]:
 
 
 def summarize(bench_rows: Iterable[dict[str, Any]], traced: dict[str, tuple[int, int]],
-              stage_deaths: list[tuple[int, int]], stage_label) -> dict[str, Any]:
+              stage_deaths: list[tuple[int, int]], stage_label,
+              delivery_timeouts: Iterable[tuple[int, int, str, int]] = ()) -> dict[str, Any]:
     """``bench_rows``: the measured bench rows; ``traced``: request id -> (status, end unix
     ns) of measured requests without a bench row (a foreign client); ``stage_deaths``:
-    (stage, unix ns). Returns ``{failed, failed_ids, causes[], stage_deaths[]}``."""
+    (stage, unix ns); ``delivery_timeouts``: (stage, unix ns, request, chunk). Returns
+    ``{failed, failed_ids, causes[], stage_deaths[], delivery_timeouts[]}``."""
     causes: dict[str, dict[str, Any]] = {}
     failed: list[str] = []
 
@@ -65,17 +69,30 @@ def summarize(bench_rows: Iterable[dict[str, Any]], traced: dict[str, tuple[int,
             cause, how = cause_of(str(err))
             add(str(r.get("id")), cause, how, str(err)[:200])
     deaths = sorted(stage_deaths, key=lambda d: d[1])
+    timeouts = sorted(delivery_timeouts, key=lambda d: d[1])
     for rid, (status, end) in traced.items():
         if status == cv.Status.OK:
             continue
         if status == cv.Status.CANCELLED:
             add(rid, "client cancelled", "client went away (trace)", "status CANCELLED")
             continue
-        died = [d for d in deaths if d[1] <= end]
-        cause = (f"stage {stage_label(died[0][0])} died" if died
-                 else "server error")
-        add(rid, cause, "error status in the trace", "status ERROR")
+        add(rid, _server_cause(deaths, timeouts, end, stage_label), "error status in the trace",
+            "status ERROR")
     return {"failed": len(failed), "failed_ids": failed,
             "causes": sorted(causes.values(), key=lambda c: (-c["count"], c["cause"])),
             "stage_deaths": [{"stage": stage_label(s), "stage_id": s, "unix_ns": t}
-                             for s, t in deaths]}
+                             for s, t in deaths],
+            "delivery_timeouts": [{"stage": stage_label(s), "stage_id": s, "request": r, "chunk": c,
+                                   "unix_ns": t} for s, t, r, c in timeouts]}
+
+
+def _server_cause(deaths: list, timeouts: list, end: int, stage_label) -> str:
+    """A traced request's error by what the server recorded before its end: the first stage
+    death, else the first delivery timeout (a quarantined stage fails its later sends)."""
+    died = [d for d in deaths if d[1] <= end]
+    if died:
+        return f"stage {stage_label(died[0][0])} died"
+    late = [d for d in timeouts if d[1] <= end]
+    if late:
+        return f"stage {stage_label(late[0][0])}: connector delivery timed out"
+    return "server error"

@@ -515,7 +515,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
                      for rid in measured if rid in reqs and reqs[rid].request is not None
                      and rid not in bench_rows}
     fails = failures.summarize((bench_rows[i] for i in sorted(bench_measured)), traced_status,
-                               run.stage_deaths, died_label)
+                               run.stage_deaths, died_label, run.delivery_timeouts)
     failed_ids = set(fails.pop("failed_ids"))
 
     # requests without an API request (component-level run) or without a trace: counted below

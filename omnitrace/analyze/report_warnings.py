@@ -34,6 +34,15 @@ def _stage_deaths(f: Facts) -> list[str]:
             for d in reversed(f.fails["stage_deaths"])]
 
 
+def _delivery_timeouts(f: Facts) -> list[str]:
+    by_stage: dict[str, list[dict]] = {}
+    for d in f.fails["delivery_timeouts"]:
+        by_stage.setdefault(d["stage"], []).append(d)
+    return [f"STAGE {stage}: {len(ds)} CONNECTOR DELIVER{'Y' if len(ds) == 1 else 'IES'} TIMED OUT "
+            f"(MRv2; vLLM-Omni quarantines the stage's sends), first request {ds[0]['request']} "
+            f"chunk {ds[0]['chunk']}" for stage, ds in by_stage.items()]
+
+
 def _failed(f: Facts) -> list[str]:
     if not f.fails["failed"]:
         return []
@@ -147,7 +156,7 @@ def _incomplete(f: Facts) -> list[str]:
 
 
 # above the load's own warnings, loudest first
-HEAD: tuple[Rule, ...] = (_stage_deaths, _failed, _dropped, _accounting)
+HEAD: tuple[Rule, ...] = (_stage_deaths, _delivery_timeouts, _failed, _dropped, _accounting)
 # below them
 TAIL: tuple[Rule, ...] = (_exporters, _outages, _views_failed, _sampled, _no_ttfp, _untraced,
                           _nothing_attributed, _unrecorded, _incomplete)

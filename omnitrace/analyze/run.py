@@ -37,6 +37,8 @@ class Run:
     chunk_requests: list[str] = field(default_factory=lambda: [""])
     span_count: int = 0
     stage_deaths: list[tuple[int, int]] = field(default_factory=list)  # (stage, unix ns) STAGE_DIED
+    # (stage, unix ns, request, chunk) DELIVERY_TIMEOUT (MRv2)
+    delivery_timeouts: list[tuple[int, int, str, int]] = field(default_factory=list)
 
     def chunk_index(self) -> dict[str, int]:
         """Request id -> its index in ``chunk_requests`` (the tables' ``req``)."""

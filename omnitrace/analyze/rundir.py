@@ -141,6 +141,9 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     led.live = live
     run.ledger = led if run.ledger is None else run.ledger.merged(led)
     run.stage_deaths.extend(sorted(built.died, key=lambda x: x[1]))
+    names = log.requests.strings
+    run.delivery_timeouts.extend(sorted(((s, t, names[r], c) for s, t, r, c in built.timeouts),
+                                        key=lambda x: x[1]))
     run.skipped_spans += acc.skipped
     run.span_count += acc.rows - acc.skipped
     _add_tables(run, acc, log.requests.strings, log.rings, spanload.replica_of(log.rings))

@@ -20,6 +20,7 @@ COMMANDS = {
     "export": "a run's spans as OTLP, its tables as Parquet, its timeline as a Perfetto trace",
     "sql": "ask a run your own question: SQL over its typed tables",
     "top": "the load test live in a terminal: rates, TTFP, attribution, FIFOs",
+    "hooks": "which hooks the installed vLLM-Omni (and a deploy file's path) will see",
 }
 
 

@@ -50,6 +50,8 @@ class Hook:
 
     ``static``: the attribute is a staticmethod (the function inside is wrapped and
     re-wrapped). ``optional``: absent in some versions of the range; skipped silently.
+    ``path``: the data path it instruments (``conventions.PATH_*``; "" = every path), what
+    ``omnitrace hooks`` checks against a deploy file.
     """
 
     name: str
@@ -58,6 +60,7 @@ class Hook:
     wrap: Callable[[Any], Any]
     static: bool = False
     optional: bool = False
+    path: str = cv.PATH_ALL
 
 
 @dataclass
@@ -172,7 +175,19 @@ def load_patch_sets(patch_dirs: Iterable[str] = ()) -> list[PatchSet]:
     return sets
 
 
-def _installed_version(dist: str) -> str | None:
+def choose(sets: list[PatchSet], target: str, version: str) -> PatchSet | None:
+    """The first of ``sets`` (user sets come first) for ``target`` whose VERSIONS match."""
+    return next((s for s in sets if s.target == target and s.matches(version)), None)
+
+
+def unknown_version(sets: list[PatchSet], target: str, version: str) -> str:
+    """The one line for a version no hook set knows."""
+    known = sorted({v + ("x" if v.endswith(".") else "") for s in sets if s.target == target
+                    for v in s.versions}, key=lambda v: v.lstrip("<>=!~"))
+    return f"{target} {version} is not a known version (known: {', '.join(known) or 'none'})"
+
+
+def installed_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -192,7 +207,8 @@ def _expects(target: str) -> bool:
 
 
 # --------------------------------------------------------------------------- patching
-def _resolve(module: ModuleType, qualname: str) -> tuple[Any, str]:
+def resolve(module: ModuleType, qualname: str) -> tuple[Any, str]:
+    """The owner of ``module.qualname`` and the attribute's name (AttributeError if absent)."""
     owner: Any = module
     parts = qualname.split(".")
     for part in parts[:-1]:
@@ -206,7 +222,7 @@ def _patch_one(module: ModuleType, hook: Hook) -> None:
     key = (hook.module, hook.qualname)
     if key in _state.applied:
         return
-    owner, attr = _resolve(module, hook.qualname)
+    owner, attr = resolve(module, hook.qualname)
     raw = owner.__dict__[attr] if isinstance(owner, type) and attr in owner.__dict__ else getattr(owner, attr)
     if getattr(raw, "__omnitrace_hook__", False) or getattr(getattr(raw, "__func__", None), "__omnitrace_hook__", False):
         return  # already wrapped (a second loader of the same patches)
@@ -237,7 +253,7 @@ def _apply_hooks(module: ModuleType, hooks: list[Hook]) -> list[str]:
 def _report_skipped(skipped: list[str]) -> None:
     if skipped:
         ps = _state.active
-        label = f"{ps.target} {_installed_version(ps.target)}" if ps else "target"
+        label = f"{ps.target} {installed_version(ps.target)}" if ps else "target"
         warn(f"{label}: skipped hooks: {'; '.join(skipped)}; running partly instrumented")
 
 
@@ -292,22 +308,19 @@ def apply(patch_dirs: Iterable[str] | None = None, target: str = "vllm-omni") ->
         _state.done = True
         if patch_dirs is None:
             patch_dirs = [d for d in os.environ.get(ENV_PATCHES, "").split(os.pathsep) if d]
-        version = _installed_version(target)
+        version = installed_version(target)
         if version is None:
             if _expects(target):
                 warn(f"{target} is not installed; running uninstrumented")
             return None
         try:
-            sets = [s for s in load_patch_sets(list(patch_dirs)) if s.target == target]
+            sets = load_patch_sets(list(patch_dirs))
         except Exception as exc:
             warn(f"cannot load hook definitions ({type(exc).__name__}: {exc}); running uninstrumented")
             return None
-        chosen = next((s for s in sets if s.matches(version)), None)
+        chosen = choose(sets, target, version)
         if chosen is None:
-            known = sorted({v + ("x" if v.endswith(".") else "") for s in sets for v in s.versions},
-                           key=lambda v: v.lstrip("<>=!~"))
-            warn(f"{target} {version} is not a known version (known: {', '.join(known) or 'none'}); "
-                 "running uninstrumented")
+            warn(unknown_version(sets, target, version) + "; running uninstrumented")
             return None
         _state.active = chosen
         by_module: dict[str, list[Hook]] = {}
@@ -360,4 +373,5 @@ def status() -> dict[str, Any]:
 
 
 __all__ = ["Hook", "PatchSet", "apply", "remove", "applied", "status", "warn", "hook_failed",
-           "load_patch_sets", "ENV_PATCHES", "ENV_TARGET", "cv"]
+           "load_patch_sets", "choose", "unknown_version", "installed_version", "resolve",
+           "ENV_PATCHES", "ENV_TARGET", "cv"]

@@ -1,8 +1,10 @@
-"""The vLLM-Omni venvs the tests run the real classes in, and the driver they run."""
+"""The vLLM-Omni venvs the tests run the real classes in, and the drivers they run."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 
@@ -10,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 DRIVER = ROOT / "tests" / "support" / "vllm_driver.py"
+MRV2_DRIVER = ROOT / "tests" / "support" / "vllm_mrv2_driver.py"
 
 
 DEFAULT_VENVS = [ROOT / ".venv-vllm", ROOT / ".venv-vllm-032"]
@@ -26,3 +29,31 @@ def _omni_version(venv: Path) -> str:
                           "import importlib.metadata as m; print(m.version('vllm-omni'))"],
                          capture_output=True, text=True, timeout=60)
     return out.stdout.strip()
+
+
+def run_driver(venv: Path, run_dir: Path, *args: str, driver: Path = DRIVER, env: dict[str, str] | None = None,
+               timeout: int = 240) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """``driver`` in ``venv``'s Python under ``omnitrace run``; its last JSON line."""
+    cmd = [sys.executable, "-m", "omnitrace", "run", "--run-dir", str(run_dir), "--",
+           str(venv / "bin" / "python"), str(driver), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, **(env or {})})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    return proc, (json.loads(lines[-1]) if lines else None)
+
+
+def omnitrace_warnings(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("omnitrace: ")]
+
+
+def hooked_paths(venv: Path) -> set[str]:
+    """The data paths omnitrace's hook set for the venv's vLLM-Omni instruments (its version
+    read from the distribution record: no process started, so it can run at collection)."""
+    from omnitrace.inject import patching
+
+    infos = sorted((venv / "lib").glob("python*/site-packages/vllm_omni-*.dist-info"))
+    if not infos:
+        return set()
+    version = infos[-1].name[len("vllm_omni-"):-len(".dist-info")]
+    chosen = patching.choose(patching.load_patch_sets(), "vllm-omni", version)
+    return {h.path for h in chosen.hooks} if chosen is not None else set()

@@ -708,27 +708,36 @@ async def _watch_stream(gen: Any, rid: str) -> Any:
 # --------------------------------------------------------------------------- tables
 def chunk_hooks(snapshot_strategy: int) -> list[Hook]:
     """The async-chunk hooks whose shape is the same in every supported version."""
+    v1 = cv.PATH_V1_ADAPTER
     return [
-        Hook("adapter init", ADAPTER_MODULE, f"{ADAPTER}.__init__", wrap_init),
+        Hook("adapter init", ADAPTER_MODULE, f"{ADAPTER}.__init__", wrap_init, path=v1),
         Hook("snapshot", ADAPTER_MODULE, f"{ADAPTER}._snapshot_processor_request",
-             make_snapshot_wrapper(snapshot_strategy), static=True),
-        Hook("fifo dequeue", ADAPTER_MODULE, f"{ADAPTER}._send_single_request", wrap_send),
-        Hook("chunk commit", ADAPTER_MODULE, f"{ADAPTER}._commit_received_chunk", wrap_commit),
-        Hook("chunk scheduled", ADAPTER_MODULE, f"{ADAPTER}.process_pending_chunks", wrap_pending),
-        Hook("connector put", SHM_MODULE, f"{SHM}.put", wrap_put),
-        Hook("connector get", SHM_MODULE, f"{SHM}.get", wrap_get),
+             make_snapshot_wrapper(snapshot_strategy), static=True, path=v1),
+        Hook("fifo dequeue", ADAPTER_MODULE, f"{ADAPTER}._send_single_request", wrap_send, path=v1),
+        Hook("chunk commit", ADAPTER_MODULE, f"{ADAPTER}._commit_received_chunk", wrap_commit, path=v1),
+        Hook("chunk scheduled", ADAPTER_MODULE, f"{ADAPTER}.process_pending_chunks", wrap_pending, path=v1),
+        *connector_hooks(),
     ]
 
 
 def legacy_chunk_hooks() -> list[Hook]:
     """<= 0.26: no snapshot, and the receiver commits inside ``_poll_single_request``."""
+    v1 = cv.PATH_V1_ADAPTER
     return [
-        Hook("adapter init", ADAPTER_MODULE, f"{ADAPTER}.__init__", wrap_init),
-        Hook("fifo dequeue", ADAPTER_MODULE, f"{ADAPTER}._send_single_request", wrap_send),
-        Hook("chunk commit", ADAPTER_MODULE, f"{ADAPTER}._poll_single_request", wrap_poll_legacy),
-        Hook("chunk scheduled", ADAPTER_MODULE, f"{ADAPTER}.process_pending_chunks", wrap_pending),
-        Hook("connector put", SHM_MODULE, f"{SHM}.put", wrap_put),
-        Hook("connector get", SHM_MODULE, f"{SHM}.get", wrap_get),
+        Hook("adapter init", ADAPTER_MODULE, f"{ADAPTER}.__init__", wrap_init, path=v1),
+        Hook("fifo dequeue", ADAPTER_MODULE, f"{ADAPTER}._send_single_request", wrap_send, path=v1),
+        Hook("chunk commit", ADAPTER_MODULE, f"{ADAPTER}._poll_single_request", wrap_poll_legacy, path=v1),
+        Hook("chunk scheduled", ADAPTER_MODULE, f"{ADAPTER}.process_pending_chunks", wrap_pending, path=v1),
+        *connector_hooks(),
+    ]
+
+
+def connector_hooks() -> list[Hook]:
+    """The SharedMemoryConnector's put and get, whichever chunk path calls them."""
+    shm = cv.PATH_SHM_CONNECTOR
+    return [
+        Hook("connector put", SHM_MODULE, f"{SHM}.put", wrap_put, path=shm),
+        Hook("connector get", SHM_MODULE, f"{SHM}.get", wrap_get, path=shm),
     ]
 
 
