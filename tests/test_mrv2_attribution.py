@@ -74,6 +74,11 @@ def test_talker_first_audio_is_walked_from_the_talkers_packet(tmp_path):
     # the thinker's chunk: its output-queue residence (100 -> 150), build and put
     assert totals[(0, at.FIFO_OWN)] + totals.get((0, at.FIFO_BLOCKED), 0) == 50
     assert totals[(0, at.PROCESS)] == 10 and totals[(0, at.PUT)] == 10
+    # the output worker snapshots after its dequeue (150 -> 155): that is the snapshot,
+    # walked in the worker's own order, not a gap
+    assert totals[(0, at.SNAPSHOT)] == 5
+    gaps = [(g.start - a.arrival) // US for g in a.segments if g.category == at.REMAINDER]
+    assert 150 not in gaps, gaps
     assert not [k for k in totals if k[0] == 2]
 
 

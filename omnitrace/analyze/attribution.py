@@ -29,7 +29,9 @@ server under load: get 476.38-477.91 ms around put 477.28-477.52). So: the consu
 is the latest ending by the chunk's ready; its put is the latest that BEGAN by that get's
 end (the one it can have read); the producing task is the latest process ending by that
 put's begin, its FIFO wait the latest ending by the process begin, its snapshot the latest
-ending by the FIFO wait's begin; `poll_lag` is [put end, get begin] of that pair. A get
+ending by the process begin if it began after that wait (MRv2's output worker snapshots
+what it dequeued), else the latest ending by the wait's begin (V1: snapshot, then
+enqueue); `poll_lag` is [put end, get begin] of that pair. A get
 that began before its put ended is charged as `get` only from the put's end (segment
 detail ``overlap``): before it the chunk was not yet written, and that time is the
 producer's put and task, whatever the receiver thread was doing.
@@ -282,79 +284,105 @@ def attribute(r: RequestSpans) -> Attribution | None:
         ws = _gating_chunk(r.scheduled.get(stage, ()), min(t, w.cursor))
         key = (ws.peer, ws.stage, ws.chunk) if ws is not None else None
         if ws is None or key in seen:
-            q = r.queues.get(stage)
-            if q is not None:
-                w.push(q.end, t, stage, COMPUTE)
-                w.push(q.start, q.end, stage, QUEUE)
-                w.origin = stage
-            elif stage in r.stages:
-                missing.append(f"{cv.SPAN_STAGE_QUEUE}[{stage}]")
-                w.push(r.stages[stage].start, t, stage, COMPUTE)
-                w.origin = stage
+            _origin(r, w, stage, t, missing)
             break
         seen.add(key)
         hops.append(key)
-        prod, cons, c = key
-        w.push(ws.end, t, cons, COMPUTE)
-        w.push(ws.start, ws.end, cons, WAIT_SCHEDULE)
-        csp = r.consumer.get(key, {})
-        psp = r.producer.get(key, {})
-        # the chunk's get and put, matched by causality (the ordering rule)
-        get = _latest(csp.get(cv.SPAN_GET), w.cursor)
-        put = _latest(psp.get(cv.SPAN_PUT), get.end if get is not None else w.cursor, begun=True)
-        if get is None:
-            missing.append(f"{cv.SPAN_GET}[{prod}->{cons}#{c}]")
-        else:
-            got = get.start if put is None else max(get.start, min(put.end, get.end))
-            w.push(got, get.end, cons, GET, "overlap" if got > get.start else "")
-        if get is None or put is None:
-            missing.append(f"{cv.SPAN_POLL}[{prod}->{cons}#{c}]")
-        else:
-            w.push(put.end, max(get.start, put.end), cons, POLL_LAG)
-        if put is None:
-            missing.append(f"{cv.SPAN_PUT}[{prod}->{cons}#{c}]")
-        else:
-            w.push(put.start, put.end, prod, PUT)
-        # The task spans (process, fifo, snapshot) must belong to the task that made this
-        # chunk: its process span carries the payload bytes. A producer runs one task per
-        # step and labels no-chunk tasks (0 bytes) with the index of the next chunk; if only
-        # such tasks are in the trace, the producing task was not recorded on its own, so its
-        # time stays in the producer's compute (walked next) and the hop is listed.
-        by = put.start if put is not None else w.cursor  # the sender's clock orders its task
-        procs = [x for x in psp.get(cv.SPAN_PROCESS, ()) if x.end <= by] or psp.get(cv.SPAN_PROCESS, [])
-        made = [x for x in procs if x.nbytes > 0]
-        if put is not None and put.nbytes > 0 and procs and not made:
-            missing.append(f"task[{prod}->{cons}#{c}]")
-            task: list[Span | None] = [None, None, None]
-            stale.append((prod, cons, c))
-        else:
-            proc = max(made, key=lambda x: x.end) if made else _latest(procs, by)
-            task = [proc, None, None]
-            cut = proc.start if proc is not None else by
-            task[1] = _latest(psp.get(cv.SPAN_FIFO), cut)
-            cut = task[1].start if task[1] is not None else cut
-            task[2] = _latest(psp.get(cv.SPAN_SNAPSHOT), cut)
-        proc, f, snap = task
-        if proc is not None:
-            w.push(proc.start, proc.end, prod, PROCESS)
-        elif not stale or stale[-1] != (prod, cons, c):
-            missing.append(f"{cv.SPAN_PROCESS}[{prod}->{cons}#{c}]")
-        if f is not None:
-            blocked = max(0, min(f.blocked_ns, f.dur))
-            # Order inside the residence does not change sums; own work is drawn last.
-            w.push(f.end - (f.dur - blocked), f.end, prod, FIFO_OWN)
-            w.push(f.start, f.start + blocked, prod, FIFO_BLOCKED)
-        elif not stale or stale[-1] != (prod, cons, c):
-            missing.append(f"{cv.SPAN_FIFO}[{prod}->{cons}#{c}]")
-        if snap is not None:
-            w.push(snap.start, snap.end, prod, SNAPSHOT)
-        elif not stale or stale[-1] != (prod, cons, c):
-            missing.append(f"{cv.SPAN_SNAPSHOT}[{prod}->{cons}#{c}]")
+        w.push(ws.end, t, key[1], COMPUTE)
+        w.push(ws.start, ws.end, key[1], WAIT_SCHEDULE)
+        _hop(r, w, key, missing, stale)
         t = w.cursor
-        stage = prod
+        stage = key[0]
     segs = w.finish(event_time(r.request, cv.EVENT_API_PARSED),
                     event_time(r.request, cv.EVENT_API_DISPATCHED))
     return Attribution(r.rid, arrival, ttfp, segs, list(reversed(hops)), missing, stale)
+
+
+def _origin(r: RequestSpans, w: _Walker, stage: int, t: int, missing: list[str]) -> None:
+    """A stage with no (new) gating chunk: its compute from its queue's end, its queue."""
+    q = r.queues.get(stage)
+    if q is not None:
+        w.push(q.end, t, stage, COMPUTE)
+        w.push(q.start, q.end, stage, QUEUE)
+        w.origin = stage
+    elif stage in r.stages:
+        missing.append(f"{cv.SPAN_STAGE_QUEUE}[{stage}]")
+        w.push(r.stages[stage].start, t, stage, COMPUTE)
+        w.origin = stage
+
+
+def _hop(r: RequestSpans, w: _Walker, key: tuple[int, int, int], missing: list[str],
+         stale: list[tuple[int, int, int]]) -> None:
+    """One chunk walked back from its consumer's ready to its producer's first task span."""
+    prod, cons, c = key
+    where = f"[{prod}->{cons}#{c}]"
+    csp = r.consumer.get(key, {})
+    psp = r.producer.get(key, {})
+    # the chunk's get and put, matched by causality (the ordering rule)
+    get = _latest(csp.get(cv.SPAN_GET), w.cursor)
+    put = _latest(psp.get(cv.SPAN_PUT), get.end if get is not None else w.cursor, begun=True)
+    if get is None:
+        missing.append(f"{cv.SPAN_GET}{where}")
+    else:
+        got = get.start if put is None else max(get.start, min(put.end, get.end))
+        w.push(got, get.end, cons, GET, "overlap" if got > get.start else "")
+    if get is None or put is None:
+        missing.append(f"{cv.SPAN_POLL}{where}")
+    else:
+        w.push(put.end, max(get.start, put.end), cons, POLL_LAG)
+    if put is None:
+        missing.append(f"{cv.SPAN_PUT}{where}")
+    else:
+        w.push(put.start, put.end, prod, PUT)
+    task = _task(psp, put, w.cursor)
+    if task is None:  # only an earlier no-chunk task under this index: not recorded
+        missing.append(f"task{where}")
+        stale.append(key)
+        return
+    proc, f, snap, after = task
+    for span, name in ((proc, cv.SPAN_PROCESS), (f, cv.SPAN_FIFO), (snap, cv.SPAN_SNAPSHOT)):
+        if span is None:
+            missing.append(f"{name}{where}")
+    if proc is not None:
+        w.push(proc.start, proc.end, prod, PROCESS)
+    if after:  # MRv2: the snapshot after the dequeue, so walked before the FIFO wait
+        w.push(snap.start, snap.end, prod, SNAPSHOT)
+        snap = None
+    if f is not None:
+        blocked = max(0, min(f.blocked_ns, f.dur))
+        # Order inside the residence does not change sums; own work is drawn last.
+        w.push(f.end - (f.dur - blocked), f.end, prod, FIFO_OWN)
+        w.push(f.start, f.start + blocked, prod, FIFO_BLOCKED)
+    if snap is not None:
+        w.push(snap.start, snap.end, prod, SNAPSHOT)
+
+
+def _task(psp: dict[str, list[Span]], put: Span | None, cursor: int
+          ) -> tuple[Span | None, Span | None, Span | None, bool] | None:
+    """The producing task's (process, FIFO wait, snapshot, whether the snapshot followed
+    the wait); None when the trace holds only
+    no-chunk tasks under the chunk's index. It is the task that made this chunk: its
+    process span carries the payload bytes. A producer runs one task per step and labels
+    no-chunk tasks (0 bytes) with the index of the next chunk; if only such tasks are in
+    the trace, the producing task was not recorded on its own, so its time stays in the
+    producer's compute (walked next) and the hop is listed. Its spans are found on the
+    producer's own clock (the ordering rule): the last process before the put, the last
+    FIFO wait before the process; the snapshot is the last one between that wait's end and
+    the process (MRv2: the output worker snapshots what it dequeued), else the last before
+    the wait (V1: the scheduler snapshots, then enqueues)."""
+    by = put.start if put is not None else cursor
+    procs = [x for x in psp.get(cv.SPAN_PROCESS, ()) if x.end <= by] or psp.get(cv.SPAN_PROCESS, [])
+    made = [x for x in procs if x.nbytes > 0]
+    if put is not None and put.nbytes > 0 and procs and not made:
+        return None
+    proc = max(made, key=lambda x: x.end) if made else _latest(procs, by)
+    cut = proc.start if proc is not None else by
+    f = _latest(psp.get(cv.SPAN_FIFO), cut)
+    snaps = psp.get(cv.SPAN_SNAPSHOT)
+    last = max((s for s in snaps or () if s.end <= cut), key=lambda s: s.end, default=None)
+    if f is not None and last is not None and last.start >= f.end:
+        return proc, f, last, True
+    return proc, f, _latest(snaps, f.start if f is not None else cut), False
 
 
 def _latest(spans: list[Span] | None, t: int, begun: bool = False) -> Span | None:

@@ -349,21 +349,26 @@ def _producer_task(W: _Segments, rows: np.ndarray, idx: np.ndarray, pc: np.ndarr
     pr = np.where(is_stale, _NONE, pr)
     cut = np.where(pr >= 0, start[np.maximum(pr, 0)], cur)
     fi = np.where(is_stale, _NONE, fifo.by(pc, cut))
-    cut = np.where(fi >= 0, start[np.maximum(fi, 0)], cut)
-    sn = np.where(is_stale, _NONE, snap.by(pc, cut))
+    fii = np.maximum(fi, 0)
+    last = snap.by(pc, cut, fallback=False)  # MRv2: snapshotted after the dequeue
+    after = (fi >= 0) & (last >= 0) & (start[np.maximum(last, 0)] >= end[fii]) & ~is_stale
+    sn = np.where(after, last, snap.by(pc, np.where(fi >= 0, start[fii], cut)))
+    sn = np.where(is_stale, _NONE, sn)
     have = pr >= 0
     notes.append((~have & ~is_stale, _M_PROCESS))
+    notes.append((~(fi >= 0) & ~is_stale, _M_FIFO))
+    notes.append((~(sn >= 0) & ~is_stale, _M_SNAPSHOT))
     pri = pr[have]
     W.push(idx[have], start[pri], end[pri], prod[have], at.PROCESS)
+    s = sn[after]
+    W.push(idx[after], start[s], end[s], prod[after], at.SNAPSHOT)
     have = fi >= 0
-    notes.append((~have & ~is_stale, _M_FIFO))
     f = fi[have]
     dur = end[f] - start[f]
     blocked = np.maximum(0, np.minimum(v2[f], dur))
     W.push(idx[have], end[f] - (dur - blocked), end[f], prod[have], at.FIFO_OWN)
     W.push(idx[have], start[f], start[f] + blocked, prod[have], at.FIFO_BLOCKED)
-    have = sn >= 0
-    notes.append((~have & ~is_stale, _M_SNAPSHOT))
+    have = (sn >= 0) & ~after
     s = sn[have]
     W.push(idx[have], start[s], end[s], prod[have], at.SNAPSHOT)
 
