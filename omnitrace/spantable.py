@@ -243,17 +243,20 @@ def _key(req: np.ndarray, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:
             | (chunk.astype(np.int64) + 1))
 
 
-def sender_tasks(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+def sender_tasks(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """THE sender rule, over one sender's events in time order (FIFO_DEQUEUE, PROCESS_END,
     PUT_END; others are ignored): a task occupies the sender from its dequeue to its own
     PUT_END, a 0-byte PROCESS_END of its chunk, or the next dequeue, whichever comes first
     (the sender does one at a time; a closer of another task falls back to the next
-    dequeue). Returns (indices of the dequeues of closed tasks, their end times, index of
-    the first dequeue still open, or ``len(seq)``)."""
+    dequeue). A batch, dequeues stamped at one instant (MRv2's output worker takes several
+    requests off its queue at once and builds them in turn, their puts on another thread),
+    is worked through in order: each of its tasks ends at its own PROCESS_END and starts
+    where the one before it ended. Returns (indices of the dequeues of closed tasks, their
+    start and end times, index of the first dequeue still open, or ``len(seq)``)."""
     kinds, n = seq["kind"], len(seq)
     deq = np.flatnonzero(kinds == E.FIFO_DEQUEUE)
     if not len(deq):
-        return deq, np.empty(0, np.int64), n
+        return deq, np.empty(0, np.int64), np.empty(0, np.int64), n
     closer = np.flatnonzero((kinds == E.PUT_END) | ((kinds == E.PROCESS_END) & (seq["a"] == 0))
                             | (kinds == E.FIFO_DEQUEUE))
     nxt = np.searchsorted(closer, deq, "right")
@@ -266,10 +269,48 @@ def sender_tasks(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
                    | (same & ((kj == E.PUT_END) | (seq["chunk"][jj] == seq["chunk"][deq]))))
     next_deq = np.append(deq[1:], n)  # deq ascends: each one's next is the next in it
     j = np.where(valid, j, next_deq)
+    t = seq["t"]
+    starts = t[deq].copy()
+    batch = _batched(t[deq])
+    if batch.any():
+        own = _own_process_end(seq, deq)
+        j = np.where(batch, own, j)
+        prev_end = np.where(batch[:-1] & batch[1:] & (t[deq][1:] == t[deq][:-1]) & (j[:-1] < n),
+                            t[np.minimum(j[:-1], n - 1)], 0)
+        starts[1:] = np.maximum(starts[1:], prev_end)
     done = j < n
     d = deq[done]
     open_ = deq[~done]
-    return d, np.maximum(seq["t"][j[done]], seq["t"][d]), int(open_[0]) if len(open_) else n
+    return d, starts[done], np.maximum(t[j[done]], starts[done]), int(open_[0]) if len(open_) else n
+
+
+def _batched(t: np.ndarray) -> np.ndarray:
+    """Which of these dequeue times (ascending) share their instant with another."""
+    same = t[1:] == t[:-1]
+    out = np.zeros(len(t), bool)
+    out[1:] |= same
+    out[:-1] |= same
+    return out
+
+
+def _own_process_end(seq: np.ndarray, deq: np.ndarray) -> np.ndarray:
+    """For each dequeue, the index of the first PROCESS_END after it of its own request and
+    chunk (``len(seq)``: none yet)."""
+    n = len(seq)
+    pe = np.flatnonzero(seq["kind"] == E.PROCESS_END)
+    out = np.full(len(deq), n, np.int64)
+    if not len(pe):
+        return out
+    key = (seq["req"].astype(np.int64) << 32) | (seq["chunk"].astype(np.int64) & 0xFFFFFFFF)
+    uk, g = np.unique(key[pe], return_inverse=True)
+    comp = np.sort(g * (n + 1) + pe)
+    qg = np.minimum(np.searchsorted(uk, key[deq]), len(uk) - 1)
+    hit = np.searchsorted(comp, qg * (n + 1) + deq, "right")
+    ok = (uk[qg] == key[deq]) & (hit < len(comp))
+    found = comp[np.minimum(hit, len(comp) - 1)]
+    ok &= found // (n + 1) == qg
+    out[ok] = (found % (n + 1))[ok]
+    return out
 
 
 def expand_ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -372,9 +413,9 @@ class SenderTasks:
             seq = rowops.concat((tail, new), EVENT_DTYPE) if len(tail) else new
             if not len(seq):
                 continue
-            d, end, open_from = sender_tasks(seq)
+            d, start, end, open_from = sender_tasks(seq)
             if len(d):
-                out.append((*key, seq["t"][d], end, seq["req"][d]))
+                out.append((*key, start, end, seq["req"][d]))
             self.tails[key] = seq[open_from:] if open_from < len(seq) else _EMPTY_EV
         return out
 

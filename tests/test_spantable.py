@@ -224,6 +224,35 @@ def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
         assert a.tolist() == c.tolist()
 
 
+@pytest.mark.unit
+def test_a_batch_dequeued_at_once_is_worked_through_in_turn():
+    """MRv2's output worker takes requests 1-3 off its queue at one instant and builds them
+    in turn (puts on another thread): each task runs from the one before's build end to its
+    own, not all of it charged to the last. Request 4, enqueued at 5 and taken alone at 200,
+    waited behind 1, 2 and 3 for 10, 15 and 15 ns: blocked 40, culprits 2 then 3 then 1
+    (equal overlaps: the earlier task first). Rebuilt from the spans alike."""
+    from omnitrace.analyze import headofline
+    script = [(5, E.FIFO_ENQUEUE, 4, 0, 0, 0, 1, 0)]
+    for r, done in ((1, 110), (2, 125), (3, 140)):
+        script += [(90 + r, E.FIFO_ENQUEUE, r, 0, 0, 0, 1, 0), (100, E.FIFO_DEQUEUE, r, 0, 0, 0, 1, 1),
+                   (done - 5, E.PROCESS_BEGIN, r, 0, 0, 0, 1, 1), (done, E.PROCESS_END, r, 0, 0, 64, 1, 1),
+                   (done + 40, E.PUT_BEGIN, r, 0, 0, 0, 1, 2), (done + 45, E.PUT_END, r, 0, 0, 64, 1, 2)]
+    script += [(200, E.FIFO_DEQUEUE, 4, 0, 0, 0, 1, 1), (205, E.PROCESS_BEGIN, 4, 0, 0, 0, 1, 1),
+               (210, E.PROCESS_END, 4, 0, 0, 64, 1, 1), (215, E.PUT_BEGIN, 4, 0, 0, 0, 1, 1),
+               (220, E.PUT_END, 4, 0, 0, 64, 1, 1)]
+    rings = {**RINGS, 2: dict(RINGS[1])}
+    b = stt.SpanBuilder(rings)
+    b.ring_changed()
+    f = b.feed(_ev(sorted(script, key=lambda e: (e[0], e[1] != E.FIFO_DEQUEUE))))
+    got = [(int(s), int(e), int(r)) for _, _, *cols in f.busy for s, e, r in zip(*cols)]
+    assert got == [(100, 110, 1), (110, 125, 2), (125, 140, 3), (200, 220, 4)]
+    fifo = {int(r["req"]): r for r in f.spans[f.spans["name"] == stt.N_FIFO]}
+    assert int(fifo[4]["v2"]) == 40
+    assert [int(fifo[4][c]) for c in ("by0", "by1", "by2")] == [2, 3, 1]
+    busy = headofline.sender_busy(np.concatenate([f.spans, b.flush().spans]))
+    assert [tuple(map(int, x)) for x in zip(*busy[(0, 0)])] == got
+
+
 def test_walk_over_lazy_chunk_indexes_equals_walk_over_objects(real_run):
     """The report walks each request over lazy chunk indexes (Span objects only for the
     hops it reads); every request's attribution equals the walk over all its chunk spans

@@ -92,14 +92,15 @@ def sender_busy(spans: np.ndarray) -> Busy:
     dequeue, a put at its PUT_END, a process at its PROCESS_END."""
     name = spans["name"]
     sel = np.flatnonzero((spans["reason"] == 0) & ((name == stt.N_FIFO) | (name == stt.N_PUT)
-                                                   | ((name == stt.N_PROCESS) & (spans["v1"] == 0))))
+                                                   | (name == stt.N_PROCESS)))
     ev = np.zeros(len(sel), EVENT_DTYPE)
     kind = np.zeros(len(stt.NAMES), np.int64)
     kind[[stt.N_FIFO, stt.N_PUT, stt.N_PROCESS]] = E.FIFO_DEQUEUE, E.PUT_END, E.PROCESS_END
     ev["kind"] = kind[name[sel]]
     for col in ("req", "chunk", "stage"):
         ev[col] = spans[col][sel]
-    ev["t"] = spans["end"][sel]  # "a" stays 0: only 0-byte process ends were taken
+    ev["t"] = spans["end"][sel]
+    ev["a"] = np.where(name[sel] == stt.N_PROCESS, spans["v1"][sel], 0)  # a process end's bytes
     key = _sender_key(spans["stage"][sel], spans["replica"][sel])
     # one sender's stamps in time order; at one time a closer before a dequeue (ring order)
     order = np.lexsort((ev["kind"] == E.FIFO_DEQUEUE, ev["t"], key))
@@ -108,9 +109,9 @@ def sender_busy(spans: np.ndarray) -> Busy:
     for k in np.unique(key).tolist():
         lo, hi = np.searchsorted(key, [k, k + 1])
         seq = ev[lo:hi]
-        d, end, _ = stt.sender_tasks(seq)
+        d, start, end, _ = stt.sender_tasks(seq)
         if len(d):
-            out[_sender_of(k)] = (seq["t"][d], end, seq["req"][d])
+            out[_sender_of(k)] = (start, end, seq["req"][d])
     return out
 
 
