@@ -201,6 +201,34 @@ def _warmup_ids(bench: dict[str, Any] | None) -> set[str]:
             and r.get("id")}
 
 
+def run_identity(path: str) -> tuple:
+    """What makes two paths one run: run.json's run id (a copy of the directory is the same
+    run), else the directory itself (symlinks and other spellings resolved)."""
+    try:
+        with open(os.path.join(path, "run.json"), "rb") as f:
+            rid = orjson.loads(f.read()).get("run_id")
+        if rid:
+            return ("run", str(rid))
+    except (OSError, ValueError, AttributeError):
+        pass
+    st = os.stat(path)
+    return ("dir", st.st_dev, st.st_ino)
+
+
+def distinct_runs(paths: list[str]) -> tuple[list[str], list[str]]:
+    """``paths`` with each run once (the first spelling kept), and one line per repeat."""
+    seen: dict[tuple, str] = {}
+    keep, said = [], []
+    for p in paths:
+        key = run_identity(p) if os.path.isdir(p) else ("missing", p)
+        if key in seen:
+            said.append(f"{p} is the same run as {seen[key]} (given twice): read once")
+            continue
+        seen[key] = p
+        keep.append(p)
+    return keep, said
+
+
 def load_run(paths: list[str], skip_warmup: bool = True) -> Run:
     """Load and merge run directories (e.g. one per host of one deployment)."""
     # Millions of small acyclic objects: the cyclic GC would rescan them again and again
@@ -215,10 +243,11 @@ def load_run(paths: list[str], skip_warmup: bool = True) -> Run:
 
 
 def _load_run(paths: list[str], skip_warmup: bool) -> Run:
-    run = Run(paths=list(paths))
-    files: dict[str, tuple[dict | None, dict | None]] = {}  # path -> (run.json, agent.json)
     if not paths:
         raise RunDirError("no run directory given")
+    paths, repeats = distinct_runs(paths)
+    run = Run(paths=list(paths), warnings=repeats)
+    files: dict[str, tuple[dict | None, dict | None]] = {}  # path -> (run.json, agent.json)
     for p in paths:
         if not os.path.isdir(p):
             raise RunDirError(f"{p}: not a run directory (does not exist or is not a directory)")

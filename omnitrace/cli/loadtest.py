@@ -288,23 +288,38 @@ def ab_order(pattern: str, repeats: int) -> list[str]:
     return list(pattern.upper() * repeats)
 
 
+RESOLUTION_MS = 0.005  # the verdict lines print ms with two decimals
+
+
 def verdicts(res: dict, min_share: float = 0.05) -> list[str]:
     """One line per (stage, category) whose CI excludes zero and that moved at least
-    ``min_share`` of its A mean (or of A's TTFP, for categories absent in A)."""
+    ``min_share`` of its A mean (or of A's TTFP, for categories absent in A); its relative
+    interval is the ratio's (never below -100%). Categories whose means both print as 0.00
+    ms are counted on one line, not shown; ``!`` marks every line when a side is not fit to
+    compare (``compare``'s ``unfit``)."""
     ttfp_a = next((r["a_ms"] for r in res["rows"] if r["category"] == "ttfp"), 0.0)
-    out = []
+    mark = " !" if res.get("unfit") else ""
+    out, tiny = [], 0
     for r in res["rows"]:
         if not r.get("significant"):
             continue
         base = r["a_ms"] if r["a_ms"] > 0 else ttfp_a
         if base <= 0 or abs(r["delta_ms"]) < min_share * base and r["category"] != "ttfp":
             continue
-        pct = lambda x: 100.0 * x / base  # noqa: E731
-        name = "TTFP" if r["category"] == "ttfp" else f"{r['stage']} {r['category']}"
         a, b = r["a_ms"], r["b_ms"]
+        if max(a, b) < RESOLUTION_MS:
+            tiny += 1
+            continue
+        if a > 0 and r.get("rel_ci_low") is not None:
+            lo, hi = 100 * r["rel_ci_low"], 100 * r["rel_ci_high"]
+        else:  # absent in A: a share of A's TTFP
+            lo, hi = 100 * r["ci_low_ms"] / base, 100 * r["ci_high_ms"] / base
+        name = "TTFP" if r["category"] == "ttfp" else f"{r['stage']} {r['category']}"
         factor = (f", {a / b:.1f}x less" if a > b else f", {b / a:.1f}x more") if a > 0 and b > 0 else ""
-        out.append(f"{name} {pct(r['delta_ms']):+.0f}% [{pct(r['ci_low_ms']):+.0f}, {pct(r['ci_high_ms']):+.0f}]"
-                   f"  ({a:.2f} -> {b:.2f} ms per request{factor})")
+        out.append(f"{name} {100 * r['delta_ms'] / base:+.0f}% [{lo:+.0f}, {hi:+.0f}]"
+                   f"  ({a:.2f} -> {b:.2f} ms per request{factor}){mark}")
+    if tiny:
+        out.append(f"({tiny} more moved, each under {RESOLUTION_MS} ms per request on both sides)")
     return out
 
 
@@ -341,6 +356,8 @@ def run_ab(cfg: LoadtestConfig, pattern: str, repeats: int) -> int:
     print(f"\nA = {' '.join(deps['A'].serve_args) or 'default'}; B = {' '.join(deps['B'].serve_args) or 'default'}; "
           f"order {''.join(order)}; {len(runs['A'])} + {len(runs['B'])} runs")
     lines = verdicts(res)
+    for why in res["unfit"]:
+        print(f"warning: {why}")
     print("What moved (B vs A, 95% CI):" if lines else "Nothing moved by >= 5% with a CI excluding 0.")
     for line in lines:
         print(f"  {line}")
