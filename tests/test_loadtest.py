@@ -86,6 +86,54 @@ def test_loadtest_ctrl_c_leaves_a_loadable_run(tmp_path):
     assert bench["status"] == "interrupted" and bench["requests"]
 
 
+def _stage_pid(run_dir: str, name: str) -> int | None:
+    try:
+        with open(os.path.join(run_dir, "processes.jsonl")) as f:
+            return next((json.loads(ln)["pid"] for ln in f if ln.strip() and json.loads(ln).get("name") == name),
+                        None)
+    except (OSError, ValueError):
+        return None
+
+
+def test_loadtest_names_a_frozen_stage(tmp_path):
+    """The thinker stopped (SIGSTOP) mid-load: one line says that no request progresses
+    and names the stopped stage; once it runs again (SIGCONT), one line says so and the
+    load completes. --request-timeout reaches the bench."""
+    d = str(tmp_path / "lt")
+    err_path = tmp_path / "err"
+    thinker = None
+    with open(err_path, "w") as err_f:
+        proc = subprocess.Popen([sys.executable, "-m", "omnitrace", "loadtest", "--run-dir", d,
+                                 "--concurrency", "4", "--num-prompts", "200", "--input-len", "200",
+                                 "--output-len", "40", "--stall-after", "2", "--request-timeout", "300"],
+                                stdout=subprocess.DEVNULL, stderr=err_f, env=_env(), start_new_session=True)
+        try:
+            deadline = time.monotonic() + 180
+            while _requests_finished(d) < 1 or (thinker := _stage_pid(d, "thinker")) is None:
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
+                time.sleep(0.1)
+            os.kill(thinker, signal.SIGSTOP)
+            deadline = time.monotonic() + 120
+            while not _stderr_has(err_path, "no request has progressed"):
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
+                time.sleep(0.2)
+            os.kill(thinker, signal.SIGCONT)
+            proc.wait(timeout=300)
+        finally:
+            if thinker:
+                os.kill(thinker, signal.SIGCONT) if os.path.exists(f"/proc/{thinker}") else None
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    err = err_path.read_text()
+    assert proc.returncode == 0, err[-3000:]
+    stall = [ln for ln in err.splitlines() if "no request has progressed" in ln]
+    assert len(stall) == 1 and f"stage 0:thinker is stopped (pid {thinker}" in stall[0], err[-3000:]
+    assert "requests progress again" in err
+    bench = json.load(open(os.path.join(d, "bench.json")))
+    assert bench["args"]["request_timeout"] == 300.0 and bench["args"]["stall_after"] == 2.0
+
+
 def test_loadtest_ab_seed_scenario(tmp_path):
     """`--ab "--snapshot recursive" "--snapshot copy" --repeats 3`, scaled to minutes on 2
     cores: the thinker's snapshot category falls with a CI that excludes zero, and the

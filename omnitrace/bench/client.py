@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 import orjson
@@ -76,8 +76,10 @@ def _describe(e: BaseException) -> str:
 
 
 async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
-               res: RequestResult, headers: dict[str, str] | None = None) -> RequestResult:
-    """POST one streaming request and fill ``res`` in; never raises for HTTP/stream errors."""
+               res: RequestResult, headers: dict[str, str] | None = None,
+               progress: Callable[[], None] | None = None) -> RequestResult:
+    """POST one streaming request and fill ``res`` in; never raises for HTTP/stream errors.
+    ``progress`` is called on every piece of the stream received (the stall watch)."""
     hdrs = {"x-request-id": res.id, "Content-Type": "application/json"}
     hdrs.update(headers or {})
     res.start_unix_ns = time.time_ns()
@@ -93,6 +95,8 @@ async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
             done = False
             async for raw in resp.content.iter_any():
                 res.bytes += len(raw)
+                if progress is not None:
+                    progress()
                 buf += raw.decode("utf-8", errors="replace")
                 while "\n\n" in buf and not done:
                     msg, buf = buf.split("\n\n", 1)

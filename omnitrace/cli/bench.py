@@ -28,7 +28,8 @@ from omnitrace import __version__
 from omnitrace import conventions as cv
 from omnitrace.analyze.stats import summary
 from omnitrace.bench.client import RequestResult
-from omnitrace.bench.load import LevelResult, LoadSpec, run_level
+from omnitrace.bench.load import REQUEST_TIMEOUT_S, LevelResult, LoadSpec, run_level
+from omnitrace.bench.stall import DEFAULT_AFTER_S, StallWatch
 from omnitrace.bench.output import BenchOutput, OutputError
 from omnitrace.render.console import table
 from omnitrace import console
@@ -58,7 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=int, default=128, help="max_tokens (ignore_eos)")
     p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1 +- ratio)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
+                   help="seconds per request (> 0)")
+    p.add_argument("--stall-after", type=float, default=DEFAULT_AFTER_S, metavar="S",
+                   help="say so when no request has progressed for S seconds, and which stage "
+                        "stopped stepping where the run directory is known (0: never)")
     p.add_argument("--extra-body", default=None, help="JSON merged into every request body")
     p.add_argument("--out", default=None, help="bench.json path (default: $OMNITRACE_RUN_DIR/bench.json)")
     p.add_argument("--overwrite", action="store_true",
@@ -178,7 +183,8 @@ def _run_interruptible(coro, grace_s: float = 2.0):
         loop.close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], dict[str, Any]]:
+    """The arguments, the concurrency levels and the extra body; a usage error otherwise."""
     p = _parser()
     args = p.parse_args(argv)
     try:
@@ -187,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--concurrency: positive integers expected, got {' '.join(args.concurrency)}")
     if args.num_prompts <= 0 or args.input_len <= 0 or args.output_len <= 0 or not 0 <= args.range_ratio < 1:
         p.error("--num-prompts, --input-len, --output-len must be positive and 0 <= --range-ratio < 1")
+    if args.request_timeout <= 0 or args.stall_after < 0 or (args.warmup or 0) < 0:
+        p.error("--request-timeout must be positive; --stall-after and --warmup not negative")
     extra: dict[str, Any] = {}
     if args.extra_body:
         try:
@@ -194,6 +202,20 @@ def main(argv: list[str] | None = None) -> int:
             assert isinstance(extra, dict)
         except (orjson.JSONDecodeError, AssertionError):
             p.error("--extra-body: a JSON object expected")
+    return args, conc, extra
+
+
+def _live_run_dir(out: str | None) -> str | None:
+    """The run directory whose live record names a stalled stage: ``omnitrace run``'s, or
+    the one --out writes into."""
+    for d in (os.environ.get(cv.ENV_RUN_DIR), os.path.dirname(os.path.abspath(out)) if out else None):
+        if d and os.path.isfile(os.path.join(d, "run.json")):
+            return d
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, conc, extra = _args(argv)
     run_dir = os.environ.get(cv.ENV_RUN_DIR)
     output = BenchOutput(args.out or (os.path.join(run_dir, "bench.json") if run_dir else None),
                          args.overwrite)
@@ -208,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                     request_timeout_s=args.request_timeout, extra_body=extra,
                     tag=f"b{os.getpid():x}{time.time_ns() & 0xffff:04x}-")
     rng = random.Random(args.seed)
+    watch = StallWatch(args.stall_after, lambda line: tqdm.write(f"omnitrace bench: {line}", file=sys.stderr),
+                       _live_run_dir(output.path))
     levels: list[LevelResult] = []
     partial: list[RequestResult] = []
     status = "complete"
@@ -224,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 if r.error:
                     bar.set_postfix_str(f"errors={sum(1 for x in partial if x.error)}")
 
-            lv = _run_interruptible(run_level(spec, c, rng, done))
+            lv = _run_interruptible(run_level(spec, c, rng, done, watch))
             bar.close()
             partial = []
             levels.append(lv)

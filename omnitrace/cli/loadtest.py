@@ -33,7 +33,9 @@ from omnitrace import conventions as cv
 from omnitrace import childproc
 from omnitrace.childproc import python_module
 from omnitrace.cli.helpformat import DefaultsFormatter
+from omnitrace.bench.load import REQUEST_TIMEOUT_S
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
+from omnitrace.bench.stall import DEFAULT_AFTER_S
 from omnitrace import console
 
 
@@ -99,6 +101,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--output-len", type=int, default=60, help="output tokens")
     g.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1 +- ratio)")
     g.add_argument("--seed", type=int, default=0, help="prompt and length seed")
+    g.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
+                   help="seconds per request (> 0)")
+    g.add_argument("--stall-after", type=float, default=DEFAULT_AFTER_S, metavar="S",
+                   help="say so when no request has progressed for S seconds, and which stage "
+                        "stopped stepping (0: never)")
     r = p.add_argument_group("recording (passed to omnitrace run)")
     r.add_argument("--exporter", default=None, help="live views besides the record, e.g. otlp-grpc,prometheus")
     r.add_argument("--prometheus-port", default=None, help="with --exporter prometheus (0 = any free port)")
@@ -128,6 +135,8 @@ def config_from_args(argv: list[str]) -> tuple[LoadtestConfig, argparse.Namespac
     args = p.parse_args(argv)
     if args.num_prompts <= 0 or args.input_len <= 0 or args.output_len <= 0:
         raise LoadtestError("--num-prompts, --input-len and --output-len must be positive")
+    if args.request_timeout <= 0 or args.stall_after < 0 or (args.warmup or 0) < 0:
+        raise LoadtestError("--request-timeout must be positive; --stall-after and --warmup not negative")
     if args.ab and args.base_url:
         raise LoadtestError("--ab starts its own servers; it cannot be used with --base-url")
     if args.base_url and not (args.run_dir and os.path.isfile(os.path.join(args.run_dir, "run.json"))):
@@ -137,7 +146,8 @@ def config_from_args(argv: list[str]) -> tuple[LoadtestConfig, argparse.Namespac
         raise LoadtestError("--pattern is a string of A and B (e.g. ABBA), --repeats >= 1")
     bench = ["--concurrency", *args.concurrency, "--num-prompts", str(args.num_prompts),
              "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-             "--range-ratio", str(args.range_ratio), "--seed", str(args.seed)]
+             "--range-ratio", str(args.range_ratio), "--seed", str(args.seed),
+             "--request-timeout", str(args.request_timeout), "--stall-after", str(args.stall_after)]
     if args.warmup is not None:
         bench += ["--warmup", str(args.warmup)]
     if args.overwrite:  # with --base-url the run directory's bench.json is replaced too
