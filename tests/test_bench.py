@@ -46,7 +46,8 @@ def test_compatible_stream_sweep(tmp_path):
 
 
 def test_http_and_stream_errors_are_labelled(tmp_path):
-    for mode, needle in (("http500", "HTTP 500"), ("stream_error", "stage 1 died")):
+    for mode, needle in (("http500", "HTTP 500"), ("stream_error", "stage 1 died"),
+                         ("done_only", "empty stream")):
         port, _, stop = _serve(mode)
         try:
             out = tmp_path / f"{mode}.json"

@@ -383,3 +383,20 @@ def test_pyspy_saying_it_is_behind_is_read():
     text = "py-spy> 2.31s behind in sampling, results may be inaccurate.\npy-spy> 512.3ms behind in sampling\n"
     assert behind_s(text.encode()) == [2.31, 0.5123]
     assert behind_s(b"py-spy> Sampling process 100 times a second. Press Control-C to exit.") == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("args, says", [
+    (["--request", "r1"], "--request needs --category"),
+    (["--stage", "thinker", "--request", "r1"], "--request needs --category"),
+    (["--category", "snapshot", "-o", "/nonexistent-folder/x"], "/nonexistent-folder is not a folder"),
+])
+def test_flame_selection_mistakes_are_one_line(tmp_path, capsys, args, says):
+    """Issue 41: `--request` without `--category` drew the whole profile (rc 0), `-o` into a
+    missing folder raised a traceback. Both: one line, exit 2, nothing read or written."""
+    from omnitrace.cli import flame
+    with pytest.raises(SystemExit) as exc:
+        flame.main([str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and says in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []

@@ -37,6 +37,7 @@ class Run:
     chunk_requests: list[str] = field(default_factory=lambda: [""])
     span_count: int = 0
     stage_deaths: list[tuple[int, int]] = field(default_factory=list)  # (stage, unix ns) STAGE_DIED
+    repeated_ids: dict[str, int] = field(default_factory=dict)  # request id -> arrivals after its first
 
     def chunk_index(self) -> dict[str, int]:
         """Request id -> its index in ``chunk_requests`` (the tables' ``req``)."""

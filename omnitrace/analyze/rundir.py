@@ -141,6 +141,8 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     led.live = live
     run.ledger = led if run.ledger is None else run.ledger.merged(led)
     run.stage_deaths.extend(sorted(built.died, key=lambda x: x[1]))
+    for rid, n in acc.repeated.items():
+        run.repeated_ids[rid] = run.repeated_ids.get(rid, 0) + n
     run.skipped_spans += acc.skipped
     run.span_count += acc.rows - acc.skipped
     _add_tables(run, acc, log.requests.strings, log.rings, spanload.replica_of(log.rings))

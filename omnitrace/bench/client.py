@@ -103,16 +103,25 @@ async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
                     done = _handle(msg.strip(), res, st)
                 if done:
                     break
-            if not done and res.error is None:
-                if buf.strip():
-                    _handle(buf.strip(), res, st)
-                if res.error is None and res.ttfp_s is None:
-                    res.error = "stream ended without [DONE] and without audio"
+            if not done and res.error is None and buf.strip():
+                done = _handle(buf.strip(), res, st)
+            if res.error is None:
+                res.error = _unfinished(res, done)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         res.error = _describe(e)
     finally:
         res.latency_s = time.perf_counter() - st
     return res
+
+
+def _unfinished(res: RequestResult, done: bool) -> str | None:
+    """Why a stream that ended without an error is not a success, or None: it ended
+    without [DONE] and without audio, or held no text and no audio at all."""
+    if not done and res.ttfp_s is None:
+        return "stream ended without [DONE] and without audio"
+    if not res.text_chunks and not res.audio_chunks:
+        return "empty stream: no text and no audio before [DONE]"
+    return None
 
 
 def _handle(msg: str, res: RequestResult, st: float) -> bool:

@@ -85,8 +85,20 @@ def _linked(run: str, store: Any, index: dict, args: argparse.Namespace
         + linked.unsampled_note(unsampled_s, covered_s)}
 
 
+def _usage(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Selections that mean nothing, and outputs with nowhere to go: one line, exit 2."""
+    if args.request is not None and args.category is None:
+        p.error("--request needs --category (a request's spans of one category; without "
+                "one, --stage/--thread draw the whole profile)")
+    folder = os.path.dirname(os.path.abspath(args.output)) if args.output else None
+    if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+        p.error(f"-o {args.output}: {folder} is not a folder that can be written")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    p = _parser()
+    args = p.parse_args(argv)
+    _usage(p, args)
     from omnitrace.profile import linked, render
     from omnitrace.profile.store import collapsed, in_order
     run = args.run_dir
@@ -119,11 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     stacks = collapsed(store, idx, secs)
     svg_path, ss_path = _outputs(args.output, label)
     title = f"omnitrace flame: {label}"
-    with open(svg_path, "w", encoding="utf-8") as f:
-        f.write(render.svg(stacks, title, sub))
-    with open(ss_path, "wb") as f:
-        f.write(orjson.dumps(render.speedscope([(label, in_order(store, idx, secs) if args.category else stacks)],
-                                               title)))
+    try:
+        with open(svg_path, "w", encoding="utf-8") as f:
+            f.write(render.svg(stacks, title, sub))
+        with open(ss_path, "wb") as f:
+            f.write(orjson.dumps(render.speedscope([(label, in_order(store, idx, secs) if args.category
+                                                     else stacks)], title)))
+    except OSError as exc:
+        console.say("flame", f"cannot write {exc.filename or svg_path}: {exc.strerror or exc}")
+        return 2
     summary.update(samples=int(n_samples), svg=svg_path, speedscope=ss_path,
                    top=[{"function": k, "inclusive": round(i, 4), "self": round(s, 4)}
                         for k, i, s in _top(stacks, args.top)])
