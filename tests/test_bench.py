@@ -144,3 +144,19 @@ def test_stall_watch_names_the_stage_quiet_longest(tmp_path):
     now[0] = 200
     watch.check(0)
     assert len(said) == 2
+
+
+def test_progress_bar_counts_measured_requests_only(tmp_path):
+    """Issue 41: the bar counted warm-up requests as measured ones (5/5 for 3 + 2)."""
+    port, seen, stop = _serve("ok")
+    try:
+        r = subprocess.run([sys.executable, "-m", "omnitrace", "bench", "--base-url", f"http://127.0.0.1:{port}",
+                            "--out", str(tmp_path / "b.json"), "--concurrency", "1", "--warmup", "3",
+                            "--num-prompts", "2"], capture_output=True, text=True, timeout=90)
+    finally:
+        stop.set()
+    assert r.returncode == 0, r.stderr
+    assert len(seen) == 5  # the server saw the warm-up too
+    states = [s.strip() for s in r.stderr.replace("\r", "\n").splitlines() if s.strip().startswith("c=1")]
+    assert states and "2/2" in states[-1] and "warm-up" not in states[-1], states
+    assert not any("/5" in s for s in states), states

@@ -23,6 +23,31 @@ _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo l
 
 
 REQUEST_TIMEOUT_S = 600.0  # a request's whole stream, by default (vLLM-Omni's longest answers)
+# the load's defaults of `omnitrace bench` and of `omnitrace loadtest` (a first look at the
+# reference pipeline), in one place: `bench --help` says where they differ
+BENCH_DEFAULTS = {"concurrency": ["8"], "num_prompts": 100, "input_len": 128, "output_len": 128}
+LOADTEST_DEFAULTS = {"concurrency": ["16"], "num_prompts": 96, "input_len": 1500, "output_len": 60}
+
+
+def loadtest_differences() -> list[str]:
+    """``--option VALUE`` of each load default `omnitrace loadtest` sets otherwise."""
+    return [f"--{k.replace('_', '-')} {' '.join(v) if isinstance(v, list) else v}"
+            for k, v in LOADTEST_DEFAULTS.items() if BENCH_DEFAULTS.get(k) != v]
+
+
+def concurrency_levels(values: list[str]) -> list[int]:
+    """``--concurrency`` values (8 16 32 or 8,16) as levels; ValueError unless positive integers."""
+    out: list[int] = []
+    for v in values:
+        for part in str(v).split(","):
+            if part.strip():
+                n = int(part)
+                if n <= 0:
+                    raise ValueError
+                out.append(n)
+    if not out:
+        raise ValueError
+    return out
 
 
 @dataclass

@@ -33,7 +33,7 @@ from omnitrace import conventions as cv
 from omnitrace import childproc
 from omnitrace.childproc import python_module
 from omnitrace.cli.helpformat import DefaultsFormatter
-from omnitrace.bench.load import REQUEST_TIMEOUT_S
+from omnitrace.bench.load import LOADTEST_DEFAULTS, REQUEST_TIMEOUT_S, concurrency_levels
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
 from omnitrace.bench.stall import DEFAULT_AFTER_S
 from omnitrace import console
@@ -50,6 +50,7 @@ class Deployment:
     label: str
     serve_args: tuple[str, ...] = ()
     model: str | None = None
+    port: int | None = None  # given among serve_args (--port P): used instead of a free one
 
 
 @dataclass(frozen=True)
@@ -94,11 +95,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", default=None,
                    help="load a server already running under `omnitrace run --run-dir R` (give --run-dir R)")
     g = p.add_argument_group("load (passed to omnitrace bench)")
-    g.add_argument("--concurrency", nargs="+", default=["16"], help="levels to sweep")
-    g.add_argument("--num-prompts", type=int, default=96, help="measured requests per level")
+    g.add_argument("--concurrency", nargs="+", default=LOADTEST_DEFAULTS["concurrency"], help="levels to sweep")
+    g.add_argument("--num-prompts", type=int, default=LOADTEST_DEFAULTS["num_prompts"],
+                   help="measured requests per level")
     g.add_argument("--warmup", type=int, default=None, help="warm-up requests per level (default: = concurrency)")
-    g.add_argument("--input-len", type=int, default=1500, help="prompt tokens")
-    g.add_argument("--output-len", type=int, default=60, help="output tokens")
+    g.add_argument("--input-len", type=int, default=LOADTEST_DEFAULTS["input_len"], help="prompt tokens")
+    g.add_argument("--output-len", type=int, default=LOADTEST_DEFAULTS["output_len"], help="output tokens")
     g.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1 +- ratio)")
     g.add_argument("--seed", type=int, default=0, help="prompt and length seed")
     g.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
@@ -125,25 +127,42 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _default_dir() -> str:
+def _new_run_dir() -> str:
+    """A new directory under $OMNITRACE_RUNS_DIR (or ./omnitrace-runs) named by the time,
+    made here: two loadtests started in the same second get two (``-2``, ``-3``, ...)."""
     parent = os.environ.get(cv.ENV_RUNS_DIR) or "omnitrace-runs"
-    return os.path.join(parent, "loadtest-" + time.strftime("%Y%m%d-%H%M%S"))
+    base = os.path.join(parent, "loadtest-" + time.strftime("%Y%m%d-%H%M%S"))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        n = 1
+        while True:
+            d = base if n == 1 else f"{base}-{n}"
+            try:
+                os.mkdir(d)  # atomic: the one that makes it has it
+                return d
+            except FileExistsError:
+                n += 1
+    except OSError as exc:
+        raise LoadtestError(f"cannot make a run directory in {parent}: {exc.strerror or exc}") from None
 
 
-def config_from_args(argv: list[str]) -> tuple[LoadtestConfig, argparse.Namespace]:
-    p = _parser()
-    args = p.parse_args(argv)
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Bad numbers are a usage error before anything starts."""
     if args.num_prompts <= 0 or args.input_len <= 0 or args.output_len <= 0:
         raise LoadtestError("--num-prompts, --input-len and --output-len must be positive")
+    try:
+        concurrency_levels(args.concurrency)
+    except ValueError:
+        raise LoadtestError(f"--concurrency: positive integers expected, got {' '.join(args.concurrency)}") from None
     if args.request_timeout <= 0 or args.stall_after < 0 or (args.warmup or 0) < 0:
         raise LoadtestError("--request-timeout must be positive; --stall-after and --warmup not negative")
-    if args.ab and args.base_url:
-        raise LoadtestError("--ab starts its own servers; it cannot be used with --base-url")
-    if args.base_url and not (args.run_dir and os.path.isfile(os.path.join(args.run_dir, "run.json"))):
-        raise LoadtestError("--base-url needs --run-dir R: the run directory of the `omnitrace run` "
-                            "serving it")
+    if not 0 <= args.range_ratio < 1 or (args.startup_timeout is not None and args.startup_timeout <= 0):
+        raise LoadtestError("--range-ratio must be in [0, 1) and --startup-timeout positive")
     if args.repeats < 1 or not args.pattern or set(args.pattern.upper()) - {"A", "B"}:
         raise LoadtestError("--pattern is a string of A and B (e.g. ABBA), --repeats >= 1")
+
+
+def _bench_args(args: argparse.Namespace) -> list[str]:
     bench = ["--concurrency", *args.concurrency, "--num-prompts", str(args.num_prompts),
              "--input-len", str(args.input_len), "--output-len", str(args.output_len),
              "--range-ratio", str(args.range_ratio), "--seed", str(args.seed),
@@ -152,6 +171,14 @@ def config_from_args(argv: list[str]) -> tuple[LoadtestConfig, argparse.Namespac
         bench += ["--warmup", str(args.warmup)]
     if args.overwrite:  # with --base-url the run directory's bench.json is replaced too
         bench.append("--overwrite")
+    if args.model:
+        words = [shlex.split(x) for x in (args.ab or [args.serve])]
+        bench += ["--model", next((v for w in words if (v := server_option(w, "--served-model-name"))),
+                                  args.model)]
+    return bench
+
+
+def _run_args(args: argparse.Namespace) -> list[str]:
     run_args: list[str] = []
     if args.exporter:
         run_args += ["--exporter", args.exporter]
@@ -161,37 +188,52 @@ def config_from_args(argv: list[str]) -> tuple[LoadtestConfig, argparse.Namespac
         run_args.append("--flame")
     if args.overwrite:
         run_args.append("--overwrite")
-    run_args += args.run_option
-    try:
-        if args.ab:
-            deps = tuple(Deployment(x, tuple(shlex.split(s)), args.model) for x, s in zip("AB", args.ab))
-        else:
-            deps = (Deployment("A", tuple(shlex.split(args.serve)), args.model),)
-    except ValueError as exc:
-        raise LoadtestError(f"server arguments: {exc}") from None
-    if args.model:
-        bench += ["--model", served_model_name(args.model, args.ab or [args.serve])]
+    return run_args + args.run_option
+
+
+def _deployments(args: argparse.Namespace) -> tuple[Deployment, ...]:
+    """The server argument strings as deployments; a --port among them is the one used."""
+    out = []
+    for label, text in zip("AB", args.ab or [args.serve]):
+        try:
+            words = tuple(shlex.split(text))
+        except ValueError as exc:
+            raise LoadtestError(f"server arguments: {exc}") from None
+        port = server_option(list(words), "--port")
+        if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+            raise LoadtestError(f"server arguments: --port {port}: a port number expected")
+        out.append(Deployment(label, words, args.model, int(port) if port else None))
+    return tuple(out)
+
+
+def config_from_args(argv: list[str]) -> tuple[LoadtestConfig, argparse.Namespace]:
+    p = _parser()
+    args = p.parse_args(argv)
+    _check_numbers(args)
+    if args.ab and args.base_url:
+        raise LoadtestError("--ab starts its own servers; it cannot be used with --base-url")
+    if args.base_url and not (args.run_dir and os.path.isfile(os.path.join(args.run_dir, "run.json"))):
+        raise LoadtestError("--base-url needs --run-dir R: the run directory of the `omnitrace run` "
+                            "serving it")
+    deps = _deployments(args)
+    bench = _bench_args(args)
     startup = args.startup_timeout or (1200.0 if args.model else 180.0)
-    cfg = LoadtestConfig(run_dir=args.run_dir or _default_dir(), bench_args=tuple(bench),
-                         run_args=tuple(run_args), startup_timeout_s=startup,
+    cfg = LoadtestConfig(run_dir=args.run_dir or _new_run_dir(), bench_args=tuple(bench),
+                         run_args=tuple(_run_args(args)), startup_timeout_s=startup,
                          html=not args.no_html, base_url=args.base_url, deployments=deps)
     return cfg, args
 
 
-def served_model_name(model: str, serve_args: list[str]) -> str:
-    """The name requests must give: vLLM's ``--served-model-name`` (the first, if several
-    deployments name one), else the model argument itself."""
-    for args in serve_args:
-        try:
-            words = shlex.split(args)
-        except ValueError:  # reported where the deployments are parsed
-            continue
-        for i, w in enumerate(words):
-            if w == "--served-model-name" and i + 1 < len(words):
-                return words[i + 1]
-            if w.startswith("--served-model-name="):
-                return w.split("=", 1)[1]
-    return model
+def server_option(words: list[str], name: str) -> str | None:
+    """The value of option ``name`` among server arguments (``--name V`` or ``--name=V``;
+    the last one, as the server's own parser takes it)."""
+    found = None
+    for i, w in enumerate(words):
+        if w == name and i + 1 < len(words):
+            found = words[i + 1]
+        elif w.startswith(name + "="):
+            found = w.split("=", 1)[1]
+    return found
 
 
 # --------------------------------------------------------------------------- one run
@@ -255,8 +297,9 @@ def bench(url: str, run_dir: str, bench_args: tuple[str, ...]) -> int:
 
 def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> None:
     """Serve, load, stop. Raises Interrupted on Ctrl-C, LoadtestError on failure."""
-    port = free_port()
-    serve = ["serve", *([dep.model] if dep.model else []), "--port", str(port), *dep.serve_args]
+    port = dep.port or free_port()
+    serve = ["serve", *([dep.model] if dep.model else []), *(["--port", str(port)] if not dep.port else []),
+             *dep.serve_args]
     cmd = [*_py(), "run", "--run-dir", run_dir, *cfg.run_args, *serve]
     shown = ['omnitrace', *cmd[len(_py()):]]
     console.say("loadtest", f"starting {' '.join(shlex.quote(c) for c in shown)}")
@@ -264,6 +307,8 @@ def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         why = wait_healthy(url, server, cfg.startup_timeout_s)
+        if why and server.returncode in (130, -signal.SIGINT):  # a Ctrl-C reached it first
+            raise Interrupted(run_dir)
         if why:
             raise LoadtestError(f"{why} (see the server's output above)")
         rc = bench(url, run_dir, cfg.bench_args)
