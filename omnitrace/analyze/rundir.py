@@ -161,6 +161,25 @@ def _mixed(log_ids: set[str], run_json: dict[str, Any] | None) -> list[str]:
     return []
 
 
+def _leftovers(paths: list[str], files: dict[str, tuple], died: bool) -> list[str]:
+    """What the served processes left in /dev/shm (run.json ``shm_leftovers``, removed
+    after the run), said only where a stage died: chunk segments written and never read,
+    or a stage death in the record. vLLM-Omni leaves one wake directory per stage on every
+    clean stop: those alone are housekeeping, counted in run.json, not a warning."""
+    out = []
+    for p in paths:
+        left = (files.get(p, (None, None))[0] or {}).get("shm_leftovers")
+        if not isinstance(left, dict) or not (left.get("chunk_segments") or died and left.get("wake_dirs")):
+            continue
+        pre = f"{os.path.basename(os.path.normpath(p))}/" if len(paths) > 1 else ""
+        out.append(f"{pre}the served processes left /dev/shm entries, removed after the run: "
+                   f"{len(left.get('chunk_segments') or ())} chunk segment(s) never read, "
+                   f"{len(left.get('wake_dirs') or ())} vLLM-Omni wake director(ies) of exited stages "
+                   + ("(a stage died mid-request)" if died else "(a stage died, or requests were cut off, "
+                                                               "mid-request?)"))
+    return out
+
+
 def _bench_outside(bench: dict[str, Any] | None, run_json: list[dict[str, Any]]) -> str | None:
     """bench.json of another run: most of its requests were sent while no run was on."""
     spans = [(int(r.get("started_unix_ns") or 0), int(r.get("ended_unix_ns") or 0) or 1 << 62)
@@ -265,12 +284,6 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
                 run.warnings.append(f"{pre}run status is {rj.get('status')!r}: the run did not finish "
                                     "cleanly; results are partial")
             left = rj.get("shm_leftovers")
-            if isinstance(left, dict) and (left.get("wake_dirs") or left.get("chunk_segments")):
-                run.warnings.append(
-                    f"{pre}the served processes left /dev/shm entries, removed after the run: "
-                    f"{len(left.get('wake_dirs') or ())} stale vLLM-Omni wake director(ies) of exited "
-                    f"stages, {len(left.get('chunk_segments') or ())} chunk segment(s) never read "
-                    "(a stage died mid-request?)")
             if isinstance(left, dict) and left.get("chunk_segments_kept"):
                 run.warnings.append(
                     f"{pre}{len(left['chunk_segments_kept'])} chunk segment(s) never read were left "
@@ -313,6 +326,7 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
             run.warnings.append(f"{pre}events/ missing: no events recorded")
         else:
             load_spans(sp, run, pre + "spans.jsonl", skip)
+    run.warnings.extend(_leftovers(paths, files, bool(run.stage_deaths)))
     if not run.spans and not run.bench and not run.run_json and not run.agent:
         raise RunDirError(f"{', '.join(paths)}: no omnitrace run files found (run.json, events/, "
                           "bench.json, agent.json all missing or unreadable)")
