@@ -153,7 +153,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
     try:
         concurrency_levels(args.concurrency)
     except ValueError:
-        raise LoadtestError(f"--concurrency: positive integers expected, got {' '.join(args.concurrency)}") from None
+        raise LoadtestError("--concurrency: positive integers expected, got "
+                            + " ".join(args.concurrency)) from None
     if args.request_timeout <= 0 or args.stall_after < 0 or (args.warmup or 0) < 0:
         raise LoadtestError("--request-timeout must be positive; --stall-after and --warmup not negative")
     if not 0 <= args.range_ratio < 1 or (args.startup_timeout is not None and args.startup_timeout <= 0):
@@ -411,9 +412,9 @@ def run_ab(cfg: LoadtestConfig, pattern: str, repeats: int) -> int:
     print(f"\nA = {' '.join(deps['A'].serve_args) or 'default'}; B = {' '.join(deps['B'].serve_args) or 'default'}; "
           f"order {''.join(order)}; {len(runs['A'])} + {len(runs['B'])} runs")
     lines = verdicts(res)
-    for why in res["unfit"]:
-        print(f"warning: {why}")
-    print("What moved (B vs A, 95% CI):" if lines else "Nothing moved by >= 5% with a CI excluding 0.")
+    doubt = "; ! = a side is not fit to compare: see the warnings above" if res["unfit"] else ""
+    print(f"What moved (B vs A, 95% CI{doubt}):" if lines else
+          f"Nothing moved by >= 5% with a CI excluding 0{doubt}.")
     for line in lines:
         print(f"  {line}")
     if cfg.html:
