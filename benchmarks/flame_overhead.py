@@ -129,8 +129,8 @@ def long_run(args: argparse.Namespace) -> dict:
         if r.returncode == 0 and sel:
             doc = json.loads(r.stdout)
             # the seconds from the samples against the spans' own covered time
-            timings[label].update(samples=doc["samples"], seconds=doc["seconds"], interval_s=doc["interval_s"],
-                                  ratio=round(doc["seconds"] / doc["interval_s"], 4) if doc["interval_s"] else None,
+            timings[label].update(samples=doc["samples"], seconds=doc["sampled_s"], interval_s=doc["interval_s"],
+                                  ratio=round(doc["sampled_s"] / doc["interval_s"], 4) if doc["interval_s"] else None,
                                   top=doc["top"][:3])
         elif r.returncode == 0:
             doc = json.loads(r.stdout)

@@ -211,7 +211,7 @@ def analyze(venv: Path, run_dir: Path) -> None:
         sel = _selection(venv, run_dir, *args)
         truth = truth if truth is not None else sel["interval_s"]
         mean, sd = _placed_at_random(run_dir, category, stage, thread, request)
-        print(f"| {name} | {sel['samples']} | {sel['seconds']:.3f} | {truth:.3f} | {sel['seconds'] / truth:.3f} | "
+        print(f"| {name} | {sel['samples']} | {sel['sampled_s']:.3f} | {truth:.3f} | {sel['sampled_s'] / truth:.3f} | "
               f"{sel.get('sampling_error_pct')}% | {mean:.3f} ± {sd:.3f} | {sel['unsampled_s']:.3f} |")
     print("\nSamples whose stack shows `snapshot`, stamped inside the snapshot spans: "
           + "; ".join(f"{st} {_stamps_against_stacks(run_dir, st)}" for st in ("thinker", "talker")))

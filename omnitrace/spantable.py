@@ -469,6 +469,9 @@ class Feed:
     # the caller's trace context of requests that carried one: (req, trace id, parent span id)
     contexts: list[tuple[int, int, int]] = field(default_factory=list)
     ends: list[tuple[int, int]] = field(default_factory=list)  # (req, status) that ended
+    # requests whose id had arrived before (a client that sent one x-request-id twice):
+    # their events are joined into one id's spans
+    repeated: list[int] = field(default_factory=list)
     # sender tasks closed by this feed (the FIFO-blocking rule's busy intervals), per sender:
     # (pid, stage, starts, ends, requests), each in time order
     busy: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
@@ -492,6 +495,8 @@ class SpanBuilder:
         self._tasks = SenderTasks()
         self.reqs: dict[int, _Req] = {}
         self.last_t = np.zeros(1024, np.int64)  # per request id: latest event time
+        self._arrived: set[int] = set()  # request ids whose REQUEST_ARRIVE was seen
+        self._repeated: list[int] = []  # ids that arrived again, this feed
         self.dead_pids: set[int] = set()
         self.events = 0
         self.step_events = 0
@@ -546,7 +551,9 @@ class SpanBuilder:
         self._emits = []
         self._count(spans)
         busy, self._busy = self._busy, []
-        return Feed(spans, emits, latencies, arrivals=arrivals, ends=ends, contexts=contexts, busy=busy)
+        repeated, self._repeated = self._repeated, []
+        return Feed(spans, emits, latencies, arrivals=arrivals, ends=ends, contexts=contexts, busy=busy,
+                    repeated=repeated)
 
     def _count(self, spans: np.ndarray) -> None:
         self.spans_built += len(spans)
@@ -600,6 +607,9 @@ class SpanBuilder:
             if kind == _ARRIVE:
                 if st.arrive is None:
                     arrivals.append(req)
+                if req in self._arrived:
+                    self._repeated.append(req)
+                self._arrived.add(req)
                 st.arrive, st.prompt, st.max_tokens = t, a, b
             elif kind == _FIRST_TEXT:
                 if st.first_text is None:

@@ -4,6 +4,7 @@ cannot bind is named with the flag that changes it."""
 from __future__ import annotations
 
 import http.client
+import re
 import socket
 import subprocess
 import sys
@@ -33,6 +34,35 @@ def test_help_shows_defaults_and_starts_nothing(cmd, tmp_path):
     if cmd not in ("report", "compare", "export"):  # these take only paths and switches
         assert "(default: " in r.stdout, r.stdout
     assert list(tmp_path.iterdir()) == []  # no run directory, no file
+
+
+def _help_defaults(cmd: str) -> dict[str, str]:
+    """--flag -> its shown default, read off `omnitrace CMD --help` as a user reads it."""
+    blocks: list[str] = []
+    for line in _omni(cmd, "--help").stdout.splitlines():
+        if line.startswith("  -"):
+            blocks.append(line.strip())
+        elif line.startswith("   ") and blocks:
+            blocks[-1] += " " + line.strip()
+        elif not line.strip() and blocks:
+            blocks.append("")
+    found = {}
+    for b in blocks:
+        flag = next((w.rstrip(",") for w in b.split() if w.startswith("--")), None)
+        m = re.search(r"\(default: ([^)]*)\)$", b)
+        if flag and m:
+            found[flag] = m[1]
+    return found
+
+
+def test_bench_help_says_where_loadtest_defaults_differ():
+    """Issue 41: `bench` alone had other defaults than `loadtest` and said so nowhere."""
+    bench, loadtest = _help_defaults("bench"), _help_defaults("loadtest")
+    differ = {f: v for f, v in loadtest.items() if f in bench and bench[f] != v}
+    assert {"--concurrency", "--num-prompts", "--input-len", "--output-len"} <= set(differ), (bench, loadtest)
+    said = " ".join(_omni("bench", "--help").stdout.split())
+    for flag, value in differ.items():
+        assert f"{flag} {value}" in said.split("other defaults:")[1], (flag, value, said[-400:])
 
 
 def test_dropped_client_is_one_line_not_a_traceback(tmp_path):

@@ -316,12 +316,38 @@ def test_waiting_frames(leaf, parked):
 @pytest.mark.unit
 def test_selection_title_states_the_sampling_error():
     """The error comes from the seconds each sample stands for: equal gaps give
-    1/sqrt(n), unequal ones more (one long gap dominates the sum)."""
-    assert linked.seen(np.full(4, 0.064), 0.175, 1920) == " against 1920 spans' 0.175 s (146%, ±50% sampling error)"
-    assert linked.seen(np.zeros(0), 0.175, 3) == " against 3 spans' 0.175 s (0%)"
-    assert linked.seen(np.full(100, 0.001), 0.5, 10, 0.3) == " against 10 spans' 0.500 s (20%, ±10% sampling error; 0.300 s of it unsampled)"
+    1/sqrt(n), unequal ones more (one long gap dominates the sum); a share of the split
+    has half that, in points, at its widest."""
+    assert linked.selection_title(np.full(4, 0.064), 0.175, 1920, 25) == (
+        "0.175 s: the 1920 spans' own time on the working thread; split across code by 4 samples at "
+        "25 Hz (±25.0 points sampling error on a share; the samples alone read 0.256 s, 146%)")
+    assert linked.selection_title(np.zeros(0), 0.175, 3, 25) == (
+        "0.175 s: the 3 spans' own time on the working thread; no sample at 25 Hz to split it")
+    assert linked.selection_title(np.full(100, 0.001), 0.5, 10, 100, 0.3).endswith(
+        "(±5.0 points sampling error on a share; the samples alone read 0.100 s, 20%, 0.300 s of it unsampled)")
     assert linked.sampling_error_pct(np.array([0.01, 0.01, 0.01, 0.01])) == pytest.approx(50)
     assert linked.sampling_error_pct(np.array([0.001, 0.001, 0.001, 0.037])) == pytest.approx(92.6, abs=0.1)
+    assert linked.split_error_pp(np.array([0.001, 0.001, 0.001, 0.037])) == pytest.approx(46.3, abs=0.1)
+
+
+@pytest.mark.unit
+def test_a_selection_totals_its_spans_own_time_and_the_samples_split_it():
+    """Issue 41: thinker snapshots read 1.689 s from 36 samples against the spans' exact
+    1.369 s. The total is the spans' time, exactly; the samples keep their shares."""
+    # work over rounds 0, 10, 20; idle over 30, 40: the intervals cover 20 + 7 ns, the
+    # samples in them (rounds 10, 20, 40) stand for 10 ns each
+    store = _store([(0, 30, 1, 7, 0), (30, 50, 1, 7, 1)], [0, 10, 20, 30, 40])
+    iv = linked.Intervals(np.array([5, 38]), np.array([25, 45]), np.ones(2, np.int64), np.full(2, 7, np.int64))
+    idx, secs = linked.select_time(store, iv)
+    covered = linked.covered_ns(iv) / 1e9
+    assert covered == pytest.approx(27e-9) and secs.sum() == pytest.approx(30e-9)
+    exact = linked.exact_split(secs, covered)
+    stacks = collapsed(store, idx, exact)
+    assert sum(stacks.values()) == pytest.approx(27e-9, rel=1e-12)
+    assert stacks[("root (a.py)", "work (a.py)")] == pytest.approx(18e-9)  # 2 of 3 samples
+    title = linked.selection_title(np.full(36, 1.689 / 36), 1.369, 2048, 25)
+    assert title.startswith("1.369 s: the 2048 spans' own time") and "±8.3 points" in title, title
+    assert "the samples alone read 1.689 s, 123%" in title, title
 
 
 @pytest.mark.unit
@@ -357,3 +383,20 @@ def test_pyspy_saying_it_is_behind_is_read():
     text = "py-spy> 2.31s behind in sampling, results may be inaccurate.\npy-spy> 512.3ms behind in sampling\n"
     assert behind_s(text.encode()) == [2.31, 0.5123]
     assert behind_s(b"py-spy> Sampling process 100 times a second. Press Control-C to exit.") == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("args, says", [
+    (["--request", "r1"], "--request needs --category"),
+    (["--stage", "thinker", "--request", "r1"], "--request needs --category"),
+    (["--category", "snapshot", "-o", "/nonexistent-folder/x"], "/nonexistent-folder is not a folder"),
+])
+def test_flame_selection_mistakes_are_one_line(tmp_path, capsys, args, says):
+    """Issue 41: `--request` without `--category` drew the whole profile (rc 0), `-o` into a
+    missing folder raised a traceback. Both: one line, exit 2, nothing read or written."""
+    from omnitrace.cli import flame
+    with pytest.raises(SystemExit) as exc:
+        flame.main([str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and says in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []

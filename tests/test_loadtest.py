@@ -86,6 +86,54 @@ def test_loadtest_ctrl_c_leaves_a_loadable_run(tmp_path):
     assert bench["status"] == "interrupted" and bench["requests"]
 
 
+def _stage_pid(run_dir: str, name: str) -> int | None:
+    try:
+        with open(os.path.join(run_dir, "processes.jsonl")) as f:
+            return next((json.loads(ln)["pid"] for ln in f if ln.strip() and json.loads(ln).get("name") == name),
+                        None)
+    except (OSError, ValueError):
+        return None
+
+
+def test_loadtest_names_a_frozen_stage(tmp_path):
+    """The thinker stopped (SIGSTOP) mid-load: one line says that no request progresses
+    and names the stopped stage; once it runs again (SIGCONT), one line says so and the
+    load completes. --request-timeout reaches the bench."""
+    d = str(tmp_path / "lt")
+    err_path = tmp_path / "err"
+    thinker = None
+    with open(err_path, "w") as err_f:
+        proc = subprocess.Popen([sys.executable, "-m", "omnitrace", "loadtest", "--run-dir", d,
+                                 "--concurrency", "4", "--num-prompts", "200", "--input-len", "200",
+                                 "--output-len", "40", "--stall-after", "2", "--request-timeout", "300"],
+                                stdout=subprocess.DEVNULL, stderr=err_f, env=_env(), start_new_session=True)
+        try:
+            deadline = time.monotonic() + 180
+            while _requests_finished(d) < 1 or (thinker := _stage_pid(d, "thinker")) is None:
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
+                time.sleep(0.1)
+            os.kill(thinker, signal.SIGSTOP)
+            deadline = time.monotonic() + 120
+            while not _stderr_has(err_path, "no request has progressed"):
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()[-3000:]
+                time.sleep(0.2)
+            os.kill(thinker, signal.SIGCONT)
+            proc.wait(timeout=300)
+        finally:
+            if thinker:
+                os.kill(thinker, signal.SIGCONT) if os.path.exists(f"/proc/{thinker}") else None
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    err = err_path.read_text()
+    assert proc.returncode == 0, err[-3000:]
+    stall = [ln for ln in err.splitlines() if "no request has progressed" in ln]
+    assert len(stall) == 1 and f"stage 0:thinker is stopped (pid {thinker}" in stall[0], err[-3000:]
+    assert "requests progress again" in err
+    bench = json.load(open(os.path.join(d, "bench.json")))
+    assert bench["args"]["request_timeout"] == 300.0 and bench["args"]["stall_after"] == 2.0
+
+
 def test_loadtest_ab_seed_scenario(tmp_path):
     """`--ab "--snapshot recursive" "--snapshot copy" --repeats 3`, scaled to minutes on 2
     cores: the thinker's snapshot category falls with a CI that excludes zero, and the
@@ -120,7 +168,10 @@ def test_loadtest_ab_seed_scenario(tmp_path):
 
 def test_loadtest_bad_input_is_one_line(tmp_path):
     for args in (["--ab", "x", "y", "--pattern", "ABC"], ["--num-prompts", "0"],
-                 ["--base-url", "http://127.0.0.1:1"], ["--serve", "'unclosed"], ["--no-such-option"]):
+                 ["--base-url", "http://127.0.0.1:1"], ["--serve", "'unclosed"], ["--no-such-option"],
+                 ["--concurrency", "0"], ["--concurrency", "8", "x"], ["--warmup", "-1"],
+                 ["--request-timeout", "-5"], ["--request-timeout", "0"], ["--stall-after", "-1"],
+                 ["--range-ratio", "1.5"], ["--startup-timeout", "-1"], ["--serve", "--port abc"]):
         r = _loadtest(["--run-dir", str(tmp_path / "x"), *args], timeout=60)
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
@@ -183,3 +234,56 @@ def test_loadtest_ctrl_c_in_the_first_seconds(tmp_path, moment):
         run = json.load(open(run_json))
         assert run["status"] == "interrupted", run
         assert not os.path.exists(f"/proc/{run['agent_pid']}"), "the agent outlived the prompt"
+
+
+@pytest.mark.unit
+def test_two_loadtests_in_one_second_get_two_run_directories(tmp_path, monkeypatch):
+    """Issue 41: the default run directory was named by the second alone."""
+    from omnitrace.cli import loadtest
+    monkeypatch.setenv("OMNITRACE_RUNS_DIR", str(tmp_path))
+    monkeypatch.setattr(loadtest.time, "strftime", lambda fmt: "20260101-000000")
+    dirs = [loadtest.config_from_args([])[0].run_dir for _ in range(3)]
+    assert [os.path.basename(d) for d in dirs] == ["loadtest-20260101-000000", "loadtest-20260101-000000-2",
+                                                   "loadtest-20260101-000000-3"]
+    assert all(os.path.isdir(d) for d in dirs)
+
+
+def test_loadtest_serves_on_the_port_given_in_serve(tmp_path):
+    """Issue 41: `--serve "--port P"` started the server on P and waited 180 s on another
+    port; now the load goes to P."""
+    from tests.support.runtime_server import free_port
+    d, port = str(tmp_path / "lt"), free_port()
+    r = _loadtest(["--run-dir", d, "--serve", f"--port {port}", "--startup-timeout", "120", *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.load(open(os.path.join(d, "bench.json")))["base_url"] == f"http://127.0.0.1:{port}"
+    assert json.load(open(os.path.join(d, "run.json")))["command"].count("--port") == 1
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def test_a_ctrl_c_that_reaches_the_server_first_says_interrupted(tmp_path):
+    """Issue 41: a Ctrl-C during start-up that the server (`omnitrace run`) took before
+    loadtest did read "server exited with status 130 before answering". The server gets
+    SIGINT the moment it exists (it cannot have answered yet)."""
+    d = str(tmp_path / "lt")
+    proc = subprocess.Popen([sys.executable, "-m", "omnitrace", "loadtest", "--run-dir", d, *SMALL],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        deadline = time.monotonic() + 120
+        while not _children(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.005)
+        os.kill(_children(proc.pid)[0], signal.SIGINT)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    assert "interrupted" in err and "exited with status" not in err and "Traceback" not in err, err

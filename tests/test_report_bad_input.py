@@ -16,6 +16,23 @@ def _report(*args: str) -> subprocess.CompletedProcess:
     return r
 
 
+@pytest.mark.unit
+def test_one_request_id_sent_twice_is_named(tmp_path):
+    """Issue 41: a client that sends one x-request-id twice got one trace and no word. The
+    span builder, where ids join events into requests, counts the repeated arrival; the
+    report names the id."""
+    from omnitrace.analyze.report import build_report
+    from omnitrace.analyze.rundir import load_run
+    from tests.support.event_fixture import three_stage_events, write_event_run
+    once = three_stage_events("r1", off=20_000)
+    twice = three_stage_events("r0") + three_stage_events("r0", off=10_000) + once
+    for script, said in ((once, 0), (twice, 1)):
+        d = write_event_run(str(tmp_path / str(said)), sorted(script, key=lambda e: e[7]))
+        lines = [w for w in build_report(load_run([d]), waterfalls=0)["warnings"] if "more than once" in w]
+        assert len(lines) == said, lines
+    assert lines[0].startswith("1 request id(s) arrived more than once ('r0' 2x)"), lines
+
+
 def test_missing_directory(tmp_path):
     r = _report(str(tmp_path / "nope"))
     assert r.returncode == 2 and "not a run directory" in r.stderr and len(r.stderr.strip().splitlines()) == 1
@@ -142,6 +159,7 @@ def _mutated(src: str, dst: str, name: str, path: tuple, value) -> str:
     ("agent.json", ("exporters",), "x", "'exporters' is a string, not an object"),
     ("run.json", ("events_never_drained",), "x", "'events_never_drained' is a string"),
     ("run.json", ("status",), {"a": 1}, "'status' is an object, not a string"),
+    ("run.json", ("rings_left",), 3, "'rings_left' is an integer, not a list"),
     ("bench.json", ("requests", 0, "concurrency"), "x", "'requests[0].concurrency' is a string"),
     ("bench.json", ("levels", 0, "measured_window"), [], "'levels[0].measured_window' is a list"),
 ])
@@ -155,6 +173,24 @@ def test_wrong_field_types_are_one_line_and_exit_2(real_run, tmp_path, name, pat
         assert r.returncode == 2, (cmd, r.stdout[-2000:], r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and name in lines[0] and says in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("value", [5, "x", {"a": 1}])
+def test_export_ignores_agent_json_rings_that_are_not_a_list(real_run, tmp_path, value):
+    """Issue 41: `export` crashed on an agent.json whose rings is not a list. Its counts
+    are ignored with one warning line; every span is exported (as from the intact run)."""
+    d = _mutated(real_run, str(tmp_path / "r"), "agent.json", ("rings",), value)
+    spans = {}
+    for run in (real_run, d):
+        out = tmp_path / f"{len(spans)}.jsonl"
+        r = subprocess.run([sys.executable, "-m", "omnitrace", "export", run, "--otlp-json", str(out)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        spans[run] = sum(len(ss["spans"]) for ln in out.read_text().splitlines()
+                         for rs in json.loads(ln)["resourceSpans"] for ss in rs["scopeSpans"])
+        warned = [ln for ln in r.stderr.splitlines() if "agent.json" in ln]
+        assert len(warned) == (run == d) and (run != d or "'rings' is" in warned[0]), r.stderr
+    assert spans[d] == spans[real_run] > 0
 
 
 def test_the_real_run_itself_passes_the_type_checks(real_run):

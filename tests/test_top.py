@@ -144,9 +144,13 @@ def test_top_bad_source_is_one_line():
     r = subprocess.run([sys.executable, "-m", "omnitrace", "top", "/nonexistent/run"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "-m", "omnitrace", "top", f"http://127.0.0.1:{free_port()}"],
+    # no agent there (issue 41: a bare "Connection refused"): which address, what to start
+    port = free_port()
+    r = subprocess.run([sys.executable, "-m", "omnitrace", "top", f"http://127.0.0.1:{port}"],
                        capture_output=True, text=True, timeout=30)
-    assert r.returncode == 1 and "cannot read" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"no agent answers at http://127.0.0.1:{port}/metrics" in r.stderr, r.stderr
+    assert "omnitrace run --exporter prometheus" in r.stderr and "omnitrace top RUN_DIR" in r.stderr
 
 
 def test_top_on_a_finished_run_in_80x24_agrees_with_the_report(tmp_path):

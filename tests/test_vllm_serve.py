@@ -441,14 +441,17 @@ def _sampled_all(sel: dict, truth: float) -> None:
 
 def test_nothing_left_in_dev_shm(loadtest032) -> None:
     """0.32 leaves one wake directory per stage even on a clean shutdown: removed after
-    the run, listed in run.json (the report says so)."""
+    the run and listed in run.json; the report warns of leftovers only where a stage died
+    (chunk segments never read, or a stage death), not of these."""
     agent = json.loads((loadtest032["run_dir"] / "agent.json").read_text())
     pids = {int(r["pid"]) for r in agent["rings"] if r["role"] == "stage"}
     run = json.loads((loadtest032["run_dir"] / "run.json").read_text())
     left = _leftovers(pids | {int(r["pid"]) for r in agent["rings"]}, _ids(loadtest032["run_dir"] / "bench.json"))
     assert left == [], (left, run.get("shm_leftovers"))
     assert sorted(int(w.rsplit("_", 1)[1]) for w in run["shm_leftovers"]["wake_dirs"]) == sorted(pids)
-    assert "stale vLLM-Omni wake director" in " ".join(loadtest032["report"]["warnings"])
+    said = [w for w in loadtest032["report"]["warnings"] if "/dev/shm" in w]
+    unread = run["shm_leftovers"].get("chunk_segments") or []  # requests cut off (client timeouts)
+    assert len(said) == (1 if unread else 0), (said, run["shm_leftovers"])
 
 
 # --------------------------------------------------------------------------- 0.30

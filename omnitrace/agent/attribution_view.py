@@ -22,6 +22,7 @@ head-of-line table summed per culprit.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -118,13 +119,15 @@ class AttributionView:
     culprits = False
     steps = False
 
-    def __init__(self, metrics: Metrics, requests: list[str], rings: dict[int, dict]) -> None:
+    def __init__(self, metrics: Metrics, requests: list[str], rings: dict[int, dict],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.metrics = metrics
         self.requests = requests
         self.rings = rings
+        self.clock = clock
         self.arrived: set[int] = set()
         self.any_arrival = False
-        self.started: float | None = None  # the first feed (monotonic)
+        self.started: float | None = None  # the first feed with spans (monotonic)
         self.unknown: dict[int, float] = {}  # held rows, arrival not seen yet: first seen
         self.done: dict[int, None] = {}  # attributed (insertion-ordered, bounded)
         self.ttfp: dict[int, int] = {}  # req -> unix ns of its first audio packet
@@ -144,17 +147,20 @@ class AttributionView:
         self.busy: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 
     def feed(self, feed: Feed, part: spanload.Part) -> None:
-        now = time.monotonic()
-        if self.started is None:
+        now = self.clock()
+        if self.started is None and len(feed.spans):
             self.started = now
-        # a run without API hooks has no arrivals: after NO_API_S nothing is held any more
-        # (before that, the API's ring may just not be discovered yet: hold)
-        holding = self.any_arrival or now - self.started < self.NO_API_S
         if feed.arrivals:
             self.any_arrival = True
             self.arrived.update(feed.arrivals)
             for r in feed.arrivals:
                 self.unknown.pop(r, None)
+        # a run without API hooks has no arrivals: NO_API_S after its first spans nothing is
+        # held any more (before that, the API's ring may just not be discovered yet: hold).
+        # Counted from the first spans, not the agent's start, and after this feed's own
+        # arrivals: a load that begins minutes after the server held its first requests'
+        # spans from no view, and they stayed "held" unattributed for good
+        holding = self.any_arrival or self.started is None or now - self.started < self.NO_API_S
         for kind, req, _replica, _s, t in feed.latencies:
             if kind == cv.Ev.REQUEST_FIRST_AUDIO:
                 self.ttfp[req] = t

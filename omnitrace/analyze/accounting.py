@@ -162,13 +162,16 @@ def headline(led: Ledger) -> str:
     return f"events: {led.events_written} written = " + " + ".join(parts) + f" ({tail}{verdict})"
 
 
-def of_run_dir(run_dir: str, log: Any, recorded: int) -> Ledger:
+def of_run_dir(run_dir: str, log: Any, recorded: int, warnings: list[str] | None = None) -> Ledger:
     """The identity of a run directory whose event log a reader other than the report
     loaded (``omnitrace export``): ``log`` its ``eventlog.EventLog`` (events not kept),
-    ``recorded`` the events decoded."""
+    ``recorded`` the events decoded. A run.json or agent.json with a field of the wrong
+    type is left out, with a line in ``warnings``."""
     import os
 
     import orjson
+
+    from omnitrace.analyze import fieldtypes
 
     def load(name: str) -> dict | None:
         try:
@@ -176,7 +179,10 @@ def of_run_dir(run_dir: str, log: Any, recorded: int) -> Ledger:
                 d = orjson.loads(f.read())
         except (OSError, ValueError):
             return None
-        return d if isinstance(d, dict) else None
+        why = fieldtypes.check(name, d) if isinstance(d, dict) else None
+        if why and warnings is not None:
+            warnings.append(f"{name}: {why} (not a file omnitrace writes): its counts are ignored")
+        return d if isinstance(d, dict) and not why else None
 
     return ledger(recorded, log.rings, log.accounts, log.torn_segments > 0,
                   load("agent.json"), load("run.json"))

@@ -35,12 +35,13 @@ SPECS: dict[str, dict[str, Any]] = {
     "agent.json": {
         "events_read": _COUNT, "events": _COUNT, "events_dropped": _COUNT, "dropped": _COUNT,
         "spans_built": INT, "spans": INT,
-        "rings": ListOf({"dropped": INT}),
+        "rings": ListOf({"dropped": INT, "events_written": INT}),
         "record": {"events_not_recorded": INT},
         "views": {"requests_not_exported": INT, "spans_not_exported": INT},
         "exporters": MapOf(_EXPORTER),
     },
-    "run.json": {"events_never_drained": INT, "status": STR},
+    "run.json": {"events_never_drained": INT, "status": STR,
+                 "rings_left": ListOf({"events_written": INT, "dropped": INT, "never_drained": INT})},
     "bench.json": {
         "levels": ListOf({"concurrency": INT,
                           "measured_window": {"start_unix_ns": INT, "end_unix_ns": INT}}),

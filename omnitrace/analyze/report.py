@@ -561,7 +561,8 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
         _undelivered(c, in_record, recorder["spans_not_exported"])
     report_warnings.add(warnings, report_warnings.Facts(
         recorder, fails, w.rows, requests, has_api, measured, no_ttfp, untraced,
-        sum(reqs[r].incomplete for r in measured if r in reqs), chunk_incomplete, in_record))
+        sum(reqs[r].incomplete for r in measured if r in reqs), chunk_incomplete, in_record,
+        run.repeated_ids))
     return {
         "omnitrace_version": __version__,
         "runs": [{"path": p} for p in run.paths],

@@ -24,6 +24,7 @@ class Facts:
     incomplete: int  # request/stage spans of measured requests closed without their end
     chunk_incomplete: dict[str, int]
     in_record: int  # spans the record rebuilds
+    repeated_ids: dict[str, int]  # request id -> its arrivals after the first
 
 
 Rule = Callable[[Facts], list[str]]
@@ -126,6 +127,16 @@ def _untraced(f: Facts) -> list[str]:
     return [f"{len(f.untraced)} measured bench request(s) succeeded but have no trace at all"]
 
 
+def _repeated_ids(f: Facts) -> list[str]:
+    if not f.repeated_ids:
+        return []
+    ids = sorted(f.repeated_ids, key=lambda r: (-f.repeated_ids[r], r))
+    return [f"{len(ids)} request id(s) arrived more than once ("
+            + ", ".join(f"{r!r} {f.repeated_ids[r] + 1}x" for r in ids[:3]) + (", ..." if len(ids) > 3 else "")
+            + "): the requests of one x-request-id are joined into one trace, their figures "
+            "merged; give every request its own id"]
+
+
 def _nothing_attributed(f: Facts) -> list[str]:
     if not f.has_api and f.measured:
         return ["no API requests in this run (component-level run): per-stage snapshot, FIFO "
@@ -158,7 +169,7 @@ def _incomplete(f: Facts) -> list[str]:
 # above the load's own warnings, loudest first
 HEAD: tuple[Rule, ...] = (_stage_deaths, _delivery_timeouts, _failed, _dropped, _accounting)
 # below them
-TAIL: tuple[Rule, ...] = (_exporters, _outages, _views_failed, _sampled, _no_ttfp, _untraced,
+TAIL: tuple[Rule, ...] = (_exporters, _outages, _views_failed, _sampled, _no_ttfp, _untraced, _repeated_ids,
                           _nothing_attributed, _unrecorded, _incomplete)
 
 

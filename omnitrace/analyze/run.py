@@ -39,6 +39,7 @@ class Run:
     stage_deaths: list[tuple[int, int]] = field(default_factory=list)  # (stage, unix ns) STAGE_DIED
     # (stage, unix ns, request, chunk) DELIVERY_TIMEOUT (MRv2)
     delivery_timeouts: list[tuple[int, int, str, int]] = field(default_factory=list)
+    repeated_ids: dict[str, int] = field(default_factory=dict)  # request id -> arrivals after its first
 
     def chunk_index(self) -> dict[str, int]:
         """Request id -> its index in ``chunk_requests`` (the tables' ``req``)."""

@@ -144,6 +144,8 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     names = log.requests.strings
     run.delivery_timeouts.extend(sorted(((s, t, names[r], c) for s, t, r, c in built.timeouts),
                                         key=lambda x: x[1]))
+    for rid, n in acc.repeated.items():
+        run.repeated_ids[rid] = run.repeated_ids.get(rid, 0) + n
     run.skipped_spans += acc.skipped
     run.span_count += acc.rows - acc.skipped
     _add_tables(run, acc, log.requests.strings, log.rings, spanload.replica_of(log.rings))
@@ -160,6 +162,25 @@ def _mixed(log_ids: set[str], run_json: dict[str, Any] | None) -> list[str]:
         return [f"events/ belongs to run {next(iter(log_ids))}, run.json to run {rid}: two runs "
                 "are mixed in this directory"]
     return []
+
+
+def _leftovers(paths: list[str], files: dict[str, tuple], died: bool) -> list[str]:
+    """What the served processes left in /dev/shm (run.json ``shm_leftovers``, removed
+    after the run), said only where a stage died: chunk segments written and never read,
+    or a stage death in the record. vLLM-Omni leaves one wake directory per stage on every
+    clean stop: those alone are housekeeping, counted in run.json, not a warning."""
+    out = []
+    for p in paths:
+        left = (files.get(p, (None, None))[0] or {}).get("shm_leftovers")
+        if not isinstance(left, dict) or not (left.get("chunk_segments") or died and left.get("wake_dirs")):
+            continue
+        pre = f"{os.path.basename(os.path.normpath(p))}/" if len(paths) > 1 else ""
+        out.append(f"{pre}the served processes left /dev/shm entries, removed after the run: "
+                   f"{len(left.get('chunk_segments') or ())} chunk segment(s) never read, "
+                   f"{len(left.get('wake_dirs') or ())} vLLM-Omni wake director(ies) of exited stages "
+                   + ("(a stage died mid-request)" if died else "(a stage died, or requests were cut off, "
+                                                               "mid-request?)"))
+    return out
 
 
 def _bench_outside(bench: dict[str, Any] | None, run_json: list[dict[str, Any]]) -> str | None:
@@ -243,6 +264,34 @@ def restart_notes(run_json: dict) -> list[str]:
     return out
 
 
+def run_identity(path: str) -> tuple:
+    """What makes two paths one run: run.json's run id (a copy of the directory is the same
+    run), else the directory itself (symlinks and other spellings resolved)."""
+    try:
+        with open(os.path.join(path, "run.json"), "rb") as f:
+            rid = orjson.loads(f.read()).get("run_id")
+        if rid:
+            return ("run", str(rid))
+    except (OSError, ValueError, AttributeError):
+        pass
+    st = os.stat(path)
+    return ("dir", st.st_dev, st.st_ino)
+
+
+def distinct_runs(paths: list[str]) -> tuple[list[str], list[str]]:
+    """``paths`` with each run once (the first spelling kept), and one line per repeat."""
+    seen: dict[tuple, str] = {}
+    keep, said = [], []
+    for p in paths:
+        key = run_identity(p) if os.path.isdir(p) else ("missing", p)
+        if key in seen:
+            said.append(f"{p} is the same run as {seen[key]} (given twice): read once")
+            continue
+        seen[key] = p
+        keep.append(p)
+    return keep, said
+
+
 def load_run(paths: list[str], skip_warmup: bool = True) -> Run:
     """Load and merge run directories (e.g. one per host of one deployment)."""
     # Millions of small acyclic objects: the cyclic GC would rescan them again and again
@@ -257,10 +306,11 @@ def load_run(paths: list[str], skip_warmup: bool = True) -> Run:
 
 
 def _load_run(paths: list[str], skip_warmup: bool) -> Run:
-    run = Run(paths=list(paths))
-    files: dict[str, tuple[dict | None, dict | None]] = {}  # path -> (run.json, agent.json)
     if not paths:
         raise RunDirError("no run directory given")
+    paths, repeats = distinct_runs(paths)
+    run = Run(paths=list(paths), warnings=repeats)
+    files: dict[str, tuple[dict | None, dict | None]] = {}  # path -> (run.json, agent.json)
     for p in paths:
         if not os.path.isdir(p):
             raise RunDirError(f"{p}: not a run directory (does not exist or is not a directory)")
@@ -276,12 +326,6 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
                 run.warnings.append(pre + status_note(str(rj.get("status")), live_agent(p) is not None))
             run.warnings.extend(pre + w for w in restart_notes(rj))
             left = rj.get("shm_leftovers")
-            if isinstance(left, dict) and (left.get("wake_dirs") or left.get("chunk_segments")):
-                run.warnings.append(
-                    f"{pre}the served processes left /dev/shm entries, removed after the run: "
-                    f"{len(left.get('wake_dirs') or ())} stale vLLM-Omni wake director(ies) of exited "
-                    f"stages, {len(left.get('chunk_segments') or ())} chunk segment(s) never read "
-                    "(a stage died mid-request?)")
             if isinstance(left, dict) and left.get("chunk_segments_kept"):
                 run.warnings.append(
                     f"{pre}{len(left['chunk_segments_kept'])} chunk segment(s) never read were left "
@@ -324,6 +368,7 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
             run.warnings.append(f"{pre}events/ missing: no events recorded")
         else:
             load_spans(sp, run, pre + "spans.jsonl", skip)
+    run.warnings.extend(_leftovers(paths, files, bool(run.stage_deaths)))
     if not run.spans and not run.bench and not run.run_json and not run.agent:
         raise RunDirError(f"{', '.join(paths)}: no omnitrace run files found (run.json, events/, "
                           "bench.json, agent.json all missing or unreadable)")

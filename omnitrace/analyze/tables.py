@@ -147,6 +147,7 @@ class ReportTables:
         self.first_start = np.full(1024, _NONE, np.int64)  # per request: earliest chunk span
         self.rows = 0
         self.skipped = 0
+        self.repeated: dict[str, int] = {}  # request id -> its arrivals after the first
 
     def _grow(self, top: int) -> None:
         if top >= len(self.first_audio):
@@ -157,6 +158,9 @@ class ReportTables:
     def feed(self, feed: stt.Feed, part: spanload.Part) -> None:
         if self._warmup is None:
             self._warmup = _Warmup(part.requests, self._skip)
+        for req in feed.repeated:
+            rid = part.requests[req]
+            self.repeated[rid] = self.repeated.get(rid, 0) + 1
         self._add(feed, self._warmup.flags())
 
     def _add(self, feed: stt.Feed, skip: np.ndarray) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 import orjson
@@ -76,8 +76,10 @@ def _describe(e: BaseException) -> str:
 
 
 async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
-               res: RequestResult, headers: dict[str, str] | None = None) -> RequestResult:
-    """POST one streaming request and fill ``res`` in; never raises for HTTP/stream errors."""
+               res: RequestResult, headers: dict[str, str] | None = None,
+               progress: Callable[[], None] | None = None) -> RequestResult:
+    """POST one streaming request and fill ``res`` in; never raises for HTTP/stream errors.
+    ``progress`` is called on every piece of the stream received (the stall watch)."""
     hdrs = {"x-request-id": res.id, "Content-Type": "application/json"}
     hdrs.update(headers or {})
     res.start_unix_ns = time.time_ns()
@@ -93,22 +95,33 @@ async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
             done = False
             async for raw in resp.content.iter_any():
                 res.bytes += len(raw)
+                if progress is not None:
+                    progress()
                 buf += raw.decode("utf-8", errors="replace")
                 while "\n\n" in buf and not done:
                     msg, buf = buf.split("\n\n", 1)
                     done = _handle(msg.strip(), res, st)
                 if done:
                     break
-            if not done and res.error is None:
-                if buf.strip():
-                    _handle(buf.strip(), res, st)
-                if res.error is None and res.ttfp_s is None:
-                    res.error = "stream ended without [DONE] and without audio"
+            if not done and res.error is None and buf.strip():
+                done = _handle(buf.strip(), res, st)
+            if res.error is None:
+                res.error = _unfinished(res, done)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         res.error = _describe(e)
     finally:
         res.latency_s = time.perf_counter() - st
     return res
+
+
+def _unfinished(res: RequestResult, done: bool) -> str | None:
+    """Why a stream that ended without an error is not a success, or None: it ended
+    without [DONE] and without audio, or held no text and no audio at all."""
+    if not done and res.ttfp_s is None:
+        return "stream ended without [DONE] and without audio"
+    if not res.text_chunks and not res.audio_chunks:
+        return "empty stream: no text and no audio before [DONE]"
+    return None
 
 
 def _handle(msg: str, res: RequestResult, st: float) -> bool:

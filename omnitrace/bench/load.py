@@ -15,10 +15,39 @@ from typing import Any, Callable
 import aiohttp
 
 from omnitrace.bench.client import RequestResult, request_body, send
+from omnitrace.bench.stall import StallWatch
 
 # A small vocabulary for synthetic prompts: one word per requested token.
 _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
           "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+
+
+REQUEST_TIMEOUT_S = 600.0  # a request's whole stream, by default (vLLM-Omni's longest answers)
+# the load's defaults of `omnitrace bench` and of `omnitrace loadtest` (a first look at the
+# reference pipeline), in one place: `bench --help` says where they differ
+BENCH_DEFAULTS = {"concurrency": ["8"], "num_prompts": 100, "input_len": 128, "output_len": 128}
+LOADTEST_DEFAULTS = {"concurrency": ["16"], "num_prompts": 96, "input_len": 1500, "output_len": 60}
+
+
+def loadtest_differences() -> list[str]:
+    """``--option VALUE`` of each load default `omnitrace loadtest` sets otherwise."""
+    return [f"--{k.replace('_', '-')} {' '.join(v) if isinstance(v, list) else v}"
+            for k, v in LOADTEST_DEFAULTS.items() if BENCH_DEFAULTS.get(k) != v]
+
+
+def concurrency_levels(values: list[str]) -> list[int]:
+    """``--concurrency`` values (8 16 32 or 8,16) as levels; ValueError unless positive integers."""
+    out: list[int] = []
+    for v in values:
+        for part in str(v).split(","):
+            if part.strip():
+                n = int(part)
+                if n <= 0:
+                    raise ValueError
+                out.append(n)
+    if not out:
+        raise ValueError
+    return out
 
 
 @dataclass
@@ -32,7 +61,7 @@ class LoadSpec:
     output_len: int = 128
     range_ratio: float = 0.0
     seed: int = 0
-    request_timeout_s: float = 600.0
+    request_timeout_s: float = REQUEST_TIMEOUT_S
     extra_body: dict[str, Any] = field(default_factory=dict)
     tag: str = ""  # request id prefix, unique per bench invocation
 
@@ -56,8 +85,31 @@ def prompt_text(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(n))
 
 
+async def _watch(watch: StallWatch, in_flight: list[int]) -> None:
+    while True:
+        await asyncio.sleep(1.0)
+        watch.check(in_flight[0])
+
+
 async def run_level(spec: LoadSpec, concurrency: int, rng: random.Random,
-                    on_done: Callable[[RequestResult], None] | None = None) -> LevelResult:
+                    on_done: Callable[[RequestResult], None] | None = None,
+                    watch: StallWatch | None = None) -> LevelResult:
+    """Warm-up, then the measured requests; ``watch`` hears of every stream chunk and
+    request end, and is asked once a second whether the load stalled."""
+    watch = watch or StallWatch(0, lambda _: None)
+    in_flight = [0]  # requests sent and not ended
+    watcher = asyncio.ensure_future(_watch(watch, in_flight))
+    try:
+        result = await _level(spec, concurrency, rng, on_done, watch, in_flight)
+    finally:
+        watcher.cancel()
+    watch.check(0)  # a stall that ended since the last look is said too
+    return result
+
+
+async def _level(spec: LoadSpec, concurrency: int, rng: random.Random,
+                 on_done: Callable[[RequestResult], None] | None, watch: StallWatch,
+                 in_flight: list[int]) -> LevelResult:
     url = spec.base_url.rstrip("/") + spec.endpoint
     n_warm = concurrency if spec.warmup is None else spec.warmup
     sem = asyncio.Semaphore(concurrency)
@@ -73,7 +125,12 @@ async def run_level(spec: LoadSpec, concurrency: int, rng: random.Random,
     async def one(session: aiohttp.ClientSession, res: RequestResult, body: dict[str, Any]) -> RequestResult:
         try:
             async with sem:
-                await send(session, url, body, res)
+                in_flight[0] += 1
+                try:
+                    await send(session, url, body, res, progress=watch.beat)
+                finally:
+                    in_flight[0] -= 1
+                    watch.beat()
         except asyncio.CancelledError:
             if res.start_unix_ns and on_done:  # sent, then the bench was interrupted: a row
                 res.error = "cancelled: bench interrupted"

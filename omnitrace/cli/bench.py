@@ -19,6 +19,7 @@ import os
 import random
 import signal
 import sys
+import textwrap
 import time
 from typing import Any
 
@@ -29,42 +30,42 @@ from omnitrace import __version__, childproc
 from omnitrace import conventions as cv
 from omnitrace.analyze.stats import summary
 from omnitrace.bench.client import RequestResult
-from omnitrace.bench.load import LevelResult, LoadSpec, run_level
+from omnitrace.bench.load import (BENCH_DEFAULTS, REQUEST_TIMEOUT_S, LevelResult, LoadSpec,
+                                  concurrency_levels, loadtest_differences, run_level)
+from omnitrace.bench.stall import DEFAULT_AFTER_S, StallWatch
 from omnitrace.bench.output import BenchOutput, OutputError
+from omnitrace.cli.helpformat import DefaultsFormatter
 from omnitrace.render.console import table
 from omnitrace import console
 
 
-def _concurrency(values: list[str]) -> list[int]:
-    out: list[int] = []
-    for v in values:
-        for part in str(v).split(","):
-            if part.strip():
-                n = int(part)
-                if n <= 0:
-                    raise ValueError
-                out.append(n)
-    return out
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="omnitrace bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="omnitrace bench", description=__doc__.split("\n")[0],
+                                formatter_class=DefaultsFormatter)
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--endpoint", default="/v1/chat/completions")
     p.add_argument("--model", default="reference")
-    p.add_argument("--concurrency", nargs="+", default=["8"], help="one level or a list to sweep (8 16 32 or 8,16)")
-    p.add_argument("--num-prompts", type=int, default=100, help="measured requests per level")
+    p.add_argument("--concurrency", nargs="+", default=BENCH_DEFAULTS["concurrency"],
+                   help="one level or a list to sweep (8 16 32 or 8,16)")
+    p.add_argument("--num-prompts", type=int, default=BENCH_DEFAULTS["num_prompts"],
+                   help="measured requests per level")
     p.add_argument("--warmup", type=int, default=None, help="warm-up requests per level (default: = concurrency)")
-    p.add_argument("--input-len", type=int, default=128, help="prompt tokens")
-    p.add_argument("--output-len", type=int, default=128, help="max_tokens (ignore_eos)")
+    p.add_argument("--input-len", type=int, default=BENCH_DEFAULTS["input_len"], help="prompt tokens")
+    p.add_argument("--output-len", type=int, default=BENCH_DEFAULTS["output_len"], help="max_tokens (ignore_eos)")
     p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1 +- ratio)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
+                   help="seconds per request (> 0)")
+    p.add_argument("--stall-after", type=float, default=DEFAULT_AFTER_S, metavar="S",
+                   help="say so when no request has progressed for S seconds, and which stage "
+                        "stopped stepping where the run directory is known (0: never)")
     p.add_argument("--extra-body", default=None, help="JSON merged into every request body")
     p.add_argument("--out", default=None, help="bench.json path (default: $OMNITRACE_RUN_DIR/bench.json)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the results already at --out (otherwise refused)")
     p.add_argument("--no-progress", action="store_true")
+    p.epilog = textwrap.fill("`omnitrace loadtest` runs this load with other defaults: "
+                             + ", ".join(loadtest_differences()) + " (and serves, stops and reports).", 80)
     return p
 
 
@@ -184,15 +185,18 @@ def _run_interruptible(coro, grace_s: float = 2.0):
         loop.close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], dict[str, Any]]:
+    """The arguments, the concurrency levels and the extra body; a usage error otherwise."""
     p = _parser()
     args = p.parse_args(argv)
     try:
-        conc = _concurrency(args.concurrency)
+        conc = concurrency_levels(args.concurrency)
     except ValueError:
         p.error(f"--concurrency: positive integers expected, got {' '.join(args.concurrency)}")
     if args.num_prompts <= 0 or args.input_len <= 0 or args.output_len <= 0 or not 0 <= args.range_ratio < 1:
         p.error("--num-prompts, --input-len, --output-len must be positive and 0 <= --range-ratio < 1")
+    if args.request_timeout <= 0 or args.stall_after < 0 or (args.warmup or 0) < 0:
+        p.error("--request-timeout must be positive; --stall-after and --warmup not negative")
     extra: dict[str, Any] = {}
     if args.extra_body:
         try:
@@ -200,6 +204,20 @@ def main(argv: list[str] | None = None) -> int:
             assert isinstance(extra, dict)
         except (orjson.JSONDecodeError, AssertionError):
             p.error("--extra-body: a JSON object expected")
+    return args, conc, extra
+
+
+def _live_run_dir(out: str | None) -> str | None:
+    """The run directory whose live record names a stalled stage: ``omnitrace run``'s, or
+    the one --out writes into."""
+    for d in (os.environ.get(cv.ENV_RUN_DIR), os.path.dirname(os.path.abspath(out)) if out else None):
+        if d and os.path.isfile(os.path.join(d, "run.json")):
+            return d
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, conc, extra = _args(argv)
     run_dir = os.environ.get(cv.ENV_RUN_DIR)
     output = BenchOutput(args.out or (os.path.join(run_dir, "bench.json") if run_dir else None),
                          args.overwrite)
@@ -214,24 +232,19 @@ def main(argv: list[str] | None = None) -> int:
                     request_timeout_s=args.request_timeout, extra_body=extra,
                     tag=f"b{os.getpid():x}{time.time_ns() & 0xffff:04x}-")
     rng = random.Random(args.seed)
+    watch = StallWatch(args.stall_after, lambda line: tqdm.write(f"omnitrace bench: {line}", file=sys.stderr),
+                       _live_run_dir(output.path))
     levels: list[LevelResult] = []
     partial: list[RequestResult] = []
     status = "complete"
     c = conc[0]
     try:
         for c in conc:
-            total = (c if args.warmup is None else args.warmup) + args.num_prompts
-            bar = tqdm(total=total, desc=f"c={c}", file=sys.stderr, disable=args.no_progress, unit="req")
-            partial = []
-
-            def done(r: RequestResult, bar: tqdm = bar) -> None:
-                partial.append(r)
-                bar.update(1)
-                if r.error:
-                    bar.set_postfix_str(f"errors={sum(1 for x in partial if x.error)}")
-
-            lv = _run_interruptible(run_level(spec, c, rng, done))
-            bar.close()
+            progress = _Progress(c, c if args.warmup is None else args.warmup, args.num_prompts,
+                                 args.no_progress)
+            partial = progress.done
+            lv = _run_interruptible(run_level(spec, c, rng, progress, watch))
+            progress.bar.close()
             partial = []
             levels.append(lv)
             output.write(_doc(args, levels, [], "running"))
@@ -244,6 +257,37 @@ def main(argv: list[str] | None = None) -> int:
         if partial:
             levels.append(_cut_level(c, partial))
             partial = []
+    return _finish(args, output, levels, partial, status)
+
+
+class _Progress:
+    """One level's progress bar: it counts the measured requests; the warm-up is counted
+    in its label until it is over."""
+
+    def __init__(self, concurrency: int, warmup: int, measured: int, disable: bool) -> None:
+        self.concurrency, self.warmup, self.warm = concurrency, warmup, 0
+        self.done: list[RequestResult] = []
+        self.errors = 0
+        self.bar = tqdm(total=measured, desc=self._label(), file=sys.stderr, disable=disable, unit="req")
+
+    def _label(self) -> str:
+        return f"c={self.concurrency}" + (f" warm-up {self.warm}/{self.warmup}" if self.warm < self.warmup else "")
+
+    def __call__(self, r: RequestResult) -> None:
+        self.done.append(r)
+        if r.warmup:
+            self.warm += 1
+            self.bar.set_description_str(self._label())
+        else:
+            self.bar.update(1)
+        if r.error:
+            self.errors += 1
+            self.bar.set_postfix_str(f"errors={self.errors}")
+
+
+def _finish(args: argparse.Namespace, output: BenchOutput, levels: list[LevelResult],
+            partial: list[RequestResult], status: str) -> int:
+    """bench.json's last write, the summary, and the exit status."""
     every = [r for lv in levels for r in lv.results]
     errors = [r for r in every if r.error]
     if status == "complete" and errors:

@@ -84,7 +84,10 @@ def _run_id(run_dir: str) -> str:
 def _say_accounting(run_dir: str, loaded: spanload.Loaded) -> None:
     """What the spans leave out: one line, only when not every event is in the record."""
     from omnitrace.analyze import accounting
-    led = accounting.of_run_dir(run_dir, loaded.log, loaded.events)
+    ignored: list[str] = []
+    led = accounting.of_run_dir(run_dir, loaded.log, loaded.events, ignored)
+    for line in ignored:
+        console.say("export", f"warning: {line}")
     if not accounting.complete(led):
         console.say("export", f"warning: the spans are built from part of the run: "
                     f"{accounting.headline(led)}")

@@ -64,8 +64,41 @@ def _top(stacks: dict[tuple[str, ...], float], n: int) -> list[tuple[str, float,
     return [(k, incl[k] / total, self_.get(k, 0.0) / total) for k in leaf_first]
 
 
+def _linked(run: str, store: Any, index: dict, args: argparse.Namespace
+            ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """A span-linked selection: (stretch indices, seconds each sample stands for, scaled
+    to the spans' own time, summary fields)."""
+    from omnitrace.profile import linked
+    iv, _ = linked.intervals(run, args.category, args.stage, args.request, args.thread)
+    idx, sampled = linked.select_time(store, iv)
+    covered_s, unsampled_s = linked.covered_ns(iv) / 1e9, linked.unsampled_ns(store, iv) / 1e9
+    err = linked.sampling_error_pct(sampled)
+    split = linked.split_error_pp(sampled)
+    return idx, linked.exact_split(sampled, covered_s), {
+        "spans": iv.spans, "intervals": int(len(iv.start)), "interval_s": round(covered_s, 6),
+        "seconds": round(covered_s, 6), "sampled_s": round(float(sampled.sum()), 6),
+        "sampling_error_pct": None if err is None else round(err, 1),
+        "split_error_pp": None if split is None else round(split, 1),
+        "unsampled_s": round(unsampled_s, 6),
+        "title": linked.selection_title(sampled, covered_s, iv.spans, 1e9 / store.period_ns, unsampled_s),
+        "notes": iv.notes + linked.uncalibrated(index.get("clock") or [], store, idx)
+        + linked.unsampled_note(unsampled_s, covered_s)}
+
+
+def _usage(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Selections that mean nothing, and outputs with nowhere to go: one line, exit 2."""
+    if args.request is not None and args.category is None:
+        p.error("--request needs --category (a request's spans of one category; without "
+                "one, --stage/--thread draw the whole profile)")
+    folder = os.path.dirname(os.path.abspath(args.output)) if args.output else None
+    if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+        p.error(f"-o {args.output}: {folder} is not a folder that can be written")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    p = _parser()
+    args = p.parse_args(argv)
+    _usage(p, args)
     from omnitrace.profile import linked, render
     from omnitrace.profile.store import collapsed, in_order
     run = args.run_dir
@@ -84,16 +117,13 @@ def main(argv: list[str] | None = None) -> int:
                                "thread": args.thread, "request": args.request}
     try:
         if args.category is not None:
-            iv, rt = linked.intervals(run, args.category, args.stage, args.request, args.thread)
-            idx, secs = linked.select_time(store, iv)
-            n_samples = len(idx)
-            covered_s, unsampled_s = linked.covered_ns(iv) / 1e9, linked.unsampled_ns(store, iv) / 1e9
-            summary.update(spans=iv.spans, intervals=int(len(iv.start)), interval_s=round(covered_s, 6),
-                           unsampled_s=round(unsampled_s, 6),
-                           notes=iv.notes + linked.uncalibrated(index.get("clock") or [], store, idx)
-                           + linked.unsampled_note(unsampled_s, covered_s))
+            idx, secs, found = _linked(run, store, index, args)
+            summary.update(found)
+            n_samples, sub = len(idx), summary.pop("title")
         else:
             n_samples, idx, secs = _whole(run, store, args.stage, args.thread)
+            summary.update(seconds=round(float(secs.sum()), 3))
+            sub = f"{float(secs.sum()):.3f} s sampled ({n_samples} samples at {1e9 / store.period_ns:.0f} Hz)"
     except linked.SelectError as exc:
         console.say("flame", f"{exc}")
         return 2
@@ -101,18 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     stacks = collapsed(store, idx, secs)
     svg_path, ss_path = _outputs(args.output, label)
     title = f"omnitrace flame: {label}"
-    sub = f"{float(secs.sum()):.3f} s sampled ({n_samples} samples at {1e9 / store.period_ns:.0f} Hz)"
-    if args.category:
-        sub += linked.seen(secs, summary["interval_s"], summary["spans"], summary["unsampled_s"])
-    with open(svg_path, "w", encoding="utf-8") as f:
-        f.write(render.svg(stacks, title, sub))
-    with open(ss_path, "wb") as f:
-        f.write(orjson.dumps(render.speedscope([(label, in_order(store, idx, secs) if args.category else stacks)],
-                                               title)))
-    err = linked.sampling_error_pct(secs)
-    summary.update(samples=int(n_samples), seconds=round(float(secs.sum()), 3),
-                   sampling_error_pct=None if err is None else round(err, 1),
-                   svg=svg_path, speedscope=ss_path,
+    try:
+        with open(svg_path, "w", encoding="utf-8") as f:
+            f.write(render.svg(stacks, title, sub))
+        with open(ss_path, "wb") as f:
+            f.write(orjson.dumps(render.speedscope([(label, in_order(store, idx, secs) if args.category
+                                                     else stacks)], title)))
+    except OSError as exc:
+        console.say("flame", f"cannot write {exc.filename or svg_path}: {exc.strerror or exc}")
+        return 2
+    summary.update(samples=int(n_samples), svg=svg_path, speedscope=ss_path,
                    top=[{"function": k, "inclusive": round(i, 4), "self": round(s, 4)}
                         for k, i, s in _top(stacks, args.top)])
     if args.json:

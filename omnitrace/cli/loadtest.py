@@ -33,7 +33,9 @@ from omnitrace import conventions as cv
 from omnitrace import childproc
 from omnitrace.childproc import python_module
 from omnitrace.cli.helpformat import DefaultsFormatter
+from omnitrace.bench.load import LOADTEST_DEFAULTS, REQUEST_TIMEOUT_S, concurrency_levels
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
+from omnitrace.bench.stall import DEFAULT_AFTER_S
 from omnitrace import console
 
 
@@ -48,6 +50,7 @@ class Deployment:
     label: str
     serve_args: tuple[str, ...] = ()
     model: str | None = None
+    port: int | None = None  # given among serve_args (--port P): used instead of a free one
 
 
 @dataclass(frozen=True)
@@ -92,13 +95,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", default=None,
                    help="load a server already running under `omnitrace run --run-dir R` (give --run-dir R)")
     g = p.add_argument_group("load (passed to omnitrace bench)")
-    g.add_argument("--concurrency", nargs="+", default=["16"], help="levels to sweep")
-    g.add_argument("--num-prompts", type=int, default=96, help="measured requests per level")
+    g.add_argument("--concurrency", nargs="+", default=LOADTEST_DEFAULTS["concurrency"], help="levels to sweep")
+    g.add_argument("--num-prompts", type=int, default=LOADTEST_DEFAULTS["num_prompts"],
+                   help="measured requests per level")
     g.add_argument("--warmup", type=int, default=None, help="warm-up requests per level (default: = concurrency)")
-    g.add_argument("--input-len", type=int, default=1500, help="prompt tokens")
-    g.add_argument("--output-len", type=int, default=60, help="output tokens")
+    g.add_argument("--input-len", type=int, default=LOADTEST_DEFAULTS["input_len"], help="prompt tokens")
+    g.add_argument("--output-len", type=int, default=LOADTEST_DEFAULTS["output_len"], help="output tokens")
     g.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1 +- ratio)")
     g.add_argument("--seed", type=int, default=0, help="prompt and length seed")
+    g.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
+                   help="seconds per request (> 0)")
+    g.add_argument("--stall-after", type=float, default=DEFAULT_AFTER_S, metavar="S",
+                   help="say so when no request has progressed for S seconds, and which stage "
+                        "stopped stepping (0: never)")
     r = p.add_argument_group("recording (passed to omnitrace run)")
     r.add_argument("--exporter", default=None, help="live views besides the record, e.g. otlp-grpc,prometheus")
     r.add_argument("--prometheus-port", default=None, help="with --exporter prometheus (0 = any free port)")
@@ -118,30 +127,59 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _default_dir() -> str:
+def _new_run_dir() -> str:
+    """A new directory under $OMNITRACE_RUNS_DIR (or ./omnitrace-runs) named by the time,
+    made here: two loadtests started in the same second get two (``-2``, ``-3``, ...)."""
     parent = os.environ.get(cv.ENV_RUNS_DIR) or "omnitrace-runs"
-    return os.path.join(parent, "loadtest-" + time.strftime("%Y%m%d-%H%M%S"))
+    base = os.path.join(parent, "loadtest-" + time.strftime("%Y%m%d-%H%M%S"))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        n = 1
+        while True:
+            d = base if n == 1 else f"{base}-{n}"
+            try:
+                os.mkdir(d)  # atomic: the one that makes it has it
+                return d
+            except FileExistsError:
+                n += 1
+    except OSError as exc:
+        raise LoadtestError(f"cannot make a run directory in {parent}: {exc.strerror or exc}") from None
 
 
-def config_from_args(argv: list[str]) -> tuple[LoadtestConfig, argparse.Namespace]:
-    p = _parser()
-    args = p.parse_args(argv)
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Bad numbers are a usage error before anything starts."""
     if args.num_prompts <= 0 or args.input_len <= 0 or args.output_len <= 0:
         raise LoadtestError("--num-prompts, --input-len and --output-len must be positive")
-    if args.ab and args.base_url:
-        raise LoadtestError("--ab starts its own servers; it cannot be used with --base-url")
-    if args.base_url and not (args.run_dir and os.path.isfile(os.path.join(args.run_dir, "run.json"))):
-        raise LoadtestError("--base-url needs --run-dir R: the run directory of the `omnitrace run` "
-                            "serving it")
+    try:
+        concurrency_levels(args.concurrency)
+    except ValueError:
+        raise LoadtestError("--concurrency: positive integers expected, got "
+                            + " ".join(args.concurrency)) from None
+    if args.request_timeout <= 0 or args.stall_after < 0 or (args.warmup or 0) < 0:
+        raise LoadtestError("--request-timeout must be positive; --stall-after and --warmup not negative")
+    if not 0 <= args.range_ratio < 1 or (args.startup_timeout is not None and args.startup_timeout <= 0):
+        raise LoadtestError("--range-ratio must be in [0, 1) and --startup-timeout positive")
     if args.repeats < 1 or not args.pattern or set(args.pattern.upper()) - {"A", "B"}:
         raise LoadtestError("--pattern is a string of A and B (e.g. ABBA), --repeats >= 1")
+
+
+def _bench_args(args: argparse.Namespace) -> list[str]:
     bench = ["--concurrency", *args.concurrency, "--num-prompts", str(args.num_prompts),
              "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-             "--range-ratio", str(args.range_ratio), "--seed", str(args.seed)]
+             "--range-ratio", str(args.range_ratio), "--seed", str(args.seed),
+             "--request-timeout", str(args.request_timeout), "--stall-after", str(args.stall_after)]
     if args.warmup is not None:
         bench += ["--warmup", str(args.warmup)]
     if args.overwrite:  # with --base-url the run directory's bench.json is replaced too
         bench.append("--overwrite")
+    if args.model:
+        words = [shlex.split(x) for x in (args.ab or [args.serve])]
+        bench += ["--model", next((v for w in words if (v := server_option(w, "--served-model-name"))),
+                                  args.model)]
+    return bench
+
+
+def _run_args(args: argparse.Namespace) -> list[str]:
     run_args: list[str] = []
     if args.exporter:
         run_args += ["--exporter", args.exporter]
@@ -151,37 +189,52 @@ def config_from_args(argv: list[str]) -> tuple[LoadtestConfig, argparse.Namespac
         run_args.append("--flame")
     if args.overwrite:
         run_args.append("--overwrite")
-    run_args += args.run_option
-    try:
-        if args.ab:
-            deps = tuple(Deployment(x, tuple(shlex.split(s)), args.model) for x, s in zip("AB", args.ab))
-        else:
-            deps = (Deployment("A", tuple(shlex.split(args.serve)), args.model),)
-    except ValueError as exc:
-        raise LoadtestError(f"server arguments: {exc}") from None
-    if args.model:
-        bench += ["--model", served_model_name(args.model, args.ab or [args.serve])]
+    return run_args + args.run_option
+
+
+def _deployments(args: argparse.Namespace) -> tuple[Deployment, ...]:
+    """The server argument strings as deployments; a --port among them is the one used."""
+    out = []
+    for label, text in zip("AB", args.ab or [args.serve]):
+        try:
+            words = tuple(shlex.split(text))
+        except ValueError as exc:
+            raise LoadtestError(f"server arguments: {exc}") from None
+        port = server_option(list(words), "--port")
+        if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+            raise LoadtestError(f"server arguments: --port {port}: a port number expected")
+        out.append(Deployment(label, words, args.model, int(port) if port else None))
+    return tuple(out)
+
+
+def config_from_args(argv: list[str]) -> tuple[LoadtestConfig, argparse.Namespace]:
+    p = _parser()
+    args = p.parse_args(argv)
+    _check_numbers(args)
+    if args.ab and args.base_url:
+        raise LoadtestError("--ab starts its own servers; it cannot be used with --base-url")
+    if args.base_url and not (args.run_dir and os.path.isfile(os.path.join(args.run_dir, "run.json"))):
+        raise LoadtestError("--base-url needs --run-dir R: the run directory of the `omnitrace run` "
+                            "serving it")
+    deps = _deployments(args)
+    bench = _bench_args(args)
     startup = args.startup_timeout or (1200.0 if args.model else 180.0)
-    cfg = LoadtestConfig(run_dir=args.run_dir or _default_dir(), bench_args=tuple(bench),
-                         run_args=tuple(run_args), startup_timeout_s=startup,
+    cfg = LoadtestConfig(run_dir=args.run_dir or _new_run_dir(), bench_args=tuple(bench),
+                         run_args=tuple(_run_args(args)), startup_timeout_s=startup,
                          html=not args.no_html, base_url=args.base_url, deployments=deps)
     return cfg, args
 
 
-def served_model_name(model: str, serve_args: list[str]) -> str:
-    """The name requests must give: vLLM's ``--served-model-name`` (the first, if several
-    deployments name one), else the model argument itself."""
-    for args in serve_args:
-        try:
-            words = shlex.split(args)
-        except ValueError:  # reported where the deployments are parsed
-            continue
-        for i, w in enumerate(words):
-            if w == "--served-model-name" and i + 1 < len(words):
-                return words[i + 1]
-            if w.startswith("--served-model-name="):
-                return w.split("=", 1)[1]
-    return model
+def server_option(words: list[str], name: str) -> str | None:
+    """The value of option ``name`` among server arguments (``--name V`` or ``--name=V``;
+    the last one, as the server's own parser takes it)."""
+    found = None
+    for i, w in enumerate(words):
+        if w == name and i + 1 < len(words):
+            found = words[i + 1]
+        elif w.startswith(name + "="):
+            found = w.split("=", 1)[1]
+    return found
 
 
 # --------------------------------------------------------------------------- one run
@@ -253,8 +306,9 @@ def _ended(rc: int) -> str:
 def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> int:
     """Serve, load, stop; bench's exit status (1 also when the server stopped during the
     load). Raises Interrupted on a stop signal, LoadtestError on failure."""
-    port = free_port()
-    serve = ["serve", *([dep.model] if dep.model else []), "--port", str(port), *dep.serve_args]
+    port = dep.port or free_port()
+    serve = ["serve", *([dep.model] if dep.model else []), *(["--port", str(port)] if not dep.port else []),
+             *dep.serve_args]
     # stopping the server after the load is this run's planned end (run.json: complete)
     cmd = [*_py(), "run", "--run-dir", run_dir, "--planned-stop", "TERM", *cfg.run_args, *serve]
     shown = ['omnitrace', *cmd[len(_py()):]]
@@ -263,6 +317,8 @@ def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> int:
     url = f"http://127.0.0.1:{port}"
     try:
         why = wait_healthy(url, server, cfg.startup_timeout_s)
+        if why and server.returncode in (130, -signal.SIGINT):  # a Ctrl-C reached it first
+            raise Interrupted(run_dir)
         if why:
             raise LoadtestError(f"{why} (see the server's output above)")
         rc = bench(url, run_dir, cfg.bench_args)
@@ -302,23 +358,38 @@ def ab_order(pattern: str, repeats: int) -> list[str]:
     return list(pattern.upper() * repeats)
 
 
+RESOLUTION_MS = 0.005  # the verdict lines print ms with two decimals
+
+
 def verdicts(res: dict, min_share: float = 0.05) -> list[str]:
     """One line per (stage, category) whose CI excludes zero and that moved at least
-    ``min_share`` of its A mean (or of A's TTFP, for categories absent in A)."""
+    ``min_share`` of its A mean (or of A's TTFP, for categories absent in A); its relative
+    interval is the ratio's (never below -100%). Categories whose means both print as 0.00
+    ms are counted on one line, not shown; ``!`` marks every line when a side is not fit to
+    compare (``compare``'s ``unfit``)."""
     ttfp_a = next((r["a_ms"] for r in res["rows"] if r["category"] == "ttfp"), 0.0)
-    out = []
+    mark = " !" if res.get("unfit") else ""
+    out, tiny = [], 0
     for r in res["rows"]:
         if not r.get("significant"):
             continue
         base = r["a_ms"] if r["a_ms"] > 0 else ttfp_a
         if base <= 0 or abs(r["delta_ms"]) < min_share * base and r["category"] != "ttfp":
             continue
-        pct = lambda x: 100.0 * x / base  # noqa: E731
-        name = "TTFP" if r["category"] == "ttfp" else f"{r['stage']} {r['category']}"
         a, b = r["a_ms"], r["b_ms"]
+        if max(a, b) < RESOLUTION_MS:
+            tiny += 1
+            continue
+        if a > 0 and r.get("rel_ci_low") is not None:
+            lo, hi = 100 * r["rel_ci_low"], 100 * r["rel_ci_high"]
+        else:  # absent in A: a share of A's TTFP
+            lo, hi = 100 * r["ci_low_ms"] / base, 100 * r["ci_high_ms"] / base
+        name = "TTFP" if r["category"] == "ttfp" else f"{r['stage']} {r['category']}"
         factor = (f", {a / b:.1f}x less" if a > b else f", {b / a:.1f}x more") if a > 0 and b > 0 else ""
-        out.append(f"{name} {pct(r['delta_ms']):+.0f}% [{pct(r['ci_low_ms']):+.0f}, {pct(r['ci_high_ms']):+.0f}]"
-                   f"  ({a:.2f} -> {b:.2f} ms per request{factor})")
+        out.append(f"{name} {100 * r['delta_ms'] / base:+.0f}% [{lo:+.0f}, {hi:+.0f}]"
+                   f"  ({a:.2f} -> {b:.2f} ms per request{factor}){mark}")
+    if tiny:
+        out.append(f"({tiny} more moved, each under {RESOLUTION_MS} ms per request on both sides)")
     return out
 
 
@@ -355,7 +426,9 @@ def run_ab(cfg: LoadtestConfig, pattern: str, repeats: int) -> int:
     print(f"\nA = {' '.join(deps['A'].serve_args) or 'default'}; B = {' '.join(deps['B'].serve_args) or 'default'}; "
           f"order {''.join(order)}; {len(runs['A'])} + {len(runs['B'])} runs")
     lines = verdicts(res)
-    print("What moved (B vs A, 95% CI):" if lines else "Nothing moved by >= 5% with a CI excluding 0.")
+    doubt = "; ! = a side is not fit to compare: see the warnings above" if res["unfit"] else ""
+    print(f"What moved (B vs A, 95% CI{doubt}):" if lines else
+          f"Nothing moved by >= 5% with a CI excluding 0{doubt}.")
     for line in lines:
         print(f"  {line}")
     if cfg.html:

@@ -102,7 +102,8 @@ def _category_graphs(run_dir: str, rep: dict[str, Any]) -> list[str]:
     for cat, sid, label in cats:
         iv, _ = linked.intervals(run_dir, cat, str(sid), index=index)
         idx, secs = linked.select_time(store, iv)
-        sub = (f"{float(secs.sum()):.3f} s sampled ({len(idx)} samples) on the working thread"
-               + linked.seen(secs, linked.covered_ns(iv) / 1e9, iv.spans, linked.unsampled_ns(store, iv) / 1e9))
-        out.append(render.svg(collapsed(store, idx, secs), f"{label} {cat}", sub))
+        covered_s = linked.covered_ns(iv) / 1e9
+        sub = linked.selection_title(secs, covered_s, iv.spans, 1e9 / store.period_ns,
+                                     linked.unsampled_ns(store, iv) / 1e9)
+        out.append(render.svg(collapsed(store, idx, linked.exact_split(secs, covered_s)), f"{label} {cat}", sub))
     return out

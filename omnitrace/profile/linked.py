@@ -460,16 +460,35 @@ def sampling_error_pct(secs: np.ndarray) -> float | None:
     return 100 * float(np.sqrt(np.square(secs).sum())) / total if total > 0 else None
 
 
-def seen(secs: np.ndarray, covered_s: float, spans: int, unsampled_s: float = 0.0) -> str:
-    """How a selection's sampled seconds (``secs``: what each sample stands for) stand
-    against its spans' own time, for a title, with their error, so 146% of 4 samples reads
-    as what it is, and the part of that time py-spy did not sample at all."""
-    share, sampled_s = "", float(secs.sum())
-    if covered_s > 0:
-        err = sampling_error_pct(secs)
-        share = f" ({sampled_s / covered_s:.0%}" + (f", ±{err:.0f}% sampling error" if err else "")
-        share += f"; {unsampled_s:.3f} s of it unsampled)" if unsampled_s > 0 else ")"
-    return f" against {spans} spans' {covered_s:.3f} s{share}"
+def split_error_pp(secs: np.ndarray) -> float | None:
+    """The sampling error (one sigma, percentage points) of a share of a selection's split
+    across code, at its widest (a share of one half): ``sqrt(p(1-p)/n_eff)`` with the
+    samples' effective number ``n_eff = (sum w)^2 / sum w^2`` (``secs``: what each stands
+    for), i.e. half of :func:`sampling_error_pct`. None without samples."""
+    err = sampling_error_pct(secs)
+    return None if err is None else err / 2
+
+
+def exact_split(secs: np.ndarray, covered_s: float) -> np.ndarray:
+    """The samples' seconds scaled to sum to the spans' own time ``covered_s``: that total
+    is known exactly from the spans; the samples give only its split across code."""
+    total = float(secs.sum()) if len(secs) else 0.0
+    return secs * (covered_s / total) if total > 0 else secs
+
+
+def selection_title(secs: np.ndarray, covered_s: float, spans: int, rate_hz: float,
+                    unsampled_s: float = 0.0) -> str:
+    """A span-linked selection's subtitle: the spans' own time (exact), the samples that
+    split it with the split's sampling error, and what the samples alone read (``secs``:
+    what each stands for), so 146% of 4 samples reads as what it is."""
+    sampled_s, n = float(secs.sum()) if len(secs) else 0.0, len(secs)
+    head = f"{covered_s:.3f} s: the {spans} spans' own time on the working thread"
+    if not n or covered_s <= 0:
+        return head + f"; no sample at {rate_hz:.0f} Hz to split it"
+    tail = f", {unsampled_s:.3f} s of it unsampled" if unsampled_s > 0 else ""
+    return (head + f"; split across code by {n} samples at {rate_hz:.0f} Hz (±{split_error_pp(secs):.1f} "
+            f"points sampling error on a share; the samples alone read {sampled_s:.3f} s, "
+            f"{sampled_s / covered_s:.0%}{tail})")
 
 
 def unsampled_note(unsampled_s: float, covered_s: float) -> list[str]:
@@ -478,7 +497,7 @@ def unsampled_note(unsampled_s: float, covered_s: float) -> list[str]:
         return []
     return [f"py-spy took no sample during {unsampled_s:.3f} s ({unsampled_s / covered_s:.0%}) of these "
             "spans' time (it fell behind while the process ran: its clock thread kept switching); "
-            "the seconds estimate the rest"]
+            "the split across code is read from the rest"]
 
 
 def uncalibrated(clock: list[dict], store: Store, idx: np.ndarray) -> list[str]:
@@ -503,7 +522,7 @@ def uncalibrated(clock: list[dict], store: Store, idx: np.ndarray) -> list[str]:
 
 def unsampled_ns(store: Store, iv: Intervals) -> int:
     """How much of the time the intervals cover py-spy provably did not sample (it fell
-    behind: ``finalize.unsampled``). A selection's seconds estimate the rest."""
+    behind: ``finalize.unsampled``). A selection's samples split the rest."""
     total = 0
     for pid, _, a, b in thread_unions(iv):
         gs, ge = store.gaps(pid)

@@ -34,18 +34,24 @@ def write_compare_html(res: dict[str, Any], path: str) -> None:
     head = "".join(f"<li><b>{k}</b>: <code>{html.escape(' '.join(v) or 'default')}</code> — "
                    f"{len(res[k.lower()])} run(s): {html.escape(', '.join(res[k.lower()]))}</li>"
                    for k, v in deps.items())
+    warn = "".join(f"<li>{html.escape(w)}</li>" for w in res.get("warnings", []))
+    unfit = ("<p class='unfit'>! A side is not fit to compare (see the warnings): every delta is "
+             "marked.</p>" if res.get("unfit") else "")
     cells = "".join(
-        f"<tr class='{'sig' if r['significant'] else ''}'><td>{html.escape(n)}</td>"
+        f"<tr class='{'sig' if r['significant'] else ''}'><td>{html.escape(n)}"
+        f"{' !' if r.get('doubtful') else ''}</td>"
         f"<td>{r['a_ms']:.3f}</td><td>{r['b_ms']:.3f}</td><td>{r['delta_ms']:+.3f}</td>"
         f"<td>[{r['ci_low_ms']:+.3f}, {r['ci_high_ms']:+.3f}]</td></tr>"
         for n, r in zip(names, rows))
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>omnitrace A/B comparison</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}
 table{{border-collapse:collapse}}td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}}
-td:first-child,th:first-child{{text-align:left}}tr.sig td{{color:#c0392b;font-weight:600}}</style>
+td:first-child,th:first-child{{text-align:left}}tr.sig td{{color:#c0392b;font-weight:600}}
+.unfit,.warnings{{color:#b35900;font-weight:600}}</style>
 </head><body><h1>A/B comparison</h1>
 <p>Order {html.escape(''.join(res.get('order', [])))}; hierarchical bootstrap ({res['bootstrap']}×: runs, then
 requests within each run), {int(res['confidence'] * 100)}% intervals.</p><ul>{head}</ul>
+{unfit}<ul class="warnings">{warn}</ul>
 {plot}
 <table><tr><th>stage / category</th><th>A ms</th><th>B ms</th><th>B − A</th><th>95% CI</th></tr>{cells}</table>
 </body></html>"""

@@ -177,7 +177,13 @@ class UrlSource:
             with urllib.request.urlopen(req, timeout=2.0) as r:
                 body, ctype = r.read(), r.headers.get("Content-Type", "")
         except (urllib.error.URLError, OSError) as exc:
-            raise SourceError(f"cannot read {self.url}: {getattr(exc, 'reason', exc)}") from None
+            why = getattr(exc, "reason", exc)
+            if isinstance(why, ConnectionRefusedError):
+                raise SourceError(f"no agent answers at {self.url} (connection refused): start a run "
+                                  "with a live endpoint (`omnitrace run --exporter prometheus serve`, "
+                                  "`omnitrace loadtest --exporter prometheus`), or give its run "
+                                  "directory: omnitrace top RUN_DIR") from None
+            raise SourceError(f"cannot read {self.url}: {why}") from None
         if ctype.startswith("application/vnd.google.protobuf"):
             return parse_protobuf(body, time.monotonic())
         return parse_prometheus(body.decode(), time.monotonic())

@@ -23,6 +23,9 @@ def _serve(mode: str) -> tuple[int, list[dict], threading.Event]:
             return web.Response(status=500, text="boom")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(req)
+        if mode == "done_only":  # a stream that ends at once: no text, no audio
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
         if mode == "stream_error":
             await resp.write(b'data: {"error": {"message": "stage 1 died"}}\n\n')
             return resp
