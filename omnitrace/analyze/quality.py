@@ -8,6 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 
+# a run stopped by a signal (a server's usual end: Ctrl-C, a kill) has a whole record; what
+# its stop cut short shows as failed requests, counted below like any other
+CLEAN_STATUSES = (None, "complete", "interrupted", "terminated", "hangup")
+
+
 def _record(recorder: dict[str, Any]) -> list[str]:
     """Events that are not in the record, by the accounting identity where the run has one."""
     acc = recorder.get("accounting") or {}
@@ -27,7 +32,7 @@ def _record(recorder: dict[str, Any]) -> list[str]:
 def issues(rep: dict[str, Any]) -> list[str]:
     """Why ``rep``'s run is partial (status, record) or failed (a stage died, every measured
     request failed); empty for a clean run."""
-    out = [f"run status {r['status']!r}" for r in rep["run"] if r.get("status") not in (None, "complete")]
+    out = [f"run status {r['status']!r}" for r in rep["run"] if r.get("status") not in CLEAN_STATUSES]
     out += _record(rep["recorder"])
     out += [f"stage {d['stage']} died" for d in rep["failures"]["stage_deaths"]]
     w = rep["window"]
