@@ -14,7 +14,7 @@ from omnitrace import rowops
 from omnitrace import spantable as stt
 from omnitrace.analyze import accounting
 from omnitrace.analyze import attribution as at
-from omnitrace.analyze import components, failures, headofline, report_warnings, walk, waterfall
+from omnitrace.analyze import components, failures, headofline, observed, report_warnings, walk, waterfall
 from omnitrace.analyze.beside import MIN_WORK, Beside
 from omnitrace.analyze.chunkspans import attach_chunks, chunk_rows
 from omnitrace.analyze.run import Run
@@ -495,27 +495,30 @@ def _waterfalls(run: Run, reqs: dict[str, at.RequestSpans], w: _Walked, requests
     return wfs
 
 
+def _failures(run: Run, reqs: dict[str, at.RequestSpans], measured: set[str], bench_rows: dict[str, Any],
+              names: dict[int, str]) -> dict[str, Any]:
+    """Failed measured requests by cause (``failures.summarize``)."""
+    def died_label(stage: int) -> str:
+        return f"{stage} ({names[stage]})" if stage in names else str(stage)
+
+    traced_status = {rid: (int(reqs[rid].request.attrs.get(cv.ATTR_STATUS, 0) or 0), reqs[rid].request.end)
+                     for rid in measured if rid in reqs and reqs[rid].request is not None
+                     and rid not in bench_rows}
+    return failures.summarize((bench_rows[i] for i in sorted(measured & set(bench_rows))), traced_status,
+                              run.stage_deaths, died_label, run.delivery_timeouts)
+
+
 def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: Selection,
                   n_waterfalls: int, waterfall_ids: list[str]) -> dict[str, Any]:
     reqs = at.index_requests(run.spans)
     names = _stage_names(reqs)
     label = _Labels(names).__getitem__
-
-    def died_label(stage: int) -> str:
-        return f"{stage} ({names[stage]})" if stage in names else str(stage)
-
     first_seen = _first_seen(run, reqs)
     measured, how, bench_rows = _measured(run, first_seen, level, sel)
     recorder = _agent_counters(run)
     has_api = any(r.request is not None for r in reqs.values())
-
-    # ---- failures: by cause, before anything is called missing
     bench_measured = measured & set(bench_rows)
-    traced_status = {rid: (int(reqs[rid].request.attrs.get(cv.ATTR_STATUS, 0) or 0), reqs[rid].request.end)
-                     for rid in measured if rid in reqs and reqs[rid].request is not None
-                     and rid not in bench_rows}
-    fails = failures.summarize((bench_rows[i] for i in sorted(bench_measured)), traced_status,
-                               run.stage_deaths, died_label, run.delivery_timeouts)
+    fails = _failures(run, reqs, measured, bench_rows, names)  # before anything is called missing
     failed_ids = set(fails.pop("failed_ids"))
 
     # requests without an API request (component-level run) or without a trace: counted below
@@ -545,12 +548,13 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     diffs = [r["client_ttfp_ms"] - r["ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
 
     agg = _aggregate(w, label)
+    unseen = observed.not_observed(requests, label)
 
     # ---- head of line, in wall time, over the critical-path chunks of attributed requests
     hol_rows, hol_pairs, hol_victims = _head_of_line(run, w, requests)
 
     # ---- waterfalls: the slowest N and any asked for by id
-    warnings = list(run.warnings)
+    warnings = list(run.warnings) + observed.lines(unseen)
     wfs = _waterfalls(run, reqs, w, requests, label, per_request_segments,
                       [r["id"] for r in requests[:n_waterfalls]] + list(waterfall_ids), n_waterfalls, warnings)
 
@@ -584,6 +588,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
                  "client_minus_server_ms": summary(diffs),
                  "sum_error_max_ns": max(sum_err) if sum_err else None},
         "attribution": agg,
+        "not_observed": unseen,
         "fifo": fifo,
         "snapshot": snapshot,
         "transfer": transfer,
