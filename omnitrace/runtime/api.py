@@ -22,7 +22,7 @@ import orjson
 from aiohttp import web
 
 from omnitrace import record, tracecontext
-from omnitrace.conventions import Ev, Status
+from omnitrace.conventions import REQUEST_ID_PATTERN, Ev, Status
 from omnitrace.runtime import config as config_mod
 from omnitrace.runtime import shm
 from omnitrace.runtime.stage import stage_main
@@ -33,7 +33,7 @@ _EV_END, _EV_DIED = int(Ev.REQUEST_END), int(Ev.STAGE_DIED)
 _EV_PARSED, _EV_RECEIVED = int(Ev.REQUEST_PARSED), int(Ev.PACKET_RECEIVED)
 _EV_RESUMED = int(Ev.PACKET_RESUMED)
 _API = -1
-_REQ_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")  # it names /dev/shm segments
+_REQ_ID = re.compile(REQUEST_ID_PATTERN)  # it names /dev/shm segments
 PROMPT_TOKENS_FIELDS = ("omnitrace_prompt_tokens", "prompt_tokens")
 DEFAULT_MAX_TOKENS = 64
 

