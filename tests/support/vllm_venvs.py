@@ -4,6 +4,9 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,3 +29,19 @@ def _omni_version(venv: Path) -> str:
                           "import importlib.metadata as m; print(m.version('vllm-omni'))"],
                          capture_output=True, text=True, timeout=60)
     return out.stdout.strip()
+
+
+def _serving(venv: Path) -> bool:
+    stamp = venv / "omnitrace-install.txt"
+    return stamp.exists() and "serving layer yes" in stamp.read_text()
+
+
+def serving_params() -> list[Any]:
+    """One pytest param per venv whose vLLM-Omni serving layer imports (a skip if none)."""
+    found = _venvs()
+    ok = [v for v in found if _serving(v)]
+    if not ok:
+        why = (f"no venv with vLLM-Omni's serving layer (have: {', '.join(v.name for v in found) or 'none'}); "
+               "run VLLM_OMNI_TORCH=pypi scripts/install-vllm-omni.sh .venv-vllm 0.30.0")
+        return [pytest.param(None, marks=pytest.mark.skip(reason=why))]
+    return [pytest.param(v, id=v.name) for v in ok]

@@ -210,7 +210,7 @@ async def _watch_body(body: Any, st: _Speech, sse: bool) -> Any:
                 status = cv.Status.ERROR
             sent += len(item)
             yield item
-    except GeneratorExit:
+    except (GeneratorExit, asyncio.CancelledError):  # closed, or cancelled: the client is gone
         status = cv.Status.CANCELLED
         raise
     except BaseException:
