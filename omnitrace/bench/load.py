@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import aiohttp
 
-from omnitrace.bench.client import RequestResult, request_body, send
+from omnitrace.bench.client import BACKENDS, DEFAULT_BACKEND, RequestResult
 
 # A small vocabulary for synthetic prompts: one word per requested token.
 _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
@@ -25,6 +25,7 @@ _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo l
 class LoadSpec:
     base_url: str
     model: str = "reference"
+    backend: str = DEFAULT_BACKEND  # a key of bench.client.BACKENDS
     endpoint: str = "/v1/chat/completions"
     num_prompts: int = 100
     warmup: int | None = None  # None -> concurrency
@@ -63,17 +64,18 @@ async def run_level(spec: LoadSpec, concurrency: int, rng: random.Random,
     sem = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=spec.request_timeout_s, sock_connect=10)
     conn = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    backend = BACKENDS[spec.backend]
 
     def make(i: int, warm: bool) -> tuple[RequestResult, dict[str, Any]]:
         ilen, olen = _len(rng, spec.input_len, spec.range_ratio), _len(rng, spec.output_len, spec.range_ratio)
         rid = f"{spec.tag}c{concurrency}-{'w' if warm else 'm'}{i}"
-        body = request_body(spec.model, prompt_text(rng, ilen), ilen, olen, spec.extra_body)
+        body = backend.body(spec.model, prompt_text(rng, ilen), ilen, olen, spec.extra_body)
         return RequestResult(rid, concurrency, warm, ilen, olen), body
 
     async def one(session: aiohttp.ClientSession, res: RequestResult, body: dict[str, Any]) -> RequestResult:
         try:
             async with sem:
-                await send(session, url, body, res)
+                await backend.send(session, url, body, res)
         except asyncio.CancelledError:
             if res.start_unix_ns and on_done:  # sent, then the bench was interrupted: a row
                 res.error = "cancelled: bench interrupted"

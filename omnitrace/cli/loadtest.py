@@ -33,6 +33,7 @@ from omnitrace import conventions as cv
 from omnitrace import childproc
 from omnitrace.childproc import python_module
 from omnitrace.cli.helpformat import DefaultsFormatter
+from omnitrace.bench.client import BACKENDS, resolve_backend
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
 from omnitrace import console
 
@@ -80,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="examples:\n  omnitrace loadtest\n"
                "  omnitrace loadtest --serve '--snapshot recursive' --concurrency 32 --input-len 2500\n"
                "  omnitrace loadtest --ab '--snapshot recursive' '--snapshot copy' --repeats 2\n"
+               "  omnitrace loadtest --backend openai-audio-speech --concurrency 4 --num-prompts 16\n"
                "  omnitrace loadtest --model Qwen/Qwen3-Omni-30B-A3B-Instruct --serve '--omni'")
     p.add_argument("--run-dir", default=None,
                    help="the run directory (with --ab: the parent of one directory per run); "
@@ -92,6 +94,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", default=None,
                    help="load a server already running under `omnitrace run --run-dir R` (give --run-dir R)")
     g = p.add_argument_group("load (passed to omnitrace bench)")
+    g.add_argument("--backend", default=None,
+                   help=f"request kind: {', '.join(BACKENDS)} (default: the one --endpoint names, "
+                        "else openai-chat-omni)")
+    g.add_argument("--endpoint", default=None, help="route path (default: the backend's)")
     g.add_argument("--concurrency", nargs="+", default=["16"], help="levels to sweep")
     g.add_argument("--num-prompts", type=int, default=96, help="measured requests per level")
     g.add_argument("--warmup", type=int, default=None, help="warm-up requests per level (default: = concurrency)")
@@ -135,7 +141,12 @@ def config_from_args(argv: list[str]) -> tuple[LoadtestConfig, argparse.Namespac
                             "serving it")
     if args.repeats < 1 or not args.pattern or set(args.pattern.upper()) - {"A", "B"}:
         raise LoadtestError("--pattern is a string of A and B (e.g. ABBA), --repeats >= 1")
-    bench = ["--concurrency", *args.concurrency, "--num-prompts", str(args.num_prompts),
+    try:
+        backend, endpoint = resolve_backend(args.backend, args.endpoint)
+    except ValueError as exc:
+        raise LoadtestError(str(exc)) from None
+    bench = ["--backend", backend.name, "--endpoint", endpoint,
+             "--concurrency", *args.concurrency, "--num-prompts", str(args.num_prompts),
              "--input-len", str(args.input_len), "--output-len", str(args.output_len),
              "--range-ratio", str(args.range_ratio), "--seed", str(args.seed)]
     if args.warmup is not None:
