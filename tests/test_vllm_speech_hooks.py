@@ -183,3 +183,19 @@ def test_traceparent_and_ttfp_on_the_speech_spans(venv: Path, speech_root: Path)
         ev = {e.name: e.time_unix_nano for e in s.events}
         assert cv.EVENT_TTFT not in ev  # speech has no text
         assert s.start_time_unix_nano < ev[cv.EVENT_TTFP] <= s.end_time_unix_nano, rid
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("venv", serving_params())
+def test_reference_pipelines_streaming_wav_header_is_vllm_omnis(venv: Path) -> None:
+    """The reference server's raw WAV stream starts with the header vLLM-Omni's own
+    ``_create_wav_header`` writes (PCM16, sizes unknown)."""
+    from omnitrace.runtime.routes import streaming_wav_header
+
+    code = ("from vllm_omni.entrypoints.openai.serving_speech import _create_wav_header as h; "
+            "print(h(24000).hex(), h(8000).hex())")
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                         timeout=240, env=clean_env())
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-1].split() == [streaming_wav_header(24000).hex(), streaming_wav_header(8000).hex()]

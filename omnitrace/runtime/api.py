@@ -34,6 +34,8 @@ _EV_PARSED, _EV_RECEIVED = int(Ev.REQUEST_PARSED), int(Ev.PACKET_RECEIVED)
 _EV_RESUMED = int(Ev.PACKET_RESUMED)
 _API = -1
 _REQ_ID = re.compile(REQUEST_ID_PATTERN)  # it names /dev/shm segments
+
+
 class Flight:
     """One request in flight: the stream's queue and which stages have finished it."""
 

@@ -181,8 +181,8 @@ class Framing:
         self.text_tokens = 0
         self.audio_sent = False
 
-    def headers(self) -> dict[str, str]:
-        return {"x-request-id": self.rid}
+    def headers(self) -> dict[str, str]:  # an SSE stream unless the format says otherwise
+        return {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-request-id": self.rid}
 
     def text(self, content: str) -> bytes:
         self.text_tokens += 1
@@ -202,9 +202,6 @@ class ChatFraming(Framing):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.created = int(time.time())
-
-    def headers(self) -> dict[str, str]:
-        return {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-request-id": self.rid}
 
     def _chunk(self, modality: str, content: str, finish: str | None = None) -> bytes:
         p, n = self.ask.prompt_tokens, self.text_tokens
@@ -229,12 +226,16 @@ class ChatFraming(Framing):
             + b"\n\ndata: [DONE]\n\n"
 
 
-class RawAudioFraming(Framing):
-    """``stream_format: "audio"``: the samples as they come (``wav``: header first)."""
+class _AudioBody(Framing):
+    """A body of audio bytes, described by vLLM-Omni's ``X-Audio-*`` headers."""
 
     def headers(self) -> dict[str, str]:
         return {"Content-Type": f"audio/{self.ask.audio_format}", "X-Audio-Sample-Rate": str(self.rate),
                 "X-Audio-Channels": str(CHANNELS), "x-request-id": self.rid}
+
+
+class RawAudioFraming(_AudioBody):
+    """``stream_format: "audio"``: the samples as they come (``wav``: header first)."""
 
     def audio(self, wav_bytes: bytes) -> bytes:
         head = b"" if self.audio_sent or self.ask.audio_format != "wav" else streaming_wav_header(self.rate)
@@ -244,9 +245,6 @@ class RawAudioFraming(Framing):
 
 class SseSpeechFraming(Framing):
     """``stream: true``: OpenAI's ``speech.audio.*`` events, as vLLM-Omni writes them."""
-
-    def headers(self) -> dict[str, str]:
-        return {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-request-id": self.rid}
 
     def _event(self, kind: str, payload: dict) -> bytes:
         return f"event: speech.audio.{kind}\ndata: ".encode() + orjson.dumps(payload) + b"\n\n"
@@ -276,7 +274,7 @@ class SseSpeechFraming(Framing):
         return self._event("error", {"type": "speech.audio.error", "error": err})
 
 
-class FullSpeechFraming(Framing):
+class FullSpeechFraming(_AudioBody):
     """No streaming: one complete WAV (or raw PCM) body once the request is done."""
 
     streaming = False
@@ -284,10 +282,6 @@ class FullSpeechFraming(Framing):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.samples = bytearray()
-
-    def headers(self) -> dict[str, str]:
-        return {"Content-Type": f"audio/{self.ask.audio_format}", "X-Audio-Sample-Rate": str(self.rate),
-                "X-Audio-Channels": str(CHANNELS), "x-request-id": self.rid}
 
     def audio(self, wav_bytes: bytes) -> bytes:
         self.samples += pcm_frames(wav_bytes)

@@ -59,11 +59,12 @@ _SSE_ERROR = "event: speech.audio.error"
 class _Speech:
     """One speech request as the hooks follow it through the route."""
 
-    __slots__ = ("t0", "client_id", "request", "raw", "rid", "ended")
+    __slots__ = ("t0", "client_id", "request", "raw", "rid", "adopted", "ended")
 
     def __init__(self, t0: int, client_id: str | None, request: Any, raw: Any) -> None:
         self.t0, self.client_id, self.request, self.raw = t0, client_id, request, raw
         self.rid: str | None = None  # recorded id, once the route named the request
+        self.adopted = False  # the route took the client's id (in _in_flight until the end)
         self.ended = False
 
     def named(self, value: str) -> None:
@@ -80,13 +81,14 @@ class _Speech:
         if self.ended:
             return
         self.ended = True
-        _in_flight.discard(self.client_id)
+        if self.adopted:
+            _in_flight.discard(self.client_id)
         if self.rid is not None:
             _emit(E.REQUEST_END, self.rid, API, NO_CHUNK, int(status), sent)
 
 
 _current: contextvars.ContextVar[_Speech | None] = contextvars.ContextVar("omnitrace_speech", default=None)
-_in_flight: set[str | None] = set()  # client ids adopted and not ended (one event loop: no lock)
+_in_flight: set[str] = set()  # client ids adopted and not ended (one event loop: no lock)
 
 
 def _client_id(raw: Any) -> str | None:
@@ -105,11 +107,11 @@ def wrap_random_uuid(orig: Callable[[], str]) -> Callable[[], str]:
         st = _current.get()
         if st is None or st.rid is not None:
             return orig()
-        if st.client_id in _in_flight:  # a second request under one id keeps its uuid
-            st.client_id = None
-        value = st.client_id or orig()
+        st.adopted = st.client_id is not None and st.client_id not in _in_flight
+        value = st.client_id if st.adopted else orig()  # a second request under one id keeps its uuid
         try:
-            _in_flight.add(st.client_id)
+            if st.adopted:
+                _in_flight.add(value)
             st.named(value)
         except Exception as exc:
             hook_failed("speech arrival", exc)
