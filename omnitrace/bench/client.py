@@ -252,6 +252,8 @@ BACKENDS = {b.name: b for b in (
     Backend("openai-chat-omni", "/v1/chat/completions", request_body, send),
     Backend("openai-audio-speech", "/v1/audio/speech", speech_body, send_speech))}
 DEFAULT_BACKEND = "openai-chat-omni"
+BACKEND_HELP = (f"request kind: {', '.join(BACKENDS)} (default: the one --endpoint names, "
+                f"else {DEFAULT_BACKEND})")
 
 
 def resolve_backend(backend: str | None, endpoint: str | None) -> tuple[Backend, str]:

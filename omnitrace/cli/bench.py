@@ -32,7 +32,7 @@ from tqdm import tqdm
 from omnitrace import __version__
 from omnitrace import conventions as cv
 from omnitrace.analyze.stats import summary
-from omnitrace.bench.client import BACKENDS, RequestResult, resolve_backend
+from omnitrace.bench.client import BACKEND_HELP, RequestResult, resolve_backend
 from omnitrace.bench.load import LevelResult, LoadSpec, run_level
 from omnitrace.bench.output import BenchOutput, OutputError
 from omnitrace.render.console import table
@@ -54,9 +54,7 @@ def _concurrency(values: list[str]) -> list[int]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omnitrace bench", description=__doc__.split("\n")[0])
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
-    p.add_argument("--backend", default=None,
-                   help=f"request kind: {', '.join(BACKENDS)} (default: the one --endpoint names, "
-                        "else openai-chat-omni)")
+    p.add_argument("--backend", default=None, help=BACKEND_HELP)
     p.add_argument("--endpoint", default=None,
                    help="route path (default: the backend's: /v1/chat/completions, /v1/audio/speech)")
     p.add_argument("--model", default="reference")

@@ -33,7 +33,7 @@ from omnitrace import conventions as cv
 from omnitrace import childproc
 from omnitrace.childproc import python_module
 from omnitrace.cli.helpformat import DefaultsFormatter
-from omnitrace.bench.client import BACKENDS, resolve_backend
+from omnitrace.bench.client import BACKEND_HELP, resolve_backend
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
 from omnitrace import console
 
@@ -94,9 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", default=None,
                    help="load a server already running under `omnitrace run --run-dir R` (give --run-dir R)")
     g = p.add_argument_group("load (passed to omnitrace bench)")
-    g.add_argument("--backend", default=None,
-                   help=f"request kind: {', '.join(BACKENDS)} (default: the one --endpoint names, "
-                        "else openai-chat-omni)")
+    g.add_argument("--backend", default=None, help=BACKEND_HELP)
     g.add_argument("--endpoint", default=None, help="route path (default: the backend's)")
     g.add_argument("--concurrency", nargs="+", default=["16"], help="levels to sweep")
     g.add_argument("--num-prompts", type=int, default=96, help="measured requests per level")
