@@ -54,7 +54,8 @@ DESCRIPTIONS = {
     DELIVER: "stage -> API: the emitted packet crossing the process pipe to the API server",
     LOOP_LAG: "API event loop busy: the packet waited for the loop to run its callback and "
               "resume the stream",
-    SSE_WRITE: "API: encoding the packet (base64 WAV in JSON) and handing it to the socket",
+    SSE_WRITE: "API: encoding the first audio packet (chat: a base64 WAV in an SSE chunk; speech: raw "
+               "PCM, or a speech.audio.delta event) and handing it to the socket",
     REMAINDER: "time between recorded spans that no hook covers (should be near 0)",
 }
 

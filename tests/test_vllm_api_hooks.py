@@ -13,45 +13,22 @@ writes ``serving layer yes`` in the venv's ``omnitrace-install.txt``); ``OMNITRA
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from omnitrace import conventions as cv
 from tests.support.agent_util import clean_env
 from tests.support.otlp_receiver import Store, start_grpc
+from tests.support.vllm_venvs import serving_params as _params
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "support" / "vllm_api_driver.py"
-DEFAULT_VENVS = [ROOT / ".venv-vllm", ROOT / ".venv-vllm-032"]
 N, TEXT, AUDIO = 3, 6, 3
 TRACE, PARENT = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
-
-
-def _candidates() -> list[Path]:
-    raw = os.environ.get("OMNITRACE_VLLM_VENVS")
-    paths = [Path(p) for p in raw.split(os.pathsep) if p] if raw else DEFAULT_VENVS
-    return [p for p in paths if (p / "bin" / "python").exists()]
-
-
-def _serving(venv: Path) -> bool:
-    stamp = venv / "omnitrace-install.txt"
-    return stamp.exists() and "serving layer yes" in stamp.read_text()
-
-
-def _params() -> list[Any]:
-    found = _candidates()
-    ok = [v for v in found if _serving(v)]
-    if not ok:
-        why = (f"no venv with vLLM-Omni's serving layer (have: {', '.join(v.name for v in found) or 'none'}); "
-               "run VLLM_OMNI_TORCH=pypi scripts/install-vllm-omni.sh .venv-vllm 0.30.0")
-        return [pytest.param(None, marks=pytest.mark.skip(reason=why))]
-    return [pytest.param(v, id=v.name) for v in ok]
 
 
 def _driver_args(out: Path, model_dir: Path, tag: str) -> list[str]:

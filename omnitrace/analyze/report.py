@@ -197,7 +197,7 @@ def _bench_settings(run: Run) -> dict[str, Any] | None:
     if not b or not isinstance(b.get("args"), dict):
         return None
     keep = ("concurrency", "num_prompts", "warmup", "input_len", "output_len", "range_ratio",
-            "model", "endpoint", "extra_body")
+            "model", "backend", "endpoint", "extra_body")
     return {k: b["args"].get(k) for k in keep if k in b["args"]}
 
 

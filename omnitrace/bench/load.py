@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import aiohttp
 
-from omnitrace.bench.client import RequestResult, request_body, send
+from omnitrace.bench.client import BACKENDS, DEFAULT_BACKEND, RequestResult
 from omnitrace.bench.stall import StallWatch
 
 # A small vocabulary for synthetic prompts: one word per requested token.
@@ -54,6 +54,7 @@ def concurrency_levels(values: list[str]) -> list[int]:
 class LoadSpec:
     base_url: str
     model: str = "reference"
+    backend: str = DEFAULT_BACKEND  # a key of bench.client.BACKENDS
     endpoint: str = "/v1/chat/completions"
     num_prompts: int = 100
     warmup: int | None = None  # None -> concurrency
@@ -115,11 +116,12 @@ async def _level(spec: LoadSpec, concurrency: int, rng: random.Random,
     sem = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=spec.request_timeout_s, sock_connect=10)
     conn = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    backend = BACKENDS[spec.backend]
 
     def make(i: int, warm: bool) -> tuple[RequestResult, dict[str, Any]]:
         ilen, olen = _len(rng, spec.input_len, spec.range_ratio), _len(rng, spec.output_len, spec.range_ratio)
         rid = f"{spec.tag}c{concurrency}-{'w' if warm else 'm'}{i}"
-        body = request_body(spec.model, prompt_text(rng, ilen), ilen, olen, spec.extra_body)
+        body = backend.body(spec.model, prompt_text(rng, ilen), ilen, olen, spec.extra_body)
         return RequestResult(rid, concurrency, warm, ilen, olen), body
 
     async def one(session: aiohttp.ClientSession, res: RequestResult, body: dict[str, Any]) -> RequestResult:
@@ -127,7 +129,7 @@ async def _level(spec: LoadSpec, concurrency: int, rng: random.Random,
             async with sem:
                 in_flight[0] += 1
                 try:
-                    await send(session, url, body, res, progress=watch.beat)
+                    await backend.send(session, url, body, res, progress=watch.beat)
                 finally:
                     in_flight[0] -= 1
                     watch.beat()

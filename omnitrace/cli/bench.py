@@ -1,4 +1,9 @@
-"""`omnitrace bench`: load-test a /v1/chat/completions omni stream, sweep concurrency.
+"""`omnitrace bench`: load-test an omni server's streaming route, sweep concurrency.
+
+``--backend openai-chat-omni`` (the default; ``/v1/chat/completions``) or
+``openai-audio-speech`` (``/v1/audio/speech``), named and sent as ``vllm bench serve
+--omni --backend`` sends them (``omnitrace/bench/client.py``); ``--endpoint`` alone picks
+the backend whose path it ends in. An unknown one is one line, exit 2, nothing sent.
 
 Writes ``bench.json`` into ``$OMNITRACE_RUN_DIR`` (set by ``omnitrace run``) or ``--out``:
 per-request rows (id = the x-request-id sent, so rows join to traces) and, per concurrency
@@ -29,7 +34,7 @@ from tqdm import tqdm
 from omnitrace import __version__, childproc
 from omnitrace import conventions as cv
 from omnitrace.analyze.stats import summary
-from omnitrace.bench.client import RequestResult
+from omnitrace.bench.client import BACKEND_HELP, RequestResult, resolve_backend
 from omnitrace.bench.load import (BENCH_DEFAULTS, REQUEST_TIMEOUT_S, LevelResult, LoadSpec,
                                   concurrency_levels, loadtest_differences, run_level)
 from omnitrace.bench.stall import DEFAULT_AFTER_S, StallWatch
@@ -43,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omnitrace bench", description=__doc__.split("\n")[0],
                                 formatter_class=DefaultsFormatter)
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
-    p.add_argument("--endpoint", default="/v1/chat/completions")
+    p.add_argument("--backend", default=None, help=BACKEND_HELP)
+    p.add_argument("--endpoint", default=None,
+                   help="route path (default: the backend's: /v1/chat/completions, /v1/audio/speech)")
     p.add_argument("--model", default="reference")
     p.add_argument("--concurrency", nargs="+", default=BENCH_DEFAULTS["concurrency"],
                    help="one level or a list to sweep (8 16 32 or 8,16)")
@@ -114,6 +121,8 @@ def _print_summary(levels: list[LevelResult]) -> None:
         s = _level_summary(lv)
         for metric in ("ttft_ms", "ttfp_ms", "e2e_ms"):
             x = s[metric]
+            if not x["count"] and metric == "ttft_ms":  # speech: no text
+                continue
             rows.append([lv.concurrency, metric[:-3].upper(), x["count"], x["mean"], x["p50"], x["p90"], x["p99"]])
     if rows:
         print(table(["concurrency", "metric (ms)", "n", "mean", "median", "p90", "p99"], rows))
@@ -197,6 +206,11 @@ def _args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], dict[s
         p.error("--num-prompts, --input-len, --output-len must be positive and 0 <= --range-ratio < 1")
     if args.request_timeout <= 0 or args.stall_after < 0 or (args.warmup or 0) < 0:
         p.error("--request-timeout must be positive; --stall-after and --warmup not negative")
+    try:
+        backend, args.endpoint = resolve_backend(args.backend, args.endpoint)
+    except ValueError as exc:  # one line, nothing sent
+        p.exit(2, f"omnitrace bench: {exc}\n")
+    args.backend = backend.name
     extra: dict[str, Any] = {}
     if args.extra_body:
         try:
@@ -226,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     except OutputError as exc:
         console.say("bench", f"{exc}")
         return 2
-    spec = LoadSpec(base_url=args.base_url, model=args.model, endpoint=args.endpoint,
+    spec = LoadSpec(base_url=args.base_url, model=args.model, backend=args.backend, endpoint=args.endpoint,
                     num_prompts=args.num_prompts, warmup=args.warmup, input_len=args.input_len,
                     output_len=args.output_len, range_ratio=args.range_ratio, seed=args.seed,
                     request_timeout_s=args.request_timeout, extra_body=extra,

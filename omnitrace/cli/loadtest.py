@@ -34,6 +34,7 @@ from omnitrace import childproc
 from omnitrace.childproc import python_module
 from omnitrace.cli.helpformat import DefaultsFormatter
 from omnitrace.bench.load import LOADTEST_DEFAULTS, REQUEST_TIMEOUT_S, concurrency_levels
+from omnitrace.bench.client import BACKEND_HELP, resolve_backend
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
 from omnitrace.bench.stall import DEFAULT_AFTER_S
 from omnitrace import console
@@ -83,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="examples:\n  omnitrace loadtest\n"
                "  omnitrace loadtest --serve '--snapshot recursive' --concurrency 32 --input-len 2500\n"
                "  omnitrace loadtest --ab '--snapshot recursive' '--snapshot copy' --repeats 2\n"
+               "  omnitrace loadtest --backend openai-audio-speech --concurrency 4 --num-prompts 16\n"
                "  omnitrace loadtest --model Qwen/Qwen3-Omni-30B-A3B-Instruct --serve '--omni'")
     p.add_argument("--run-dir", default=None,
                    help="the run directory (with --ab: the parent of one directory per run); "
@@ -95,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", default=None,
                    help="load a server already running under `omnitrace run --run-dir R` (give --run-dir R)")
     g = p.add_argument_group("load (passed to omnitrace bench)")
+    g.add_argument("--backend", default=None, help=BACKEND_HELP)
+    g.add_argument("--endpoint", default=None, help="route path (default: the backend's)")
     g.add_argument("--concurrency", nargs="+", default=LOADTEST_DEFAULTS["concurrency"], help="levels to sweep")
     g.add_argument("--num-prompts", type=int, default=LOADTEST_DEFAULTS["num_prompts"],
                    help="measured requests per level")
@@ -164,7 +168,12 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 
 def _bench_args(args: argparse.Namespace) -> list[str]:
-    bench = ["--concurrency", *args.concurrency, "--num-prompts", str(args.num_prompts),
+    try:
+        backend, endpoint = resolve_backend(args.backend, args.endpoint)
+    except ValueError as exc:
+        raise LoadtestError(str(exc)) from None
+    bench = ["--backend", backend.name, "--endpoint", endpoint,
+             "--concurrency", *args.concurrency, "--num-prompts", str(args.num_prompts),
              "--input-len", str(args.input_len), "--output-len", str(args.output_len),
              "--range-ratio", str(args.range_ratio), "--seed", str(args.seed),
              "--request-timeout", str(args.request_timeout), "--stall-after", str(args.stall_after)]

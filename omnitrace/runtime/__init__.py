@@ -9,7 +9,8 @@ Processes and threads (as in vLLM-Omni)::
 
     API server (aiohttp)          stage process x N (multiprocessing spawn)
       POST /v1/chat/completions     scheduler thread: continuous batching, compute step,
-      GET /health, /v1/models         snapshot + enqueue per request per step
+      POST /v1/audio/speech           snapshot + enqueue per request per step
+      GET /health, /v1/models
       control: mp queues  ------>   sender thread: ONE FIFO, processor, shm put
       outputs: mp queue   <------   receiver thread: polls {request}_{producer}_{chunk}
                                     stage i -> stage i+1 data: POSIX shared memory only
@@ -25,6 +26,9 @@ audio chunks (each a complete base64 WAV, PCM16 mono) interleaved as they are pr
 then ``data: [DONE]``. Errors: 400 with ``{"error": {"message": ...}}`` for bad input,
 409 for an id already in flight, 503 when busy or a stage died (``/health`` says which);
 a stage death mid-stream ends the stream with an ``{"error": ...}`` chunk.
+``POST /v1/audio/speech`` takes vLLM-Omni's speech request (``input``, ``max_new_tokens``,
+``stream``/``stream_format``, ``response_format`` wav|pcm) and answers as its speech route
+does (``routes.py``); its default id is ``speech-<uuid hex>``.
 
 Hook sites (``omnitrace.conventions.Ev``; recording is a no-op unless
 ``OMNITRACE_RUN_ID`` is set): API -- REQUEST_ARRIVE/DISPATCH/FIRST_TEXT/FIRST_AUDIO/END,

@@ -1,5 +1,7 @@
 """API server: ``POST /v1/chat/completions`` (SSE, vLLM-Omni's openai-chat-omni shape),
-``GET /health``, ``GET /v1/models``; starts, feeds, watches and stops the stage processes.
+``POST /v1/audio/speech`` (vLLM-Omni's speech route: raw audio, SSE or one body; see
+``routes.py``), ``GET /health``, ``GET /v1/models``; starts, feeds, watches and stops the
+stage processes.
 
 Control traffic API <-> stages goes over multiprocessing queues (ZMQ in vLLM-Omni); the
 async-chunk data path between stages is the shared-memory connector only.
@@ -7,13 +9,11 @@ async-chunk data path between stages is the shared-memory connector only.
 from __future__ import annotations
 
 import asyncio
-import base64
 import multiprocessing as mp
 import os
 import re
 import threading
 import time
-import uuid
 from collections import deque
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
@@ -22,9 +22,9 @@ import orjson
 from aiohttp import web
 
 from omnitrace import record, tracecontext
-from omnitrace.conventions import Ev, Status
+from omnitrace.conventions import REQUEST_ID_PATTERN, Ev, Status
 from omnitrace.runtime import config as config_mod
-from omnitrace.runtime import shm
+from omnitrace.runtime import routes, shm
 from omnitrace.runtime.stage import stage_main
 
 _EV_ARRIVE, _EV_DISPATCH = int(Ev.REQUEST_ARRIVE), int(Ev.REQUEST_DISPATCH)
@@ -33,22 +33,17 @@ _EV_END, _EV_DIED = int(Ev.REQUEST_END), int(Ev.STAGE_DIED)
 _EV_PARSED, _EV_RECEIVED = int(Ev.REQUEST_PARSED), int(Ev.PACKET_RECEIVED)
 _EV_RESUMED = int(Ev.PACKET_RESUMED)
 _API = -1
-_REQ_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")  # it names /dev/shm segments
-PROMPT_TOKENS_FIELDS = ("omnitrace_prompt_tokens", "prompt_tokens")
-DEFAULT_MAX_TOKENS = 64
-
-
-class BadRequest(ValueError):
-    pass
+_REQ_ID = re.compile(REQUEST_ID_PATTERN)  # it names /dev/shm segments
 
 
 class Flight:
     """One request in flight: the stream's queue and which stages have finished it."""
 
-    __slots__ = ("rid", "queue", "finished", "prompt_tokens", "max_tokens", "audio_seen")
+    __slots__ = ("rid", "queue", "finished", "prompt_tokens", "max_tokens", "audio_seen", "error")
 
     def __init__(self, rid: str, prompt_tokens: int, max_tokens: int) -> None:
         self.rid, self.prompt_tokens, self.max_tokens = rid, prompt_tokens, max_tokens
+        self.error: str | None = None  # why the request failed (a stage died, the server stopped)
         self.queue: asyncio.Queue[tuple] = asyncio.Queue()
         self.finished: set[int] = set()
         self.audio_seen = False  # first audio packet marked as received from the stage
@@ -258,62 +253,6 @@ class Pipeline:
             self.loop.call_soon_threadsafe(fl.queue.put_nowait, item)
 
 
-# --------------------------------------------------------------------------- validation
-def _int_field(body: dict, key: str, lo: int, hi: int, limit_name: str) -> int:
-    v = body[key]
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise BadRequest(f"{key}: must be an integer, got {type(v).__name__}")
-    if v < lo:
-        raise BadRequest(f"{key}: must be at least {lo}, got {v}")
-    if v > hi:
-        raise BadRequest(f"{key}: must be at most {hi} ({limit_name}), got {v}")
-    return v
-
-
-def parse_request(body: Any, limits: config_mod.Limits) -> tuple[int, int, str]:
-    """(prompt tokens, max_tokens, model) of a chat request, or BadRequest with a message."""
-    if not isinstance(body, dict):
-        raise BadRequest(f"body: must be a JSON object, got {type(body).__name__}")
-    if body.get("stream") is not True:
-        raise BadRequest("stream: only stream=true is supported")
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise BadRequest("messages: must be a non-empty list")
-    words = 0
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict):
-            raise BadRequest(f"messages[{i}]: must be an object")
-        content = m.get("content")
-        if isinstance(content, str):
-            words += len(content.split())
-        elif isinstance(content, list):
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise BadRequest(f"messages[{i}].content[{j}]: must be {{\"type\": \"text\", \"text\": string}}")
-                words += len(part["text"].split())
-        else:
-            raise BadRequest(f"messages[{i}].content: must be a string or a list of text parts")
-    key = next((k for k in PROMPT_TOKENS_FIELDS if k in body), None)
-    if key is not None:
-        prompt = _int_field(body, key, 1, limits.max_prompt_tokens, "limits.max_prompt_tokens")
-    else:
-        prompt = max(1, words)
-        if prompt > limits.max_prompt_tokens:
-            raise BadRequest(f"prompt: {prompt} tokens is over the limit of "
-                             f"{limits.max_prompt_tokens} (limits.max_prompt_tokens)")
-    mt_key = "max_tokens" if "max_tokens" in body else (
-        "max_completion_tokens" if "max_completion_tokens" in body else None)
-    max_tokens = DEFAULT_MAX_TOKENS if mt_key is None else _int_field(
-        body, mt_key, 1, limits.max_tokens, "limits.max_tokens")
-    model = body.get("model", "")
-    if not isinstance(model, str):
-        raise BadRequest(f"model: must be a string, got {type(model).__name__}")
-    mods = body.get("modalities")
-    if mods is not None and (not isinstance(mods, list) or not all(x in ("text", "audio") for x in mods)):
-        raise BadRequest("modalities: must be a list of \"text\" and/or \"audio\"")
-    return prompt, max_tokens, model
-
-
 MAX_BODY_BYTES = 16 << 20  # a request body larger than this is refused (413)
 
 
@@ -322,6 +261,52 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> we
 
 
 # --------------------------------------------------------------------------- handlers
+class _Response:
+    """One request's response: prepared at once for a stream, on its one write for a
+    body; counts the bytes sent and stamps the first text and the first audio as they are
+    handed to the socket (stamped after the write, a preempted server would put its own
+    TTFP after the client had already received the packet)."""
+
+    def __init__(self, request: web.Request, framing: routes.Framing) -> None:
+        self.request, self.framing, self.rid = request, framing, framing.rid
+        self.resp: web.StreamResponse | None = None
+        self.sent = 0
+        self.first_text = self.first_audio = False
+        self.audio_framed = False  # an audio packet went into the framing, not yet sent
+        self.cut_off = False
+
+    async def open(self, length: int | None = None) -> None:
+        self.resp = web.StreamResponse(headers=self.framing.headers())
+        if length is not None:
+            self.resp.content_length = length
+        await self.resp.prepare(self.request)
+
+    async def send(self, data: bytes, text: bool = False) -> None:
+        if not data:
+            return
+        if self.resp is None:
+            await self.open(len(data))
+        mark = 0
+        if text and not self.first_text:
+            self.first_text, mark = True, _EV_FIRST_TEXT
+        elif self.audio_framed and not self.first_audio:
+            self.first_audio, mark = True, _EV_FIRST_AUDIO
+        t_write = time.perf_counter_ns() if mark else 0
+        assert self.resp is not None
+        await self.resp.write(data)
+        self.sent += len(data)
+        if mark:
+            record.emit(mark, self.rid, _API, -1, 0, 0, t_write)
+
+    def cut(self) -> None:
+        """No in-band error in this format: end the connection mid-body, so the client
+        sees an incomplete response (as vLLM-Omni's raw audio stream does)."""
+        self.cut_off = True
+        transport = self.request.transport
+        if transport is not None:
+            transport.close()
+
+
 class Api:
     def __init__(self, pipeline: Pipeline) -> None:
         self.p = pipeline
@@ -331,6 +316,7 @@ class Api:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/audio/speech", self.speech)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         return app
@@ -346,9 +332,14 @@ class Api:
         return web.json_response({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "owned_by": "omnitrace"}]})
 
-    async def _admit(self, request: web.Request) -> tuple[str, int, int, str | None] | web.Response:
-        """(request id, prompt tokens, max tokens, model) of a request the server takes,
-        or the error response that refuses it."""
+    def _parse(self, route: str, body: Any) -> routes.Ask:
+        if route == "speech":
+            return routes.parse_speech_request(body, self.p.cfg.limits, self.p.cfg.audio)
+        return routes.parse_request(body, self.p.cfg.limits)
+
+    async def _admit(self, request: web.Request, route: str) -> tuple[str, routes.Ask] | web.Response:
+        """(request id, what it asks) of a request the server takes, or the error response
+        that refuses it."""
         p = self.p
         if p.dead:
             return _error(503, p.dead, "server_error")
@@ -361,10 +352,10 @@ class Api:
         except web.HTTPRequestEntityTooLarge:  # as JSON, like every other error
             return _error(413, f"body: larger than {MAX_BODY_BYTES} bytes")
         try:
-            prompt, max_tokens, model = parse_request(body, p.cfg.limits)
-        except BadRequest as e:
+            ask = self._parse(route, body)
+        except routes.BadRequest as e:
             return _error(400, str(e))
-        rid = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
+        rid = request.headers.get("x-request-id") or routes.default_request_id(route)
         if not _REQ_ID.match(rid):
             return _error(400, "x-request-id: must be 1-128 characters of A-Z a-z 0-9 . _ : - "
                                "starting with a letter or digit")
@@ -372,94 +363,87 @@ class Api:
             return _error(409, f"x-request-id: {rid!r} is already in flight")
         if len(p.flights) >= p.capacity:
             return _error(503, f"server busy: {len(p.flights)} requests in flight", "server_error")
-        return rid, prompt, max_tokens, model
+        return rid, ask
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "chat")
+
+    async def speech(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "speech")
+
+    async def _serve(self, request: web.Request, route: str) -> web.StreamResponse:
         t_arrive = time.perf_counter_ns()  # TTFP counts from here: parsing is the API's share
-        p = self.p
-        admitted = await self._admit(request)
+        admitted = await self._admit(request, route)
         if isinstance(admitted, web.Response):
             return admitted
-        rid, prompt, max_tokens, model = admitted
+        rid, ask = admitted
         t_parsed = time.perf_counter_ns()
-        record.emit(_EV_ARRIVE, rid, _API, -1, prompt, max_tokens, t_arrive)
+        record.emit(_EV_ARRIVE, rid, _API, -1, ask.prompt_tokens, ask.max_tokens, t_arrive)
         tracecontext.record_traceparent(rid, request.headers, t_arrive)  # join the caller's trace
         record.emit(_EV_PARSED, rid, _API, -1, 0, 0, t_parsed)
-        fl = p.submit(rid, prompt, max_tokens)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache", "x-request-id": rid})
-        status, sent, n_text, first_audio = int(Status.ERROR), 0, 0, False
-        created = int(time.time())
-        model = model or self.model_name
+        fl = self.p.submit(rid, ask.prompt_tokens, ask.max_tokens)
+        framing = routes.FRAMINGS[ask.mode](rid, ask, ask.model or self.model_name, self.p.cfg.audio)
+        return await self._relay(fl, _Response(request, framing))
 
-        def chunk(modality: str, content: str, finish: str | None = None) -> bytes:
-            return b"data: " + orjson.dumps({
-                "id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                "modality": modality,
-                "choices": [{"index": 0, "delta": {"role": "assistant", "content": content},
-                             "finish_reason": finish}],
-                "usage": {"prompt_tokens": prompt, "completion_tokens": n_text,
-                          "total_tokens": prompt + n_text}}) + b"\n\n"
+    async def _relay(self, fl: Flight, out: _Response) -> web.StreamResponse:
+        """The request's outputs to its client until done, an error or the client gone;
+        its end recorded whatever happens."""
+        p, rid = self.p, fl.rid
+        status = int(Status.ERROR)
         try:
-            await resp.prepare(request)
-            while True:
-                item = await fl.queue.get()
-                op = item[0]
-                # first text / first audio are stamped as the packet is handed to the
-                # socket: stamped after the write, a preempted server put its own TTFP
-                # after the client had already received the packet
-                if op == "text":
-                    n_text += 1
-                    data = chunk("text", item[1])
-                    t_write = time.perf_counter_ns() if n_text == 1 else 0
-                    await resp.write(data)
-                    sent += len(data)
-                    if t_write:
-                        record.emit(_EV_FIRST_TEXT, rid, _API, -1, 0, 0, t_write)
-                elif op == "audio":
-                    if not first_audio:
-                        record.emit(_EV_RESUMED, rid, _API, -1, 0, 0)  # loop lag ends here
-                        if self.write_delay_s:
-                            time.sleep(self.write_delay_s)  # injected slow callback (tests)
-                    data = chunk("audio", base64.b64encode(item[1]).decode())
-                    t_write = 0 if first_audio else time.perf_counter_ns()
-                    await resp.write(data)
-                    sent += len(data)
-                    if t_write:
-                        first_audio = True
-                        record.emit(_EV_FIRST_AUDIO, rid, _API, -1, 0, 0, t_write)
-                elif op == "done":
-                    data = chunk("text", "", "length") + b"data: [DONE]\n\n"
-                    await resp.write(data)
-                    sent += len(data)
-                    status = int(Status.OK)
-                    break
-                else:  # error: a stage died or the server is stopping
-                    data = b"data: " + orjson.dumps({"error": {
-                        "message": item[1], "type": "server_error", "code": 500}}) + b"\n\n"
-                    data += b"data: [DONE]\n\n"
-                    await resp.write(data)
-                    sent += len(data)
-                    break
-            await resp.write_eof()
+            if out.framing.streaming:
+                await out.open()
+            status = await self._pump(fl, out)
+            if out.resp is None:  # one-body response that failed before its body
+                return _error(500, fl.error or "server error", "server_error")
+            if not out.cut_off:
+                await out.resp.write_eof()
         except ConnectionResetError:
             # the client went away mid-stream: abort in every stage, one line, no traceback
             # (re-raised, aiohttp would log the whole stack as a server error)
             status = int(Status.CANCELLED)
             p.abort(rid)
-            print(f"omnitrace serve: request {rid}: client disconnected after {sent} bytes", flush=True)
-            return resp
+            print(f"omnitrace serve: request {rid}: client disconnected after {out.sent} bytes", flush=True)
         except asyncio.CancelledError:
             # the client went away (aiohttp cancels the handler) or the server is stopping
             status = int(Status.CANCELLED)
             p.abort(rid)
             if not p.stopping:
-                print(f"omnitrace serve: request {rid}: client disconnected after {sent} bytes",
+                print(f"omnitrace serve: request {rid}: client disconnected after {out.sent} bytes",
                       flush=True)
             raise
         finally:
             if status == int(Status.ERROR) and not p.stopping and rid in p.flights and not p.dead:
                 p.abort(rid)
             p.release(rid)
-            record.emit(_EV_END, rid, _API, -1, status, sent)
-        return resp
+            record.emit(_EV_END, rid, _API, -1, status, out.sent)
+        return out.resp
+
+    async def _pump(self, fl: Flight, out: _Response) -> int:
+        """Take the request's outputs from its queue and send them as framed; the status."""
+        framing = out.framing
+        while True:
+            item = await fl.queue.get()
+            op = item[0]
+            if op == "text":
+                await out.send(framing.text(item[1]), text=True)
+            elif op == "audio":
+                if not out.audio_framed:
+                    record.emit(_EV_RESUMED, fl.rid, _API, -1, 0, 0)  # loop lag ends here
+                    if self.write_delay_s:
+                        time.sleep(self.write_delay_s)  # injected slow callback (tests)
+                data = framing.audio(item[1])
+                out.audio_framed = True
+                await out.send(data)
+            elif op == "done":
+                await out.send(framing.done())
+                return int(Status.OK)
+            else:  # error: a stage died or the server is stopping
+                fl.error = item[1]
+                data = framing.error(item[1])
+                if data is None:
+                    if out.resp is not None:
+                        out.cut()
+                else:
+                    await out.send(data)
+                return int(Status.ERROR)

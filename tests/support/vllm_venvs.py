@@ -6,6 +6,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,3 +60,19 @@ def hooked_paths(venv: Path) -> set[str]:
     version = infos[-1].name[len("vllm_omni-"):-len(".dist-info")]
     chosen = patching.choose(patching.load_patch_sets(), "vllm-omni", version)
     return {h.path for h in chosen.hooks} if chosen is not None else set()
+
+
+def _serving(venv: Path) -> bool:
+    stamp = venv / "omnitrace-install.txt"
+    return stamp.exists() and "serving layer yes" in stamp.read_text()
+
+
+def serving_params() -> list[Any]:
+    """One pytest param per venv whose vLLM-Omni serving layer imports (a skip if none)."""
+    found = _venvs()
+    ok = [v for v in found if _serving(v)]
+    if not ok:
+        why = (f"no venv with vLLM-Omni's serving layer (have: {', '.join(v.name for v in found) or 'none'}); "
+               "run VLLM_OMNI_TORCH=pypi scripts/install-vllm-omni.sh .venv-vllm 0.30.0")
+        return [pytest.param(None, marks=pytest.mark.skip(reason=why))]
+    return [pytest.param(v, id=v.name) for v in ok]

@@ -7,10 +7,11 @@ tests/test_vllm_api_hooks.py). 0.31.0rc1 (not installed here) is left uninstrume
 """
 from omnitrace.conventions import Snapshot
 from omnitrace.patches.vllm_omni.mrv2 import mrv2_hooks, talker_first_audio_hooks
+from omnitrace.patches.vllm_omni.speech import speech_hooks
 from omnitrace.patches.vllm_omni.wrappers import api_hooks, chunk_hooks, server_hooks
 
 TARGET = "vllm-omni"
 VERSIONS = (">=0.32.0rc0,<0.33",)
-HOOKS = chunk_hooks(snapshot_strategy=Snapshot.COPY) + api_hooks() + server_hooks()
+HOOKS = chunk_hooks(snapshot_strategy=Snapshot.COPY) + api_hooks() + server_hooks() + speech_hooks()
 # Model Runner V2's native data plane and talker-first audio (tests/test_vllm_mrv2.py)
 HOOKS += mrv2_hooks() + talker_first_audio_hooks()

@@ -86,7 +86,7 @@ CHAT = "OmniOpenAIServingChat"
 
 # --------------------------------------------------------------------------- request ids
 _HEX = frozenset("0123456789abcdef")
-CHAT_PREFIX = "chatcmpl-"
+ROUTE_PREFIXES = ("chatcmpl-", "speech-")  # how the chat and speech routes name a request
 _api_ids: dict[str, str] = {}
 
 
@@ -94,7 +94,8 @@ def api_request_id(engine_id: str) -> str:
     """The request's id in omnitrace: the one its client gave it.
 
     The chat route names a request ``chatcmpl-<X-Request-Id>`` (``chatcmpl-<uuid>`` when
-    the client sent none): the ``id`` of every SSE chunk. ``AsyncOmni.generate`` then
+    the client sent none): the ``id`` of every SSE chunk; the speech route
+    ``speech-<X-Request-Id>`` under omnitrace (``speech.py``). ``AsyncOmni.generate`` then
     hands the engine ``f"{that}-{uuid:.8}"`` (``_get_unique_request_id``), the
     ``external_req_id`` every stage and connector key carries. Events are recorded under
     ``X-Request-Id`` (both affixes dropped), so one request is one trace from arrival to
@@ -108,9 +109,9 @@ def api_request_id(engine_id: str) -> str:
     if hit is None:
         tail = engine_id[-9:]
         rid = engine_id
-        if len(rid) > 9 and tail[0] == "-" and _HEX.issuperset(tail[1:]) and rid.startswith(CHAT_PREFIX):
+        if len(rid) > 9 and tail[0] == "-" and _HEX.issuperset(tail[1:]) and rid.startswith(ROUTE_PREFIXES):
             rid = rid[:-9]
-        rid = chat_request_id(rid)
+        rid = route_request_id(rid)
         if len(_api_ids) >= 8192:  # bounded: old requests are done
             _api_ids.clear()
         hit = _api_ids[engine_id] = rid
@@ -124,9 +125,13 @@ def _chunk_key(key: str) -> tuple[str, int, int]:
     return api_request_id(eid), int(src), int(chunk)
 
 
-def chat_request_id(api_id: str) -> str:
-    """The chat route's ``chatcmpl-<X-Request-Id>`` as the client named it."""
-    return api_id[len(CHAT_PREFIX):] if api_id.startswith(CHAT_PREFIX) and len(api_id) > len(CHAT_PREFIX) else api_id
+def route_request_id(api_id: str) -> str:
+    """The route's ``chatcmpl-<X-Request-Id>`` / ``speech-<X-Request-Id>`` as the client
+    named it (one prefix dropped)."""
+    for prefix in ROUTE_PREFIXES:
+        if api_id.startswith(prefix) and len(api_id) > len(prefix):
+            return api_id[len(prefix):]
+    return api_id
 
 
 # --------------------------------------------------------------------------- producer
@@ -628,7 +633,7 @@ def wrap_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def chat_completion_stream_generator(self: Any, request: Any, result_generator: Any,
                                          request_id: str, *args: Any, **kwargs: Any) -> Any:
-        rid = chat_request_id(str(request_id))
+        rid = route_request_id(str(request_id))
         gen = orig(self, request, _stamp_resumed(result_generator, rid), request_id, *args, **kwargs)
         try:
             _api_process()
@@ -647,13 +652,19 @@ def wrap_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 async def _stamp_resumed(gen: Any, rid: str) -> Any:
-    """The engine's outputs as the stream handler takes them; the first audio one stamped."""
+    """The engine's outputs as the stream handler takes them; the first audio one stamped.
+    Closing this generator closes the engine's (its ``finally`` aborts the request)."""
     audio = False
-    async for out in gen:
-        if not audio and getattr(out, "final_output_type", None) == "audio":
-            audio = True
-            _emit(E.PACKET_RESUMED, rid, API, NO_CHUNK, 0, 0)
-        yield out
+    try:
+        async for out in gen:
+            if not audio and getattr(out, "final_output_type", None) == "audio":
+                audio = True
+                _emit(E.PACKET_RESUMED, rid, API, NO_CHUNK, 0, 0)
+            yield out
+    finally:
+        aclose = getattr(gen, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def _raw_request(args: tuple, kwargs: dict) -> Any:
