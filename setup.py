@@ -1,7 +1,14 @@
-"""Only the compiled ring writer (omnitrace/_ringc.c); everything else is in pyproject.toml.
-optional=True: where no C compiler is, the install goes on and omnitrace.record uses its
-Python writer (the reference the compiled one is tested against)."""
-from setuptools import Extension, setup
+"""The compiled ring writer (omnitrace/_ringc.c) and the package layout; everything else is
+in pyproject.toml. optional=True: where no C compiler is, the install goes on and
+omnitrace.record uses its Python writer (the reference the compiled one is tested against).
 
-setup(ext_modules=[Extension("omnitrace._ringc", ["omnitrace/_ringc.c"], optional=True,
+The hook definitions live at the top of the repository (``patches/``: per target and
+version, apart from the code they instrument with) and install as ``omnitrace.patches``
+(``package_dir``), so an installed package, editable or not, imports them by that name."""
+from setuptools import Extension, find_packages, setup
+
+setup(packages=find_packages(include=["omnitrace", "omnitrace.*"])
+      + ["omnitrace." + p for p in find_packages(include=["patches", "patches.*"])],
+      package_dir={"omnitrace.patches": "patches"},
+      ext_modules=[Extension("omnitrace._ringc", ["omnitrace/_ringc.c"], optional=True,
                              extra_compile_args=["-O2"])])

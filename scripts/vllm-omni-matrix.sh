@@ -4,7 +4,7 @@
 #   usage: scripts/vllm-omni-matrix.sh
 #          MATRIX="0.28.0:.venv-vllm-028 0.30.0:.venv-vllm" scripts/vllm-omni-matrix.sh
 # Supported: every release whose async-chunk hook points are covered by a hook table in
-# omnitrace/patches/vllm_omni/ (0.26.x, 0.28.x, 0.30.x, 0.32.x). The default suite (.ci/run) builds
+# patches/vllm_omni/ (0.26.x, 0.28.x, 0.30.x, 0.32.x). The default suite (.ci/run) builds
 # only the two seed versions (.venv-vllm, .venv-vllm-032); the others live here.
 # Each venv is ~5.8 GB from PyPI alone (~2.5-3.5 GB where a local +cpu torch wheel fits).
 # VLLM_OMNI_TORCH=pypi (passed to the install script) forces the PyPI path, whose venvs

@@ -10,22 +10,18 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PKG = os.path.join(ROOT, "omnitrace")
 MAX_LINES = 100
 
 
 def test_no_function_over_100_lines():
+    from tests.support.sources import modules
     long = []
-    for root, dirs, files in os.walk(PKG):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        for name in files:
-            if name.endswith(".py"):
-                path = os.path.join(root, name)
-                with open(path) as f:
-                    tree = ast.parse(f.read(), path)
-                long += [f"{os.path.relpath(path, PKG)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
-                         for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                         and n.end_lineno - n.lineno + 1 > MAX_LINES]
+    for path in modules().values():
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        long += [f"{os.path.relpath(path, ROOT)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+                 for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and n.end_lineno - n.lineno + 1 > MAX_LINES]
     assert not long, long
 
 

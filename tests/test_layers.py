@@ -8,10 +8,11 @@ import os
 
 import pytest
 
+from tests.support.sources import modules
+
 pytestmark = pytest.mark.unit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PKG = os.path.join(ROOT, "omnitrace")
 
 # lowest first; a module belongs to the layer of its longest matching prefix
 LAYERS = [
@@ -37,17 +38,6 @@ def layer_of(module: str) -> int:
             if (module == p or module.startswith(p + ".")) and len(p) > len(best):
                 best, rank = p, i
     return rank
-
-
-def modules() -> dict[str, str]:
-    out = {}
-    for root, dirs, files in os.walk(PKG):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        for name in files:
-            if name.endswith(".py"):
-                rel = os.path.relpath(os.path.join(root, name), ROOT)[:-3].split(os.sep)
-                out[".".join(rel[:-1] if rel[-1] == "__init__" else rel)] = os.path.join(root, name)
-    return out
 
 
 def import_graph() -> dict[str, set[str]]:

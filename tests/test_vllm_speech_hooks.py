@@ -1,4 +1,4 @@
-"""The speech-route hooks (``omnitrace/patches/vllm_omni/speech.py``) on vLLM-Omni's REAL
+"""The speech-route hooks (``patches/vllm_omni/speech.py``) on vLLM-Omni's REAL
 ``OmniOpenAIServingSpeech``, per installed version.
 
 ``tests/support/vllm_speech_driver.py`` serves the real class behind vLLM-Omni's own

@@ -13,7 +13,7 @@ The bootstrap (``sitecustomize``) and the ``vllm.general_plugins`` entry point b
   warning line naming what was skipped; the code then runs uninstrumented (or partly), with
   its behaviour unchanged.
 
-A hook definition module (built in: ``omnitrace/patches/<target>/v*.py``; yours: any ``*.py``
+A hook definition module (built in: ``patches/<target>/v*.py``, installed as ``omnitrace.patches``; yours: any ``*.py``
 in a ``--patches DIR``) defines ``TARGET`` (distribution name), ``VERSIONS`` (version
 specifiers such as ``">=0.28,<0.31"``, or prefixes such as ``"0.30."``) and ``HOOKS`` (a
 list of :class:`Hook`).
