@@ -54,10 +54,12 @@ serve_setup() {  # the CPU platform plugin and the tiny models (idempotent, ~20 
 }
 
 if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(head -1 "$stamp")" = "$want" ]; then
-  echo "install-vllm-omni: $venv already has vllm-omni $omni ($(sed -n 2p "$stamp")); nothing to do"
+  echo "install-vllm-omni: $venv already has vllm-omni $omni ($(sed -n 2p "$stamp")); omnitrace refreshed"
+  vpy="$venv/bin/python"
+  pipi() { "$vpy" -m pip install -q "$@"; }
+  # omnitrace's editable install again: its package layout may have moved since (patches/)
+  pipi --no-deps -e "$repo"
   if [ $serve_cpu = yes ]; then
-    vpy="$venv/bin/python"
-    pipi() { "$vpy" -m pip install -q "$@"; }
     serve_setup
   fi
   exit 0
