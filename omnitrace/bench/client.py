@@ -273,6 +273,8 @@ BACKENDS = {b.name: b for b in (
 DEFAULT_BACKEND = "openai-chat-omni"
 BACKEND_HELP = (f"request kind: {', '.join(BACKENDS)} (default: the one --endpoint names, "
                 f"else {DEFAULT_BACKEND})")
+ENDPOINT_HELP = ("route path (default: the backend's: "
+                 + ", ".join(b.endpoint for b in BACKENDS.values()) + ")")
 
 
 def resolve_backend(backend: str | None, endpoint: str | None) -> tuple[Backend, str]:

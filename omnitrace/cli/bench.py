@@ -34,7 +34,7 @@ from tqdm import tqdm
 from omnitrace import __version__, childproc
 from omnitrace import conventions as cv
 from omnitrace.analyze.stats import summary
-from omnitrace.bench.client import BACKEND_HELP, RequestResult, resolve_backend
+from omnitrace.bench.client import BACKEND_HELP, ENDPOINT_HELP, RequestResult, resolve_backend
 from omnitrace.bench.load import (BENCH_DEFAULTS, REQUEST_TIMEOUT_S, LevelResult, LoadSpec,
                                   concurrency_levels, loadtest_differences, run_level)
 from omnitrace.bench.stall import DEFAULT_AFTER_S, StallWatch
@@ -49,8 +49,7 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=DefaultsFormatter)
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--backend", default=None, help=BACKEND_HELP)
-    p.add_argument("--endpoint", default=None,
-                   help="route path (default: the backend's: /v1/chat/completions, /v1/audio/speech)")
+    p.add_argument("--endpoint", default=None, help=ENDPOINT_HELP)
     p.add_argument("--model", default="reference")
     p.add_argument("--concurrency", nargs="+", default=BENCH_DEFAULTS["concurrency"],
                    help="one level or a list to sweep (8 16 32 or 8,16)")

@@ -34,7 +34,7 @@ from omnitrace import childproc
 from omnitrace.childproc import python_module
 from omnitrace.cli.helpformat import DefaultsFormatter
 from omnitrace.bench.load import LOADTEST_DEFAULTS, REQUEST_TIMEOUT_S, concurrency_levels
-from omnitrace.bench.client import BACKEND_HELP, resolve_backend
+from omnitrace.bench.client import BACKEND_HELP, ENDPOINT_HELP, resolve_backend
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
 from omnitrace.bench.stall import DEFAULT_AFTER_S
 from omnitrace import console
@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="load a server already running under `omnitrace run --run-dir R` (give --run-dir R)")
     g = p.add_argument_group("load (passed to omnitrace bench)")
     g.add_argument("--backend", default=None, help=BACKEND_HELP)
-    g.add_argument("--endpoint", default=None, help="route path (default: the backend's)")
+    g.add_argument("--endpoint", default=None, help=ENDPOINT_HELP)
     g.add_argument("--concurrency", nargs="+", default=LOADTEST_DEFAULTS["concurrency"], help="levels to sweep")
     g.add_argument("--num-prompts", type=int, default=LOADTEST_DEFAULTS["num_prompts"],
                    help="measured requests per level")
