@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import time
 import urllib.error
 import urllib.request
 import wave
