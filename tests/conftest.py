@@ -50,16 +50,27 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A test parametrized with an older vLLM-Omni release's venv is marked ``vllm_older``:
+    the default run checks the newest release, .ci/run the older ones too."""
+    from tests.support.vllm_venvs import OLDER_VENVS
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if any(getattr(v, "name", None) in OLDER_VENVS for v in params.values()):
+        item.add_marker(pytest.mark.vllm_older)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _deselect_real_server_tier(config, items)
+    for marker in ("vllm_serve", "vllm_older"):
+        _deselect_unless_asked(config, items, marker)
 
 
-def _deselect_real_server_tier(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The real-server tier (``vllm_serve``: minutes per server start) runs only when asked
-    for by name (``-m vllm_serve``, as .ci/run does), never as part of a default run."""
-    if "vllm_serve" in (config.getoption("markexpr") or ""):
+def _deselect_unless_asked(config: pytest.Config, items: list[pytest.Item], marker: str) -> None:
+    """The real-server tier (``vllm_serve``: minutes per server start) and the older
+    releases' runs of the vLLM-class tests (``vllm_older``) run only when asked for by name
+    (``-m vllm_serve``, ``-m vllm_older``, as .ci/run does), never as part of a default run."""
+    if marker in (config.getoption("markexpr") or ""):
         return
-    keep = [i for i in items if i.get_closest_marker("vllm_serve") is None]
+    keep = [i for i in items if i.get_closest_marker(marker) is None]
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep

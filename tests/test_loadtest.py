@@ -104,7 +104,7 @@ def test_loadtest_names_a_frozen_stage(tmp_path):
     thinker = None
     with open(err_path, "w") as err_f:
         proc = subprocess.Popen([sys.executable, "-m", "omnitrace", "loadtest", "--run-dir", d,
-                                 "--concurrency", "4", "--num-prompts", "200", "--input-len", "200",
+                                 "--concurrency", "4", "--num-prompts", "60", "--input-len", "200",
                                  "--output-len", "40", "--stall-after", "2", "--request-timeout", "300"],
                                 stdout=subprocess.DEVNULL, stderr=err_f, env=_env(), start_new_session=True)
         try:

@@ -19,6 +19,9 @@ MRV2_DRIVER = ROOT / "tests" / "support" / "vllm_mrv2_driver.py"
 
 
 DEFAULT_VENVS = [ROOT / ".venv-vllm", ROOT / ".venv-vllm-032"]
+# venvs of older releases than the newest: the tests parametrized with them are marked
+# vllm_older (conftest), run by .ci/run beside the default suite, not in it
+OLDER_VENVS = {".venv-vllm"}
 
 
 def _venvs() -> list[Path]:
