@@ -16,7 +16,8 @@ Then: `omnitrace report --json` must close the event accounting with no unexplai
 loss; every fault must be named where the user looks (agent restarts and outages with
 their times, the dead stage, the stall: bench's stall lines); nothing of the run may be
 left in /dev/shm and no process of it alive; the agent that ran the last 20 minutes must
-not have grown by more than 10% of its resident memory over them (sampled every 5 s).
+not have grown by more than 10% of its resident memory over them (sampled every 5 s; the
+least-squares trend over the window, relative to its mean).
 
     python benchmarks/chaos_soak.py [--minutes 30] [--concurrency 32] [--out soak.json]
 
@@ -172,6 +173,17 @@ def _faults_and_verdict(server: subprocess.Popen, bench: subprocess.Popen, rx: R
     return _verdict(rep, faults, rss, start, minutes, run_dir, tree, os.path.join(disk, "..", "bench.log"))
 
 
+def _growth(samples: list[tuple[float, int, int]]) -> float | None:
+    """One agent's resident memory over the window, as the least-squares trend across it
+    relative to its mean (the RSS swings by tens of MB with each feed: its ends alone are
+    noise); None if another agent took over within the window."""
+    if len(samples) < 3 or len({p for _, p, _ in samples}) != 1:
+        return None
+    import numpy as np
+    t, r = np.array([x[0] for x in samples]), np.array([x[2] for x in samples], float)
+    return float(np.polyfit(t, r, 1)[0] * (t[-1] - t[0]) / r.mean())
+
+
 def _verdict(rep: dict, faults: list, rss: list, start: float, minutes: float, run_dir: str,
              tree: set[int], bench_log: str) -> dict:
     acc = rep["recorder"]["accounting"]
@@ -187,9 +199,7 @@ def _verdict(rep: dict, faults: list, rss: list, start: float, minutes: float, r
         "freeze": "no request has progressed" in bench_text or "stalled" in bench_text,
     }
     run_id = json_or_empty(os.path.join(run_dir, "run.json")).get("run_id", "?")
-    last = [(t, p, r) for t, p, r in rss if t >= (minutes - 20) * 60 and r]
-    agents = {p for _, p, _ in last}
-    growth = (last[-1][2] - last[0][2]) / last[0][2] if last and len(agents) == 1 else None
+    growth = _growth([(t, p, r) for t, p, r in rss if t >= (minutes - 20) * 60 and r])
     return {"minutes": minutes, "faults": faults, "accounting": acc,
             "unexplained": acc["lost"] if not acc.get("lost_why") else 0, "closes": acc["closes"],
             "named": named, "shm_left": [x for x in os.listdir("/dev/shm") if run_id in x],

@@ -88,20 +88,22 @@ def _outages(run: Run) -> dict[str, str]:
     """What was out of service when, by what: the event log (a full disk) and each OTLP
     span exporter, from every agent's counters (those that died included: run.json)."""
     from omnitrace.outages import describe
-    out: dict[str, str] = {}
+    spans: dict[str, list] = {}
+    start = None
     for rj, a in zip(run.run_json + [{}] * len(run.agent), run.agent):
-        start = rj.get("started_unix_ns")
+        start = start or rj.get("started_unix_ns")
         records = [a.get("record")] + [r.get("record") for r in rj.get("agent_restarts") or ()
                                        if isinstance(r, dict)]
         for rec in (r for r in records if isinstance(r, dict)):
-            text = describe(rec.get("outages"), start, "events not recorded")
-            if text:
-                out["event log"] = ", ".join(x for x in (out.get("event log"), text) if x)
+            spans.setdefault("event log", []).extend(rec.get("outages") or ())
         for kind, c in (a.get("exporters") or {}).items():
-            text = describe(c.get("outages") if isinstance(c, dict) else None, start, "spans not delivered")
-            if text:
-                out[f"{kind} export"] = text
-    return out
+            if isinstance(c, dict):
+                spans.setdefault(f"{kind} export", []).extend(c.get("outages") or ())
+    units = {"event log": "events not recorded"}
+    texts = {what: describe(sorted(s, key=lambda x: x[0] if isinstance(x, list) and x else 0), start,
+                            units.get(what, "spans not delivered"))
+             for what, s in spans.items()}
+    return {what: t for what, t in texts.items() if t}
 
 
 def _undelivered(c: dict[str, Any], in_record: int, sampled_out: int) -> None:

@@ -247,20 +247,24 @@ def status_note(status: str, live: bool = False) -> str:
 
 
 def restart_notes(run_json: dict) -> list[str]:
-    """One line per agent that died and was replaced (run.json ``agent_restarts``): when,
-    and how long no agent drained the rings."""
+    """One line per agent that died and was replaced (run.json ``agent_restarts``): when its
+    death was noticed (``omnitrace run`` polls every 0.1 s), when it had last written its
+    counters, and how soon the successor took its rings over."""
     out = []
     start = run_json.get("started_unix_ns")
     for r in run_json.get("agent_restarts") or ():
-        if not isinstance(r, dict) or not isinstance(r.get("restarted_unix_ns"), int):
+        if not isinstance(r, dict) or not all(isinstance(r.get(k), int) for k in ("restarted_unix_ns",
+                                                                                 "noticed_unix_ns")):
             continue
-        seen = r.get("last_seen_unix_ns") if isinstance(r.get("last_seen_unix_ns"), int) else r.get("noticed_unix_ns")
-        at = f"{(seen - start) / 1e9:.1f} s into the run" if isinstance(seen, int) and isinstance(start, int) else "?"
-        gap = (r["restarted_unix_ns"] - seen) / 1e9 if isinstance(seen, int) else float("nan")
-        out.append(f"the agent (pid {r.get('pid')}) died ({r.get('ended', '?')}) about {at}; pid "
-                   f"{r.get('new_pid')} took over its rings {gap:.1f} s after it was last seen: what it had "
-                   "read and not yet written is lost, what the rings dropped meanwhile is counted "
-                   "(see the event accounting)")
+        at = f"{(r['noticed_unix_ns'] - start) / 1e9:.1f} s into the run" if isinstance(start, int) else "?"
+        seen = r.get("last_seen_unix_ns")
+        seen_s = (f", {(r['noticed_unix_ns'] - seen) / 1e9:.1f} s after its last counters"
+                  if isinstance(seen, int) else "")
+        out.append(f"the agent (pid {r.get('pid')}) died ({r.get('ended', '?')}), noticed {at}{seen_s}; "
+                   f"pid {r.get('new_pid')} took over its rings "
+                   f"{(r['restarted_unix_ns'] - r['noticed_unix_ns']) / 1e9:.3f} s later: what it had read "
+                   "and not yet written is lost, what the rings dropped meanwhile is counted (see the "
+                   "event accounting)")
     return out
 
 
