@@ -98,8 +98,11 @@ class Agent:
         old_run = _json_or_empty(lambda: read_json(self.rundir.file("run.json")))
         self.meta.update({k: v for k, v in old_run.items() if k not in ("status", "ended_unix_ns", "agent_pid")})
         restarts = list(self.meta.get("agent_restarts") or [])
+        exporters = old_agent.get("exporters") if isinstance(old_agent.get("exporters"), dict) else {}
         restarts.append({**gone, "restarted_unix_ns": time.time_ns(), "new_pid": os.getpid(),
-                         "record": old_agent.get("record") or {}})
+                         "record": old_agent.get("record") or {},  # its outages, with their times
+                         "exporter_outages": {k: v.get("outages") for k, v in exporters.items()
+                                              if isinstance(v, dict) and v.get("outages")}})
         self.meta["agent_restarts"] = restarts
         self._old_processes = self.rundir.read_processes()
         rings = {str(r["name"]): int(r["index"]) for r in old_agent.get("rings") or ()

@@ -96,9 +96,12 @@ def _outages(run: Run) -> dict[str, str]:
                                        if isinstance(r, dict)]
         for rec in (r for r in records if isinstance(r, dict)):
             spans.setdefault("event log", []).extend(rec.get("outages") or ())
-        for kind, c in (a.get("exporters") or {}).items():
-            if isinstance(c, dict):
-                spans.setdefault(f"{kind} export", []).extend(c.get("outages") or ())
+        exported = [{k: (c.get("outages") if isinstance(c, dict) else None)
+                     for k, c in (a.get("exporters") or {}).items()}]
+        exported += [r.get("exporter_outages") or {} for r in rj.get("agent_restarts") or () if isinstance(r, dict)]
+        for by_kind in exported:
+            for kind, got in by_kind.items():
+                spans.setdefault(f"{kind} export", []).extend(got or ())
     units = {"event log": "events not recorded"}
     texts = {what: describe(sorted(s, key=lambda x: x[0] if isinstance(x, list) and x else 0), start,
                             units.get(what, "spans not delivered"))
