@@ -363,9 +363,6 @@ class RingHeader:
         """Events this ring's hook sites wrote: published plus dropped (ring full)."""
         return self.events_published + self.dropped
 
-    def to_wall_ns(self, mono_ns: int) -> int:
-        return self.anchor_wall_ns + (mono_ns - self.anchor_mono_ns)
-
 
 def _text(b: bytes) -> str:
     return b.rstrip(b"\0").decode("utf-8", "replace")

@@ -57,7 +57,6 @@ NAMES = (cv.SPAN_REQUEST, cv.SPAN_STAGE, cv.SPAN_STAGE_QUEUE, cv.SPAN_SNAPSHOT, 
 # a chunk's hop: the producer's spans (its task until the payload is written) and the consumer's
 PRODUCER_NAMES = (N_SNAPSHOT, N_FIFO, N_PROCESS, N_PUT)
 CONSUMER_NAMES = (N_POLL, N_GET, N_WAIT)
-CHUNK_NAMES = frozenset(PRODUCER_NAMES + CONSUMER_NAMES)
 
 # incomplete-span reasons (``reason`` column); 0 = complete
 REASONS = ("", "writer-died", "run-ended", "unfinished", "timeout", "consumer-never-scheduled")

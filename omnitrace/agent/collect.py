@@ -24,7 +24,6 @@ class RingSource:
     dropped: int = 0
     dead: bool = False
     first_seen_unix_ns: int = 0
-    drops_warned: int = 0
 
 
 @dataclass
@@ -92,19 +91,6 @@ class Collector:
             self.stats.rings_seen += 1
             new.append(src)
         return new
-
-    def drain(self, max_per_ring: int = 1 << 18) -> list[tuple[RingSource, list]]:
-        """New events of every ring: [(source, [(kind, req, stage, chunk, a, b, t), ...])]."""
-        out = []
-        for src in self.sources.values():
-            batch = src.reader.read_batch(max_per_ring)
-            src.dropped = src.reader.dropped()
-            if batch:
-                src.header = src.reader.header()  # role/stage may be set after creation
-                src.events += len(batch)
-                self.stats.events_read += len(batch)
-                out.append((src, batch))
-        return out
 
     def reap(self) -> list[RingSource]:
         """Mark rings whose writer process is gone; the caller drains them once more,

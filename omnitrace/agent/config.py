@@ -8,6 +8,9 @@ from dataclasses import asdict, dataclass, field
 
 import orjson
 
+from omnitrace import conventions as cv
+from omnitrace.record import SHM_DIR
+
 EXPORTERS = ("otlp-grpc", "otlp-http", "prometheus", "file")
 OTLP_EXPORTERS = ("otlp-grpc", "otlp-http")
 
@@ -22,7 +25,7 @@ class AgentConfig:
     otlp_endpoints: dict[str, str | None] = field(default_factory=dict)
     otlp_timeout_s: float | None = None
     otlp_queue_spans: int = 65536
-    prometheus_port: int = 9464
+    prometheus_port: int = cv.DEFAULT_PROMETHEUS_PORT
     prometheus_addr: str = "127.0.0.1"
     # drain period: each cycle's fixed cost (a header read and a decode per ring, a zstd
     # block compressed with cold caches) is paid 5 times a second; a ring that filled an
@@ -32,7 +35,7 @@ class AgentConfig:
     metrics_interval_s: float = 10.0  # metrics.jsonl period
     max_run_bytes: int | None = None  # cap on the event log (compressed bytes)
     command: tuple[str, ...] = ()
-    shm_dir: str = "/dev/shm"
+    shm_dir: str = SHM_DIR
     # an agent started in place of one that died (omnitrace run restarts it): that one's
     # pid, how it ended, when it was last seen writing and when its death was noticed
     takes_over: dict | None = None

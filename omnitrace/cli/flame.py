@@ -16,16 +16,12 @@ from typing import Any
 import numpy as np
 import orjson
 from omnitrace import console
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"omnitrace flame: {message} (see omnitrace flame --help)\n")
+from omnitrace.cli.helpformat import OneLineParser
 
 
 def _parser() -> argparse.ArgumentParser:
     from omnitrace.profile.linked import CATEGORIES, THREADS
-    p = _Parser(prog="omnitrace flame", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="omnitrace flame", description=__doc__.split("\n")[0])
     p.add_argument("run_dir", metavar="RUN")
     p.add_argument("--stage", help="api, a stage name (thinker) or id (0, stage0)")
     p.add_argument("--thread", choices=THREADS, help="the thread whose samples to keep (default: "

@@ -16,17 +16,12 @@ import argparse
 import json
 
 from omnitrace import console
-from omnitrace.cli.helpformat import DefaultsFormatter
+from omnitrace.cli.helpformat import DefaultsFormatter, OneLineParser
 from omnitrace.inject import coverage
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"omnitrace hooks: {message} (see omnitrace hooks --help)\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="omnitrace hooks", description=__doc__.split("\n\n")[0].replace("`", ""),
+    p = OneLineParser(prog="omnitrace hooks", description=__doc__.split("\n\n")[0].replace("`", ""),
                 formatter_class=DefaultsFormatter,
                 epilog="examples:\n  omnitrace hooks\n  omnitrace hooks --deploy qwen3_omni_moe_mrv2.yaml\n"
                        "  omnitrace hooks --deploy my-deploy.yaml --platform rocm --json")

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from omnitrace import conventions as cv
 from omnitrace import childproc
 from omnitrace.childproc import python_module
-from omnitrace.cli.helpformat import DefaultsFormatter
+from omnitrace.cli.helpformat import DefaultsFormatter, OneLineParser
 from omnitrace.bench.load import LOADTEST_DEFAULTS, REQUEST_TIMEOUT_S, concurrency_levels
 from omnitrace.bench.client import BACKEND_HELP, ENDPOINT_HELP, resolve_backend
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
@@ -69,13 +69,8 @@ def _py() -> list[str]:
     return python_module("omnitrace")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"omnitrace loadtest: {message} (see omnitrace loadtest --help)\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
         prog="omnitrace loadtest",
         description="Serve (instrumented), warm up, load, stop, report: the attribution report\n"
                     "on the console, report.html and bench.json in one run directory (its path is\n"

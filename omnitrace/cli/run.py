@@ -30,6 +30,7 @@ from omnitrace import conventions as cv
 from omnitrace.childproc import python_module
 from omnitrace.agent.config import EXPORTERS, AgentConfig
 from omnitrace import console
+from omnitrace.cli.helpformat import OneLineParser
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "inject",
                              "bootstrap")
@@ -40,15 +41,9 @@ class UsageError(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        # one line, not usage + error: the bad-input contract of `omnitrace run`
-        self.exit(2, f"omnitrace run: {message} (see omnitrace run --help)\n")
-
-
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
-    p = _Parser(
+    p = OneLineParser(
         prog="omnitrace run",
         usage="omnitrace run [options] [--] COMMAND [ARGS...]  |  omnitrace run [options] serve [MODEL] [ARGS...]",
         description="Run COMMAND with every Python process it spawns instrumented; the agent "
@@ -66,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--otlp-http-endpoint", help="endpoint for otlp-http only (base URL or .../v1/traces)")
     p.add_argument("--otlp-timeout", type=float, default=None,
                    help="seconds per OTLP export (default: OTEL_EXPORTER_OTLP_TIMEOUT or 10)")
-    p.add_argument("--prometheus-port", default=env(cv.ENV_PROMETHEUS_PORT, "9464"),
+    p.add_argument("--prometheus-port", default=env(cv.ENV_PROMETHEUS_PORT, str(cv.DEFAULT_PROMETHEUS_PORT)),
                    help="port of the /metrics endpoint (0 = any free port)")
     p.add_argument("--prometheus-addr", default=env(cv.ENV_PROMETHEUS_ADDR, "127.0.0.1"))
     p.add_argument("--ring-records", default=env(cv.ENV_RING_RECORDS),

@@ -16,8 +16,8 @@ import os
 import shutil
 
 from omnitrace.agent.collect import pid_alive as _alive
+from omnitrace.record import SHM_DIR
 
-SHM_DIR = "/dev/shm"
 WAKE_PREFIX = "omni_shm_wake_"
 
 

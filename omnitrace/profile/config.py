@@ -55,10 +55,6 @@ class FlameConfig:
         return self
 
     @property
-    def profiles_dir(self) -> str:
-        return os.path.join(self.run_dir, PROFILES_DIR)
-
-    @property
     def raw_dir(self) -> str:
         return os.path.join(self.run_dir, RAW_DIR)
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import _posixshmem  # type: ignore[import-not-found]
 import numpy as np
 
-SHM_DIR = "/dev/shm"
+from omnitrace.record import SHM_DIR
+
 MODES = ("per-chunk", "pool")
 MAGIC = b"OMC1"
 # magic, flags, chunk, n_new, n_context, ndim, dtype, shape[3], nbytes
@@ -238,9 +239,6 @@ class ShmConnector:
                 if slot >= 0 and slot < len(self._slots):
                     _U32.pack_into(self._slots[slot].mm, 0, SLOT_FREE)
         return n
-
-    def unread_requests(self) -> set[str]:
-        return {r for r, _ in self._live.values()}
 
     # ------------------------------------------------------------------ consumer
     def get(self, key: str) -> tuple[ChunkMeta, np.ndarray | None, int] | None:

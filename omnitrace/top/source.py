@@ -29,7 +29,7 @@ from omnitrace.agent import promproto
 from omnitrace.agent.export_prometheus import HISTOGRAMS
 
 Labels = tuple[tuple[str, str], ...]
-DEFAULT_URL = "http://127.0.0.1:9464/metrics"
+DEFAULT_URL = f"http://127.0.0.1:{cv.DEFAULT_PROMETHEUS_PORT}/metrics"
 # metrics.jsonl names (OTLP) -> Prometheus names
 _OTLP_HIST = {name: prom for name, (prom, _, _, _) in HISTOGRAMS.items()}
 
