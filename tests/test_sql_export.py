@@ -55,11 +55,43 @@ def test_sql_answers_in_each_format(capsys):
     ((HOL, "SELECT * FROM no_such_table"), "no_such_table"),
     ((HOL, "SELECT no_such_column FROM requests"), "no_such_column"),
     (("/no/such/run", "SELECT * FROM requests"), "not a run directory"),
-    ((HOL,), "a QUERY (or --tables) is needed"),
+    (("/no/such/run",), "a run directory is needed"),
+    ((HOL, HOL + "/", "SELECT 1"), "the same run directory"),
 ])
 def test_a_bad_query_is_one_line_and_exit_2(capsys, argv, says):
     code, out, err = _sql(capsys, *argv)
     assert code == 2 and out == "" and says in err and len(err.strip().splitlines()) == 1
+
+
+WORKED = os.path.join(gi.RUNS, "worked")
+PER_REQUEST = ("SELECT {} r.request, count(*) AS tasks, sum(f.blocked_ns) AS ns FROM fifo_tasks f "
+               "JOIN requests r USING (request_id) JOIN senders s USING (sender_id) GROUP BY ALL ORDER BY {} request")
+
+
+def test_several_runs_are_one_set_of_tables_whose_joins_stay_within_a_run(capsys):
+    """Each run's answer, asked alone, is its rows of the answer over both: the ids are
+    numbered on across runs, so a join written for one run reads several unchanged."""
+    alone = []
+    for run in (HOL, WORKED):
+        code, text, _ = _sql(capsys, run, PER_REQUEST.format("", ""), "--format", "json")
+        assert code == 0
+        alone.append(json.loads(text))
+    code, text, _ = _sql(capsys, HOL, WORKED, PER_REQUEST.format("f.run,", "run,"), "--format", "json")
+    both = json.loads(text)
+    assert code == 0 and alone[0] and alone[1]
+    for run, rows in enumerate(alone):
+        assert [{k: v for k, v in r.items() if k != "run"} for r in both if r["run"] == run] == rows
+    code, text, _ = _sql(capsys, HOL, WORKED, "SELECT run, path FROM runs ORDER BY run", "--format", "json")
+    assert json.loads(text) == [{"run": 0, "path": HOL}, {"run": 1, "path": WORKED}]
+
+
+def test_without_a_query_the_shell_answers_each_statement(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("SELECT count(*) AS n\n  FROM requests;\n.tables\n"
+                                                 "SELECT 2 AS two;\n"))
+    code, text, _ = _sql(capsys, HOL, "--format", "csv")
+    assert code == 0
+    n = tables_run.load(HOL, {"requests"}).tables["requests"].num_rows
+    assert text.startswith(f'"n"\n{n}\n') and text.endswith('"two"\n2\n') and "fifo_tasks:" in text
 
 
 def test_sql_tables_lists_every_table_and_column(capsys):

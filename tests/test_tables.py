@@ -123,7 +123,7 @@ def test_the_hol_run_read_back_in_microseconds():
     assert [rt.requests[x] for x in first["blocked_by"]] == ["y", "x"]
     (thinker,) = [v for v in t["stage_visits"].to_pylist() if v["request_id"] == rid["v"] and v["stage"] == 0]
     assert (us(thinker["add_ns"]), us(thinker["schedule_ns"]), us(thinker["finish_ns"])) == (10, 20, 1900)
-    assert t["senders"].num_rows == 1 and t["stages"].to_pylist()[0] == {"stage": -1, "name": "api"}
+    assert t["senders"].num_rows == 1 and t["stages"].to_pylist()[0] == {"run": 0, "stage": -1, "name": "api"}
 
 
 def test_the_request_string_is_in_requests_only():

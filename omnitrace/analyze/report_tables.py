@@ -9,7 +9,7 @@ ns count rounds back to it exactly at these magnitudes.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -17,7 +17,7 @@ import pyarrow as pa
 from omnitrace.analyze import attribution as at
 from omnitrace.analyze.report import build_report
 from omnitrace.analyze.rundir import RunDirError, load_run
-from omnitrace.tables import run as tables_run
+from omnitrace.tables import combine, run as tables_run
 from omnitrace.tables.build import enum
 from omnitrace.tables.schema import TABLES, arrow_table
 
@@ -38,8 +38,20 @@ def load(run_dir: str, wanted: Iterable[str] | None = None) -> tables_run.RunTab
         except RunDirError as exc:
             raise tables_run.TablesError(str(exc)) from None
         rt.tables.update({n: made[n] for n in report})
-    rt.tables = {n: rt.tables[n] for n in TABLES if n in wanted}
+    rt.tables = combine.combine([run_dir], [{n: t for n, t in rt.tables.items() if n in wanted}], wanted)
     return rt
+
+
+def load_runs(run_dirs: Sequence[str], wanted: Iterable[str] | None = None) -> dict[str, pa.Table]:
+    """The tables of several run directories as one set (``tables.combine``: a ``run``
+    column, ids numbered on across runs; ``runs`` lists them). Each run's attribution is its
+    own report's. Raises ``tables.run.TablesError`` for an unusable run or one given twice."""
+    wanted = set(TABLES if wanted is None else wanted)
+    try:
+        paths = combine.distinct(run_dirs)
+    except combine.SameRunTwice as exc:
+        raise tables_run.TablesError(str(exc)) from None
+    return combine.combine(paths, [load(p, wanted - {"runs"}).tables for p in paths], wanted)
 
 
 def attribution_tables(run_dir: str, requests: pa.Table) -> dict[str, pa.Table]:

@@ -1,8 +1,9 @@
-"""`omnitrace sql RUN "SELECT ..."`: a SQL query over a run's tables (docs/tables.md),
-answered by DuckDB over Arrow; `omnitrace sql RUN --tables` lists the tables and their
-columns."""
+"""`omnitrace sql RUN [RUN ...] "SELECT ..."`: a SQL query over runs' tables (docs/tables.md),
+answered by DuckDB over Arrow; without a query, an interactive shell (statements end with
+``;``); `omnitrace sql --tables` lists the tables and their columns."""
 from __future__ import annotations
 
+import os
 import sys
 
 from omnitrace import console
@@ -11,11 +12,15 @@ from omnitrace.cli.helpformat import DefaultsFormatter, OneLineParser
 
 def _parser() -> OneLineParser:
     p = OneLineParser(prog="omnitrace sql", formatter_class=DefaultsFormatter,
-                      description="Ask a run your own question: SQL (DuckDB) over its typed tables "
+                      description="Ask runs your own question: SQL (DuckDB) over their typed tables "
                                   "(requests, stage_visits, fifo_tasks, sender_tasks, segments, ...; "
-                                  "--tables lists them, docs/tables.md explains them).")
-    p.add_argument("run", metavar="RUN", help="run directory")
-    p.add_argument("query", nargs="?", metavar="QUERY", help="a SELECT statement")
+                                  "--tables lists them, docs/tables.md explains them). Several run "
+                                  "directories load as one set of tables, a `run` column apart.",
+                      epilog='examples:\n  omnitrace sql RUN "SELECT count(*) FROM requests"\n'
+                             '  omnitrace sql R1 R2 "SELECT run, count(*) FROM requests GROUP BY run"\n'
+                             "  omnitrace sql RUN          (a shell: statements end with ;)")
+    p.add_argument("args", nargs="*", metavar="RUN [RUN ...] [QUERY]",
+                   help="run directories, then a SELECT statement (none: an interactive shell)")
     p.add_argument("--tables", action="store_true", help="list the tables and their columns, then exit")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    help="how to write the answer")
@@ -25,24 +30,86 @@ def _parser() -> OneLineParser:
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
-    from omnitrace.tables import schema, sql
+    from omnitrace.tables import schema
     if args.tables:
         sys.stdout.write(schema.describe())
         return 0
-    if not args.query:
-        p.error("a QUERY (or --tables) is needed")
-    from omnitrace.analyze import report_tables
-    from omnitrace.tables.run import TablesError
+    runs, query = _runs_and_query(args.args)
+    if not runs:
+        p.error("a run directory is needed" + (f" ({query!r} is none)" if query else ""))
+    from omnitrace.tables import combine
     try:
-        named = sql.tables_named(args.query)
-        wanted = (sql.words(args.query) if named is None else named) & set(schema.TABLES)
-        tables = report_tables.load(args.run, wanted).tables if wanted else {}
-        result = sql.run(tables, args.query)
+        combine.distinct(runs)
+    except combine.SameRunTwice as exc:
+        p.error(str(exc))
+    if query is None:
+        return _shell(runs, args.format)
+    return 0 if _answer(runs, query, args.format) else 2
+
+
+def _runs_and_query(words: list[str]) -> tuple[list[str], str | None]:
+    """The leading directories are runs; a last word that is none is the query."""
+    if words and not os.path.isdir(words[-1]):
+        return words[:-1], words[-1]
+    return words, None
+
+
+def _answer(runs: list[str], query: str, fmt: str, cache: dict | None = None) -> bool:
+    """Write ``query``'s answer over ``runs`` (their tables loaded as the query needs them,
+    kept in ``cache`` for the next); False, with one line on stderr, where it fails."""
+    from omnitrace.analyze import report_tables
+    from omnitrace.tables import schema, sql
+    from omnitrace.tables.run import TablesError
+    cache = {} if cache is None else cache
+    try:
+        named = sql.tables_named(query)
+        wanted = (sql.words(query) if named is None else named) & set(schema.TABLES)
+        if wanted - set(cache):
+            cache.update(report_tables.load_runs(runs, wanted - set(cache)))
+        result = sql.run({n: cache[n] for n in wanted}, query)
     except (sql.QueryError, TablesError) as exc:
         console.say("sql", str(exc))
-        return 2
-    sys.stdout.buffer.write(sql.render(result, args.format))
-    return 0
+        return False
+    sys.stdout.buffer.write(sql.render(result, fmt))
+    sys.stdout.flush()
+    return True
+
+
+def _shell(runs: list[str], fmt: str) -> int:
+    """Statements from stdin, each ended by ``;``, answered in turn (tables loaded once);
+    ``.tables`` lists them, ``.quit`` or end of input leaves."""
+    from omnitrace.tables import schema
+    try:
+        import readline  # noqa: F401 - line editing and history for input()
+    except ImportError:
+        pass
+    tty = sys.stdin.isatty()
+    if tty:
+        console.say("sql", f"{len(runs)} run{'s' if len(runs) > 1 else ''}; end a statement with ;  "
+                           ".tables lists the tables, .quit leaves")
+    cache: dict = {}
+    pending: list[str] = []
+    failed = False
+    while True:
+        try:
+            line = input("sql> " if not pending else "...> ") if tty else sys.stdin.readline()
+        except (EOFError, KeyboardInterrupt):
+            break
+        if not tty and not line:
+            break
+        text = line.strip()
+        if not pending and text in (".quit", ".exit"):
+            break
+        if not pending and text == ".tables":
+            sys.stdout.write(schema.describe())
+            continue
+        pending.append(line)
+        if text.endswith(";"):
+            failed |= not _answer(runs, "\n".join(pending).strip().rstrip(";"), fmt, cache)
+            pending = []
+    if "".join(pending).strip():
+        failed |= not _answer(runs, "\n".join(pending).strip().rstrip(";"), fmt, cache)
+    return 2 if failed else 0
 
 
 if __name__ == "__main__":

@@ -5,12 +5,16 @@ test holds the two equal, :func:`arrow_table` refuses columns that are not decla
 Conventions, as in Perfetto's trace processor: times are unix ns (``*_ns``; durations
 ``*_ns`` too), ids are int64 keys (``request_id`` into ``requests``, ``sender_id`` into
 ``senders``, ``thread_id`` into ``threads``), a missing value is null (never 0 or -1), and a
-name from a small set (status, category, reason) is a dictionary-encoded string.
+name from a small set (status, category, reason) is a dictionary-encoded string. Every
+table's first column is ``run`` (into ``runs``): several run directories load as one set
+of tables (``tables.combine``), their ids numbered on across them, so a join on an id is a
+join within its run.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset  # noqa: F401 - Table.filter imports it, and it hooks six into sys.meta_path: here, once
 
@@ -37,8 +41,11 @@ class Table:
         return pa.schema([pa.field(c.name, c.type) for c in self.columns])
 
 
+RUN = Column("run", I32, "the run directory it came from (runs.run)")
+
+
 def _cols(*spec: tuple[str, pa.DataType, str]) -> tuple[Column, ...]:
-    return tuple(Column(*s) for s in spec)
+    return (RUN, *(Column(*s) for s in spec))
 
 
 _REQ = ("request_id", I64, "the request (requests.request_id)")
@@ -194,6 +201,10 @@ TABLES: dict[str, Table] = {t.name: t for t in (
               ("consumer_stage", I32, "the stage that took it"),
               ("gating_chunk", I32, "the chunk whose arrival gated the consumer's output: its FIFO "
                                     "tasks with chunk <= gating_chunk were on the critical path")), "report"),
+    Table("runs", "One row per run directory given, in the order given (one for a single run).", (
+        Column("run", I32, "the run's number: the key every table's run refers to"),
+        Column("path", STR, "the run directory as given"),
+        Column("run_id", STR, "its run id (run.json; else the directory's name)")), "runs"),
 )}
 
 
@@ -206,6 +217,9 @@ def arrow_table(name: str, columns: dict[str, pa.Array]) -> pa.Table:
     undeclared column is an error: the schema above is the only one)."""
     t = TABLES[name]
     got, want = set(columns), [c.name for c in t.columns]
+    if "run" not in got and t.source != "runs":  # one run: run 0 (tables.combine numbers several)
+        columns = {"run": np.zeros(len(next(iter(columns.values()), ())), np.int32), **columns}
+        got.add("run")
     if got != set(want):
         raise SchemaError(f"{name}: columns {sorted(got ^ set(want))} differ from the declared ones")
     return pa.Table.from_arrays([pa.array(columns[c.name], c.type) if not isinstance(columns[c.name], pa.Array)
@@ -232,7 +246,8 @@ def _type_name(t: pa.DataType) -> str:
             "double": "float64"}.get(str(t), "list")
 
 
-SOURCES = {"load": "the event log", "bench": "bench.json", "report": "the report's walk"}
+SOURCES = {"load": "the event log", "bench": "bench.json", "report": "the report's walk",
+           "runs": "the run directories given"}
 
 
 def markdown() -> str:

@@ -7,6 +7,7 @@ window functions, interval joins, lists).
 """
 from __future__ import annotations
 
+import decimal
 import io
 import re
 from typing import Any
@@ -85,8 +86,15 @@ def render(result: pa.Table, fmt: str) -> bytes:
         pacsv.write_csv(result, buf)
         return buf.getvalue()
     if fmt == "json":
-        return orjson.dumps(result.to_pylist(), option=orjson.OPT_INDENT_2) + b"\n"
+        return orjson.dumps(result.to_pylist(), option=orjson.OPT_INDENT_2, default=_json_value) + b"\n"
     return _aligned(result).encode()
+
+
+def _json_value(v: Any) -> Any:
+    """What orjson cannot write itself: DuckDB's sums of integers are decimals (HUGEINT)."""
+    if isinstance(v, decimal.Decimal):
+        return int(v) if v == v.to_integral_value() else float(v)
+    raise TypeError(f"{type(v).__name__} is not JSON serializable")
 
 
 def _cell(v: Any) -> str:
