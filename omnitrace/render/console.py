@@ -30,6 +30,13 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: Sequence[
 
 
 def render(rep: dict[str, Any], limit: int = 20) -> str:
+    out = _header(rep) + _ttfp(rep["ttfp"]) + _failures(rep.get("failures") or {}) + _attribution(rep)
+    out += _components(rep) + _head_of_line(rep["head_of_line"], limit) + _requests(rep["requests"], limit)
+    return "\n".join(out)
+
+
+def _header(rep: dict[str, Any]) -> list[str]:
+    """The warning, headline, run and window lines, the recorder's account, the warnings."""
     out: list[str] = []
     rec = rep["recorder"]
     if rec["dropped"]:  # louder than the answer: the answer is built on what is left
@@ -52,38 +59,54 @@ def render(rep: dict[str, Any], limit: int = 20) -> str:
         out.append(f"exporter {kind}: exported={c['exported']} failed={c['failed']} "
                    f"dropped={c['dropped']} sampled_out={c.get('sampled_out', 0)} "
                    f"never_built_live={c.get('not_built_live', 0)}")
-    for msg in rep["warnings"]:
-        out.append(f"warning: {msg}")
-    t = rep["ttfp"]
-    if t["server_ms"]["count"]:
-        s, c = t["server_ms"], t["client_ms"]
-        out.append("")
-        out.append(table(["TTFP (ms)", "n", "mean", "p50", "p90", "p99", "max"],
-                         [["server", s["count"], s["mean"], s["p50"], s["p90"], s["p99"], s["max"]]]
-                         + ([["client (bench)", c["count"], c["mean"], c["p50"], c["p90"], c["p99"],
-                              c["max"]]] if c["count"] else [])))
-        out.append(f"categories sum to TTFP: max |error| = {t['sum_error_max_ns']} ns")
-        if t["client_minus_server_median_ms"] is not None:
-            d = t["client_minus_server_ms"]
-            out.append(f"client - server TTFP (HTTP overhead): median {t['client_minus_server_median_ms']:.3f} ms, "
-                       f"p99 {d['p99']:.3f} ms")
-    fl = rep.get("failures") or {}
-    if fl.get("failed"):
-        out.append("\nFailed measured requests, by cause")
-        out.append(table(["cause", "requests", "how the client saw it", "example"],
-                         [[c["cause"], c["count"], ", ".join(f"{n} {h}" for h, n in c["how"].items()),
-                           c["example"][:60]] for c in fl["causes"]], left=(2, 3)))
-    if rep["attribution"]:
-        out.append("\nAttribution of TTFP (critical path, per stage and category)")
-        out.append(table(["stage", "category", "mean ms", "p50 ms", "p99 ms", "share"],
-                         [[a["stage"], a["category"], a["mean_ms"], a["p50_ms"], a["p99_ms"],
-                           f"{a['share'] * 100:.1f}%"] for a in rep["attribution"]], left=(1,)))
-        used = {a["category"] for a in rep["attribution"]}
-        desc = [c for c in rep.get("categories", []) if c["category"] in used]
-        if desc:
-            width = max(len(c["category"]) for c in desc)
-            out.append("categories:")
-            out += [f"  {c['category'].ljust(width)}  {c['description']}" for c in desc]
+    return out + [f"warning: {msg}" for msg in rep["warnings"]]
+
+
+def _ttfp(t: dict[str, Any]) -> list[str]:
+    if not t["server_ms"]["count"]:
+        return []
+    s, c = t["server_ms"], t["client_ms"]
+    out = ["", table(["TTFP (ms)", "n", "mean", "p50", "p90", "p99", "max"],
+                     [["server", s["count"], s["mean"], s["p50"], s["p90"], s["p99"], s["max"]]]
+                     + ([["client (bench)", c["count"], c["mean"], c["p50"], c["p90"], c["p99"],
+                          c["max"]]] if c["count"] else [])),
+           f"categories sum to TTFP: max |error| = {t['sum_error_max_ns']} ns"]
+    if t["client_minus_server_median_ms"] is not None:
+        d = t["client_minus_server_ms"]
+        out.append(f"client - server TTFP (HTTP overhead): median {t['client_minus_server_median_ms']:.3f} ms, "
+                   f"p99 {d['p99']:.3f} ms")
+    return out
+
+
+def _failures(fl: dict[str, Any]) -> list[str]:
+    if not fl.get("failed"):
+        return []
+    return ["\nFailed measured requests, by cause",
+            table(["cause", "requests", "how the client saw it", "example"],
+                  [[c["cause"], c["count"], ", ".join(f"{n} {h}" for h, n in c["how"].items()),
+                    c["example"][:60]] for c in fl["causes"]], left=(2, 3))]
+
+
+def _attribution(rep: dict[str, Any]) -> list[str]:
+    if not rep["attribution"]:
+        return []
+    out = ["\nAttribution of TTFP (critical path, per stage and category)",
+           table(["stage", "category", "mean ms", "p50 ms", "p99 ms", "share"],
+                 [[a["stage"], a["category"], a["mean_ms"], a["p50_ms"], a["p99_ms"],
+                   f"{a['share'] * 100:.1f}%"] for a in rep["attribution"]], left=(1,))]
+    used = {a["category"] for a in rep["attribution"]}
+    desc = [c for c in rep.get("categories", []) if c["category"] in used]
+    if desc:
+        width = max(len(c["category"]) for c in desc)
+        out.append("categories:")
+        out += [f"  {c['category'].ljust(width)}  {c['description']}" for c in desc]
+    return out
+
+
+def _components(rep: dict[str, Any]) -> list[str]:
+    """FIFO residence, snapshot cost and transfers: the figures of every chunk, not only the
+    critical path's."""
+    out: list[str] = []
     if rep["fifo"]:
         out.append("\nFIFO residence (producer stage)")
         out.append(table(["stage", "chunks", "p50 ms", "p99 ms", "max ms", "blocked p50", "blocked p99",
@@ -104,24 +127,32 @@ def render(rep: dict[str, Any], limit: int = 20) -> str:
                            x["put"]["bandwidth_mb_s"], x["get"]["count"], x["get"]["p50_us"],
                            x["get"]["p99_us"], x["get"]["bandwidth_mb_s"], x["put"]["mean_bytes"]]
                           for x in rep["transfer"]]))
-    if rep["head_of_line"]:
-        out.append("\nHead-of-line blocking before the first packet (wall time), top victim x culprit pairs")
-        out.append(table(["victim", "culprit", "blocked ms", "victim TTFP ms", "culprit tasks"],
-                         [[h["victim"], h["culprit"], h["blocked_ms"], h["victim_ttfp_ms"], h["tasks"]]
-                          for h in rep["head_of_line"][:limit]]))
-        out.append("blocked ms: time before the victim's first packet during which one of its "
-                   "critical-path chunks\nwaited in a FIFO while the sender worked on the culprit's "
-                   "task (never more than the TTFP)")
-    if rep["requests"]:
-        shown = rep["requests"][:limit]
-        out.append(f"\nPer request critical path (slowest {len(shown)} of {len(rep['requests'])}; "
-                   f"largest {TOP} categories; --json for all), ms")
-        rows = []
-        for r in shown:
-            top = sorted(r["categories_ms"].items(), key=lambda kv: -kv[1])[:TOP]
-            top += [("", None)] * (TOP - len(top))
-            rows.append([r["id"], r["ttfp_ms"], r["client_ttfp_ms"]]
-                        + [x for k, v in top for x in (k, "" if v is None else f"{v:.1f}")])
-        heads = [h for i in range(TOP) for h in (f"#{i + 1}", "ms")]
-        out.append(table(["request", "TTFP", "client"] + heads, rows, left=range(3, 3 + 2 * TOP, 2)))
-    return "\n".join(out)
+    return out
+
+
+def _head_of_line(hol: list[dict[str, Any]], limit: int) -> list[str]:
+    if not hol:
+        return []
+    return ["\nHead-of-line blocking before the first packet (wall time), top victim x culprit pairs",
+            table(["victim", "culprit", "blocked ms", "victim TTFP ms", "culprit tasks"],
+                  [[h["victim"], h["culprit"], h["blocked_ms"], h["victim_ttfp_ms"], h["tasks"]]
+                   for h in hol[:limit]]),
+            "blocked ms: time before the victim's first packet during which one of its "
+            "critical-path chunks\nwaited in a FIFO while the sender worked on the culprit's "
+            "task (never more than the TTFP)"]
+
+
+def _requests(requests: list[dict[str, Any]], limit: int) -> list[str]:
+    if not requests:
+        return []
+    shown = requests[:limit]
+    rows = []
+    for r in shown:
+        top = sorted(r["categories_ms"].items(), key=lambda kv: -kv[1])[:TOP]
+        top += [("", None)] * (TOP - len(top))
+        rows.append([r["id"], r["ttfp_ms"], r["client_ttfp_ms"]]
+                    + [x for k, v in top for x in (k, "" if v is None else f"{v:.1f}")])
+    heads = [h for i in range(TOP) for h in (f"#{i + 1}", "ms")]
+    return [f"\nPer request critical path (slowest {len(shown)} of {len(requests)}; "
+            f"largest {TOP} categories; --json for all), ms",
+            table(["request", "TTFP", "client"] + heads, rows, left=range(3, 3 + 2 * TOP, 2))]
