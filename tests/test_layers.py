@@ -25,9 +25,13 @@ LAYERS = [
     ("profile", ("omnitrace.profile",)),
     ("analyze", ("omnitrace.analyze",)),
     ("agent", ("omnitrace.agent",)),
+    ("runner", ("omnitrace.runner",)),
     ("render", ("omnitrace.render",)),
-    ("commands", ("omnitrace.cli", "omnitrace.__main__", "omnitrace.bench", "omnitrace.inject",
-                  "omnitrace.patches", "omnitrace.top")),
+    ("inject", ("omnitrace.inject",)),
+    ("patches", ("omnitrace.patches",)),  # hook definitions on inject's Hook API, found by name
+    ("bench", ("omnitrace.bench",)),
+    ("top", ("omnitrace.top",)),
+    ("commands", ("omnitrace.cli", "omnitrace.__main__")),
 ]
 
 
