@@ -97,7 +97,7 @@ class Agent:
                          "exporter_outages": {k: v.get("outages") for k, v in exporters.items()
                                               if isinstance(v, dict) and v.get("outages")}})
         self.meta["agent_restarts"] = restarts
-        self._old_processes = read_processes(self.cfg.run_dir)
+        self._old_processes = [p for p in read_processes(self.cfg.run_dir) if isinstance(p.get("pid"), int)]
         rings = {str(r["name"]): int(r["index"]) for r in old_agent.get("rings") or ()
                  if isinstance(r, dict) and r.get("name") and isinstance(r.get("index"), int)}
         return eventlog.resume_state(self.cfg.run_dir), rings

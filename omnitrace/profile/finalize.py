@@ -90,7 +90,8 @@ def profile_name(proc: dict) -> str:
 
 
 def _processes(run_dir: str) -> dict[int, dict]:
-    return {p["pid"]: p for p in read_processes(run_dir) if p.get("role") in KEPT_ROLES}
+    return {p["pid"]: p for p in read_processes(run_dir)
+            if p.get("role") in KEPT_ROLES and isinstance(p.get("pid"), int)}
 
 
 def _windows(run_dir: str) -> list[tuple[int, int]]:

@@ -82,8 +82,9 @@ def run_id(run_dir: str) -> str | None:
 
 
 def read_processes(run_dir: str, warnings: list[str] | None = None) -> list[dict[str, Any]]:
-    """processes.jsonl's process objects (none: empty). A torn last line (the agent killed
-    mid-write) is skipped, said in ``warnings`` where given; other bad lines are skipped."""
+    """processes.jsonl's objects, their fields unchecked: who needs one checks it (none:
+    empty). A torn last line (the agent killed mid-write) is skipped, said in ``warnings``
+    where given; other bad lines are skipped."""
     out = []
     try:
         with open(names.path(run_dir, names.PROCESSES), "rb") as f:
@@ -95,7 +96,7 @@ def read_processes(run_dir: str, warnings: list[str] | None = None) -> list[dict
                         warnings.append(f"{names.PROCESSES}: last line {i} is truncated (writer "
                                         "killed mid-write?); ignored")
                     continue
-                if isinstance(p, dict) and isinstance(p.get("pid"), int):
+                if isinstance(p, dict):
                     out.append(p)
     except OSError:
         pass
@@ -104,7 +105,8 @@ def read_processes(run_dir: str, warnings: list[str] | None = None) -> list[dict
 
 def last_metrics(run_dir: str, count: int) -> list[dict[str, Any]]:
     """The last ``count`` metrics.jsonl messages, oldest first (only the file's last 8 MiB
-    is read: a long run's file is large; a torn or foreign line is skipped)."""
+    is read: a long run's file is large; a line torn by a write under way, or foreign, is
+    passed over)."""
     try:
         with open(names.path(run_dir, names.METRICS), "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -112,15 +114,17 @@ def last_metrics(run_dir: str, count: int) -> list[dict[str, Any]]:
             lines = [ln for ln in f.read().splitlines() if ln.startswith(b"{")]
     except OSError:
         return []
-    out = []
-    for line in lines[-count:]:
+    out: list[dict[str, Any]] = []
+    for line in reversed(lines):
+        if len(out) == count:
+            break
         try:
             msg = orjson.loads(line)
         except orjson.JSONDecodeError:
             continue
         if isinstance(msg, dict):
             out.append(msg)
-    return out
+    return out[::-1]
 
 
 def read_profiles_index(run_dir: str) -> dict[str, Any] | None:
