@@ -29,6 +29,7 @@ from omnitrace.agent.config import EXPORTERS, AgentConfig
 from omnitrace import console
 from omnitrace.runfiles.claim import clear_earlier_run
 from omnitrace.runner.agents import start_agent, stop_agent, tell_agent, wait_command
+from omnitrace.runner.signals import StopSignals
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "inject",
                              "bootstrap")
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.overwrite:
         clear_earlier_run(cfg.run_dir)
 
-    sigs = _Signals(ns.planned_stop)  # from here a signal is remembered and forwarded, never a traceback
+    sigs = StopSignals(ns.planned_stop)  # from here a signal is remembered and forwarded, never a traceback
     try:
         return _run_with_agent(cfg, lock, ns, full_cmd, extra_env, flame, sigs)
     finally:
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cmd: list[str],
-                    extra_env: dict[str, str], flame, sigs: "_Signals") -> int:
+                    extra_env: dict[str, str], flame, sigs: StopSignals) -> int:
     from omnitrace.profile import flags as flame_flags
     agent = start_agent(cfg, lock)
     if agent is None:
@@ -324,50 +325,6 @@ def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cm
         console.say("run", f"the command failed (exit status {rc}); what it recorded is in "
                     f"{cfg.run_dir} (`omnitrace report {cfg.run_dir}`)")
     return rc
-
-
-class _Signals:
-    """SIGINT, SIGTERM and SIGHUP for `omnitrace run` once its agent may start: remembered
-    (a signal before the command runs means it never starts) and forwarded to the command
-    once it runs, whose exit then ends the run as usual. A hangup (the terminal, or a
-    launcher that died) asks the command for its clean stop, SIGTERM: most servers die
-    on a SIGHUP without one."""
-
-    KINDS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self, planned: int | None = None) -> None:
-        self.got: list[int] = []
-        self.planned = planned
-        self.child: subprocess.Popen | None = None
-        self.old = {s: signal.signal(s, self._handle) for s in self.KINDS}
-
-    def _handle(self, signum: int, _frame: object) -> None:
-        self.got.append(signum)
-        self._send(signum)
-
-    def _send(self, signum: int) -> None:
-        try:
-            if self.child is not None:
-                self.child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
-        except ProcessLookupError:
-            pass
-
-    def attach(self, child: subprocess.Popen) -> None:
-        """Forward from now on, and what came while the command was being started."""
-        self.child = child
-        for signum in list(self.got):
-            self._send(signum)
-
-    def status(self) -> str | None:
-        """run.json's status for a run a signal ended (interrupted, terminated, hangup);
-        None: the agent's own (the command ended by itself, or by the planned stop)."""
-        if not self.got or self.got[0] == self.planned:
-            return None
-        return childproc.stop_status(self.got[0])
-
-    def restore(self) -> None:
-        for s, h in self.old.items():
-            signal.signal(s, h)
 
 
 if __name__ == "__main__":

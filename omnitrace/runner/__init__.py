@@ -1,2 +1,3 @@
 """What `omnitrace run` does around its command, as a library: the agent's processes
-(:mod:`.agents`) and the rings it left (:mod:`.ringsleft`)."""
+(:mod:`.agents`), the rings it left (:mod:`.ringsleft`) and the stop signals
+(:mod:`.signals`)."""
