@@ -123,7 +123,6 @@ class RunDir:
             pass
 
 
-
 def release_reserve(run_dir: str) -> None:
     """Give back the space :class:`RunDir` held for the final files (a killed agent could not)."""
     try:
