@@ -7,7 +7,8 @@ turns recording on. The agent is a separate process (``omnitrace agent``), start
 ready *before* the command, told the exit status and asked for its final drain and
 flush after it. All options are validated before anything starts; a bad one is a
 one-line error and exit status 2; a command that is not found gives 127 (126 if it is
-not executable), as a shell would.
+not executable), as a shell would. This module parses and validates; the run itself is
+``omnitrace.runner``'s.
 """
 from __future__ import annotations
 
@@ -22,17 +23,14 @@ import subprocess
 import sys
 import time
 
-from omnitrace import childproc
 from omnitrace import conventions as cv
 from omnitrace.childproc import python_module
 from omnitrace.agent.config import EXPORTERS, AgentConfig
 from omnitrace import console
 from omnitrace.runfiles.claim import clear_earlier_run
-from omnitrace.runner.agents import start_agent, stop_agent, tell_agent, wait_command
+from omnitrace.runner.command import Command, run_with_agent
 from omnitrace.runner.signals import StopSignals
 
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "inject",
-                             "bootstrap")
 
 
 class UsageError(Exception):
@@ -260,71 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     if ns.overwrite:
         clear_earlier_run(cfg.run_dir)
 
+    command = Command(full_cmd, extra_env, flame, None if ns.ring_records is None else int(ns.ring_records),
+                      tuple(ns.patches), ns.agent_restarts)
     sigs = StopSignals(ns.planned_stop)  # from here a signal is remembered and forwarded, never a traceback
     try:
-        return _run_with_agent(cfg, lock, ns, full_cmd, extra_env, flame, sigs)
+        return run_with_agent(cfg, lock, command, sigs)
     finally:
         sigs.restore()
-
-
-def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cmd: list[str],
-                    extra_env: dict[str, str], flame, sigs: StopSignals) -> int:
-    from omnitrace.profile import flags as flame_flags
-    agent = start_agent(cfg, lock)
-    if agent is None:
-        return 2
-    if sigs.got:  # Ctrl-C while the agent started: the command never starts
-        stop_agent(agent, 128 + sigs.got[0], cfg, childproc.stop_status(sigs.got[0]))
-        console.say("run", f"interrupted before the command started; {cfg.run_dir} holds "
-                    "an empty run")
-        return 128 + sigs.got[0]
-    console.say("run", f"run {cfg.run_id} -> {cfg.run_dir}")
-    env = dict(os.environ)
-    env.update(extra_env)
-    env[cv.ENV_RUN_ID] = cfg.run_id
-    env[cv.ENV_RUN_DIR] = cfg.run_dir
-    if ns.ring_records is not None:
-        env[cv.ENV_RING_RECORDS] = str(int(ns.ring_records))
-    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    # vLLM-Omni hooks: user hook dirs, and a user's VLLM_PLUGINS list keeps ours (appended)
-    from omnitrace.inject.patching import ENV_PATCHES
-    from omnitrace.inject.vllm_plugin import plugin_env
-
-    if ns.patches:
-        env[ENV_PATCHES] = os.pathsep.join([os.path.abspath(d) for d in ns.patches] +
-                                           [p for p in env.get(ENV_PATCHES, "").split(os.pathsep) if p])
-    env.update(plugin_env(env))
-
-    # our own server takes a Ctrl-C once its handlers are in (childproc.start); anything
-    # else gets it as from the terminal
-    ours = childproc.module_of(full_cmd) == "omnitrace.cli.serve"
-    try:  # --flame: the profile runner starts the command under py-spy
-        popen = childproc.start if ours and flame is None else subprocess.Popen
-        # killed, this launcher takes the command with it (SIGTERM: its own clean stop)
-        child = popen(flame_flags.wrap(flame, full_cmd), env=env,
-                      preexec_fn=childproc.parent_death_signal(signal.SIGTERM))
-    except OSError as exc:
-        console.say("run", f"{full_cmd[0]}: {exc.strerror}")
-        rc = 127 if isinstance(exc, FileNotFoundError) else 126
-        stop_agent(agent, rc, cfg)
-        return rc
-    sigs.attach(child)
-    tell_agent(agent, f"command {child.pid}")  # killed, this launcher leaves it to the agent
-    rc, agent = wait_command(child, agent, cfg, lock, ns.agent_restarts)
-    if rc < 0:
-        rc = 128 - rc  # killed by a signal: report it the way a shell does
-    stop_agent(agent, rc, cfg, sigs.status())
-    from omnitrace.inject.runend import after_command
-    after_command(cfg.run_dir, "run")
-    if sigs.status():
-        console.say("run", f"{sigs.status()}; what was recorded is in {cfg.run_dir} "
-                    f"(`omnitrace report {cfg.run_dir}`)")
-    elif rc == 0:
-        console.say("run", f"done; see `omnitrace report {cfg.run_dir}`")
-    else:
-        console.say("run", f"the command failed (exit status {rc}); what it recorded is in "
-                    f"{cfg.run_dir} (`omnitrace report {cfg.run_dir}`)")
-    return rc
 
 
 if __name__ == "__main__":
