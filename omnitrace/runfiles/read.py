@@ -53,6 +53,8 @@ def read(run_dir: str, name: str) -> dict[str, Any] | None:
 
 
 def _check_bench_shape(bench: dict[str, Any]) -> None:
+    """Request and level lists that are not lists of objects: another tool's file, said
+    so before any field is looked at."""
     for key in ("levels", "requests"):
         v = bench.get(key)
         if v is None:
