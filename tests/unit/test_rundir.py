@@ -107,3 +107,22 @@ def test_profiles_index_reads_or_is_none(tmp_path):
     assert read.read_profiles_index(str(tmp_path)) == {"profiles": [], "missing": []}
     _write(tmp_path, names.PROFILES_INDEX, "[]")
     assert read.read_profiles_index(str(tmp_path)) is None
+
+
+def test_only_the_run_directory_package_spells_its_file_names_into_paths():
+    """A path made of a run-directory file's name (``os.path.join(d, "run.json")``, an
+    ``open``) outside omnitrace/runfiles is a reader or writer beside the one package."""
+    import ast
+
+    from tests.support.sources import modules
+
+    spelled = {names.RUN, names.AGENT, names.BENCH, names.PROCESSES, names.METRICS, names.SPANS}
+    found = []
+    for mod, path in modules().items():
+        if mod.startswith("omnitrace.runfiles"):
+            continue
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        found += [f"{mod}:{node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  for arg in node.args if isinstance(arg, ast.Constant) and arg.value in spelled]
+    assert found == []
