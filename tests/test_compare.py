@@ -13,7 +13,7 @@ import pytest
 
 from omnitrace.analyze.report import build_report
 from omnitrace.analyze.rundir import load_run
-from omnitrace.cli.compare import TTFP, compare, ttfp_rows
+from omnitrace.analyze.compare import TTFP, compare, ttfp_rows
 from omnitrace.cli.loadtest import verdicts
 from omnitrace.conventions import Ev
 from omnitrace.render.compare_html import write_compare_html

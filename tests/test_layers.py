@@ -26,8 +26,12 @@ LAYERS = [
     ("analyze", ("omnitrace.analyze",)),
     ("agent", ("omnitrace.agent",)),
     ("render", ("omnitrace.render",)),
-    ("commands", ("omnitrace.cli", "omnitrace.__main__", "omnitrace.bench", "omnitrace.inject",
-                  "omnitrace.patches", "omnitrace.top")),
+    ("inject", ("omnitrace.inject",)),
+    ("patches", ("omnitrace.patches",)),  # hook definitions on inject's Hook API, found by name
+    ("runner", ("omnitrace.runner",)),
+    ("bench", ("omnitrace.bench",)),
+    ("top", ("omnitrace.top",)),
+    ("commands", ("omnitrace.cli", "omnitrace.__main__")),
 ]
 
 
@@ -144,5 +148,5 @@ def test_every_command_is_a_module_of_the_cli_package_named_after_it():
 def test_omnitrace_run_puts_the_bootstrap_on_the_path():
     """Moving the command module once left `omnitrace run` pointing at a bootstrap
     directory that did not exist: every child ran uninstrumented, without a word."""
-    from omnitrace.cli.run import BOOTSTRAP_DIR
+    from omnitrace.runner.command import BOOTSTRAP_DIR
     assert os.path.isfile(os.path.join(BOOTSTRAP_DIR, "sitecustomize.py"))

@@ -15,7 +15,7 @@ from google.protobuf.internal.decoder import _DecodeVarint32
 from omnitrace import conventions as cv
 from omnitrace.agent import promproto
 from omnitrace.agent.export_prometheus import Metrics, native_key
-from omnitrace.runfiles import otlp_json
+from omnitrace.runfiles.write import otlp_json
 from omnitrace.top.model import quantile
 from omnitrace.top.source import UrlSource, native_histogram, parse_otlp, parse_prometheus
 

@@ -195,7 +195,7 @@ def test_export_ignores_agent_json_rings_that_are_not_a_list(real_run, tmp_path,
 
 def test_the_real_run_itself_passes_the_type_checks(real_run):
     """The checks follow what omnitrace writes: its own files are never refused."""
-    from omnitrace.analyze import fieldtypes
+    from omnitrace.runfiles import fieldtypes
     for name in ("run.json", "agent.json", "bench.json"):
         with open(f"{real_run}/{name}") as f:
             assert fieldtypes.check(name, json.load(f)) is None, name

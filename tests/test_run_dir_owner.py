@@ -15,7 +15,7 @@ import time
 import pytest
 import zstandard
 
-from omnitrace.runfiles import claim
+from omnitrace.runfiles.claim import claim
 from tests.support.agent_util import WRITER, clean_env, omnitrace_run, read_json, read_spans
 
 HEADER = 5  # omnitrace.eventlog's HEADER block type

@@ -31,7 +31,9 @@ from omnitrace.agent.config import AgentConfig
 from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.agent.pump import ViewPump
 from omnitrace.agent.recorder import Handoff, Recorder
-from omnitrace.runfiles import RunDir
+from omnitrace.runfiles import names
+from omnitrace.runfiles.read import read_or_empty, read_processes
+from omnitrace.runfiles.write import RunDir
 from omnitrace import console
 
 
@@ -41,14 +43,6 @@ def _rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return 0
-
-
-def _json_or_empty(read) -> dict:
-    try:
-        got = read()
-    except (OSError, ValueError):
-        return {}
-    return got if isinstance(got, dict) else {}
 
 
 class Agent:
@@ -93,9 +87,8 @@ class Agent:
         if gone is None:
             return None, None
         from omnitrace import eventlog
-        from omnitrace.runfiles import read_json
-        old_agent = _json_or_empty(lambda: read_json(self.rundir.file("agent.json")))
-        old_run = _json_or_empty(lambda: read_json(self.rundir.file("run.json")))
+        old_agent = read_or_empty(self.cfg.run_dir, names.AGENT)
+        old_run = read_or_empty(self.cfg.run_dir, names.RUN)
         self.meta.update({k: v for k, v in old_run.items() if k not in ("status", "ended_unix_ns", "agent_pid")})
         restarts = list(self.meta.get("agent_restarts") or [])
         exporters = old_agent.get("exporters") if isinstance(old_agent.get("exporters"), dict) else {}
@@ -104,7 +97,7 @@ class Agent:
                          "exporter_outages": {k: v.get("outages") for k, v in exporters.items()
                                               if isinstance(v, dict) and v.get("outages")}})
         self.meta["agent_restarts"] = restarts
-        self._old_processes = self.rundir.read_processes()
+        self._old_processes = [p for p in read_processes(self.cfg.run_dir) if isinstance(p.get("pid"), int)]
         rings = {str(r["name"]): int(r["index"]) for r in old_agent.get("rings") or ()
                  if isinstance(r, dict) and r.get("name") and isinstance(r.get("index"), int)}
         return eventlog.resume_state(self.cfg.run_dir), rings

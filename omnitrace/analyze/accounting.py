@@ -167,25 +167,20 @@ def of_run_dir(run_dir: str, log: Any, recorded: int, warnings: list[str] | None
     loaded (``omnitrace export``): ``log`` its ``eventlog.EventLog`` (events not kept),
     ``recorded`` the events decoded. A run.json or agent.json with a field of the wrong
     type is left out, with a line in ``warnings``."""
-    import os
-
-    import orjson
-
-    from omnitrace.analyze import fieldtypes
+    from omnitrace.runfiles import names, read
 
     def load(name: str) -> dict | None:
         try:
-            with open(os.path.join(run_dir, name), "rb") as f:
-                d = orjson.loads(f.read())
-        except (OSError, ValueError):
+            return read.read(run_dir, name)
+        except read.UnreadableFile:
             return None
-        why = fieldtypes.check(name, d) if isinstance(d, dict) else None
-        if why and warnings is not None:
-            warnings.append(f"{name}: {why} (not a file omnitrace writes): its counts are ignored")
-        return d if isinstance(d, dict) and not why else None
+        except read.RunFileError as exc:
+            if warnings is not None:
+                warnings.append(f"{exc}: its counts are ignored")
+            return None
 
     return ledger(recorded, log.rings, log.accounts, log.torn_segments > 0,
-                  load("agent.json"), load("run.json"))
+                  load(names.AGENT), load(names.RUN))
 
 
 def complete(led: Ledger) -> bool:

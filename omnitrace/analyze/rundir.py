@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
-import orjson
 
 from omnitrace import rowops
-from omnitrace.runfiles import live_agent
-from omnitrace.analyze import fieldtypes, headofline, tables
+from omnitrace.runfiles import names, read
+from omnitrace.runfiles.claim import live_agent
+from omnitrace.analyze import headofline, tables
 from omnitrace.analyze.chunkspans import spans_from_table
 from omnitrace.analyze.run import Run
 
@@ -29,34 +29,16 @@ class RunDirError(Exception):
     """A run directory that cannot be analysed at all (one clear line for the user)."""
 
 
-def _read_lines(path: str, label: str, warnings: list[str]) -> Iterable[tuple[int, bytes]]:
-    """Yield (line number, raw line), streaming; a final line without newline may be a torn write."""
-    with open(path, "rb", buffering=1 << 20) as f:
-        for i, line in enumerate(f, 1):
-            if not line.endswith(b"\n"):
-                # Possibly half-written (writer killed): keep it only if it parses.
-                try:
-                    orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    if line.strip():
-                        warnings.append(f"{label}: last line {i} is truncated (writer killed mid-write?); ignored")
-                    return
-            if line.strip():
-                yield i, line
-
-
-def _load_json(path: str, label: str, warnings: list[str]) -> dict[str, Any] | None:
-    if not os.path.exists(path):
-        return None
+def _load_json(run_dir: str, name: str, pre: str, warnings: list[str]) -> dict[str, Any] | None:
+    """run.json, agent.json or bench.json: checked (a file omnitrace did not write is one
+    line, RunDirError); an unreadable one is a warning and left out."""
     try:
-        with open(path, "rb") as f:
-            v = orjson.loads(f.read())
-        if not isinstance(v, dict):
-            raise RunDirError(f"{label}: a JSON {type(v).__name__}, not the object omnitrace writes")
-        return v
-    except (orjson.JSONDecodeError, OSError) as e:
-        warnings.append(f"{label}: unreadable ({e.__class__.__name__}: {str(e)[:80]}); ignored")
+        return read.read(run_dir, name)
+    except read.UnreadableFile as exc:
+        warnings.append(f"{pre}{exc}; ignored")
         return None
+    except read.RunFileError as exc:
+        raise RunDirError(f"{pre}{exc}") from None
 
 
 def load_spans(path: str, run: Run, label: str, skip: frozenset[str] = frozenset(),
@@ -198,25 +180,6 @@ def _bench_outside(bench: dict[str, Any] | None, run_json: list[dict[str, Any]])
             "were sent while the run was not on (a bench file of another run?)")
 
 
-def _check_types(name: str, doc: dict[str, Any] | None, pre: str) -> None:
-    """A field the report reads, of the wrong type: one line now, not a traceback later."""
-    why = fieldtypes.check(name, doc) if doc is not None else None
-    if why:
-        raise RunDirError(f"{pre}{name}: {why} (not a file omnitrace writes)")
-
-
-def _bench_shape_error(bench: dict[str, Any]) -> str | None:
-    for key in ("levels", "requests"):
-        v = bench.get(key)
-        if v is None:
-            continue
-        if not isinstance(v, list):
-            return f"{key!r} is {type(v).__name__}, not a list"
-        if not all(isinstance(x, dict) for x in v):
-            return f"{key!r} holds a non-object"
-    return None
-
-
 def _warmup_ids(bench: dict[str, Any] | None) -> set[str]:
     """Warm-up request ids from bench.json: their spans are never needed (saves time)."""
     if not bench:
@@ -271,13 +234,9 @@ def restart_notes(run_json: dict) -> list[str]:
 def run_identity(path: str) -> tuple:
     """What makes two paths one run: run.json's run id (a copy of the directory is the same
     run), else the directory itself (symlinks and other spellings resolved)."""
-    try:
-        with open(os.path.join(path, "run.json"), "rb") as f:
-            rid = orjson.loads(f.read()).get("run_id")
-        if rid:
-            return ("run", str(rid))
-    except (OSError, ValueError, AttributeError):
-        pass
+    rid = read.run_id(path)
+    if rid:
+        return ("run", rid)
     st = os.stat(path)
     return ("dir", st.st_dev, st.st_ino)
 
@@ -320,8 +279,7 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
             raise RunDirError(f"{p}: not a run directory (does not exist or is not a directory)")
         label = os.path.basename(os.path.normpath(p)) if len(paths) > 1 else ""
         pre = f"{label}/" if label else ""
-        rj = _load_json(os.path.join(p, "run.json"), pre + "run.json", run.warnings)
-        _check_types("run.json", rj, pre)
+        rj = _load_json(p, names.RUN, pre, run.warnings)
         if rj is None:
             run.warnings.append(f"{pre}run.json missing: run metadata unknown (agent killed before writing it?)")
         else:
@@ -334,28 +292,18 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
                 run.warnings.append(
                     f"{pre}{len(left['chunk_segments_kept'])} chunk segment(s) never read were left "
                     f"in /dev/shm: process(es) {left.get('alive_pids')} of the run outlived it")
-        aj = _load_json(os.path.join(p, "agent.json"), pre + "agent.json", run.warnings)
-        _check_types("agent.json", aj, pre)
+        aj = _load_json(p, names.AGENT, pre, run.warnings)
         if aj is None:
             run.warnings.append(f"{pre}agent.json missing: recorder counters (events, drops) unknown")
         else:
             run.agent.append(aj)
-        bj = _load_json(os.path.join(p, "bench.json"), pre + "bench.json", run.warnings)
-        if bj is not None:
-            why = _bench_shape_error(bj)
-            if why:
-                raise RunDirError(f"{pre}bench.json: not an omnitrace bench file ({why})")
-            _check_types("bench.json", bj, pre)
+        bj = _load_json(p, names.BENCH, pre, run.warnings)
         if bj is not None and run.bench is None:
             run.bench = bj
         files[p] = (rj, aj)
-        pj = os.path.join(p, "processes.jsonl")
-        if os.path.exists(pj):
-            for _, line in _read_lines(pj, pre + "processes.jsonl", run.warnings):
-                try:
-                    run.processes.append(orjson.loads(line))
-                except orjson.JSONDecodeError:
-                    pass
+        torn: list[str] = []
+        run.processes.extend(read.read_processes(p, torn))
+        run.warnings.extend(pre + w for w in torn)
         from omnitrace.profile.finalize import warnings_for  # --flame runs: missing profiles
         run.warnings.extend(pre + w for w in warnings_for(p))
     why = _bench_outside(run.bench, run.run_json)
@@ -367,11 +315,11 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
         pre = f"{label}/" if label else ""
         if load_events(p, run, pre, skip, *files.get(p, (None, None))):
             continue
-        sp = os.path.join(p, "spans.jsonl")  # a run recorded before the event log
+        sp = names.path(p, names.SPANS)  # a run recorded before the event log
         if not os.path.exists(sp):
             run.warnings.append(f"{pre}events/ missing: no events recorded")
         else:
-            load_spans(sp, run, pre + "spans.jsonl", skip)
+            load_spans(sp, run, pre + names.SPANS, skip)
     run.warnings.extend(_leftovers(paths, files, bool(run.stage_deaths)))
     if not run.spans and not run.bench and not run.run_json and not run.agent:
         raise RunDirError(f"{', '.join(paths)}: no omnitrace run files found (run.json, events/, "

@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 
-from omnitrace import console
+from omnitrace import childproc, console
 from omnitrace.childproc import python_module
 
 
@@ -46,6 +46,24 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> str | No
     return f"server did not answer {url}/health within {timeout_s:.0f} s"
 
 
+def _bench(url: str, bench_args: list[str]) -> int:
+    """`omnitrace bench` against ``url``, its exit status. A process of its own, as
+    `omnitrace loadtest` runs it: this library does not import the command. A stop signal
+    here is passed on (SIGTERM and SIGHUP as they come, the first Ctrl-C: a terminal's
+    reaches the bench too, and `omnitrace run` sends its own), and the bench keeps its
+    partial results."""
+    childproc.stop_like_ctrl_c()
+    bench = childproc.start(python_module("omnitrace", "bench", "--base-url", url, *bench_args))
+    passed_on = False
+    while True:
+        try:
+            return bench.wait()
+        except KeyboardInterrupt as exc:
+            if not passed_on and not isinstance(exc, childproc.Stopped):
+                childproc.forward(signal.SIGINT)
+                passed_on = True
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     bench_args: list[str] = []
@@ -66,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if why:
             console.say("serve_and_bench", why)
             return 1
-        from omnitrace.cli.bench import main as bench_main
-        return bench_main(["--base-url", url, *bench_args])
+        return _bench(url, bench_args)
     finally:
         if server.poll() is None:
             server.send_signal(signal.SIGINT)

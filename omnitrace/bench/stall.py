@@ -11,29 +11,13 @@ first.
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable
 
-import orjson
+from omnitrace.runfiles import names
+from omnitrace.runfiles.read import read_or_empty, read_processes
 
 DEFAULT_AFTER_S = 10.0
-
-
-def _json(path: str) -> object:
-    try:
-        with open(path, "rb") as f:
-            return orjson.loads(f.read())
-    except (OSError, ValueError):
-        return None
-
-
-def _lines(path: str) -> list:
-    try:
-        with open(path, "rb") as f:
-            return [orjson.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError):
-        return []
 
 
 def _stopped(pid: int) -> bool:
@@ -57,8 +41,7 @@ class StageActivity:
         self.names: dict[int, str] = {}
 
     def sample(self, now: float) -> None:
-        agent = _json(os.path.join(self.run_dir, "agent.json"))
-        rings = agent.get("rings") if isinstance(agent, dict) else None
+        rings = read_or_empty(self.run_dir, names.AGENT).get("rings")
         if not isinstance(rings, list):
             return
         written: dict[int, int] = {}
@@ -69,8 +52,8 @@ class StageActivity:
         for stage, n in written.items():
             if self.written.get(stage) != n:
                 self.written[stage], self.changed[stage] = n, now
-        for p in _lines(os.path.join(self.run_dir, "processes.jsonl")):
-            if isinstance(p, dict) and p.get("role") == "stage" and p.get("name"):
+        for p in read_processes(self.run_dir):
+            if p.get("role") == "stage" and p.get("name"):
                 self.names[int(p.get("stage", -1))] = str(p["name"])
 
     def label(self, stage: int) -> str:

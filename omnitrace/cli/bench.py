@@ -42,6 +42,7 @@ from omnitrace.bench.output import BenchOutput, OutputError
 from omnitrace.cli.helpformat import DefaultsFormatter
 from omnitrace.render.console import table
 from omnitrace import console
+from omnitrace.runfiles import names
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -224,7 +225,7 @@ def _live_run_dir(out: str | None) -> str | None:
     """The run directory whose live record names a stalled stage: ``omnitrace run``'s, or
     the one --out writes into."""
     for d in (os.environ.get(cv.ENV_RUN_DIR), os.path.dirname(os.path.abspath(out)) if out else None):
-        if d and os.path.isfile(os.path.join(d, "run.json")):
+        if d and os.path.isfile(names.path(d, names.RUN)):
             return d
     return None
 
@@ -232,7 +233,7 @@ def _live_run_dir(out: str | None) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args, conc, extra = _args(argv)
     run_dir = os.environ.get(cv.ENV_RUN_DIR)
-    output = BenchOutput(args.out or (os.path.join(run_dir, "bench.json") if run_dir else None),
+    output = BenchOutput(args.out or (names.path(run_dir, names.BENCH) if run_dir else None),
                          args.overwrite)
     try:
         output.check()

@@ -15,11 +15,10 @@ import sys
 
 from typing import Callable
 
-import orjson
-
 from omnitrace import eventlog, otlp, spanload
 from omnitrace import spantable as stt
 from omnitrace import console
+from omnitrace.runfiles import read
 from omnitrace.cli.helpformat import OneLineParser
 
 
@@ -72,13 +71,7 @@ class OtlpSink:
 
 def _run_id(run_dir: str) -> str:
     """run.json's run id (the resource attribute the live exporter sent), else the folder."""
-    try:
-        with open(os.path.join(run_dir, "run.json"), "rb") as f:
-            rj = orjson.loads(f.read())
-    except (OSError, orjson.JSONDecodeError):
-        rj = None
-    rid = rj.get("run_id") if isinstance(rj, dict) else None
-    return str(rid or os.path.basename(os.path.normpath(run_dir)))
+    return read.run_id(run_dir) or os.path.basename(os.path.normpath(run_dir))
 
 
 def _say_accounting(run_dir: str, loaded: spanload.Loaded) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import orjson
 from omnitrace import console
 from omnitrace.cli.helpformat import OneLineParser
+from omnitrace.runfiles.read import read_profiles_index
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     except linked.SelectError as exc:
         console.say("flame", f"{exc}")
         return 2
-    index = _index(run)
+    index = read_profiles_index(run) or {"profiles": [], "missing": []}
     if args.category is None and args.stage is None and args.thread is None:
         return _list(run, index, store, args.json)
     summary: dict[str, Any] = {"run": run, "category": args.category, "stage": args.stage,
@@ -153,14 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {row['self'] * 100:5.1f}% {row['inclusive'] * 100:5.1f}%  {row['function']}")
     print(f"wrote {svg_path} and {ss_path}")
     return 0
-
-
-def _index(run: str) -> dict:
-    try:
-        with open(os.path.join(run, "profiles", "index.json"), "rb") as f:
-            return orjson.loads(f.read())
-    except (OSError, orjson.JSONDecodeError):
-        return {"profiles": [], "missing": []}
 
 
 def _whole(run: str, store: Any, stage: str | None,

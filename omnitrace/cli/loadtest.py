@@ -38,6 +38,7 @@ from omnitrace.bench.client import BACKEND_HELP, ENDPOINT_HELP, resolve_backend
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
 from omnitrace.bench.stall import DEFAULT_AFTER_S
 from omnitrace import console
+from omnitrace.runfiles import names
 
 
 class LoadtestError(Exception):
@@ -217,7 +218,7 @@ def config_from_args(argv: list[str]) -> tuple[LoadtestConfig, argparse.Namespac
     _check_numbers(args)
     if args.ab and args.base_url:
         raise LoadtestError("--ab starts its own servers; it cannot be used with --base-url")
-    if args.base_url and not (args.run_dir and os.path.isfile(os.path.join(args.run_dir, "run.json"))):
+    if args.base_url and not (args.run_dir and os.path.isfile(names.path(args.run_dir, names.RUN))):
         raise LoadtestError("--base-url needs --run-dir R: the run directory of the `omnitrace run` "
                             "serving it")
     deps = _deployments(args)
@@ -294,7 +295,7 @@ def _run_child(cmd: list[str]) -> int:
 
 
 def bench(url: str, run_dir: str, bench_args: tuple[str, ...]) -> int:
-    cmd = [*_py(), "bench", "--base-url", url, "--out", os.path.join(run_dir, "bench.json"), *bench_args]
+    cmd = [*_py(), "bench", "--base-url", url, "--out", names.path(run_dir, names.BENCH), *bench_args]
     proc = childproc.start(cmd)
     try:
         return proc.wait()
@@ -414,7 +415,7 @@ def run_ab(cfg: LoadtestConfig, pattern: str, repeats: int) -> int:
                         f"(omnitrace compare --a ... --b ... on the finished ones)", gap=True)
             return 128 + exc.signum
         runs[label].append(d)
-    from omnitrace.cli.compare import compare
+    from omnitrace.analyze.compare import compare
     from omnitrace.analyze.rundir import RunDirError
     try:
         res = compare(runs["A"], runs["B"])

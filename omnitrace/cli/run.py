@@ -7,7 +7,8 @@ turns recording on. The agent is a separate process (``omnitrace agent``), start
 ready *before* the command, told the exit status and asked for its final drain and
 flush after it. All options are validated before anything starts; a bad one is a
 one-line error and exit status 2; a command that is not found gives 127 (126 if it is
-not executable), as a shell would.
+not executable), as a shell would. This module parses and validates; the run itself is
+``omnitrace.runner``'s.
 """
 from __future__ import annotations
 
@@ -16,25 +17,21 @@ import dataclasses
 import os
 import re
 import secrets
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import time
 
-import orjson
-
-from omnitrace import childproc
 from omnitrace import conventions as cv
 from omnitrace.childproc import python_module
 from omnitrace.agent.config import EXPORTERS, AgentConfig
 from omnitrace import console
 from omnitrace.cli.helpformat import OneLineParser
+from omnitrace.runfiles.claim import clear_earlier_run
+from omnitrace.runner.command import Command, run_with_agent
+from omnitrace.runner.signals import StopSignals
 
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "inject",
-                             "bootstrap")
-AGENT_READY_TIMEOUT_S = 60.0
 
 
 class UsageError(Exception):
@@ -120,7 +117,7 @@ def parse_size(text: str) -> int:
 def _validate(ns: argparse.Namespace) -> AgentConfig:
     """Every check that can fail, before anything starts. Returns the agent's config."""
     from omnitrace.agent import export_otlp
-    from omnitrace.runfiles import check_writable
+    from omnitrace.runfiles.claim import check_writable
 
     kinds = []
     for k in (x.strip() for x in ns.exporter.split(",")):
@@ -196,7 +193,7 @@ def _claim(run_dir: str, overwrite: bool) -> int:
     """The run directory locked for this run (the fd holding the lock), or UsageError: a
     live run there is refused even with --overwrite (deleting its files under its agent
     would mix two runs); a finished or dead one only without --overwrite."""
-    from omnitrace.runfiles import RunDirBusy, claim, holds_run
+    from omnitrace.runfiles.claim import RunDirBusy, claim, holds_run
     try:
         lock = claim(run_dir)
     except RunDirBusy as exc:
@@ -207,21 +204,6 @@ def _claim(run_dir: str, overwrite: bool) -> int:
         raise UsageError(f"run directory {run_dir} already holds a run ({held}); choose "
                          "another --run-dir, or pass --overwrite to replace it")
     return lock
-
-
-def _clear_run(run_dir: str) -> None:
-    """--overwrite: remove the files an earlier run wrote (only those)."""
-    from omnitrace import eventlog
-    from omnitrace.runfiles import RunDir
-    for name in ("run.json", "agent.json", "spans.jsonl", "metrics.jsonl", "processes.jsonl",
-                 "bench.json", "events.bin", RunDir.RESERVE):
-        try:
-            os.unlink(os.path.join(run_dir, name))
-        except FileNotFoundError:
-            pass
-    for path in eventlog.segments(run_dir):
-        os.unlink(path)
-    shutil.rmtree(os.path.join(run_dir, "profiles"), ignore_errors=True)  # --flame's
 
 
 def _resolve_command(cmd: list[str]) -> tuple[list[str], dict[str, str], int | None]:
@@ -241,72 +223,6 @@ def _resolve_command(cmd: list[str]) -> tuple[list[str], dict[str, str], int | N
         console.say("run", f"{exe}: command not found")
         return cmd, extra, 127
     return cmd, extra, None
-
-
-def _start_agent(cfg: AgentConfig, lock: int, standby: subprocess.Popen | None = None) -> subprocess.Popen | None:
-    """The agent, READY (None: it could not start; it said why). ``standby``: a spare
-    (:func:`_spare_agent`) told to take over with ``cfg.takes_over``, cold-started if that
-    fails."""
-    if standby is not None and standby.poll() is None:
-        try:
-            assert standby.stdin is not None
-            standby.stdin.write(b"takeover " + cfg.to_json().encode() + b"\n")
-            standby.stdin.flush()
-            return _ready(standby)
-        except (BrokenPipeError, OSError):
-            pass
-    return _ready(_agent_process(cfg, lock))
-
-
-def _spare_agent(cfg: AgentConfig, lock: int) -> subprocess.Popen:
-    """An agent process with its imports done, waiting to take over (``--standby``)."""
-    return _agent_process(cfg, lock, "--standby")
-
-
-def _stop_spare(spare: subprocess.Popen | None) -> None:
-    if spare is not None and spare.poll() is None:
-        try:
-            assert spare.stdin is not None
-            spare.stdin.close()  # a standby exits when its launcher closes its stdin
-            spare.wait(10)
-        except (OSError, subprocess.TimeoutExpired):
-            spare.kill()
-            spare.wait()
-
-
-def _agent_process(cfg: AgentConfig, lock: int, *extra: str) -> subprocess.Popen:
-    args = python_module("omnitrace.cli.agent", "--config", cfg.to_json(), *extra)
-    env = dict(os.environ)
-    env.pop(cv.ENV_RUN_ID, None)  # the agent itself is not instrumented
-    # own process group: a Ctrl-C on the terminal reaches the command, not the agent, which
-    # must stay to do the final drain. Not its own session: that would be its own scheduler
-    # autogroup, starved beside a busy server (omnitrace.profile.runner's docstring)
-    # the run directory's lock goes with it: held while the agent writes there, even if
-    # this process is killed
-    return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                            process_group=0, pass_fds=(lock,))
-
-
-def _ready(agent: subprocess.Popen) -> subprocess.Popen | None:
-    """``agent`` once it says READY (a standby's STANDBY line before is skipped)."""
-    assert agent.stdout is not None
-    deadline = time.monotonic() + AGENT_READY_TIMEOUT_S
-    line = b"STANDBY"
-    while line.startswith(b"STANDBY"):
-        ready, _, _ = select.select([agent.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        line = agent.stdout.readline() if ready else b""
-    if not line.startswith(b"READY"):
-        if not ready:  # silent and alive: give up on it
-            agent.kill()
-            console.say("run", "the agent did not start in time")
-        try:  # otherwise it closed stdout: it printed its one-line error and is exiting
-            agent.wait(30)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait()
-        return None
-    agent.info = orjson.loads(line[len(b"READY"):])  # type: ignore[attr-defined]
-    return agent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,304 +251,15 @@ def main(argv: list[str] | None = None) -> int:
         return status
     cfg = dataclasses.replace(cfg, command=tuple(full_cmd))
     if ns.overwrite:
-        _clear_run(cfg.run_dir)
+        clear_earlier_run(cfg.run_dir)
 
-    sigs = _Signals(ns.planned_stop)  # from here a signal is remembered and forwarded, never a traceback
+    command = Command(full_cmd, extra_env, flame, None if ns.ring_records is None else int(ns.ring_records),
+                      tuple(ns.patches), ns.agent_restarts)
+    sigs = StopSignals(ns.planned_stop)  # from here a signal is remembered and forwarded, never a traceback
     try:
-        return _run_with_agent(cfg, lock, ns, full_cmd, extra_env, flame, sigs)
+        return run_with_agent(cfg, lock, command, sigs)
     finally:
         sigs.restore()
-
-
-def _run_with_agent(cfg: AgentConfig, lock: int, ns: argparse.Namespace, full_cmd: list[str],
-                    extra_env: dict[str, str], flame, sigs: "_Signals") -> int:
-    from omnitrace.profile import flags as flame_flags
-    agent = _start_agent(cfg, lock)
-    if agent is None:
-        return 2
-    if sigs.got:  # Ctrl-C while the agent started: the command never starts
-        _stop_agent(agent, 128 + sigs.got[0], cfg, childproc.stop_status(sigs.got[0]))
-        console.say("run", f"interrupted before the command started; {cfg.run_dir} holds "
-                    "an empty run")
-        return 128 + sigs.got[0]
-    console.say("run", f"run {cfg.run_id} -> {cfg.run_dir}")
-    env = dict(os.environ)
-    env.update(extra_env)
-    env[cv.ENV_RUN_ID] = cfg.run_id
-    env[cv.ENV_RUN_DIR] = cfg.run_dir
-    if ns.ring_records is not None:
-        env[cv.ENV_RING_RECORDS] = str(int(ns.ring_records))
-    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    # vLLM-Omni hooks: user hook dirs, and a user's VLLM_PLUGINS list keeps ours (appended)
-    from omnitrace.inject.patching import ENV_PATCHES
-    from omnitrace.inject.vllm_plugin import plugin_env
-
-    if ns.patches:
-        env[ENV_PATCHES] = os.pathsep.join([os.path.abspath(d) for d in ns.patches] +
-                                           [p for p in env.get(ENV_PATCHES, "").split(os.pathsep) if p])
-    env.update(plugin_env(env))
-
-    # our own server takes a Ctrl-C once its handlers are in (childproc.start); anything
-    # else gets it as from the terminal
-    ours = childproc.module_of(full_cmd) == "omnitrace.cli.serve"
-    try:  # --flame: the profile runner starts the command under py-spy
-        popen = childproc.start if ours and flame is None else subprocess.Popen
-        # killed, this launcher takes the command with it (SIGTERM: its own clean stop)
-        child = popen(flame_flags.wrap(flame, full_cmd), env=env,
-                      preexec_fn=childproc.parent_death_signal(signal.SIGTERM))
-    except OSError as exc:
-        console.say("run", f"{full_cmd[0]}: {exc.strerror}")
-        rc = 127 if isinstance(exc, FileNotFoundError) else 126
-        _stop_agent(agent, rc, cfg)
-        return rc
-    sigs.attach(child)
-    _tell_agent(agent, f"command {child.pid}")  # killed, this launcher leaves it to the agent
-    rc, agent = _wait_command(child, agent, cfg, lock, ns.agent_restarts)
-    if rc < 0:
-        rc = 128 - rc  # killed by a signal: report it the way a shell does
-    _stop_agent(agent, rc, cfg, sigs.status())
-    from omnitrace.inject.runend import after_command
-    after_command(cfg.run_dir, "run")
-    if sigs.status():
-        console.say("run", f"{sigs.status()}; what was recorded is in {cfg.run_dir} "
-                    f"(`omnitrace report {cfg.run_dir}`)")
-    elif rc == 0:
-        console.say("run", f"done; see `omnitrace report {cfg.run_dir}`")
-    else:
-        console.say("run", f"the command failed (exit status {rc}); what it recorded is in "
-                    f"{cfg.run_dir} (`omnitrace report {cfg.run_dir}`)")
-    return rc
-
-
-class _Signals:
-    """SIGINT, SIGTERM and SIGHUP for `omnitrace run` once its agent may start: remembered
-    (a signal before the command runs means it never starts) and forwarded to the command
-    once it runs, whose exit then ends the run as usual. A hangup (the terminal, or a
-    launcher that died) asks the command for its clean stop, SIGTERM: most servers die
-    on a SIGHUP without one."""
-
-    KINDS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self, planned: int | None = None) -> None:
-        self.got: list[int] = []
-        self.planned = planned
-        self.child: subprocess.Popen | None = None
-        self.old = {s: signal.signal(s, self._handle) for s in self.KINDS}
-
-    def _handle(self, signum: int, _frame: object) -> None:
-        self.got.append(signum)
-        self._send(signum)
-
-    def _send(self, signum: int) -> None:
-        try:
-            if self.child is not None:
-                self.child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
-        except ProcessLookupError:
-            pass
-
-    def attach(self, child: subprocess.Popen) -> None:
-        """Forward from now on, and what came while the command was being started."""
-        self.child = child
-        for signum in list(self.got):
-            self._send(signum)
-
-    def status(self) -> str | None:
-        """run.json's status for a run a signal ended (interrupted, terminated, hangup);
-        None: the agent's own (the command ended by itself, or by the planned stop)."""
-        if not self.got or self.got[0] == self.planned:
-            return None
-        return childproc.stop_status(self.got[0])
-
-    def restore(self) -> None:
-        for s, h in self.old.items():
-            signal.signal(s, h)
-
-
-AGENT_POLL_S = 0.1  # a dead agent is noticed (and replaced) this soon
-AGENT_RESTART_WINDOW_S = 60.0  # --agent-restarts counts within this: one that keeps dying is let be
-
-
-def _wait_command(child: subprocess.Popen, agent: subprocess.Popen, cfg: AgentConfig,
-                  lock: int, max_restarts: int) -> tuple[int, subprocess.Popen]:
-    """The command's exit status, and the agent that is there at its end: one that dies
-    meanwhile is replaced at once by one that takes over its rings and event log (only
-    what it had read and not yet written, and what the rings dropped while none ran, is
-    lost: both counted; run.json ``agent_restarts`` holds each gap's times)."""
-    agents = _Agents(agent, cfg, lock, max_restarts)
-    try:
-        while True:
-            try:
-                return child.wait(AGENT_POLL_S if agents.agent is not None else None), agents.last
-            except subprocess.TimeoutExpired:
-                pass
-            if agents.agent.poll() is not None and agents.replace() is not None:
-                _tell_agent(agents.agent, f"command {child.pid}")
-    finally:
-        _stop_spare(agents.spare)
-
-
-class _Agents:
-    """The running agent, and a spare kept ready to replace it (:func:`_spare_agent`)."""
-
-    def __init__(self, agent: subprocess.Popen, cfg: AgentConfig, lock: int, max_restarts: int) -> None:
-        self.agent: subprocess.Popen | None = agent
-        self.last = agent  # the latest agent, alive or not (its exit ends the run's record)
-        self.cfg, self.lock, self.max_restarts = cfg, lock, max_restarts
-        self.spare = _spare_agent(cfg, lock) if max_restarts else None
-        self.restarts: list[float] = []
-
-    def replace(self) -> subprocess.Popen | None:
-        """The dead agent's successor (None: not replaced; recording stops, said once)."""
-        dead, noticed = self.last, time.time_ns()
-        how = f"signal {-dead.returncode}" if dead.returncode < 0 else f"exit status {dead.returncode}"
-        self.restarts = [t for t in self.restarts if time.monotonic() - t < AGENT_RESTART_WINDOW_S]
-        new = None
-        if len(self.restarts) < self.max_restarts:
-            self.restarts.append(time.monotonic())
-            cfg = dataclasses.replace(  # its endpoint where the dead one's was
-                self.cfg, prometheus_port=dead.info.get("prometheus_port") or self.cfg.prometheus_port,
-                takes_over={"pid": dead.pid, "ended": how, "noticed_unix_ns": noticed,
-                            "last_seen_unix_ns": _mtime_ns(os.path.join(self.cfg.run_dir, "agent.json"))})
-            new = _start_agent(cfg, self.lock, self.spare)
-            if new is not None and new is self.spare:
-                self.spare = _spare_agent(self.cfg, self.lock)  # ready for the next one
-        self.agent = new
-        if new is None:
-            console.say("run", f"the agent (pid {dead.pid}) died ({how}) while the command runs"
-                        + ("" if not self.max_restarts else
-                           f", the {self.max_restarts + 1}th time in {AGENT_RESTART_WINDOW_S:.0f} s")
-                        + ": recording stopped; the command goes on; the report will count what "
-                        "was not recorded (run.json: status agent-killed)")
-            return None
-        self.last = new
-        console.say("run", f"the agent (pid {dead.pid}) died ({how}); pid {new.pid} took over its "
-                    f"rings {(time.time_ns() - noticed) / 1e9:.2f} s later (run.json: agent_restarts)")
-        return new
-
-
-def _mtime_ns(path: str) -> int | None:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None
-
-
-def _tell_agent(agent: subprocess.Popen, line: str) -> None:
-    """One line of the agent's stdin protocol (:mod:`omnitrace.cli.agent`)."""
-    try:
-        assert agent.stdin is not None
-        agent.stdin.write(f"{line}\n".encode())
-        agent.stdin.flush()
-    except (BrokenPipeError, OSError):
-        pass  # a dead agent: _wait_command says so
-
-
-def _stop_agent(agent: subprocess.Popen, rc: int, cfg: AgentConfig | None = None,
-                status: str | None = None, stall_s: float = 90.0) -> None:
-    """Tell the agent to finish (with run.json's ``status`` if not "complete") and wait
-    for it: its final drain, at most a few seconds of live views, and its exporters'
-    final flush (bounded by --otlp-timeout). The limit is on *no progress* (agent.json
-    unchanged for ``stall_s``), after which it is killed."""
-    try:
-        assert agent.stdin is not None
-        agent.stdin.write(f"exit {rc}{' ' + status if status else ''}\n".encode())
-        agent.stdin.close()
-    except (BrokenPipeError, OSError):
-        pass
-    progress = os.path.join(cfg.run_dir, "agent.json") if cfg is not None else None
-    last_mark: tuple | None = None
-    last_change = time.monotonic()
-    while True:
-        try:
-            agent.wait(1.0)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        now = time.monotonic()
-        try:
-            st = os.stat(progress) if progress else None
-            mark = (st.st_mtime_ns, st.st_size) if st else None
-        except OSError:
-            mark = None
-        if mark is not None and mark != last_mark:
-            last_mark, last_change = mark, now
-        elif now - last_change > stall_s:
-            agent.kill()
-            agent.wait()
-            console.say("run", f"the agent made no progress for {stall_s:.0f} s during its "
-                        "final flush and was killed")
-            break
-    if cfg is not None:
-        _count_rings_left(cfg, rc, agent.returncode)
-
-
-def rings_left(run_id: str) -> list[dict]:
-    """The run's rings still in /dev/shm once its agent is gone (it unlinks every ring it
-    read to the end): for each, its writer's counts from the header and the events never
-    drained (the slots between its read and write cursors, decoded), for run.json's
-    ``rings_left`` (the report's accounting reads them)."""
-    from omnitrace import record
-    out = []
-    for name in record.discover(run_id):
-        try:
-            reader = record.RingReader(name)
-        except (OSError, ValueError):
-            continue
-        try:
-            h = reader.header()
-            dec = record.SlotDecoder(record.RequestIds())
-            never = 0
-            while True:
-                raw = reader.read_raw()
-                if not raw:
-                    break
-                never += len(dec.decode(raw))
-            out.append({"name": name, "events_written": h.events_written, "dropped": h.dropped,
-                        "never_drained": never})
-        finally:
-            reader.close()
-    return out
-
-
-def _count_rings_left(cfg: AgentConfig, rc: int, agent_rc: int) -> None:
-    """After the agent exited: rings it did not read to the end (it was killed, or its
-    drain thread failed) are counted into run.json and removed (shared memory outlives
-    processes); an agent that died says so (status agent-killed)."""
-    from omnitrace import record
-    from omnitrace.runfiles import RunDir, write_json_atomic
-    try:  # a killed agent could not give back the space it held for its final files
-        os.unlink(os.path.join(cfg.run_dir, RunDir.RESERVE))
-    except OSError:
-        pass
-    left = rings_left(cfg.run_id)
-    if not left and agent_rc == 0:
-        return
-    never = sum(r["never_drained"] for r in left)
-    if agent_rc != 0:
-        console.say("run", f"the agent died before its final flush; {never} events were never "
-                    "drained (run.json: status agent-killed)")
-    elif never:
-        console.say("run", f"the agent did not drain {never} events (run.json: rings_left)")
-    for r in left:
-        try:
-            os.unlink(os.path.join(record.SHM_DIR, r["name"]))
-        except OSError:
-            pass
-    path = os.path.join(cfg.run_dir, "run.json")
-    try:
-        with open(path, "rb") as f:
-            meta = orjson.loads(f.read())
-    except (OSError, ValueError):
-        meta = {}
-    meta.update(events_never_drained=never, events_dropped_in_rings=sum(r["dropped"] for r in left),
-                rings_left=left)
-    if agent_rc != 0:  # exit_code stays the command's
-        meta.update(status="agent-killed", exit_code=rc, ended_unix_ns=time.time_ns())
-    try:
-        write_json_atomic(path, meta)
-    except OSError as exc:
-        console.say("run", f"cannot write {path} ({exc.strerror or exc}): the report will "
-                    "count these events as unaccounted")
 
 
 if __name__ == "__main__":

@@ -86,19 +86,11 @@ def sweep_run(run_dir: str, grace_s: float = 20.0) -> dict[str, list]:
     when something was removed)."""
     import time
 
-    import orjson
+    from omnitrace.runfiles import names
+    from omnitrace.runfiles.read import read_or_empty
+    from omnitrace.runfiles.write import update_run
 
-    from omnitrace.runfiles import write_json_atomic
-
-    def load(name: str) -> dict:
-        try:
-            with open(os.path.join(run_dir, name), "rb") as f:
-                d = orjson.loads(f.read())
-            return d if isinstance(d, dict) else {}
-        except (OSError, ValueError):
-            return {}
-
-    rings = load("agent.json").get("rings") or []
+    rings = read_or_empty(run_dir, names.AGENT).get("rings") or []
     pids = {int(r["pid"]) for r in rings if isinstance(r, dict) and isinstance(r.get("pid"), int)}
     pids.discard(os.getpid())
     if not pids:
@@ -106,13 +98,11 @@ def sweep_run(run_dir: str, grace_s: float = 20.0) -> dict[str, list]:
     deadline = time.monotonic() + grace_s
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.5)
-    meta = load("run.json")
-    since = int(meta.get("started_unix_ns") or 0) / 1e9
+    since = int(read_or_empty(run_dir, names.RUN).get("started_unix_ns") or 0) / 1e9
     removed = sweep(pids, since)
     if any(removed[k] for k in ("wake_dirs", "chunk_segments", "chunk_segments_kept")):
-        meta["shm_leftovers"] = removed
         try:
-            write_json_atomic(os.path.join(run_dir, "run.json"), meta)
+            update_run(run_dir, lambda meta: meta.update(shm_leftovers=removed))
         except OSError:
             pass
     return removed

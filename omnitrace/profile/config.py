@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 
 import orjson
 
+from omnitrace.runfiles import names
+
 MODES = ("nonblocking", "blocking")
 WINDOWS = ("run", "measured")
 API_PROFILERS = ("py-spy", "pyinstrument")
@@ -22,8 +24,7 @@ ENV_FLAME = "OMNITRACE_FLAME"  # FlameConfig JSON, set for the command's process
 ENV_FLAME_INPROC = "OMNITRACE_FLAME_INPROC"  # "api" (pyinstrument on the API loop) or "all" (fallback)
 ENV_FLAME_SOCKET = "OMNITRACE_FLAME_SOCKET"  # the runner's socket: each process announces itself
 ENV_FLAME_ROTATE_S = "OMNITRACE_FLAME_ROTATE_S"  # a fresh py-spy per process this often (default 60)
-PROFILES_DIR = "profiles"
-RAW_DIR = os.path.join(PROFILES_DIR, "raw")  # py-spy chunks and the clock, until finalized
+RAW_DIR = os.path.join(names.PROFILES, "raw")  # py-spy chunks and the clock, until finalized
 
 
 class FlameConfigError(ValueError):

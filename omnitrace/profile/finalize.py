@@ -25,12 +25,13 @@ import orjson
 
 from omnitrace.profile import chrometrace as ct
 from omnitrace.profile import clock, render, waiting
-from omnitrace.profile.config import PROFILES_DIR, RAW_DIR
+from omnitrace.profile.config import RAW_DIR
 from omnitrace.profile.runner import CUTOVER_S, PYSPY_COUNTS
 from omnitrace.profile.store import FILE as SAMPLES_FILE
 from omnitrace.profile.store import GAP_DTYPE, ROUND_DTYPE, Store, collapsed
+from omnitrace.runfiles.names import BENCH, PROFILES, PROFILES_INDEX
+from omnitrace.runfiles.read import read_or_empty, read_processes, read_profiles_index
 
-INDEX = "index.json"
 # A chunk's clock is calibrated when the best offset explains at least this share of the
 # clock thread's samples. A wrong offset explains ~5% (K = 32 functions); under heavy load
 # py-spy stamps many rounds late, which no offset explains (those rounds are then kept out
@@ -89,23 +90,12 @@ def profile_name(proc: dict) -> str:
 
 
 def _processes(run_dir: str) -> dict[int, dict]:
-    out: dict[int, dict] = {}
-    try:
-        with open(os.path.join(run_dir, "processes.jsonl"), "rb") as f:
-            for line in f:
-                try:
-                    p = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(p, dict) and p.get("role") in KEPT_ROLES:
-                    out[int(p["pid"])] = p
-    except OSError:
-        pass
-    return out
+    return {p["pid"]: p for p in read_processes(run_dir)
+            if p.get("role") in KEPT_ROLES and isinstance(p.get("pid"), int)}
 
 
 def _windows(run_dir: str) -> list[tuple[int, int]]:
-    bench = _read_json(os.path.join(run_dir, "bench.json")) or {}
+    bench = read_or_empty(run_dir, BENCH)
     out = []
     for lv in bench.get("levels") or ():
         w = (lv or {}).get("measured_window") or {}
@@ -265,7 +255,7 @@ def _unsampled_by_pid(rnd: np.ndarray, flips_by_pid: dict[int, np.ndarray], peri
 
 def finalize(run_dir: str) -> dict:
     """Write profiles/ from profiles/raw/; returns the index (also written as index.json)."""
-    pdir = os.path.join(run_dir, PROFILES_DIR)
+    pdir = os.path.join(run_dir, PROFILES)
     raw = os.path.join(run_dir, RAW_DIR)
     runner = _read_json(os.path.join(raw, "runner.json")) or {}
     offset = log_offset(run_dir)
@@ -344,7 +334,7 @@ def finalize(run_dir: str) -> dict:
         index["spans"] = linked.INDEX_FILE
     except Exception as exc:  # the profiles stand without it; `omnitrace flame` builds it then
         index.setdefault("notes", []).append(f"span index not written: {type(exc).__name__}: {exc}")
-    _write_json(os.path.join(pdir, INDEX), index)
+    _write_json(os.path.join(run_dir, PROFILES_INDEX), index)
     if not os.environ.get("OMNITRACE_FLAME_KEEP_RAW"):
         shutil.rmtree(raw, ignore_errors=True)
     return index
@@ -448,11 +438,7 @@ def _write_json(path: str, obj: Any) -> None:
 
 def warnings_for(run_dir: str) -> list[str]:
     """One line per missing profile of a --flame run (for the report's warnings)."""
-    try:
-        with open(os.path.join(run_dir, PROFILES_DIR, INDEX), "rb") as f:
-            index = orjson.loads(f.read())
-    except (OSError, orjson.JSONDecodeError):
-        return []
+    index = read_profiles_index(run_dir) or {}
     out = []
     for m in index.get("missing") or ():
         line = f"flame graph of {m.get('name')} (pid {m.get('pid')}) missing: {m.get('reason')}"

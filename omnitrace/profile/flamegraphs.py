@@ -11,10 +11,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 
 from omnitrace.profile import linked, render
 from omnitrace.profile.store import collapsed
+from omnitrace.runfiles import names
+from omnitrace.runfiles.read import read_profiles_index
 
 TOP_CATEGORIES = 3
 
@@ -39,7 +40,7 @@ def gather(rep: dict[str, Any]) -> list[RunFlames]:
     out = []
     for run in rep.get("runs") or ():
         path = run.get("path") or ""
-        index = _index(path)
+        index = read_profiles_index(path)
         if index is None:
             continue
         rf = RunFlames(path, index.get("rate"), str(index.get("mode")), str(index.get("window")),
@@ -47,7 +48,7 @@ def gather(rep: dict[str, Any]) -> list[RunFlames]:
         for p in index.get("profiles") or ():
             if p.get("note"):
                 rf.notes.append((p["name"], p["note"]))
-            svg = _read(os.path.join(path, "profiles", f"{p['name']}.svg"))
+            svg = _read(os.path.join(path, names.PROFILES, f"{p['name']}.svg"))
             if svg:
                 rf.processes.append((p["name"], svg))
         try:
@@ -56,14 +57,6 @@ def gather(rep: dict[str, Any]) -> list[RunFlames]:
             rf.error = f"{type(exc).__name__}: {exc}"
         out.append(rf)
     return out
-
-
-def _index(run_dir: str) -> dict | None:
-    try:
-        with open(os.path.join(run_dir, "profiles", "index.json"), "rb") as f:
-            return orjson.loads(f.read())
-    except (OSError, orjson.JSONDecodeError):
-        return None
 
 
 def _read(path: str) -> str | None:

@@ -9,10 +9,10 @@ import os
 from typing import Sequence
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from omnitrace.runfiles import read as runfiles_read
 from omnitrace.tables.schema import TABLES, arrow_table
 
 KEYS = ("request_id", "thread_id", "sender_id")  # numbered per run from 0 (schema's ids)
@@ -67,8 +67,4 @@ def _span_of(tables: dict[str, pa.Table], key: str) -> int:
 
 
 def _run_id(path: str) -> str:
-    try:
-        with open(os.path.join(path, "run.json"), "rb") as f:
-            return str(orjson.loads(f.read())["run_id"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return os.path.basename(os.path.normpath(path))
+    return runfiles_read.run_id(path) or os.path.basename(os.path.normpath(path))

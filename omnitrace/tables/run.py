@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
-import orjson
 import pyarrow as pa
 
 from omnitrace import eventlog, spanload
+from omnitrace.runfiles import names, read
 from omnitrace.tables.build import LOADED, TablesSink
 from omnitrace.tables.schema import TABLES, arrow_table
 
@@ -58,17 +58,15 @@ def load(run_dir: str, wanted: Iterable[str] | None = None) -> RunTables:
 
 def _bench_rows(run_dir: str) -> list[dict[str, Any]]:
     """bench.json's request rows that have an id (none: no bench.json)."""
-    path = os.path.join(run_dir, "bench.json")
-    if not os.path.exists(path):
-        return []
     try:
-        with open(path, "rb") as f:
-            doc = orjson.loads(f.read())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise TablesError(f"{path}: unreadable ({type(exc).__name__}: {str(exc)[:80]})") from None
-    rows = doc.get("requests") if isinstance(doc, dict) else None
+        doc = read.read(run_dir, names.BENCH)
+    except read.RunFileError as exc:
+        raise TablesError(f"{names.path(run_dir, exc.name)}: {exc.why}") from None
+    if doc is None:
+        return []
+    rows = doc.get("requests")
     if not isinstance(rows, list):
-        raise TablesError(f"{path}: not an omnitrace bench file (no 'requests' list)")
+        raise TablesError(f"{names.path(run_dir, names.BENCH)}: not an omnitrace bench file (no 'requests' list)")
     return [r for r in rows if isinstance(r, dict) and r.get("id")]
 
 

@@ -14,7 +14,6 @@ rates. Sources:
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 import urllib.error
@@ -27,6 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from omnitrace import conventions as cv
 from omnitrace.agent import promproto
 from omnitrace.agent.export_prometheus import HISTOGRAMS
+from omnitrace.runfiles import names
+from omnitrace.runfiles.read import last_metrics, read_or_empty
 
 Labels = tuple[tuple[str, str], ...]
 DEFAULT_URL = f"http://127.0.0.1:{cv.DEFAULT_PROMETHEUS_PORT}/metrics"
@@ -191,26 +192,18 @@ class UrlSource:
 
 class RunDirSource:
     def __init__(self, path: str) -> None:
-        if not os.path.isfile(os.path.join(path, "run.json")):
+        if not os.path.isfile(names.path(path, names.RUN)):
             raise SourceError(f"{path}: not a run directory (no run.json)")
         self.path = path
         self.label = path
 
     def finished(self) -> bool:
         """The run has ended (run.json says so): its record is complete."""
-        return self._json("run.json").get("status", "running") != "running"
-
-    def _json(self, name: str) -> dict:
-        try:
-            with open(os.path.join(self.path, name)) as f:
-                d = json.load(f)
-            return d if isinstance(d, dict) else {}
-        except (OSError, ValueError):
-            return {}
+        return read_or_empty(self.path, names.RUN).get("status", "running") != "running"
 
     def read(self) -> Sample:
-        run = self._json("run.json")
-        agent = self._json("agent.json")
+        run = read_or_empty(self.path, names.RUN)
+        agent = read_or_empty(self.path, names.AGENT)
         endpoint = run.get("prometheus_endpoint")
         if run.get("status") == "running" and endpoint:
             try:
@@ -225,20 +218,8 @@ class RunDirSource:
 
     def file_samples(self, run: dict | None = None) -> list[Sample]:
         """The last two metrics.jsonl messages (rates between them), oldest first."""
-        path = os.path.join(self.path, "metrics.jsonl")
-        try:
-            with open(path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - (8 << 20)))
-                lines = [ln for ln in f.read().splitlines() if ln.startswith(b"{")]
-        except OSError:
-            lines = []
         out = []
-        for ln in lines[-2:]:
-            try:
-                msg = json.loads(ln)
-            except ValueError:
-                continue
+        for msg in last_metrics(self.path, 2):
             t = 0.0
             for rm in msg.get("resourceMetrics", ()):
                 for sm in rm.get("scopeMetrics", ()):
@@ -249,7 +230,7 @@ class RunDirSource:
             out.append(parse_otlp(msg, t))
         if not out:
             raise SourceError(f"{self.path}: no metrics yet (metrics.jsonl is empty)")
-        run = run if run is not None else self._json("run.json")
+        run = run if run is not None else read_or_empty(self.path, names.RUN)
         if run.get("status") != "running":
             out[-1].note = f"run {run.get('status', 'ended')}"
         return out
