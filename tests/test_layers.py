@@ -19,7 +19,7 @@ LAYERS = [
     ("core", ("omnitrace", "omnitrace.conventions", "omnitrace.categories", "omnitrace.rowops",
               "omnitrace.record", "omnitrace.tracecontext", "omnitrace.eventlog", "omnitrace.spantable",
               "omnitrace.otlp", "omnitrace.spanload", "omnitrace.runfiles", "omnitrace.childproc",
-              "omnitrace.console", "omnitrace.outages")),
+              "omnitrace.console", "omnitrace.outages", "omnitrace.keys", "omnitrace.intervals")),
     ("tables", ("omnitrace.tables",)),
     ("runtime", ("omnitrace.runtime",)),
     ("profile", ("omnitrace.profile",)),

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from omnitrace import conventions as cv
+from omnitrace import intervals
 from omnitrace import spantable as stt
 from omnitrace.analyze import headofline
 from tests.support import hol_reference
@@ -129,7 +130,7 @@ def test_two_senders_blocked_at_once_split_evenly():
     assert hol_reference._union_split(pieces) == (15, {1: 7.5, 2: 7.5})
     vi = np.zeros(3, np.int64)
     start, end, culprit = (np.array(x, np.int64) for x in zip(*pieces))
-    wall, keys, shares = headofline._union_shares(vi, culprit, start, end)
+    wall, keys, shares = intervals.union_shares(vi, culprit, start, end)
     assert wall.tolist() == [15.0]
     assert {k & 0xFFFFFFFF: 0.0 for k in keys.tolist()} == {1: 0.0, 2: 0.0}
     got: dict[int, float] = {}

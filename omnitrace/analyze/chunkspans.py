@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from omnitrace import conventions as cv
-from omnitrace import rowops
+from omnitrace import intervals, rowops
 from omnitrace import spantable as stt
 from omnitrace.analyze.run import Run
 from omnitrace.analyze.span import Span
@@ -197,7 +197,7 @@ def chunk_rows(run: Run, rids: list[str], batch: int) -> Iterator[tuple[list[str
         ids = np.array([cidx.get(r, -1) for r in part], np.int64)
         lo, hi = np.searchsorted(sreq, ids, "left"), np.searchsorted(sreq, ids, "right")
         counts = np.where(ids >= 0, hi - lo, 0)
-        _, pos = stt.expand_ranges(lo, lo + counts)
+        _, pos = intervals.expand_ranges(lo, lo + counts)
         yield part, rowops.take(early, order[pos]), counts
 
 

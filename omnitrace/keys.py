@@ -5,7 +5,7 @@ replica; a sender's pid and stage) goes through it: its field widths are checked
 assumed."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -42,3 +42,30 @@ def dense(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the distinct keys, sorted; each row's index into them): ids 0..n-1 in key order."""
     uniq, inv = np.unique(key, return_inverse=True)
     return uniq, inv.astype(np.int64)
+
+
+
+# A FIFO's sender: the thread that takes its chunks off one at a time
+# (``spantable.sender_tasks``), named by where it runs -- a process id in the span builder,
+# a replica in the report (one timeline for a replica's processes and run directories) --
+# and its stage.
+SENDER_BITS = (32, 16)  # where, stage
+
+
+def sender_key(where: np.ndarray, stage: np.ndarray) -> np.ndarray:
+    return pack(list(zip((where, stage), SENDER_BITS)))
+
+
+def sender_of(key: int) -> tuple[int, int]:
+    """(where, stage) of one :func:`sender_key`."""
+    where, stage = unpack(np.int64(key), SENDER_BITS)
+    return int(where), int(stage)
+
+
+def groups(key: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """(key, the indices of its rows, ascending) for each distinct ``key``, in key order."""
+    order = np.argsort(key, kind="stable")
+    in_order = key[order]
+    heads = np.flatnonzero(np.r_[len(key) > 0, in_order[1:] != in_order[:-1]])
+    for lo, hi in zip(heads.tolist(), np.append(heads[1:], len(key)).tolist()):
+        yield int(in_order[lo]), order[lo:hi]
