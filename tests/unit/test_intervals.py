@@ -4,6 +4,8 @@ nested in a task, spanning several, empty, before and after all of them, of an o
 has tasks and of one that has none."""
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 
@@ -115,7 +117,7 @@ def ref_union(group, owner, start, end) -> tuple[dict[int, float], dict[tuple[in
     for g in set(group.tolist()):
         mine = [(int(o), int(a), int(b)) for gg, o, a, b in zip(group, owner, start, end) if gg == g]
         cuts = sorted({t for _, a, b in mine for t in (a, b)})
-        for a, b in zip(cuts, cuts[1:]):
+        for a, b in pairwise(cuts):
             active = {o for o, s, e in mine if s <= a and b <= e}
             if active:
                 wall[g] = wall.get(g, 0.0) + (b - a)
