@@ -43,7 +43,14 @@ def other_pieces(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: n
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each overlap of a query with an interval of another owner, of positive length:
     (query index, interval index, overlap start, overlap end), by query then interval."""
-    q, iv = expand_ranges(*_candidates(starts, ends, q0, q1))
+    return _pieces_in(starts, ends, owners, q0, q1, qowner, *_candidates(starts, ends, q0, q1))
+
+
+def _pieces_in(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.ndarray,
+               q1: np.ndarray, qowner: np.ndarray, first: np.ndarray, stop: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`other_pieces` among each query's candidate intervals [first, stop)."""
+    q, iv = expand_ranges(first, stop)
     lo, hi = np.maximum(starts[iv], q0[q]), np.minimum(ends[iv], q1[q])
     keep = (owners[iv] != qowner[q]) & (hi > lo)
     return q[keep], iv[keep], lo[keep], hi[keep]
@@ -112,7 +119,8 @@ def top_others(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.
     lo, hi = _candidates(starts, ends, q0, q1)
     cnt = np.maximum(hi - lo, 0)
     edges = np.searchsorted(np.cumsum(cnt), np.arange(RANK_BATCH, int(cnt.sum()), RANK_BATCH))
-    out = [_ranked(part, *other_pieces(starts, ends, owners, q0[part], q1[part], qowner[part]), owners, k)
+    out = [_ranked(part, *_pieces_in(starts, ends, owners, q0[part], q1[part], qowner[part], lo[part], hi[part]),
+                   owners, k)
            for part in np.split(np.arange(len(q0)), np.unique(edges)) if len(part) and cnt[part].sum()]
     if not out:
         none = np.zeros(0, np.int64)
