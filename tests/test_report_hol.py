@@ -12,7 +12,7 @@ import pytest
 from omnitrace import conventions as cv
 from omnitrace import intervals
 from omnitrace import spantable as stt
-from omnitrace.analyze import headofline
+from omnitrace.rules import headofline
 from tests.support import hol_reference
 from omnitrace.conventions import Ev, Modality
 from tests.support.event_fixture import (API, TALKER, TALKER_RECV, THINKER, THINKER_SEND, chunk_events,

@@ -10,9 +10,9 @@ import numpy as np
 
 from omnitrace import intervals
 from omnitrace import spantable as stt
-from omnitrace.analyze import attribution as at
-from omnitrace.analyze.headofline import Busy
 from omnitrace.analyze.stats import NS_TO_MS
+from omnitrace.rules import attribution as at
+from omnitrace.rules.headofline import Busy
 
 MAX_CULPRIT_TASKS = 24  # per FIFO wait, the longest overlaps
 

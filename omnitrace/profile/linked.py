@@ -5,7 +5,7 @@ The join key is exact: every ring records its writer's native thread id (``RING`
 the event log) and py-spy names each sampled thread by the same id; both clocks are
 CLOCK_MONOTONIC on the event log's one offset (``omnitrace.profile.finalize``).
 
-Categories (``omnitrace.analyze.attribution`` names) -> intervals and the thread that
+Categories (``omnitrace.rules.attribution`` names) -> intervals and the thread that
 worked in them (``--thread`` picks another thread of the same process instead):
 
 * ``snapshot``, ``queue``: the producer's snapshot / stage-queue spans; scheduler thread.
