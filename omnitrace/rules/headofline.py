@@ -17,7 +17,8 @@ per span) is kept beside it, labelled, to show how much the waits overlapped.
 
 Sender busy intervals are the span builder's (:func:`omnitrace.spantable.sender_tasks`): a
 task occupies its sender (stage, replica) from its dequeue to its put end, or the end of a
-0-byte process of its chunk, or the next dequeue, whichever comes first.
+0-byte process of its chunk, or the next dequeue, whichever comes first. The overlaps and
+their union are :mod:`omnitrace.intervals`' (the FIFO-blocking rule's one home).
 """
 from __future__ import annotations
 
