@@ -125,7 +125,8 @@ def top_others(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.
     if not out:
         none = np.zeros(0, np.int64)
         return none, owners[:0], none
-    return tuple(np.concatenate(cols) for cols in zip(*out))  # type: ignore[return-value]
+    q, owner, rank = (np.concatenate(cols) for cols in zip(*out))
+    return q, owner, rank
 
 
 def _ranked(part: np.ndarray, q: np.ndarray, iv: np.ndarray, lo: np.ndarray, hi: np.ndarray,
