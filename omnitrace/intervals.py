@@ -149,12 +149,12 @@ def _ranked(part: np.ndarray, q: np.ndarray, iv: np.ndarray, lo: np.ndarray, hi:
 
 
 def union_shares(group: np.ndarray, owner: np.ndarray, start: np.ndarray, end: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per group (a victim), the union length of its intervals, and per (group, owner) its
     even share of it: an owner's intervals are merged first (one active twice at once
     counts once), and a moment when n owners are active gives each 1/n of it.
-    Returns (union length per group index, the merged intervals' (group << 32 | owner)
-    keys, their shares)."""
+    Returns (union length per group index, the merged intervals' groups and owners, their
+    shares)."""
     ng = int(group.max()) + 1
     g, o, s, e = _merged_per_owner(group, owner, start, end)
     # sweep each group's edges: active-owner count, then the integral of 1/count
@@ -174,7 +174,7 @@ def union_shares(group: np.ndarray, owner: np.ndarray, start: np.ndarray, end: n
     pos = np.empty(2 * n, np.int64)
     pos[order] = np.arange(2 * n)
     share = F[pos[n:]] - F[pos[:n]]  # each merged interval: from its start edge to its end edge
-    return wall, (g << 32) | o, share
+    return wall, g, o, share
 
 
 def _merged_per_owner(group: np.ndarray, owner: np.ndarray, start: np.ndarray, end: np.ndarray

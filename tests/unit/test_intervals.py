@@ -134,12 +134,12 @@ def test_union_shares_split_each_moment_among_the_owners_then(seed):
     n = int(rng.integers(1, 25))
     a, b = rng.integers(0, 40, n), rng.integers(1, 12, n)
     group, owner = rng.integers(0, 3, n), rng.integers(1, 4, n)
-    wall, merged, shares = intervals.union_shares(group, owner, a, a + b)
+    wall, m_group, m_owner, shares = intervals.union_shares(group, owner, a, a + b)
     want_wall, want_share = ref_union(group, owner, a, a + b)
     assert wall.tolist() == [want_wall.get(g, 0.0) for g in range(int(group.max()) + 1)]
     got: dict[tuple[int, int], float] = {}
-    for k, v in zip(merged.tolist(), shares.tolist()):
-        got[(k >> 32, k & 0xFFFFFFFF)] = got.get((k >> 32, k & 0xFFFFFFFF), 0.0) + v
+    for k, v in zip(zip(m_group.tolist(), m_owner.tolist()), shares.tolist()):
+        got[k] = got.get(k, 0.0) + v
     assert got.keys() == want_share.keys()
     assert all(got[k] == pytest.approx(want_share[k]) for k in got)
 
