@@ -1,8 +1,9 @@
-"""The one key packer of the tables: several small integer columns as one int64 that sorts
-as the tuple does (``pack``), back again (``unpack``), and dense ids over distinct keys
-(``dense``). Every composite key the tables make (a stage visit's request, stage and
-replica; a sender's pid and stage) goes through it: its field widths are checked, never
-assumed."""
+"""The one key packer: several small integer columns as one int64 that sorts as the tuple
+does (``pack``), back again (``unpack``), dense ids over distinct keys (``dense``), and
+rows grouped by key (``groups``). Every composite key the tables make (a stage visit's
+request, stage and replica) and every FIFO sender's (``sender_key``: the span builder's,
+the report's, the flame graphs', the tables') goes through it: its field widths are
+checked, never assumed."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
