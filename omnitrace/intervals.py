@@ -10,8 +10,10 @@ sender's intervals, the caller groups the rows by that key (``keys.groups``).
 
 Intervals (``starts``, ``ends``, ``owners``: the request of each task) come sorted by
 start with their ends ascending too (a sender's tasks are disjoint); queries (``q0``,
-``q1``, ``qowner``) are in any order. Everything is vectorised (searchsorted, cumsum):
-the report runs it over millions of spans.
+``q1``, ``qowner``) are in any order. The report's head-of-line wall time then takes the
+union of each victim's blocked pieces, split among the culprits active at each moment
+(:func:`union_shares`). Everything is vectorised (searchsorted, cumsum): the report runs
+it over millions of spans.
 """
 from __future__ import annotations
 
