@@ -2,7 +2,7 @@
 
 Each category's name, the one-line meaning every output shows next to it (report --json
 ``categories``, console legend, HTML hover) and its colour in every plot. Adding a
-category is one entry here plus its rule (``omnitrace.analyze.attribution``); a test
+category is one entry here plus its rule (``omnitrace.rules.attribution``); a test
 fails if an entry lacks a description or a colour.
 """
 from __future__ import annotations

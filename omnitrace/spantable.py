@@ -25,12 +25,11 @@ Pairing rules (one trace per request, ``conventions.trace_id_for(request)``):
 * The peer stage of a chunk span is the end stamp's ``b``; its replica and process are
   those of the ring that recorded its begin.
 
-FIFO blocking: each sender (pid, stage) is busy with one task at a time, from its
-FIFO_DEQUEUE to its PUT_END (or a PROCESS_END with 0 bytes of the same chunk, or the
-next dequeue). For a task enqueued at E and dequeued at D, ``blocked_ns`` is the total
-overlap of [E, D] with that sender's busy intervals of tasks of *other* requests and
-``blocked_by`` the (up to) three requests with the largest overlap. Every busy interval
-that overlaps [E, D] ends by D on the sender's own ring, so it is known when D is.
+FIFO blocking (the rule: :mod:`omnitrace.intervals`): each sender (pid, stage) is busy
+with one task at a time (:func:`sender_tasks`); a FIFO span's ``blocked_ns`` (v2) and
+``blocked_by`` (by0..by2) are its wait's overlap with that sender's tasks of *other*
+requests and the three requests with the largest. Every busy interval that overlaps a
+wait [E, D] ends by D on the sender's own ring, so it is known when D is.
 The tasks each feed closes are handed out with it (``Feed.busy``): the report's
 head-of-line rule and the flame graphs' sender join read the same intervals.
 
@@ -44,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omnitrace import conventions as cv
-from omnitrace import rowops, tracecontext
+from omnitrace import intervals, keys, rowops, tracecontext
 from omnitrace.eventlog import EVENT_DTYPE
 
 E = cv.Ev
@@ -108,7 +107,7 @@ _EMPTY_EV = np.empty(0, EVENT_DTYPE)
 # bound, live) -- a one-feed report keeps all of them while it builds its spans.
 SENDER_LATE_S = 10.0
 SENDER_CAP = 1 << 20
-RANK_BATCH = 1 << 22  # (span, task) overlaps ranked at once: ~200 MB of temporaries
+CULPRIT_COLUMNS = ("by0", "by1", "by2")  # a FIFO span's top culprits
 
 
 class _ByKind:
@@ -312,15 +311,6 @@ def _own_process_end(seq: np.ndarray, deq: np.ndarray) -> np.ndarray:
     return out
 
 
-def expand_ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every (owner, index) with lo[owner] <= index < hi[owner], without a Python loop:
-    e.g. each FIFO wait against each sender task it overlapped."""
-    cnt = np.maximum(hi - lo, 0)
-    owner = np.repeat(np.arange(len(lo)), cnt)
-    index = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo, cnt)
-    return owner, index
-
-
 def match(bkey: np.ndarray, bt: np.ndarray, ekey: np.ndarray, et: np.ndarray
           ) -> tuple[np.ndarray, np.ndarray]:
     """Pair the k-th begin of each key (by time) with the k-th end of that key.
@@ -361,7 +351,7 @@ def match(bkey: np.ndarray, bt: np.ndarray, ekey: np.ndarray, et: np.ndarray
     starts = np.flatnonzero(head)
     begins = np.add.reduceat((order < nb).astype(np.int64), starts)
     ends = np.diff(np.append(starts, len(k))) - begins
-    owner, pos = expand_ranges(starts, starts + np.minimum(begins, ends))
+    owner, pos = intervals.expand_ranges(starts, starts + np.minimum(begins, ends))
     return bo[order[pos]], eo[order[pos + begins[owner]] - nb]
 
 
@@ -402,10 +392,8 @@ class SenderTasks:
         """This feed's sender events in time order (``Prepared.senders``; ``pids``: pid by
         ring) -> the tasks they close."""
         groups: dict[tuple[int, int], np.ndarray] = {}
-        if len(ev):
-            skey = (pids[ev["ring"]] << 16) | (ev["stage"].astype(np.int64) + 1)
-            for k in rowops.distinct(skey):
-                groups[(k >> 16, (k & 0xFFFF) - 1)] = rowops.select(ev, skey == k)
+        for k, rows in keys.groups(keys.sender_key(pids[ev["ring"]], ev["stage"])):
+            groups[keys.sender_of(k)] = rowops.take(ev, rows)
         out: Closed = []
         for key in set(groups) | {k for k, tail in self.tails.items() if len(tail)}:
             new, tail = groups.get(key, _EMPTY_EV), self.tails.get(key, _EMPTY_EV)
@@ -809,103 +797,22 @@ class SpanBuilder:
             if keep > 0:
                 snd.starts, snd.ends, snd.reqs = snd.starts[keep:], snd.ends[keep:], snd.reqs[keep:]
 
-    @staticmethod
-    def _busy_before(keys: np.ndarray, ends: np.ndarray, cum: np.ndarray, qkeys: np.ndarray,
-                     t: np.ndarray, lo: np.ndarray | int = 0) -> np.ndarray:
-        """Busy time before each ``t`` of disjoint time-sorted intervals [lo, k): ``keys``
-        order their starts and ``qkeys`` the times alike (``k``: those starting at or before
-        ``t``), ``cum`` their prefix sums; less the part of the last one after ``t``."""
-        k = np.searchsorted(keys, qkeys, "right")
-        last = np.maximum(k - 1, 0)
-        past = np.where(k > lo, np.maximum(ends[last] - t, 0), 0)
-        return cum[k] - cum[lo] - past
-
     def _blocked(self, rows: np.ndarray, pids: np.ndarray) -> None:
         """blocked_ns (v2) of complete FIFO spans, in place: the time their sender worked on
-        other requests' tasks while they waited = busy time over [enqueue, dequeue] minus
-        the request's own tasks in it, each from prefix sums over the sender's disjoint
-        intervals (O(log n) per span however many tasks it waited behind). With
+        other requests' tasks while they waited (``intervals.other_overlap``). With
         ``culprits``, also by0..by2: the top three other requests by overlap."""
-        skey = (pids << 16) | (rows["stage"].astype(np.int64) + 1)
-        for k in rowops.distinct(skey):
-            snd = self.senders.get((k >> 16, (k & 0xFFFF) - 1))
+        for k, sel in keys.groups(keys.sender_key(pids, rows["stage"])):
+            snd = self.senders.get(keys.sender_of(k))
             if snd is None or not len(snd.starts):
                 continue
-            sel = np.flatnonzero(skey == k)
-            enq, deq, req = rows["start"][sel], rows["end"][sel], rows["req"][sel]
-            # only the intervals that can overlap some wait: the sender keeps seconds of
-            # them, a feed's waits span far less (each sum below is the same over these)
-            i0 = int(np.searchsorted(snd.ends, enq.min(), "right"))
-            i1 = int(np.searchsorted(snd.starts, deq.max(), "left"))
-            if i1 <= i0:
-                continue  # no task of this sender overlapped these waits: blocked 0
-            starts, ends, reqs = snd.starts[i0:i1], snd.ends[i0:i1], snd.reqs[i0:i1]
-            busy = self._busy_before
-            cum = np.concatenate(([0], np.cumsum(ends - starts)))
-            total = busy(starts, ends, cum, deq, deq) - busy(starts, ends, cum, enq, enq)
-            # own tasks: the same over the intervals grouped by request (stable: each group
-            # stays time-sorted); a time's rank among all starts stands in for it (monotone,
-            # <= n), so keys (group, rank) make one searchsorted serve every group
-            n = len(starts)
-            order = np.argsort(reqs, kind="stable")
-            g_req = reqs[order]
-            first = np.ones(n, bool)
-            first[1:] = g_req[1:] != g_req[:-1]
-            heads = np.flatnonzero(first)
-            o_s, o_e = starts[order], ends[order]
-            o_cum = np.concatenate(([0], np.cumsum(o_e - o_s)))
-            keys = (np.cumsum(first) - 1) * (n + 1) + np.searchsorted(starts, o_s, "right")
-            g = np.minimum(np.searchsorted(g_req[heads], req), len(heads) - 1)
-            has, lo = g_req[heads[g]] == req, heads[g]
-
-            def own_before(t: np.ndarray) -> np.ndarray:
-                q = g * (n + 1) + np.searchsorted(starts, t, "right")
-                return busy(keys, o_e, o_cum, q, t, lo)
-
-            own = np.where(has, own_before(deq) - own_before(enq), 0)
-            rows["v2"][sel] = total - own
+            wait = rows["start"][sel], rows["end"][sel], rows["req"][sel]
+            rows["v2"][sel] = intervals.other_overlap(snd.starts, snd.ends, snd.reqs, *wait)
             if self.culprits:
-                self._rank_culprits(rows, sel, snd)
-
-    @staticmethod
-    def _rank_culprits(rows: np.ndarray, sel: np.ndarray, snd: _Sender) -> None:
-        """by0..by2 of the FIFO spans ``sel``: the other requests whose tasks overlapped
-        their wait, by total overlap (ties: the earliest task first). Enumerates every
-        (span, task) overlap, in batches of at most RANK_BATCH (a deep FIFO makes them
-        quadratic in its depth)."""
-        lo = np.searchsorted(snd.ends, rows["start"][sel], "right")
-        hi = np.searchsorted(snd.starts, rows["end"][sel], "left")
-        cnt = np.maximum(hi - lo, 0)
-        edges = np.searchsorted(np.cumsum(cnt), np.arange(RANK_BATCH, int(cnt.sum()), RANK_BATCH))
-        for part in np.split(np.arange(len(sel)), np.unique(edges)):
-            if len(part) and cnt[part].sum():
-                SpanBuilder._rank_batch(rows, sel[part], lo[part], cnt[part], snd)
-
-    @staticmethod
-    def _rank_batch(rows: np.ndarray, sel: np.ndarray, lo: np.ndarray, cnt: np.ndarray,
-                    snd: _Sender) -> None:
-        enq, deq, req = rows["start"][sel], rows["end"][sel], rows["req"][sel]
-        q, iv = expand_ranges(lo, lo + cnt)
-        ov = np.minimum(snd.ends[iv], deq[q]) - np.maximum(snd.starts[iv], enq[q])
-        culprit = snd.reqs[iv]
-        keep = (culprit != req[q]) & (ov > 0)
-        q, ov, culprit, iv = q[keep], ov[keep], culprit[keep], iv[keep]
-        if not len(q):
-            return
-        # per (span, culprit): overlap sum and first interval (ties keep first seen)
-        order = np.lexsort((iv, culprit, q))
-        q, culprit, ov, iv = q[order], culprit[order], ov[order], iv[order]
-        first = np.ones(len(q), bool)
-        first[1:] = (q[1:] != q[:-1]) | (culprit[1:] != culprit[:-1])
-        starts = np.flatnonzero(first)
-        sums = np.add.reduceat(ov, starts)
-        gq, gc, gfirst = q[starts], culprit[starts], iv[starts]
-        order = np.lexsort((gfirst, -sums, gq))
-        gq, gc = gq[order], gc[order]
-        rank = np.arange(len(gq)) - np.searchsorted(gq, gq, "left")
-        for r, col in enumerate(("by0", "by1", "by2")):
-            m = rank == r
-            rows[col][sel[gq[m]]] = gc[m]
+                q, culprit, rank = intervals.top_others(snd.starts, snd.ends, snd.reqs, *wait,
+                                                        len(CULPRIT_COLUMNS))
+                for r, col in enumerate(CULPRIT_COLUMNS):
+                    m = rank == r
+                    rows[col][sel[q[m]]] = culprit[m]
 
     # ------------------------------------------------------------------ lifetime
     def tick(self, now: float, grace_s: float = 2.0, ended_timeout_s: float = 30.0,

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from omnitrace.analyze import attribution as at
+from omnitrace.rules import attribution as at
 from omnitrace.analyze.report import build_report
 from omnitrace.analyze.chunkspans import request_spans
 from omnitrace.analyze.rundir import load_run

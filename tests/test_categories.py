@@ -21,9 +21,9 @@ def test_every_category_has_a_description_and_its_own_colour() -> None:
 
 @pytest.mark.unit
 def test_the_rule_the_plots_and_flame_read_the_one_vocabulary() -> None:
-    from omnitrace.analyze import attribution, walk
     from omnitrace.profile import linked
     from omnitrace.render import html
+    from omnitrace.rules import attribution, walk
     assert attribution.CATEGORIES is categories.CATEGORIES
     assert html.COLORS is categories.COLORS
     assert set(walk.CAT) == set(categories.CATEGORIES)

@@ -3,7 +3,7 @@ run's record, and the live request counters agree with the bench.
 
 Real reference pipeline under real load (`omnitrace run` around serve_and_bench); the
 agent's final metrics message (metrics.jsonl, the same registry Prometheus scrapes) is
-compared with `analyze.attribution` run on the event log afterwards.
+compared with `rules.attribution` run on the event log afterwards.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import os
 
 import pytest
 
-from omnitrace.analyze import attribution as at
 from omnitrace.analyze.chunkspans import request_spans
 from omnitrace.analyze.rundir import load_run
+from omnitrace.rules import attribution as at
 from tests.support.report_util import run_pipeline
 
 N = 12

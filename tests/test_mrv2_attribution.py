@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from omnitrace.analyze import attribution as at
 from omnitrace.analyze.chunkspans import request_spans
 from omnitrace.analyze.report import build_report
 from omnitrace.analyze.rundir import load_run
 from omnitrace.conventions import Ev, Modality
+from omnitrace.rules import attribution as at
 from tests.support.event_fixture import API, US, write_event_run
 
 pytestmark = pytest.mark.unit

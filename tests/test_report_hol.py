@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from omnitrace import conventions as cv
+from omnitrace import intervals
 from omnitrace import spantable as stt
-from omnitrace.analyze import headofline
+from omnitrace.rules import headofline
 from tests.support import hol_reference
 from omnitrace.conventions import Ev, Modality
 from tests.support.event_fixture import (API, TALKER, TALKER_RECV, THINKER, THINKER_SEND, chunk_events,
@@ -129,12 +130,11 @@ def test_two_senders_blocked_at_once_split_evenly():
     assert hol_reference._union_split(pieces) == (15, {1: 7.5, 2: 7.5})
     vi = np.zeros(3, np.int64)
     start, end, culprit = (np.array(x, np.int64) for x in zip(*pieces))
-    wall, keys, shares = headofline._union_shares(vi, culprit, start, end)
+    wall, _, owners, shares = intervals.union_shares(vi, culprit, start, end)
     assert wall.tolist() == [15.0]
-    assert {k & 0xFFFFFFFF: 0.0 for k in keys.tolist()} == {1: 0.0, 2: 0.0}
     got: dict[int, float] = {}
-    for k, v in zip(keys.tolist(), shares.tolist()):
-        got[k & 0xFFFFFFFF] = got.get(k & 0xFFFFFFFF, 0.0) + v
+    for k, v in zip(owners.tolist(), shares.tolist()):
+        got[k] = got.get(k, 0.0) + v
     assert got == {1: 7.5, 2: 7.5}
 
 

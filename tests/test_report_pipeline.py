@@ -105,7 +105,7 @@ def test_html_renders_in_chromium(run_dir, tmp_path):
     assert {r for r in rows if r.endswith(" sender busy (other requests)")} == \
         {f"{st} sender busy (other requests)" for st in busy}
     assert "head-of-line blocking" in legend and "sse_write" in legend
-    from omnitrace.analyze.attribution import DESCRIPTIONS
+    from omnitrace.rules.attribution import DESCRIPTIONS
     assert any(d[:40] in hover for d in DESCRIPTIONS.values()), hover
     assert shot.stat().st_size > 50_000 and (tmp_path / "request.png").stat().st_size > 20_000
     keep = os.environ.get("OMNITRACE_TEST_SCREENSHOT")

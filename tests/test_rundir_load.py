@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from omnitrace.analyze import otlp_import, rundir
 from omnitrace.analyze.run import Run
-from omnitrace.analyze.span import Span
+from omnitrace.rules.span import Span
 from tests.support.otlp_fixture import line, three_stage_request, write_run
 
 

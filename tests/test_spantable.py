@@ -196,7 +196,7 @@ def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
     log) by hand: a put closes its task, a 0-byte process closes it, a process with bytes
     does not, another task's closer falls back to the next dequeue, and the last task
     without a closer stays open. Fed in three cuts."""
-    from omnitrace.analyze import headofline, tables
+    from omnitrace.rules import headofline
     ev = _ev([(1, E.FIFO_ENQUEUE, 1, 0, 0, 0, 1, 0), (2, E.FIFO_ENQUEUE, 2, 0, 0, 1, 1, 0),
               (3, E.FIFO_ENQUEUE, 3, 0, 0, 2, 1, 0), (4, E.FIFO_ENQUEUE, 4, 0, 0, 3, 1, 0),
               (10, E.FIFO_DEQUEUE, 1, 0, 0, 0, 1, 1), (12, E.PROCESS_BEGIN, 1, 0, 0, 0, 1, 1),
@@ -213,7 +213,7 @@ def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
     got = [(pid, stage, s, e, r) for f in feeds for pid, stage, *cols in f.busy
            for s, e, r in zip(*(c.tolist() for c in cols))]
     assert got == [(10, 0, 10, 20, 1), (10, 0, 30, 35, 2), (10, 0, 40, 50, 3)]
-    from_builder = tables.busy_by_replica(
+    from_builder = headofline.busy_by_replica(
         {(10, 0): tuple(np.array(c) for c in ([g[2] for g in got], [g[3] for g in got], [g[4] for g in got]))},
         {10: 0})
     spans = np.concatenate([f.spans for f in feeds])
@@ -231,7 +231,7 @@ def test_a_batch_dequeued_at_once_is_worked_through_in_turn():
     own, not all of it charged to the last. Request 4, enqueued at 5 and taken alone at 200,
     waited behind 1, 2 and 3 for 10, 15 and 15 ns: blocked 40, culprits 2 then 3 then 1
     (equal overlaps: the earlier task first). Rebuilt from the spans alike."""
-    from omnitrace.analyze import headofline
+    from omnitrace.rules import headofline
     script = [(5, E.FIFO_ENQUEUE, 4, 0, 0, 0, 1, 0)]
     for r, done in ((1, 110), (2, 125), (3, 140)):
         script += [(90 + r, E.FIFO_ENQUEUE, r, 0, 0, 0, 1, 0), (100, E.FIFO_DEQUEUE, r, 0, 0, 0, 1, 1),
@@ -257,9 +257,9 @@ def test_walk_over_lazy_chunk_indexes_equals_walk_over_objects(real_run):
     """The report walks each request over lazy chunk indexes (Span objects only for the
     hops it reads); every request's attribution equals the walk over all its chunk spans
     as objects."""
-    from omnitrace.analyze import attribution as at
     from omnitrace.analyze.chunkspans import request_spans, with_chunks
     from omnitrace.analyze.rundir import load_run
+    from omnitrace.rules import attribution as at
     run = load_run([real_run])
     want = {rid: at.attribute(r) for rid, r in request_spans(run).items()}
     lazy = at.index_requests(run.spans)

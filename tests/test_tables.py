@@ -10,9 +10,10 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
+from omnitrace import keys
 from omnitrace.conventions import Ev
-from omnitrace.tables import keys, schema
 from omnitrace.tables import run as tables_run
+from omnitrace.tables import schema
 from tests.support import golden_inputs as gi
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""The batch walk (analyze/walk.py) against the reference walk (attribution.attribute),
+"""The batch walk (rules/walk.py) against the reference walk (attribution.attribute),
 request by request, on a real run and on that run's chunk spans perturbed every way the
 rule has a branch for (missing spans, several tasks under one key, 0-byte tasks, ties,
 gets overlapping their puts, table order); and the report made with it against the report made by the reference."""
@@ -12,10 +12,11 @@ import pytest
 
 from omnitrace import conventions as cv
 from omnitrace import spantable as stt
-from omnitrace.analyze import attribution as at
-from omnitrace.analyze import report, walk
+from omnitrace.analyze import report
 from omnitrace.analyze.chunkspans import chunk_rows, with_chunks
 from omnitrace.analyze.rundir import load_run
+from omnitrace.rules import attribution as at
+from omnitrace.rules import walk
 
 
 def _both(run, batch: int = 5) -> tuple[dict, dict]:

@@ -2,7 +2,7 @@
 
 :class:`AttributionView` holds each open request's spans from its arrival until its
 ``omni.request`` span is built (it ended), then runs the report's own critical-path walk
-(the batch walk, :func:`omnitrace.analyze.walk.walk`, over span rows) on exactly the rows
+(the batch walk, :func:`omnitrace.rules.walk.walk`, over span rows) on exactly the rows
 the report would use (chunk spans that began before the first audio packet) and adds the
 result to
 ``omnitrace_ttfp_attribution_seconds_total{stage,category}``. So a panel shows, while the
@@ -15,7 +15,7 @@ API hooks holds nothing after :attr:`NO_API_S`, and a request is released once t
 end (:attr:`SETTLE_NS`), so a stage's span drained a moment later still counts.
 
 The head-of-line leaderboard (agent.json ``views.head_of_line_top_culprits``, what
-`omnitrace top` shows) is the report's rule (:mod:`omnitrace.analyze.headofline`) applied
+`omnitrace top` shows) is the report's rule (:mod:`omnitrace.rules.headofline`) applied
 to the same walks, over the sender tasks of the last :attr:`BUSY_KEEP_NS`: the report's
 head-of-line table summed per culprit.
 """
@@ -30,10 +30,9 @@ from omnitrace import conventions as cv
 from omnitrace import spanload
 from omnitrace import spantable as stt
 from omnitrace.agent.export_prometheus import Metrics
-from omnitrace.analyze import attribution as at
-from omnitrace.analyze import headofline, walk
-from omnitrace.analyze.chunkspans import spans_from_table
-from omnitrace.analyze.tables import busy_by_replica
+from omnitrace.rules import attribution as at
+from omnitrace.rules import headofline, walk
+from omnitrace.rules.spanobjects import spans_from_table
 from omnitrace.spantable import Feed
 
 _STATUS = {int(s): s.name.lower() for s in cv.Status}
@@ -140,7 +139,7 @@ class AttributionView:
         self.not_attributed = 0  # ended without a first packet, or the walk found no path
         self.rows_dropped = 0  # rows of requests never seen arriving (UNKNOWN_S)
         # culprit request id -> wall ns others' first packets waited behind its tasks
-        # (the report's head-of-line rule: analyze.headofline), and those others
+        # (the report's head-of-line rule: rules.headofline), and those others
         self.culprit_ns: dict[str, float] = {}
         self.culprit_victims: dict[str, set[int]] = {}
         # (pid, stage) -> the sender's closed tasks (starts, ends, requests), feed by feed
@@ -293,7 +292,7 @@ class AttributionView:
             return
         replica_of = spanload.replica_of(self.rings)
         senders = {k: tuple(np.concatenate(c) for c in zip(*parts)) for k, parts in self.busy.items() if parts}
-        hp = headofline.blocked_pairs(victims, table, busy_by_replica(senders, replica_of))
+        hp = headofline.blocked_pairs(victims, table, headofline.busy_by_replica(senders, replica_of))
         for v, c, ns in zip(hp.victim.tolist(), hp.culprit.tolist(), hp.pair_wall.tolist()):
             if ns > 0:
                 who = self.requests[c]

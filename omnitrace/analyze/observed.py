@@ -8,7 +8,7 @@ import re
 from typing import Any, Callable
 
 from omnitrace import conventions as cv
-from omnitrace.analyze import attribution as at
+from omnitrace.rules import attribution as at
 
 _HOP = re.compile(r"^(?P<span>[a-z_.]+)\[(?P<p>-?\d+)->(?P<c>-?\d+)#-?\d+\]$")
 # the walk's missing-span names -> (categories they would have given, producer side?)

@@ -26,7 +26,7 @@ import orjson
 from omnitrace import conventions as cv
 from omnitrace import spanload
 from omnitrace import spantable as stt
-from omnitrace.analyze import headofline
+from omnitrace.rules import headofline
 
 
 def _value(v: dict[str, Any]) -> Any:

@@ -13,13 +13,14 @@ from omnitrace import conventions as cv
 from omnitrace import rowops
 from omnitrace import spantable as stt
 from omnitrace.analyze import accounting
-from omnitrace.analyze import attribution as at
-from omnitrace.analyze import components, failures, headofline, observed, report_warnings, walk, waterfall
+from omnitrace.rules import attribution as at
+from omnitrace.analyze import components, failures, observed, report_warnings, waterfall
 from omnitrace.analyze.beside import MIN_WORK, Beside
 from omnitrace.analyze.chunkspans import attach_chunks, chunk_rows
 from omnitrace.analyze.run import Run
 from omnitrace.analyze.select import Selection
 from omnitrace.analyze.stats import NS_TO_MS, median, summary
+from omnitrace.rules import headofline, walk
 
 WATERFALLS = 10  # slowest requests given a waterfall in the HTML (and --request ID ones)
 TOP_CATEGORIES = 4  # per-request console line: the largest categories
@@ -296,11 +297,11 @@ def _segments(a: at.Attribution, label: Callable[[int], str]) -> list[list[Any]]
              g.category, g.detail] for g in a.segments]
 
 
-WALK_BATCH = 8192  # requests walked at once (analyze/walk.py: fewer than 2^16)
+WALK_BATCH = 8192  # requests walked at once (rules/walk.py: fewer than 2^16)
 
 
 def _walk(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _RowContext) -> _Walked:
-    """Attribute ``rids`` a batch at a time (analyze/walk.py; the reference walk for a
+    """Attribute ``rids`` a batch at a time (rules/walk.py; the reference walk for a
     batch whose numbers its keys do not hold) and make their report rows, then their
     wall-time head-of-line blocking."""
     none: list[str] = []

@@ -14,9 +14,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from omnitrace.analyze import attribution as at
 from omnitrace.analyze.report import build_report
 from omnitrace.analyze.rundir import RunDirError, load_run
+from omnitrace.rules import attribution as at
 from omnitrace.tables import combine, run as tables_run
 from omnitrace.tables.build import enum
 from omnitrace.tables.schema import TABLES, arrow_table

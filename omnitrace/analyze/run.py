@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnitrace.analyze.span import Span
+from omnitrace.rules.span import Span
 
 
 @dataclass

@@ -20,8 +20,9 @@ import numpy as np
 from omnitrace import rowops
 from omnitrace.runfiles import names, read
 from omnitrace.runfiles.claim import live_agent
-from omnitrace.analyze import headofline, tables
-from omnitrace.analyze.chunkspans import spans_from_table
+from omnitrace.analyze import tables
+from omnitrace.rules.headofline import busy_of
+from omnitrace.rules.spanobjects import spans_from_table
 from omnitrace.analyze.run import Run
 
 
@@ -92,7 +93,7 @@ def add_chunks(run: Run, figures: tables.ChunkFigures, early, busy: dict,
         busy = {k: (s, e, remap[r.astype(np.int64)]) for k, (s, e, r) in busy.items()}
     run.figures = figures if run.figures is None else run.figures.merged(figures)
     run.early = early if run.early is None else rowops.concat((run.early, early), early.dtype)
-    run.busy = headofline.merged_busy(run.busy, busy) if run.busy else busy
+    run.busy = busy_of([*run.busy.items(), *busy.items()]) if run.busy else busy  # one deployment's timelines as one
 
 
 def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset(),

@@ -31,8 +31,7 @@ from omnitrace import conventions as cv
 from omnitrace import rowops, spanload
 from omnitrace.rowops import Growing
 from omnitrace import spantable as stt
-from omnitrace.analyze import headofline
-from omnitrace.analyze.headofline import Busy
+from omnitrace.rules.headofline import Busy, busy_by_replica
 
 SNAPSHOT_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("dur", "<i8")])
 FIFO_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("ahead", "<i4"), ("dur", "<i8"),
@@ -225,23 +224,3 @@ class _Warmup:
             self._flags = np.concatenate((self._flags, np.fromiter(
                 (r in self.skip for r in strings[have:]), bool, len(strings) - have)))
         return self._flags
-
-
-def busy_by_replica(senders: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]],
-                    replica_of: dict[int, int]) -> Busy:
-    """Each sender's (pid, stage) tasks (starts, ends, requests, in the order the builder
-    closed them) -> ``headofline.Busy`` per (stage, replica); ``replica_of``: pid -> replica.
-    A replica served by one sender process keeps its columns as they are (a sort of an
-    hour's tasks, 3 s, when they are in time order already); several are merged."""
-    by: dict[tuple[int, int], list] = {}
-    for (pid, stage), cols in senders.items():
-        if len(cols[0]):
-            by.setdefault((stage, replica_of.get(pid, 0)), []).append(cols)
-    out: Busy = {}
-    for (stage, replica), parts in by.items():
-        starts, ends, reqs = parts[0]
-        if len(parts) == 1 and not (starts[1:] < starts[:-1]).any():
-            out[(stage, replica)] = (starts, ends, reqs)
-            continue
-        out.update(headofline.busy_of([((stage, replica), p) for p in parts]))
-    return out

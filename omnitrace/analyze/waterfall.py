@@ -8,10 +8,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from omnitrace import intervals
 from omnitrace import spantable as stt
-from omnitrace.analyze import attribution as at
-from omnitrace.analyze.headofline import Busy
 from omnitrace.analyze.stats import NS_TO_MS
+from omnitrace.rules import attribution as at
+from omnitrace.rules.headofline import Busy
 
 MAX_CULPRIT_TASKS = 24  # per FIFO wait, the longest overlaps
 
@@ -54,11 +55,9 @@ def build(a: at.Attribution, r: at.RequestSpans, rows: np.ndarray, busy: Busy,
             if snd is None:
                 continue
             s0, e0, who = snd
-            lo = int(np.searchsorted(e0, start, "right"))
-            hi = int(np.searchsorted(s0, stop, "left"))
-            t0s, t1s, w = np.maximum(s0[lo:hi], start), np.minimum(e0[lo:hi], stop), who[lo:hi]
-            ok = (w != req_index) & (t1s > t0s)
-            t0s, t1s, w = t0s[ok], t1s[ok], w[ok]
+            _, iv, t0s, t1s = intervals.other_pieces(s0, e0, who, np.array([start]), np.array([stop]),
+                                                     np.array([req_index]))
+            w = who[iv]
             top = np.argsort(t0s - t1s, kind="stable")[:MAX_CULPRIT_TASKS]  # longest overlaps
             top = top[np.lexsort((w[top], t1s[top], t0s[top]))]  # shown in time order
             waits.append({"stage": label(stage), "chunk": chunk, "start_ms": ms(start),

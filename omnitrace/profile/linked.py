@@ -5,7 +5,7 @@ The join key is exact: every ring records its writer's native thread id (``RING`
 the event log) and py-spy names each sampled thread by the same id; both clocks are
 CLOCK_MONOTONIC on the event log's one offset (``omnitrace.profile.finalize``).
 
-Categories (``omnitrace.analyze.attribution`` names) -> intervals and the thread that
+Categories (``omnitrace.rules.attribution`` names) -> intervals and the thread that
 worked in them (``--thread`` picks another thread of the same process instead):
 
 * ``snapshot``, ``queue``: the producer's snapshot / stage-queue spans; scheduler thread.
@@ -33,7 +33,8 @@ from typing import Iterator
 import numpy as np
 
 from omnitrace import conventions as cv
-from omnitrace import rowops, spanload
+from omnitrace import keys, rowops, spanload
+from omnitrace.intervals import other_pieces
 from omnitrace import spantable as stt
 from omnitrace import categories
 from omnitrace.profile.store import Store, save_npz
@@ -150,10 +151,9 @@ class SpanIndex:
 
     def busy_by_sender(self) -> dict[tuple[int, int], np.ndarray]:
         out = {}
-        key = (self.busy["pid"] << 16) | (self.busy["stage"].astype(np.int64) + 1)
-        for k in np.unique(key).tolist():
-            b = self.busy[key == k]
-            out[(k >> 16, (k & 0xFFFF) - 1)] = np.stack((b["start"], b["end"], b["req"].astype(np.int64)), 1)
+        for k, rows in keys.groups(keys.sender_key(self.busy["pid"], self.busy["stage"])):
+            b = self.busy[rows]
+            out[keys.sender_of(k)] = np.stack((b["start"], b["end"], b["req"].astype(np.int64)), 1)
         return out
 
     def save(self, path: str) -> None:
@@ -265,22 +265,15 @@ def blocked_parts(fifo: np.ndarray, busy: dict[tuple[int, int], np.ndarray], pid
     request. Returns (span index, start, end), sorted by span then start; per span they sum
     to its ``omni.fifo.blocked_ns``."""
     si_all, a_all, b_all = [], [], []
-    skey = (pids << 16) | (fifo["stage"].astype(np.int64) + 1)
-    for k in np.unique(skey).tolist():
-        b = busy.get((k >> 16, (k & 0xFFFF) - 1))
+    for k, sel in keys.groups(keys.sender_key(pids, fifo["stage"])):
+        b = busy.get(keys.sender_of(k))
         if b is None or not len(b):
             continue
-        sel = np.flatnonzero(skey == k)
-        enq, deq, req = fifo["start"][sel], fifo["end"][sel], fifo["req"][sel]
-        lo = np.searchsorted(b[:, 1], enq, "right")
-        hi = np.searchsorted(b[:, 0], deq, "left")
-        q, iv = stt.expand_ranges(lo, hi)
-        start = np.maximum(b[iv, 0], enq[q])
-        end = np.minimum(b[iv, 1], deq[q])
-        keep = (b[iv, 2] != req[q]) & (end > start)
-        si_all.append(sel[q[keep]])
-        a_all.append(start[keep])
-        b_all.append(end[keep])
+        q, _, start, end = other_pieces(b[:, 0], b[:, 1], b[:, 2], fifo["start"][sel],
+                                        fifo["end"][sel], fifo["req"][sel])
+        si_all.append(sel[q])
+        a_all.append(start)
+        b_all.append(end)
     if not si_all:
         z = np.zeros(0, np.int64)
         return z, z, z

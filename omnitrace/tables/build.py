@@ -14,10 +14,9 @@ import numpy as np
 import pyarrow as pa
 
 from omnitrace import conventions as cv
-from omnitrace import rowops, spanload
+from omnitrace import keys, rowops, spanload
 from omnitrace import spantable as stt
 from omnitrace.rowops import Growing
-from omnitrace.tables import keys
 from omnitrace.tables.schema import TABLES, arrow_table
 
 # chunk tables: (span name, recorded by the producer, column names of start, end, duration,
@@ -46,7 +45,6 @@ MARKS = tuple(cv.API_MARKS.values())
 _MARK_CODE = {k: i for i, k in enumerate(cv.API_MARKS)}
 # widths of the packed keys (keys.pack checks that the values fit)
 VISIT_BITS = (32, 15, 15)  # request, stage, replica
-SENDER_BITS = (32, 16)  # pid, stage
 
 
 class TablesSink:
@@ -250,19 +248,15 @@ class _Senders:
 
     def __init__(self, busy: np.ndarray, fifo: np.ndarray, replica_of: dict[int, int]) -> None:
         self.busy = busy
-        self.keys, _ = keys.dense(np.concatenate((self._key(busy["pid"], busy["stage"]),
-                                                  self._key(fifo["pid"], fifo["stage"]))))
+        self.keys, _ = keys.dense(np.concatenate((keys.sender_key(busy["pid"], busy["stage"]),
+                                                  keys.sender_key(fifo["pid"], fifo["stage"]))))
         self.replica_of = replica_of
 
-    @staticmethod
-    def _key(pid: np.ndarray, stage: np.ndarray) -> np.ndarray:
-        return keys.pack(list(zip((pid, stage), SENDER_BITS)))
-
     def ids(self, pid: np.ndarray, stage: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.keys, self._key(pid, stage)).astype(np.int64)
+        return np.searchsorted(self.keys, keys.sender_key(pid, stage)).astype(np.int64)
 
     def table(self) -> pa.Table:
-        pid, stage = keys.unpack(self.keys, SENDER_BITS)
+        pid, stage = keys.unpack(self.keys, keys.SENDER_BITS)
         return arrow_table("senders", {
             "sender_id": np.arange(len(self.keys)), "pid": pid, "stage": stage.astype(np.int32),
             "replica": np.array([self.replica_of.get(p, 0) for p in pid.tolist()], np.int32)})

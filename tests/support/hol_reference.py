@@ -1,5 +1,5 @@
 """The first head-of-line implementation, a per-victim Python loop, kept as the reference
-that the vectorised ``omnitrace.analyze.headofline.blocked_pairs`` is tested against: both must
+that the vectorised ``omnitrace.rules.headofline.blocked_pairs`` is tested against: both must
 give the same wall time, chunk-time sum, culprits and task counts for the same schedule
 (tests/test_report_hol.py)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Iterable
 import numpy as np
 
 from omnitrace import spantable as stt
-from omnitrace.analyze.headofline import Busy, Victim, blocked_pairs, sender_busy
+from omnitrace.rules.headofline import Busy, Victim, blocked_pairs, sender_busy
 
 
 @dataclass

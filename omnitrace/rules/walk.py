@@ -21,7 +21,7 @@ import numpy as np
 
 from omnitrace import conventions as cv
 from omnitrace import spantable as stt
-from omnitrace.analyze import attribution as at
+from omnitrace.rules import attribution as at
 
 CAT = {c: i for i, c in enumerate(at.CATEGORIES)}
 DETAILS = ("", "gap", "inbox", "submit", "unwalked", "overlap")

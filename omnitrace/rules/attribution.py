@@ -51,12 +51,12 @@ from typing import Iterable
 
 from omnitrace import conventions as cv
 from omnitrace import spantable as stt
-from omnitrace.analyze.span import Span
 
 # the vocabulary (names, descriptions, colours) lives in omnitrace.categories; the rule here
 from omnitrace.categories import (CATEGORIES, COMPUTE, DELIVER, DESCRIPTIONS, DISPATCH,  # noqa: F401
                                   FIFO_BLOCKED, FIFO_OWN, GET, LOOP_LAG, PARSE, POLL_LAG, PROCESS,
                                   PUT, QUEUE, REMAINDER, SNAPSHOT, SSE_WRITE, WAIT_SCHEDULE)
+from omnitrace.rules.span import Span
 
 _PRODUCER = tuple(stt.NAMES[c] for c in stt.PRODUCER_NAMES)
 _CONSUMER = tuple(stt.NAMES[c] for c in stt.CONSUMER_NAMES)

@@ -17,7 +17,8 @@ per span) is kept beside it, labelled, to show how much the waits overlapped.
 
 Sender busy intervals are the span builder's (:func:`omnitrace.spantable.sender_tasks`): a
 task occupies its sender (stage, replica) from its dequeue to its put end, or the end of a
-0-byte process of its chunk, or the next dequeue, whichever comes first.
+0-byte process of its chunk, or the next dequeue, whichever comes first. The overlaps and
+their union are :mod:`omnitrace.intervals`' (the FIFO-blocking rule's one home).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omnitrace import conventions as cv
-from omnitrace import rowops
+from omnitrace import intervals, keys, rowops
 from omnitrace import spantable as stt
 from omnitrace.eventlog import EVENT_DTYPE
 
@@ -46,12 +47,14 @@ class Victim:
 
 
 def _sender_key(stage: np.ndarray, replica: np.ndarray) -> np.ndarray:
-    """(stage, replica) as one sortable int64 per row (:func:`_sender_of` inverts it)."""
-    return (np.asarray(stage).astype(np.int64) << 16) | (np.asarray(replica).astype(np.int64) & 0xFFFF)
+    """The one sender key (``keys.sender_key``) of a report's sender: its replica and stage."""
+    return keys.sender_key(replica, stage)
 
 
-def _sender_of(key: int) -> tuple[int, int]:
-    return key >> 16, int(np.int16(key & 0xFFFF))
+def _busy_key(key: int) -> tuple[int, int]:
+    """The :data:`Busy` key (stage, replica) of one :func:`_sender_key`."""
+    replica, stage = keys.sender_of(key)
+    return stage, replica
 
 
 def busy_from(stage: np.ndarray, replica: np.ndarray, starts: np.ndarray, ends: np.ndarray,
@@ -60,12 +63,10 @@ def busy_from(stage: np.ndarray, replica: np.ndarray, starts: np.ndarray, ends: 
     replica's tasks from several processes or run directories keep one timeline)."""
     key = _sender_key(stage, replica)
     order = np.lexsort((starts, key))
-    key = key[order]
     out: Busy = {}
-    for k in np.unique(key).tolist():
-        lo, hi = np.searchsorted(key, [k, k + 1])
-        o = order[lo:hi]
-        out[_sender_of(k)] = (starts[o], ends[o], reqs[o])
+    for k, rows in keys.groups(key[order]):
+        o = order[rows]
+        out[_busy_key(k)] = (starts[o], ends[o], reqs[o])
     return out
 
 
@@ -79,9 +80,24 @@ def busy_of(parts: list[tuple[tuple[int, int], tuple[np.ndarray, np.ndarray, np.
                      *(np.concatenate([v[i] for _, v in parts]) for i in range(3)))
 
 
-def merged_busy(a: Busy, b: Busy) -> Busy:
-    """Two :data:`Busy` maps as one (several run directories of one deployment)."""
-    return busy_of([*a.items(), *b.items()])
+def busy_by_replica(senders: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]],
+                    replica_of: dict[int, int]) -> Busy:
+    """Each sender's (pid, stage) tasks (starts, ends, requests, in the order the builder
+    closed them) -> Busy per (stage, replica); ``replica_of``: pid -> replica.
+    A replica served by one sender process keeps its columns as they are (a sort of an
+    hour's tasks, 3 s, when they are in time order already); several are merged."""
+    by: dict[tuple[int, int], list] = {}
+    for (pid, stage), cols in senders.items():
+        if len(cols[0]):
+            by.setdefault((stage, replica_of.get(pid, 0)), []).append(cols)
+    out: Busy = {}
+    for (stage, replica), parts in by.items():
+        starts, ends, reqs = parts[0]
+        if len(parts) == 1 and not (starts[1:] < starts[:-1]).any():
+            out[(stage, replica)] = (starts, ends, reqs)
+            continue
+        out.update(busy_of([((stage, replica), p) for p in parts]))
+    return out
 
 
 def sender_busy(spans: np.ndarray) -> Busy:
@@ -106,21 +122,35 @@ def sender_busy(spans: np.ndarray) -> Busy:
     order = np.lexsort((ev["kind"] == E.FIFO_DEQUEUE, ev["t"], key))
     ev, key = rowops.take(ev, order), key[order]
     out: Busy = {}
-    for k in np.unique(key).tolist():
-        lo, hi = np.searchsorted(key, [k, k + 1])
-        seq = ev[lo:hi]
+    for k, rows in keys.groups(key):
+        seq = ev[rows[0]:rows[-1] + 1]  # contiguous: the rows are sorted by sender
         d, start, end, _ = stt.sender_tasks(seq)
         if len(d):
-            out[_sender_of(k)] = (start, end, seq["req"][d])
+            out[_busy_key(k)] = (start, end, seq["req"][d])
     return out
+
+
+def _hop_key(req: np.ndarray, producer: np.ndarray, consumer: np.ndarray) -> np.ndarray:
+    """(request, producer stage, consumer stage) as one sortable int64 (a request id needs
+    all 32 bits: more than ``keys.pack``'s signed fields hold beside two stages)."""
+    return ((req.astype(np.int64) << 32) | ((producer.astype(np.int64) + 1) << 16)
+            | (consumer.astype(np.int64) + 1))
+
+
+def _pair_key(victim: np.ndarray, culprit: np.ndarray) -> np.ndarray:
+    """(victim index, culprit request) as one sortable int64 (:func:`_pair_of` inverts it)."""
+    return (victim << 32) | culprit
+
+
+def _pair_of(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return key >> 32, key & 0xFFFFFFFF
 
 
 def _fifo_by_hop(chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The complete FIFO rows of ``chunks`` (columns the waits read) sorted by their
     (request, producer, consumer) key, and the keys: made once for every victim batch."""
     fifo = rowops.select(chunks, (chunks["reason"] == 0) & (chunks["name"] == stt.N_FIFO))
-    key = ((fifo["req"].astype(np.int64) << 32) | ((fifo["stage"].astype(np.int64) + 1) << 16)
-           | (fifo["peer"].astype(np.int64) + 1))
+    key = _hop_key(fifo["req"], fifo["stage"], fifo["peer"])
     order = np.argsort(key, kind="stable")
     cols = np.empty(len(fifo), [(n, fifo.dtype[n]) for n in ("req", "replica", "chunk", "start", "end")])
     for n in cols.dtype.names:
@@ -134,8 +164,8 @@ def _critical_waits(victims: list[Victim], fifo: np.ndarray, key: np.ndarray) ->
     :func:`_fifo_by_hop`)."""
     hops = np.array([(i, v.req, p, c, g, v.arrival, v.first_packet)
                      for i, v in enumerate(victims) for p, c, g in v.hops], np.int64).reshape(-1, 7)
-    hkey = (hops[:, 1] << 32) | ((hops[:, 2] + 1) << 16) | (hops[:, 3] + 1)
-    h, row = stt.expand_ranges(np.searchsorted(key, hkey, "left"), np.searchsorted(key, hkey, "right"))
+    hkey = _hop_key(hops[:, 1], hops[:, 2], hops[:, 3])
+    h, row = intervals.expand_ranges(np.searchsorted(key, hkey, "left"), np.searchsorted(key, hkey, "right"))
     f = rowops.take(fifo, row)
     ok = f["chunk"] <= hops[h, 4]
     h, f = h[ok], f[ok]
@@ -150,68 +180,18 @@ def _pieces(waits: dict[str, np.ndarray], busy: Busy) -> dict[str, np.ndarray]:
     """Each (critical-path wait, other request's sender task) overlap: vi, start, end,
     culprit, prod, task (the task's start: identifies it on its sender)."""
     parts = []
-    skey = _sender_key(waits["prod"], waits["replica"])
-    for k in np.unique(skey).tolist():
-        snd = busy.get(_sender_of(k))
+    for k, sel in keys.groups(_sender_key(waits["prod"], waits["replica"])):
+        snd = busy.get(_busy_key(k))
         if snd is None:
             continue
         starts, ends, reqs = snd
-        sel = np.flatnonzero(skey == k)
-        w0, w1 = waits["w0"][sel], waits["w1"][sel]
-        q, iv = stt.expand_ranges(np.searchsorted(ends, w0, "right"), np.searchsorted(starts, w1, "left"))
-        s, e, c = starts[iv], ends[iv], reqs[iv].astype(np.int64)
-        ps, pe = np.maximum(s, w0[q]), np.minimum(e, w1[q])
-        ok = (c != waits["req"][sel][q]) & (pe > ps)
-        parts.append((waits["vi"][sel][q][ok], ps[ok], pe[ok], c[ok], waits["prod"][sel][q][ok], s[ok]))
+        q, iv, ps, pe = intervals.other_pieces(starts, ends, reqs, waits["w0"][sel], waits["w1"][sel],
+                                               waits["req"][sel])
+        parts.append((waits["vi"][sel][q], ps, pe, reqs[iv].astype(np.int64), waits["prod"][sel][q], starts[iv]))
     cols = ("vi", "start", "end", "culprit", "prod", "task")
     if not parts:
         return {c: np.zeros(0, np.int64) for c in cols}
     return {c: np.concatenate([p[i] for p in parts]) for i, c in enumerate(cols)}
-
-
-def _union_shares(vi: np.ndarray, culprit: np.ndarray, start: np.ndarray, end: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per victim, the union length of its pieces, and per (victim, culprit) its even
-    share of it: a culprit active twice at once counts once (its pieces are merged first),
-    and a moment when n culprits are active gives each 1/n of it.
-    Returns (wall per victim index, the merged intervals' (victim << 32 | culprit) keys,
-    their shares)."""
-    nv = int(vi.max()) + 1
-    # merge each (victim, culprit)'s pieces into disjoint intervals
-    order = np.lexsort((start, culprit, vi))
-    vi, culprit, start, end = vi[order], culprit[order], start[order], end[order]
-    group = np.ones(len(vi), bool)
-    group[1:] = (vi[1:] != vi[:-1]) | (culprit[1:] != culprit[:-1])
-    gid = np.cumsum(group) - 1
-    # running max of `end` within each group, by one accumulate over (group, rank of end)
-    # keys: ranks (< m) keep the keys exact whatever the times
-    m = len(end)
-    ranked = np.sort(end)
-    shifted = gid * m + np.searchsorted(ranked, end, "left")
-    reach = ranked[np.maximum.accumulate(shifted) - gid * m]  # max end so far in the group
-    new = group.copy()
-    new[1:] |= start[1:] > reach[:-1]
-    heads = np.flatnonzero(new)
-    m_vi, m_c, m_s = vi[heads], culprit[heads], start[heads]
-    m_e = np.maximum.reduceat(end, heads)
-    # sweep each victim's edges: active-culprit count, then integral of 1/count
-    n = len(heads)
-    t = np.concatenate((m_s, m_e))
-    d = np.concatenate((np.ones(n, np.int64), -np.ones(n, np.int64)))
-    ev_vi = np.concatenate((m_vi, m_vi))
-    order = np.lexsort((d, t, ev_vi))
-    t, d, ev_vi = t[order], d[order], ev_vi[order]
-    active = np.cumsum(d)  # each victim's edges net to zero: the count restarts per victim
-    length = np.zeros(2 * n, np.float64)
-    length[:-1] = np.where(ev_vi[1:] == ev_vi[:-1], t[1:] - t[:-1], 0)
-    length[active == 0] = 0.0
-    wall = np.bincount(ev_vi, weights=length, minlength=nv)
-    per = np.divide(length, active, out=np.zeros_like(length), where=active > 0)
-    F = np.concatenate(([0.0], np.cumsum(per)))  # F[k]: integral up to edge k
-    pos = np.empty(2 * n, np.int64)
-    pos[order] = np.arange(2 * n)
-    share = F[pos[n:]] - F[pos[:n]]  # each merged interval: from its start edge to its end edge
-    return wall, (m_vi << 32) | m_c, share
 
 
 @dataclass
@@ -269,18 +249,19 @@ def _batch_pairs(victims: list[Victim], fifo: tuple[np.ndarray, np.ndarray], bus
     dur = p["end"] - p["start"]
     chunk_ns = np.bincount(p["vi"], weights=dur, minlength=nv)
     # per (victim, culprit): overlap sum and distinct sender tasks
-    keys, inv = np.unique((p["vi"] << 32) | p["culprit"], return_inverse=True)
-    pair_chunk = np.bincount(inv, weights=dur, minlength=len(keys))
+    pairs, inv = np.unique(_pair_key(p["vi"], p["culprit"]), return_inverse=True)
+    pair_chunk = np.bincount(inv, weights=dur, minlength=len(pairs))
     # distinct (pair, sender, task) triples: a task may block several chunks (by a lexsort:
     # a row-wise np.unique took 0.75 s of this phase's 2.4 s on 10M events)
     o = np.lexsort((p["task"], p["prod"], inv))
     i, prod, task = inv[o], p["prod"][o], p["task"][o]
     new = np.ones(len(o), bool)
     new[1:] = (i[1:] != i[:-1]) | (prod[1:] != prod[:-1]) | (task[1:] != task[:-1])
-    pair_tasks = np.bincount(i[new], minlength=len(keys))
-    wall, merged, shares = _union_shares(p["vi"], p["culprit"], p["start"], p["end"])
-    out.pair_wall = np.bincount(np.searchsorted(keys, merged), weights=shares, minlength=len(keys))
-    out.victim, out.culprit = keys >> 32, keys & 0xFFFFFFFF
+    pair_tasks = np.bincount(i[new], minlength=len(pairs))
+    wall, m_victim, m_culprit, shares = intervals.union_shares(p["vi"], p["culprit"], p["start"], p["end"])
+    out.pair_wall = np.bincount(np.searchsorted(pairs, _pair_key(m_victim, m_culprit)), weights=shares,
+                                minlength=len(pairs))
+    out.victim, out.culprit = _pair_of(pairs)
     out.pair_chunk, out.pair_tasks = pair_chunk.astype(np.int64), pair_tasks
     out.chunk_ns = chunk_ns.astype(np.int64)
     out.wall[:len(wall)] = wall

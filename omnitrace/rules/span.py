@@ -1,4 +1,4 @@
-"""The analysis layer's span object: the data model the loaders fill and the reference
+"""The span object: the data model the loaders fill and the reference
 walk (``attribution``) reads. A leaf: it imports nothing of omnitrace."""
 from __future__ import annotations
 

@@ -1,0 +1,200 @@
+"""Overlap of interval sets: the one home of the FIFO-blocking rule's arithmetic.
+
+THE RULE. A FIFO wait -- a victim's chunk waiting from its enqueue E to its dequeue D --
+is *blocked* while the FIFO's sender (one thread, one task at a time: the busy intervals
+``spantable.sender_tasks`` makes) works on a task of *another* request. Its blocked time
+is the overlap of [E, D] with those intervals (``omni.fifo.blocked_ns``); its culprits are
+the other requests ranked by their overlap; the victim's own tasks never block it. The
+senders are told apart by one key (``keys.sender_key``); every query here is against one
+sender's intervals, the caller groups the rows by that key (``keys.groups``).
+
+Intervals (``starts``, ``ends``, ``owners``: the request of each task) come sorted by
+start with their ends ascending too (a sender's tasks are disjoint); queries (``q0``,
+``q1``, ``qowner``) are in any order. The report's head-of-line wall time then takes the
+union of each victim's blocked pieces, split among the culprits active at each moment
+(:func:`union_shares`). Everything is vectorised (searchsorted, cumsum): the report runs
+it over millions of spans.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# (query, interval) overlaps ranked at once by :func:`top_others`: ~200 MB of temporaries
+# (a deep FIFO makes them quadratic in its depth)
+RANK_BATCH = 1 << 22
+
+
+def expand_ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (owner, index) with lo[owner] <= index < hi[owner], without a Python loop:
+    e.g. each FIFO wait against each sender task it overlapped."""
+    cnt = np.maximum(hi - lo, 0)
+    owner = np.repeat(np.arange(len(lo)), cnt)
+    index = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo, cnt)
+    return owner, index
+
+
+def _candidates(starts: np.ndarray, ends: np.ndarray, q0: np.ndarray, q1: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Per query, the range [lo, hi) of intervals that may overlap it: those ending after
+    its start and starting before its end."""
+    return np.searchsorted(ends, q0, "right"), np.searchsorted(starts, q1, "left")
+
+
+def other_pieces(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.ndarray,
+                 q1: np.ndarray, qowner: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each overlap of a query with an interval of another owner, of positive length:
+    (query index, interval index, overlap start, overlap end), by query then interval."""
+    return _pieces_in(starts, ends, owners, q0, q1, qowner, *_candidates(starts, ends, q0, q1))
+
+
+def _pieces_in(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.ndarray,
+               q1: np.ndarray, qowner: np.ndarray, first: np.ndarray, stop: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`other_pieces` among each query's candidate intervals [first, stop)."""
+    q, iv = expand_ranges(first, stop)
+    lo, hi = np.maximum(starts[iv], q0[q]), np.minimum(ends[iv], q1[q])
+    keep = (owners[iv] != qowner[q]) & (hi > lo)
+    return q[keep], iv[keep], lo[keep], hi[keep]
+
+
+def _before(keys: np.ndarray, ends: np.ndarray, cum: np.ndarray, qkeys: np.ndarray,
+            t: np.ndarray, lo: np.ndarray | int = 0) -> np.ndarray:
+    """Interval time before each ``t`` of disjoint time-sorted intervals [lo, k): ``keys``
+    order their starts and ``qkeys`` the times alike (``k``: those starting at or before
+    ``t``), ``cum`` their prefix sums; less the part of the last one after ``t``."""
+    k = np.searchsorted(keys, qkeys, "right")
+    last = np.maximum(k - 1, 0)
+    past = np.where(k > lo, np.maximum(ends[last] - t, 0), 0)
+    return cum[k] - cum[lo] - past
+
+
+def other_overlap(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.ndarray,
+                  q1: np.ndarray, qowner: np.ndarray) -> np.ndarray:
+    """Per query, its total overlap with intervals of other owners: all the overlap less
+    its own owner's, each from prefix sums (O(log n) per query however many intervals it
+    spans). The intervals must be disjoint."""
+    out = np.zeros(len(q0), np.int64)
+    if not len(q0) or not len(starts):
+        return out
+    # only the intervals that can overlap some query: a sender keeps seconds of them, the
+    # queries of one call span far less (each sum below is the same over these)
+    i0 = int(np.searchsorted(ends, q0.min(), "right"))
+    i1 = int(np.searchsorted(starts, q1.max(), "left"))
+    if i1 <= i0:
+        return out
+    starts, ends, owners = starts[i0:i1], ends[i0:i1], owners[i0:i1]
+    cum = np.concatenate(([0], np.cumsum(ends - starts)))
+    total = _before(starts, ends, cum, q1, q1) - _before(starts, ends, cum, q0, q0)
+    return total - _own_overlap(starts, ends, owners, q0, q1, qowner)
+
+
+def _own_overlap(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.ndarray,
+                 q1: np.ndarray, qowner: np.ndarray) -> np.ndarray:
+    """Per query, its overlap with its own owner's intervals: :func:`_before` over the
+    intervals grouped by owner (stable: each group stays time-sorted); a time's rank among
+    all starts stands in for it (monotone, <= n), so keys (group, rank) make one
+    searchsorted serve every group."""
+    n = len(starts)
+    order = np.argsort(owners, kind="stable")
+    g_owner = owners[order]
+    first = np.ones(n, bool)
+    first[1:] = g_owner[1:] != g_owner[:-1]
+    heads = np.flatnonzero(first)
+    o_s, o_e = starts[order], ends[order]
+    o_cum = np.concatenate(([0], np.cumsum(o_e - o_s)))
+    keys = (np.cumsum(first) - 1) * (n + 1) + np.searchsorted(starts, o_s, "right")
+    g = np.minimum(np.searchsorted(g_owner[heads], qowner), len(heads) - 1)
+    has, lo = g_owner[heads[g]] == qowner, heads[g]
+
+    def own_before(t: np.ndarray) -> np.ndarray:
+        return _before(keys, o_e, o_cum, g * (n + 1) + np.searchsorted(starts, t, "right"), t, lo)
+
+    return np.where(has, own_before(q1) - own_before(q0), 0)
+
+
+def top_others(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.ndarray,
+               q1: np.ndarray, qowner: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per query, the (up to) ``k`` other owners whose intervals overlapped it most, by
+    total overlap (ties: the owner of the earliest interval first): (query index, owner,
+    rank from 0). Enumerates every overlap, RANK_BATCH of them at a time."""
+    lo, hi = _candidates(starts, ends, q0, q1)
+    cnt = np.maximum(hi - lo, 0)
+    edges = np.searchsorted(np.cumsum(cnt), np.arange(RANK_BATCH, int(cnt.sum()), RANK_BATCH))
+    out = [_ranked(part, *_pieces_in(starts, ends, owners, q0[part], q1[part], qowner[part], lo[part], hi[part]),
+                   owners, k)
+           for part in np.split(np.arange(len(q0)), np.unique(edges)) if len(part) and cnt[part].sum()]
+    if not out:
+        none = np.zeros(0, np.int64)
+        return none, owners[:0], none
+    q, owner, rank = (np.concatenate(cols) for cols in zip(*out))
+    return q, owner, rank
+
+
+def _ranked(part: np.ndarray, q: np.ndarray, iv: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+            owners: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`top_others` of the queries ``part`` from their overlaps (``q`` indexes ``part``)."""
+    culprit, ov = owners[iv], hi - lo
+    # per (query, owner): overlap sum and first interval (ties keep the first seen)
+    order = np.lexsort((iv, culprit, q))
+    q, culprit, ov, iv = q[order], culprit[order], ov[order], iv[order]
+    first = np.ones(len(q), bool)
+    first[1:] = (q[1:] != q[:-1]) | (culprit[1:] != culprit[:-1])
+    heads = np.flatnonzero(first)
+    sums = np.add.reduceat(ov, heads) if len(heads) else ov
+    gq, gc, gfirst = q[heads], culprit[heads], iv[heads]
+    order = np.lexsort((gfirst, -sums, gq))
+    gq, gc = gq[order], gc[order]
+    rank = np.arange(len(gq)) - np.searchsorted(gq, gq, "left")
+    top = rank < k
+    return part[gq[top]], gc[top], rank[top]
+
+
+def union_shares(group: np.ndarray, owner: np.ndarray, start: np.ndarray, end: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per group (a victim), the union length of its intervals, and per (group, owner) its
+    even share of it: an owner's intervals are merged first (one active twice at once
+    counts once), and a moment when n owners are active gives each 1/n of it.
+    Returns (union length per group index, the merged intervals' groups and owners, their
+    shares)."""
+    ng = int(group.max()) + 1
+    g, o, s, e = _merged_per_owner(group, owner, start, end)
+    # sweep each group's edges: active-owner count, then the integral of 1/count
+    n = len(g)
+    t = np.concatenate((s, e))
+    d = np.concatenate((np.ones(n, np.int64), -np.ones(n, np.int64)))
+    ev_g = np.concatenate((g, g))
+    order = np.lexsort((d, t, ev_g))
+    t, d, ev_g = t[order], d[order], ev_g[order]
+    active = np.cumsum(d)  # each group's edges net to zero: the count restarts per group
+    length = np.zeros(2 * n, np.float64)
+    length[:-1] = np.where(ev_g[1:] == ev_g[:-1], t[1:] - t[:-1], 0)
+    length[active == 0] = 0.0
+    wall = np.bincount(ev_g, weights=length, minlength=ng)
+    per = np.divide(length, active, out=np.zeros_like(length), where=active > 0)
+    F = np.concatenate(([0.0], np.cumsum(per)))  # F[k]: integral up to edge k
+    pos = np.empty(2 * n, np.int64)
+    pos[order] = np.arange(2 * n)
+    share = F[pos[n:]] - F[pos[:n]]  # each merged interval: from its start edge to its end edge
+    return wall, g, o, share
+
+
+def _merged_per_owner(group: np.ndarray, owner: np.ndarray, start: np.ndarray, end: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each (group, owner)'s intervals merged into disjoint ones: (group, owner, start,
+    end) of each, by group, owner, start."""
+    order = np.lexsort((start, owner, group))
+    group, owner, start, end = group[order], owner[order], start[order], end[order]
+    head = np.ones(len(group), bool)
+    head[1:] = (group[1:] != group[:-1]) | (owner[1:] != owner[:-1])
+    gid = np.cumsum(head) - 1
+    # running max of `end` within each (group, owner), by one accumulate over (gid, rank of
+    # end) keys: ranks (< m) keep the keys exact whatever the times
+    m = len(end)
+    ranked = np.sort(end)
+    shifted = gid * m + np.searchsorted(ranked, end, "left")
+    reach = ranked[np.maximum.accumulate(shifted) - gid * m]  # max end so far in the group
+    new = head.copy()
+    new[1:] |= start[1:] > reach[:-1]
+    heads = np.flatnonzero(new)
+    return group[heads], owner[heads], start[heads], np.maximum.reduceat(end, heads)
