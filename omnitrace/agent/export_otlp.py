@@ -28,7 +28,6 @@ from omnitrace import __version__
 from omnitrace.otlp import OtlpSpan, resource_attrs
 from omnitrace import console
 from omnitrace.outages import Outages
-from omnitrace.agent.config import OTLP_EXPORTERS
 
 SCOPE = InstrumentationScope("omnitrace.agent", __version__)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)

@@ -514,6 +514,33 @@ def _failures(run: Run, reqs: dict[str, at.RequestSpans], measured: set[str], be
                               run.stage_deaths, died_label, run.delivery_timeouts)
 
 
+def _components(run: Run, measured: set[str], label: Callable[[int], str]) -> tuple[Any, Any, Any, Any]:
+    """FIFO, snapshot and transfer figures over every chunk of the measured requests, and
+    the chunk spans among them that are incomplete."""
+    rows = components.Rows(run.figures, run.chunk_requests, measured)
+    return (*components.figures(rows, label), components.incomplete(rows))
+
+
+def _exporter_losses(run: Run, recorder: dict[str, Any]) -> int:
+    """Each live exporter's spans that never reached its endpoint, set on its counters;
+    returns the spans in the record (what every exporter was given)."""
+    in_record = run.span_count + run.skipped_spans
+    for c in recorder["exporters"].values():
+        _undelivered(c, in_record, recorder["spans_not_exported"])
+    return in_record
+
+
+def _ttfp(w: _Walked, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    """Server and client TTFP, their difference, and how exactly the categories sum to it."""
+    server = [t * NS_TO_MS for t in w.ttfp_ns]  # walk order (a float mean depends on it)
+    client = [r["client_ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
+    diffs = [r["client_ttfp_ms"] - r["ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
+    sum_err = [abs(r["sum_error_ns"]) for r in requests]
+    return {"server_ms": summary(server), "client_ms": summary(client),
+            "client_minus_server_median_ms": median(diffs), "client_minus_server_ms": summary(diffs),
+            "sum_error_max_ns": max(sum_err) if sum_err else None}
+
+
 def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: Selection,
                   n_waterfalls: int, waterfall_ids: list[str]) -> dict[str, Any]:
     reqs = at.index_requests(run.spans)
@@ -536,10 +563,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     later = Beside(_walk_packed, run, reqs, walked[k:], ctx) if k < len(walked) else None
 
     # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
-    rows = components.Rows(run.figures, run.chunk_requests, measured)
-    fifo, snapshot, transfer = components.figures(rows, label)
-    chunk_incomplete = components.incomplete(rows)
-    del rows
+    fifo, snapshot, transfer, chunk_incomplete = _components(run, measured, label)
 
     w = _walk(run, reqs, walked[:k], ctx)
     if later is not None:
@@ -550,9 +574,6 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
 
     # ---- per request, slowest first
     requests = [w.rows[i] for i in sorted(range(len(w.rows)), key=lambda i: -w.ttfp_ns[i])]
-    sum_err = [abs(r["sum_error_ns"]) for r in requests]
-    diffs = [r["client_ttfp_ms"] - r["ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
-
     agg = _aggregate(w, label)
     unseen = observed.not_observed(requests, label)
 
@@ -564,11 +585,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     wfs = _waterfalls(run, reqs, w, requests, label, per_request_segments,
                       [r["id"] for r in requests[:n_waterfalls]] + list(waterfall_ids), n_waterfalls, warnings)
 
-    server = [t * NS_TO_MS for t in w.ttfp_ns]  # walk order (a float mean depends on it)
-    client = [r["client_ttfp_ms"] for r in requests if r["client_ttfp_ms"] is not None]
-    in_record = run.span_count + run.skipped_spans
-    for c in recorder["exporters"].values():
-        _undelivered(c, in_record, recorder["spans_not_exported"])
+    in_record = _exporter_losses(run, recorder)
     report_warnings.add(warnings, report_warnings.Facts(
         recorder, fails, w.rows, requests, has_api, measured, no_ttfp, untraced,
         sum(reqs[r].incomplete for r in measured if r in reqs), chunk_incomplete, in_record,
@@ -589,10 +606,7 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
         "failures": fails,
         "stages": {str(k): v for k, v in sorted(names.items())},
         "categories": [{"category": c, "description": d} for c, d in at.DESCRIPTIONS.items()],
-        "ttfp": {"server_ms": summary(server), "client_ms": summary(client),
-                 "client_minus_server_median_ms": median(diffs),
-                 "client_minus_server_ms": summary(diffs),
-                 "sum_error_max_ns": max(sum_err) if sum_err else None},
+        "ttfp": _ttfp(w, requests),
         "attribution": agg,
         "not_observed": unseen,
         "fifo": fifo,

@@ -249,22 +249,12 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
     missing: list[list[str]] = [[] for _ in range(n)]
     stale: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
 
-    name, rowno = rows["name"], np.arange(len(rows))
     stage, peer, chunk = rows["stage"], rows["peer"], rows["chunk"]
-    start, end, v1 = rows["start"], rows["end"], rows["v1"]
+    start, end = rows["start"], rows["end"]
     prod_code = _code(owner, stage, peer, chunk)
     cons_code = _code(owner, peer, stage, chunk)
 
-    def index(sel: np.ndarray, code: np.ndarray, by: np.ndarray = end) -> _Latest:
-        return _Latest(code[sel], by[sel], rowno[sel])
-
-    ready = (name == stt.N_WAIT) & (rows["reason"] == 0)
-    sched = index(ready, _code(owner, stage, np.full(len(rows), -1), np.full(len(rows), -1)))
-    get = index(name == stt.N_GET, cons_code)
-    put = index(name == stt.N_PUT, prod_code, by=start)  # the latest BEGUN by a time
-    fifo = index(name == stt.N_FIFO, prod_code)
-    snap, proc = index(name == stt.N_SNAPSHOT, prod_code), index(name == stt.N_PROCESS, prod_code)
-    made = index((name == stt.N_PROCESS) & (v1 > 0), prod_code)
+    sched, get, put, fifo, snap, proc, made = _indexes(rows, owner, prod_code, cons_code)
 
     t, cur_stage, has_stage = _delivery(W, ins, ok, ttfp, missing)
 
@@ -309,14 +299,7 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
         notes: list[tuple[np.ndarray, int]] = [(~have_get, _M_GET), (~both, _M_POLL), (~have_put, _M_PUT)]
         W.push(idx[have_put], start[pui][have_put], end[pui][have_put], prod[have_put], at.PUT)
         _producer_task(W, rows, idx, pc, prod, have_put, pu, (proc, made, fifo, snap), notes)
-        for mask, kind in notes:  # in the order the reference notes them
-            for j in np.flatnonzero(mask).tolist():
-                hop = (int(prod[j]), int(cons[j]), int(c[j]))
-                i = int(idx[j])
-                if kind == _M_TASK:
-                    stale[i].append(hop)
-                name_ = _MISSING[kind]
-                missing[i].append(f"{name_}[{hop[0]}->{hop[1]}#{hop[2]}]")
+        _note(notes, idx, (prod, cons, c), missing, stale)
         t[idx] = W.cursor[idx]
         cur_stage[idx] = prod
         active = idx
@@ -325,6 +308,38 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
     lo, s0, s1, sst, scat, sdet = W.in_time_order(n)
     return Walked(rids, ok, arrival, ttfp, lo, s0, s1, sst, scat, sdet,
                   [h[::-1] for h in hops], missing, stale)  # hops: walked backward
+
+
+def _indexes(rows: np.ndarray, owner: np.ndarray, prod_code: np.ndarray, cons_code: np.ndarray
+             ) -> tuple[_Latest, ...]:
+    """The latest-by-time indexes the walk looks spans up in: the consumer's ready-to-
+    scheduled waits (by request and stage), gets, puts (the latest BEGUN by a time), FIFO
+    waits, snapshots, payload builds, and the builds that made a chunk."""
+    name, rowno, end = rows["name"], np.arange(len(rows)), rows["end"]
+
+    def index(sel: np.ndarray, code: np.ndarray, by: np.ndarray = end) -> _Latest:
+        return _Latest(code[sel], by[sel], rowno[sel])
+
+    none = np.full(len(rows), -1)
+    ready = (name == stt.N_WAIT) & (rows["reason"] == 0)
+    return (index(ready, _code(owner, rows["stage"], none, none)), index(name == stt.N_GET, cons_code),
+            index(name == stt.N_PUT, prod_code, by=rows["start"]), index(name == stt.N_FIFO, prod_code),
+            index(name == stt.N_SNAPSHOT, prod_code), index(name == stt.N_PROCESS, prod_code),
+            index((name == stt.N_PROCESS) & (rows["v1"] > 0), prod_code))
+
+
+def _note(notes: list[tuple[np.ndarray, int]], idx: np.ndarray, hop_of: tuple[np.ndarray, ...],
+          missing: list[list[str]], stale: list[list[tuple[int, int, int]]]) -> None:
+    """Name each hop's missing spans (``notes``: mask per kind, in the order the reference
+    notes them); a missing task also marks the hop stale."""
+    prod, cons, c = hop_of
+    for mask, kind in notes:
+        for j in np.flatnonzero(mask).tolist():
+            hop = (int(prod[j]), int(cons[j]), int(c[j]))
+            i = int(idx[j])
+            if kind == _M_TASK:
+                stale[i].append(hop)
+            missing[i].append(f"{_MISSING[kind]}[{hop[0]}->{hop[1]}#{hop[2]}]")
 
 
 def _producer_task(W: _Segments, rows: np.ndarray, idx: np.ndarray, pc: np.ndarray, prod: np.ndarray,
