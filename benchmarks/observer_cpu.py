@@ -24,7 +24,9 @@ Variants: ``bare`` (`omnitrace serve`), ``omnitrace`` (`omnitrace run serve`),
 
 ``--tree NAME=PATH`` adds the variant ``omnitrace@NAME``: `omnitrace run` from another
 checkout (e.g. ``git worktree add /tmp/base HEAD~1``), to compare two versions of the
-agent and hooks in one run.
+agent and hooks in one run. Any variant can name a tree (``--variants
+omnitrace,flame-nb,flame-nb@base --tree base=PATH``): then only the named ones run from it,
+and each is also paired with the same variant of this checkout (before against after).
 
 Deltas against ``bare`` per round (the rounds pair up: variants run in rotating,
 alternately reversed order), 95% bootstrap CIs over rounds.
@@ -237,6 +239,10 @@ def summarise(results: dict[str, list[dict]], rng: np.random.Generator) -> list[
             if ref and v != "omnitrace":  # --flame or another checkout, paired with omnitrace's round
                 row["pipeline_added_vs_omnitrace_pct"] = _ci(
                     [(pipeline_ms(r) - pipeline_ms(o)) / pipeline_ms(o) * 100 for r, o in zip(rs, ref)], rng)
+                same = results.get(v.partition("@")[0])
+                if "@" in v and same:  # this checkout's same variant against that tree's: after / before
+                    row["pipeline_this_vs_tree_pct"] = _ci(
+                        [(pipeline_ms(a) - pipeline_ms(b)) / pipeline_ms(b) * 100 for a, b in zip(same, rs)], rng)
                 row["agent_vs_omnitrace_pct"] = _ci(
                     [(r["cpu_ms_per_request"].get("agent", 0) / o["cpu_ms_per_request"]["agent"] - 1) * 100
                      for r, o in zip(rs, ref)], rng)
@@ -264,11 +270,14 @@ def main() -> int:
     p.add_argument("--json", default=None, help="write every round and the summary here")
     args = p.parse_args()
     variants = args.variants.split(",")
-    if not ({"bare", "omnitrace"} & set(variants)) or {v.split(":")[0] for v in variants} - set(ALL):
+    if not ({"bare", "omnitrace"} & set(variants)) or {v.split("@")[0].split(":")[0] for v in variants} - set(ALL):
         p.error(f"variants: a comma list of {', '.join(ALL)} including bare or omnitrace (what the rest "
                 "is paired with)")
     args.trees = dict(t.split("=", 1) for t in args.tree)
-    variants += [f"omnitrace@{name}" for name in args.trees]
+    named = {v.partition("@")[2] for v in variants if "@" in v}
+    if named - set(args.trees):
+        p.error(f"variants name trees not given by --tree: {', '.join(sorted(named - set(args.trees)))}")
+    variants += [f"omnitrace@{name}" for name in args.trees if name not in named]
     results: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="observer-cpu-") as work:
         for rnd in range(args.rounds):
@@ -283,6 +292,9 @@ def main() -> int:
                       f"py-spy {r['cpu_ms_per_request'].get('py-spy', 0):5.2f}  "
                       f"events/req {r['events_per_request']:7.0f}  {r['throughput']:5.2f} req/s",
                       file=sys.stderr, flush=True)
+            if args.json:  # every finished round, so a run stopped early can still be summarised
+                with open(args.json, "w") as f:
+                    json.dump({"args": vars(args), "rounds": results}, f)
     rows = summarise(results, np.random.default_rng(0))
     names = next((r["stage_names"] for v, rs in results.items() if v != "bare" for r in rs), {})
     print(f"\nc={args.concurrency}, {args.num_prompts} measured requests after {args.warmup} warm-up, "
@@ -302,6 +314,9 @@ def main() -> int:
         if "pipeline_added_vs_omnitrace_pct" in r:
             print(f"{r['variant']} against omnitrace, paired by round: pipeline CPU "
                   f"{_fmt(r['pipeline_added_vs_omnitrace_pct'], '%')}, agent CPU {_fmt(r['agent_vs_omnitrace_pct'], '%')}")
+        if "pipeline_this_vs_tree_pct" in r:
+            print(f"{r['variant'].partition('@')[0]} of this checkout against {r['variant']}, paired by round: "
+                  f"pipeline CPU {_fmt(r['pipeline_this_vs_tree_pct'], '%')}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rounds": results, "rows": rows}, f, indent=2)
