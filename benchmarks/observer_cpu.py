@@ -180,6 +180,7 @@ def run_one(variant: str, args: argparse.Namespace, work: str) -> dict:
         cpu1, ev1 = cpu_by_role(server.pid, instrumented), _rings(rid) if rid else []
     finally:
         stop_server(server)
+    quality = flame_quality(run_dir) if base.startswith("flame") else None
     reqs = [r for r in doc["requests"] if not r.get("error")]
     n = len(doc["requests"])
     roles: dict[str, float] = {}
@@ -196,7 +197,27 @@ def run_one(variant: str, args: argparse.Namespace, work: str) -> dict:
     return {"variant": variant, "requests": n, "failed": n - len(reqs), "cpu_ms_per_request":
             {k: v * 1e3 for k, v in roles.items()}, "events_per_request": events,
             "stage_names": stage_names, "throughput": len(reqs) / wall if wall > 0 else 0.0,
-            "ttfp_p50_ms": float(np.percentile([r["ttfp_s"] for r in reqs if r.get("ttfp_s")], 50)) * 1e3}
+            "ttfp_p50_ms": float(np.percentile([r["ttfp_s"] for r in reqs if r.get("ttfp_s")], 50)) * 1e3,
+            "flame_quality": quality}
+
+
+def flame_quality(run_dir: str) -> dict | None:
+    """What the clock calibration gave (``profiles/index.json``, written at the run's end):
+    medians over py-spy's chunks and the profiled processes."""
+    try:
+        with open(os.path.join(run_dir, "profiles", "index.json")) as f:
+            index = json.load(f)
+    except (OSError, ValueError):
+        return None
+    chunks = [c for c in index.get("clock", []) if "chunk" in c]
+    cal = [c for c in chunks if c.get("calibrated")]
+    med = lambda xs: float(np.median(xs)) if xs else float("nan")  # noqa: E731
+    return {"calibrated_share": len(cal) / len(chunks) if chunks else float("nan"),
+            "uncertainty_ms": med([c["uncertainty_ms"] for c in cal]),
+            "agreeing_share": med([c["agreeing"] / c["clock_samples"] for c in cal if c.get("clock_samples")]),
+            "late_share": med([c.get("late_rounds", 0) / max(1, c["clock_samples"]) for c in cal]),
+            "rounds_known": med([p["rounds_known"] for p in index.get("profiles", []) if p.get("rounds_known")]),
+            "unsampled_s": sum(p.get("unsampled_s", 0.0) for p in index.get("profiles", []))}
 
 
 def pipeline_ms(r: dict) -> float:
@@ -252,6 +273,15 @@ def summarise(results: dict[str, list[dict]], rng: np.random.Generator) -> list[
 
 def _fmt(ci: tuple | None, unit: str = "") -> str:
     return "—" if ci is None else f"{ci[0]:+.2f}{unit} [{ci[1]:+.2f}, {ci[2]:+.2f}]"
+
+
+def print_quality(results: dict[str, list[dict]]) -> None:
+    """The clock calibration's figures per flame variant: medians over rounds."""
+    for v, rs in results.items():
+        qs = [r["flame_quality"] for r in rs if r.get("flame_quality")]
+        if qs:
+            print(f"{v} calibration ({len(qs)} rounds, medians): " + ", ".join(
+                f"{k} {np.nanmedian([q[k] for q in qs]):.4g}" for k in qs[0]))
 
 
 def main() -> int:
@@ -317,6 +347,7 @@ def main() -> int:
         if "pipeline_this_vs_tree_pct" in r:
             print(f"{r['variant'].partition('@')[0]} of this checkout against {r['variant']}, paired by round: "
                   f"pipeline CPU {_fmt(r['pipeline_this_vs_tree_pct'], '%')}")
+    print_quality(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rounds": results, "rows": rows}, f, indent=2)
