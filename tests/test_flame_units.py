@@ -26,7 +26,7 @@ TARGET = textwrap.dedent('''
     import sys, time, random, threading
     import numpy as np
     from omnitrace.profile.clock import Clock
-    c = Clock(); c.start()
+    c = Clock(rate=250); c.start()  # py-spy's rate below, as a run's processes read it from OMNITRACE_FLAME
     stop = threading.Event()
     def other():  # a second busy thread, contending for the GIL like a sender
         while not stop.is_set():
