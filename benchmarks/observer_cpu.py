@@ -284,30 +284,7 @@ def print_quality(results: dict[str, list[dict]]) -> None:
                 f"{k} {np.nanmedian([q[k] for q in qs]):.4g}" for k in qs[0]))
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", default="bare,omnitrace", help=f"comma list of {', '.join(ALL)}")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--num-prompts", type=int, default=96)
-    p.add_argument("--warmup", type=int, default=16)
-    p.add_argument("--input-len", type=int, default=1500)
-    p.add_argument("--output-len", type=int, default=60)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--serve", default="", help="server arguments (one string)")
-    p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
-                   help="add variant omnitrace@NAME: omnitrace from the checkout at PATH")
-    p.add_argument("--json", default=None, help="write every round and the summary here")
-    args = p.parse_args()
-    variants = args.variants.split(",")
-    if not ({"bare", "omnitrace"} & set(variants)) or {v.split("@")[0].split(":")[0] for v in variants} - set(ALL):
-        p.error(f"variants: a comma list of {', '.join(ALL)} including bare or omnitrace (what the rest "
-                "is paired with)")
-    args.trees = dict(t.split("=", 1) for t in args.tree)
-    named = {v.partition("@")[2] for v in variants if "@" in v}
-    if named - set(args.trees):
-        p.error(f"variants name trees not given by --tree: {', '.join(sorted(named - set(args.trees)))}")
-    variants += [f"omnitrace@{name}" for name in args.trees if name not in named]
+def _run_rounds(variants: list[str], args: argparse.Namespace) -> dict[str, list[dict]]:
     results: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="observer-cpu-") as work:
         for rnd in range(args.rounds):
@@ -325,10 +302,16 @@ def main() -> int:
             if args.json:  # every finished round, so a run stopped early can still be summarised
                 with open(args.json, "w") as f:
                     json.dump({"args": vars(args), "rounds": results}, f)
+    return results
+
+
+def report(results: dict[str, list[dict]], args: argparse.Namespace) -> list[dict]:
+    n = min(len(rs) for rs in results.values())  # whole rounds only: they pair up
+    results = {v: rs[:n] for v, rs in results.items()}
     rows = summarise(results, np.random.default_rng(0))
     names = next((r["stage_names"] for v, rs in results.items() if v != "bare" for r in rs), {})
     print(f"\nc={args.concurrency}, {args.num_prompts} measured requests after {args.warmup} warm-up, "
-          f"{args.input_len} in / {args.output_len} out, {args.rounds} rounds; stages: "
+          f"{args.input_len} in / {args.output_len} out, {n} rounds; stages: "
           + ", ".join(f"{k}={v}" for k, v in sorted(names.items())))
     roles = sorted({k for r in rows for k in r["cpu_ms_per_request"]})
     print("| variant | " + " | ".join(roles) + " | pipeline ms/req | events/req | added pipeline ms/req "
@@ -348,6 +331,42 @@ def main() -> int:
             print(f"{r['variant'].partition('@')[0]} of this checkout against {r['variant']}, paired by round: "
                   f"pipeline CPU {_fmt(r['pipeline_this_vs_tree_pct'], '%')}")
     print_quality(results)
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", default="bare,omnitrace", help=f"comma list of {', '.join(ALL)}")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--num-prompts", type=int, default=96)
+    p.add_argument("--warmup", type=int, default=16)
+    p.add_argument("--input-len", type=int, default=1500)
+    p.add_argument("--output-len", type=int, default=60)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--serve", default="", help="server arguments (one string)")
+    p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
+                   help="add variant omnitrace@NAME: omnitrace from the checkout at PATH")
+    p.add_argument("--json", default=None, help="write every round and the summary here")
+    p.add_argument("--from-json", default=None, help="summarise the rounds of an earlier --json (one stopped "
+                   "early too) instead of running")
+    args = p.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            doc = json.load(f)
+        report(doc["rounds"], argparse.Namespace(**doc["args"]))
+        return 0
+    variants = args.variants.split(",")
+    if not ({"bare", "omnitrace"} & set(variants)) or {v.split("@")[0].split(":")[0] for v in variants} - set(ALL):
+        p.error(f"variants: a comma list of {', '.join(ALL)} including bare or omnitrace (what the rest "
+                "is paired with)")
+    args.trees = dict(t.split("=", 1) for t in args.tree)
+    named = {v.partition("@")[2] for v in variants if "@" in v}
+    if named - set(args.trees):
+        p.error(f"variants name trees not given by --tree: {', '.join(sorted(named - set(args.trees)))}")
+    variants += [f"omnitrace@{name}" for name in args.trees if name not in named]
+    results = _run_rounds(variants, args)
+    rows = report(results, args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rounds": results, "rows": rows}, f, indent=2)
