@@ -12,14 +12,14 @@ changed) and catch its late stamps: a sample stamped after the clock had moved o
 used to place stacks inside spans (``chrometrace.consistent_rounds``).
 
 Cost: each switch is a wake-up that takes the GIL (a hand-off a busy thread of the process
-pays for) and a context switch, in every sampled process, idle or not; at the serving
-load of ``benchmarks/observer_cpu.py`` that is most of what `--flame` adds to the served
-processes' CPU (``benchmarks/flame_results.md``). So the holds follow py-spy's rate:
-uniform in [0.5, 1.5] sampling periods, one switch per sample on average (py-spy's waits
-are exponential, so a hold of any length is caught by a sample as often as by chance);
-never shorter than 10-30 ms, the holds this thread had at every rate before, so a fast
-sampler does not make the clock wake more. Holds of 1-3 periods (mean 2) were tried and
-coarsened the calibration and the rounds written (``benchmarks/RESULTS.md``).
+pays for) and a context switch, in every sampled process, idle or not: about half of what
+`--flame` added to the served processes' CPU at 50 switches/s (``benchmarks/
+flame_results.md``). So the holds follow py-spy's rate: uniform in [0.5, 1.5] sampling
+periods, one switch per sample on average, never shorter than 10-30 ms (the holds of
+before at every rate), so a fast sampler does not make the clock wake more. The price:
+fewer rounds written (py-spy's waits are exponential: a wait holds a switch less often
+when the holds are longer), a coarser offset and fewer late stamps caught. Holds of 1-3
+periods (mean 2) coarsened these too much (``benchmarks/RESULTS.md``).
 """
 from __future__ import annotations
 
