@@ -24,7 +24,9 @@ Variants: ``bare`` (`omnitrace serve`), ``omnitrace`` (`omnitrace run serve`),
 
 ``--tree NAME=PATH`` adds the variant ``omnitrace@NAME``: `omnitrace run` from another
 checkout (e.g. ``git worktree add /tmp/base HEAD~1``), to compare two versions of the
-agent and hooks in one run.
+agent and hooks in one run. Any variant can name a tree (``--variants
+omnitrace,flame-nb,flame-nb@base --tree base=PATH``): then only the named ones run from it,
+and each is also paired with the same variant of this checkout (before against after).
 
 Deltas against ``bare`` per round (the rounds pair up: variants run in rotating,
 alternately reversed order), 95% bootstrap CIs over rounds.
@@ -178,6 +180,7 @@ def run_one(variant: str, args: argparse.Namespace, work: str) -> dict:
         cpu1, ev1 = cpu_by_role(server.pid, instrumented), _rings(rid) if rid else []
     finally:
         stop_server(server)
+    quality = flame_quality(run_dir) if base.startswith("flame") else None
     reqs = [r for r in doc["requests"] if not r.get("error")]
     n = len(doc["requests"])
     roles: dict[str, float] = {}
@@ -194,7 +197,27 @@ def run_one(variant: str, args: argparse.Namespace, work: str) -> dict:
     return {"variant": variant, "requests": n, "failed": n - len(reqs), "cpu_ms_per_request":
             {k: v * 1e3 for k, v in roles.items()}, "events_per_request": events,
             "stage_names": stage_names, "throughput": len(reqs) / wall if wall > 0 else 0.0,
-            "ttfp_p50_ms": float(np.percentile([r["ttfp_s"] for r in reqs if r.get("ttfp_s")], 50)) * 1e3}
+            "ttfp_p50_ms": float(np.percentile([r["ttfp_s"] for r in reqs if r.get("ttfp_s")], 50)) * 1e3,
+            "flame_quality": quality}
+
+
+def flame_quality(run_dir: str) -> dict | None:
+    """What the clock calibration gave (``profiles/index.json``, written at the run's end):
+    medians over py-spy's chunks and the profiled processes."""
+    try:
+        with open(os.path.join(run_dir, "profiles", "index.json")) as f:
+            index = json.load(f)
+    except (OSError, ValueError):
+        return None
+    chunks = [c for c in index.get("clock", []) if "chunk" in c]
+    cal = [c for c in chunks if c.get("calibrated")]
+    med = lambda xs: float(np.median(xs)) if xs else float("nan")  # noqa: E731
+    return {"calibrated_share": len(cal) / len(chunks) if chunks else float("nan"),
+            "uncertainty_ms": med([c["uncertainty_ms"] for c in cal]),
+            "agreeing_share": med([c["agreeing"] / c["clock_samples"] for c in cal if c.get("clock_samples")]),
+            "late_share": med([c.get("late_rounds", 0) / max(1, c["clock_samples"]) for c in cal]),
+            "rounds_known": med([p["rounds_known"] for p in index.get("profiles", []) if p.get("rounds_known")]),
+            "unsampled_s": sum(p.get("unsampled_s", 0.0) for p in index.get("profiles", []))}
 
 
 def pipeline_ms(r: dict) -> float:
@@ -237,6 +260,10 @@ def summarise(results: dict[str, list[dict]], rng: np.random.Generator) -> list[
             if ref and v != "omnitrace":  # --flame or another checkout, paired with omnitrace's round
                 row["pipeline_added_vs_omnitrace_pct"] = _ci(
                     [(pipeline_ms(r) - pipeline_ms(o)) / pipeline_ms(o) * 100 for r, o in zip(rs, ref)], rng)
+                same = results.get(v.partition("@")[0])
+                if "@" in v and same:  # this checkout's same variant against that tree's: after / before
+                    row["pipeline_this_vs_tree_pct"] = _ci(
+                        [(pipeline_ms(a) - pipeline_ms(b)) / pipeline_ms(b) * 100 for a, b in zip(same, rs)], rng)
                 row["agent_vs_omnitrace_pct"] = _ci(
                     [(r["cpu_ms_per_request"].get("agent", 0) / o["cpu_ms_per_request"]["agent"] - 1) * 100
                      for r, o in zip(rs, ref)], rng)
@@ -246,6 +273,65 @@ def summarise(results: dict[str, list[dict]], rng: np.random.Generator) -> list[
 
 def _fmt(ci: tuple | None, unit: str = "") -> str:
     return "—" if ci is None else f"{ci[0]:+.2f}{unit} [{ci[1]:+.2f}, {ci[2]:+.2f}]"
+
+
+def print_quality(results: dict[str, list[dict]]) -> None:
+    """The clock calibration's figures per flame variant: medians over rounds."""
+    for v, rs in results.items():
+        qs = [r["flame_quality"] for r in rs if r.get("flame_quality")]
+        if qs:
+            print(f"{v} calibration ({len(qs)} rounds, medians): " + ", ".join(
+                f"{k} {np.nanmedian([q[k] for q in qs]):.4g}" for k in qs[0]))
+
+
+def _run_rounds(variants: list[str], args: argparse.Namespace) -> dict[str, list[dict]]:
+    results: dict[str, list[dict]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory(prefix="observer-cpu-") as work:
+        for rnd in range(args.rounds):
+            shift = rnd % len(variants)
+            order = variants[shift:] + variants[:shift]
+            order = order[::-1] if rnd % 2 else order
+            for v in order:
+                r = run_one(v, args, work)
+                results[v].append(r)
+                print(f"round {rnd + 1} {v:<9} pipeline {pipeline_ms(r):6.1f} ms/req  "
+                      f"agent {r['cpu_ms_per_request'].get('agent', 0):5.2f}  "
+                      f"py-spy {r['cpu_ms_per_request'].get('py-spy', 0):5.2f}  "
+                      f"events/req {r['events_per_request']:7.0f}  {r['throughput']:5.2f} req/s",
+                      file=sys.stderr, flush=True)
+            if args.json:  # every finished round, so a run stopped early can still be summarised
+                with open(args.json, "w") as f:
+                    json.dump({"args": vars(args), "rounds": results}, f)
+    return results
+
+
+def report(results: dict[str, list[dict]], args: argparse.Namespace) -> list[dict]:
+    n = min(len(rs) for rs in results.values())  # whole rounds only: they pair up
+    results = {v: rs[:n] for v, rs in results.items()}
+    rows = summarise(results, np.random.default_rng(0))
+    names = next((r["stage_names"] for v, rs in results.items() if v != "bare" for r in rs), {})
+    print(f"\nc={args.concurrency}, {args.num_prompts} measured requests after {args.warmup} warm-up, "
+          f"{args.input_len} in / {args.output_len} out, {n} rounds; stages: "
+          + ", ".join(f"{k}={v}" for k, v in sorted(names.items())))
+    roles = sorted({k for r in rows for k in r["cpu_ms_per_request"]})
+    print("| variant | " + " | ".join(roles) + " | pipeline ms/req | events/req | added pipeline ms/req "
+          "[95% CI] | added % | added µs/event | agent µs/event | py-spy µs/event | req/s | TTFP p50 ms |")
+    print("|---" * (len(roles) + 10) + "|")
+    for r in rows:
+        print(f"| {r['variant']} | " + " | ".join(f"{r['cpu_ms_per_request'].get(k, 0):.2f}" for k in roles)
+              + f" | {r['pipeline_ms']:.1f} | {r['events_per_request']:.0f} | {_fmt(r.get('pipeline_added_ms'))} | "
+              f"{_fmt(r.get('pipeline_added_pct'), '%')} | {_fmt(r.get('pipeline_added_us_per_event'))} | "
+              f"{_fmt(r.get('agent_us_per_event'))} | {_fmt(r.get('py-spy_us_per_event'))} | "
+              f"{r['throughput']:.2f} | {r['ttfp_p50_ms']:.0f} |")
+    for r in rows:
+        if "pipeline_added_vs_omnitrace_pct" in r:
+            print(f"{r['variant']} against omnitrace, paired by round: pipeline CPU "
+                  f"{_fmt(r['pipeline_added_vs_omnitrace_pct'], '%')}, agent CPU {_fmt(r['agent_vs_omnitrace_pct'], '%')}")
+        if "pipeline_this_vs_tree_pct" in r:
+            print(f"{r['variant'].partition('@')[0]} of this checkout against {r['variant']}, paired by round: "
+                  f"pipeline CPU {_fmt(r['pipeline_this_vs_tree_pct'], '%')}")
+    print_quality(results)
+    return rows
 
 
 def main() -> int:
@@ -262,46 +348,25 @@ def main() -> int:
     p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                    help="add variant omnitrace@NAME: omnitrace from the checkout at PATH")
     p.add_argument("--json", default=None, help="write every round and the summary here")
+    p.add_argument("--from-json", default=None, help="summarise the rounds of an earlier --json (one stopped "
+                   "early too) instead of running")
     args = p.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            doc = json.load(f)
+        report(doc["rounds"], argparse.Namespace(**doc["args"]))
+        return 0
     variants = args.variants.split(",")
-    if not ({"bare", "omnitrace"} & set(variants)) or {v.split(":")[0] for v in variants} - set(ALL):
+    if not ({"bare", "omnitrace"} & set(variants)) or {v.split("@")[0].split(":")[0] for v in variants} - set(ALL):
         p.error(f"variants: a comma list of {', '.join(ALL)} including bare or omnitrace (what the rest "
                 "is paired with)")
     args.trees = dict(t.split("=", 1) for t in args.tree)
-    variants += [f"omnitrace@{name}" for name in args.trees]
-    results: dict[str, list[dict]] = {v: [] for v in variants}
-    with tempfile.TemporaryDirectory(prefix="observer-cpu-") as work:
-        for rnd in range(args.rounds):
-            shift = rnd % len(variants)
-            order = variants[shift:] + variants[:shift]
-            order = order[::-1] if rnd % 2 else order
-            for v in order:
-                r = run_one(v, args, work)
-                results[v].append(r)
-                print(f"round {rnd + 1} {v:<9} pipeline {pipeline_ms(r):6.1f} ms/req  "
-                      f"agent {r['cpu_ms_per_request'].get('agent', 0):5.2f}  "
-                      f"py-spy {r['cpu_ms_per_request'].get('py-spy', 0):5.2f}  "
-                      f"events/req {r['events_per_request']:7.0f}  {r['throughput']:5.2f} req/s",
-                      file=sys.stderr, flush=True)
-    rows = summarise(results, np.random.default_rng(0))
-    names = next((r["stage_names"] for v, rs in results.items() if v != "bare" for r in rs), {})
-    print(f"\nc={args.concurrency}, {args.num_prompts} measured requests after {args.warmup} warm-up, "
-          f"{args.input_len} in / {args.output_len} out, {args.rounds} rounds; stages: "
-          + ", ".join(f"{k}={v}" for k, v in sorted(names.items())))
-    roles = sorted({k for r in rows for k in r["cpu_ms_per_request"]})
-    print("| variant | " + " | ".join(roles) + " | pipeline ms/req | events/req | added pipeline ms/req "
-          "[95% CI] | added % | added µs/event | agent µs/event | py-spy µs/event | req/s | TTFP p50 ms |")
-    print("|---" * (len(roles) + 10) + "|")
-    for r in rows:
-        print(f"| {r['variant']} | " + " | ".join(f"{r['cpu_ms_per_request'].get(k, 0):.2f}" for k in roles)
-              + f" | {r['pipeline_ms']:.1f} | {r['events_per_request']:.0f} | {_fmt(r.get('pipeline_added_ms'))} | "
-              f"{_fmt(r.get('pipeline_added_pct'), '%')} | {_fmt(r.get('pipeline_added_us_per_event'))} | "
-              f"{_fmt(r.get('agent_us_per_event'))} | {_fmt(r.get('py-spy_us_per_event'))} | "
-              f"{r['throughput']:.2f} | {r['ttfp_p50_ms']:.0f} |")
-    for r in rows:
-        if "pipeline_added_vs_omnitrace_pct" in r:
-            print(f"{r['variant']} against omnitrace, paired by round: pipeline CPU "
-                  f"{_fmt(r['pipeline_added_vs_omnitrace_pct'], '%')}, agent CPU {_fmt(r['agent_vs_omnitrace_pct'], '%')}")
+    named = {v.partition("@")[2] for v in variants if "@" in v}
+    if named - set(args.trees):
+        p.error(f"variants name trees not given by --tree: {', '.join(sorted(named - set(args.trees)))}")
+    variants += [f"omnitrace@{name}" for name in args.trees if name not in named]
+    results = _run_rounds(variants, args)
+    rows = report(results, args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rounds": results, "rows": rows}, f, indent=2)

@@ -26,7 +26,7 @@ TARGET = textwrap.dedent('''
     import sys, time, random, threading
     import numpy as np
     from omnitrace.profile.clock import Clock
-    c = Clock(); c.start()
+    c = Clock(rate=250); c.start()  # py-spy's rate below, as a run's processes read it from OMNITRACE_FLAME
     stop = threading.Event()
     def other():  # a second busy thread, contending for the GIL like a sender
         while not stop.is_set():
@@ -400,3 +400,40 @@ def test_flame_selection_mistakes_are_one_line(tmp_path, capsys, args, says):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and says in err and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("rate, most", [(1, 1), (10, 10), (25, 25), (50, 50), (100, 50), (250, 50)])
+def test_clock_wakes_at_most_once_per_sample(rate, most):
+    """Each switch of the clock thread is a wake-up and a GIL hand-off in every sampled
+    process, most of what `--flame` adds to the served processes' CPU (issue 41,
+    benchmarks/flame_results.md). Its schedule switches once per py-spy sample on average,
+    never more than 50 times a second, and not much less (the calibration and the rounds
+    py-spy writes need the switches). Counted on the seeded schedule itself, not timed."""
+    import itertools
+    import random
+    hs = np.fromiter(itertools.islice(clock.holds(rate, random.Random(0)), 20000), float)
+    per_s = len(hs) / hs.sum()
+    assert most * 0.9 <= per_s <= most * 1.02, per_s
+    lo, hi = clock.hold_range(rate)
+    assert lo <= hs.min() and hs.max() <= hi
+
+
+@pytest.mark.unit
+def test_clock_thread_keeps_to_its_schedule(monkeypatch, tmp_path):
+    """The running thread holds each function at least as long as its schedule says (a sleep
+    never ends early), so it switches no faster than the schedule above; its rate is the
+    run's own (`--flame-rate`, from the environment) unless given."""
+    import itertools
+    import random
+    from omnitrace.profile.config import ENV_FLAME
+    monkeypatch.setenv(ENV_FLAME, FlameConfig(run_dir=str(tmp_path), rate=10).to_json())
+    assert clock.Clock().rate == 10
+    c = clock.Clock(rate=100, seed=3)
+    c.start()
+    time.sleep(0.2)
+    c.stop.set()
+    c.join(1)
+    gaps = np.diff(np.asarray(c.flips, np.int64))
+    want = np.fromiter(itertools.islice(clock.holds(100, random.Random(3)), len(gaps)), float) * 1e9
+    assert len(gaps) >= 2 and (gaps >= want - 1000).all(), (gaps, want)
