@@ -270,30 +270,17 @@ def finalize(run_dir: str) -> dict:
     index: dict[str, Any] = {"tool": "py-spy", "rate": rate, "mode": runner.get("mode"),
                              "window": cfg.get("window", "run"), "clock": notes,
                              "profiles": [], "missing": [], "samples": SAMPLES_FILE}
-    if cfg.get("window") == "measured":
-        if windows:
-            st = np.concatenate([_clip(st, lo, hi) for lo, hi in windows])
-            inside = np.zeros(len(rnd), bool)
-            for lo, hi in windows:
-                inside |= (rnd["t"] >= lo) & (rnd["t"] < hi)
-            rnd = rnd[inside]
-            gaps = np.sort(np.concatenate([_clip(gaps, lo, hi) for lo, hi in windows]), order=["pid", "t"])
-            index["windows_unix_ns"] = windows
-        else:
-            index["window_note"] = "no measured window in bench.json: the whole run is kept"
+    if cfg.get("window") == "measured" and windows:
+        st, rnd, gaps = _in_windows(windows, st, rnd, gaps)
+        index["windows_unix_ns"] = windows
+    elif cfg.get("window") == "measured":
+        index["window_note"] = "no measured window in bench.json: the whole run is kept"
     st = st[np.isin(st["pid"], np.fromiter(procs, np.int64, len(procs)))] if len(st) else st
     store = Store(st, rnd, frames.frames, frames.stacks, int(1e9 // rate),
                   {k: v for k, v in threads.items() if k[0] in procs}, gaps)
     os.makedirs(pdir, exist_ok=True)
     store.save(os.path.join(pdir, SAMPLES_FILE))
-    names: dict[int, str] = {}
-    used: set[str] = set()
-    for pid, p in sorted(procs.items(), key=lambda kv: (kv[1].get("stage", -1), kv[0])):
-        name = profile_name(p)
-        if name in used:
-            name = f"{name}-{pid}"
-        used.add(name)
-        names[pid] = name
+    names = _profile_names(procs)
     inproc = _inproc_profiles(raw)
     for pid, name in names.items():
         p = procs[pid]
@@ -338,6 +325,29 @@ def finalize(run_dir: str) -> dict:
     if not os.environ.get("OMNITRACE_FLAME_KEEP_RAW"):
         shutil.rmtree(raw, ignore_errors=True)
     return index
+
+
+def _in_windows(windows: list[tuple[int, int]], st: np.ndarray, rnd: np.ndarray, gaps: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The samples, rounds and unsampled gaps inside the measured ``windows`` only."""
+    inside = np.zeros(len(rnd), bool)
+    for lo, hi in windows:
+        inside |= (rnd["t"] >= lo) & (rnd["t"] < hi)
+    return (np.concatenate([_clip(st, lo, hi) for lo, hi in windows]), rnd[inside],
+            np.sort(np.concatenate([_clip(gaps, lo, hi) for lo, hi in windows]), order=["pid", "t"]))
+
+
+def _profile_names(procs: dict[int, dict]) -> dict[int, str]:
+    """pid -> its profile's file name: the process's name, made unique with its pid."""
+    names: dict[int, str] = {}
+    used: set[str] = set()
+    for pid, p in sorted(procs.items(), key=lambda kv: (kv[1].get("stage", -1), kv[0])):
+        name = profile_name(p)
+        if name in used:
+            name = f"{name}-{pid}"
+        used.add(name)
+        names[pid] = name
+    return names
 
 
 def _rounds_known(store: Store, pid: int, rate: float) -> float | None:
