@@ -108,6 +108,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture) -> None
 
 
 @pytest.mark.unit
+def test_an_unknown_platform_is_refused_before_anything_is_read(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        hooks_cli.main(["--platform", "cdua"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "invalid choice: 'cdua'" in err[0]
+
+
+@pytest.mark.unit
 def test_a_v2_stage_takes_the_native_plane_only_where_its_pipeline_has_one() -> None:
     mrv2, v1 = cv.PATH_MRV2, cv.PATH_V1_ADAPTER
     assert coverage._stage_paths("v1", None) == {v1}

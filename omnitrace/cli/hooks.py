@@ -20,6 +20,11 @@ from omnitrace.cli.helpformat import DefaultsFormatter, OneLineParser
 from omnitrace.inject import coverage
 
 
+# vLLM-Omni's platforms (vllm_omni/platforms/) and the CPU one its plugins add: an unknown
+# name would match no section of a deploy file and be taken silently
+PLATFORMS = ("cuda", "rocm", "npu", "xpu", "musa", "cpu")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="omnitrace hooks", description=__doc__.split("\n\n")[0].replace("`", ""),
                 formatter_class=DefaultsFormatter,
@@ -31,8 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None,
                    help="the model the deploy serves (a local path or cached id): its pipeline says "
                         "which v2 stages use the native data plane")
-    p.add_argument("--platform", default="cuda",
-                   help="the platform whose section of the deploy file applies (cuda, rocm, npu, xpu, musa)")
+    p.add_argument("--platform", default="cuda", choices=PLATFORMS,
+                   help="the platform whose section of the deploy file applies")
     p.add_argument("--patches", action="append", default=[], metavar="DIR",
                    help="your own hook definitions, as `omnitrace run --patches` takes them (repeatable)")
     p.add_argument("--json", action="store_true", help="the result as JSON on stdout")
