@@ -85,6 +85,16 @@ def test_several_runs_are_one_set_of_tables_whose_joins_stay_within_a_run(capsys
     assert json.loads(text) == [{"run": 0, "path": HOL}, {"run": 1, "path": WORKED}]
 
 
+def test_a_run_ids_are_numbered_on_alike_whichever_tables_a_load_makes():
+    """The shell loads tables as its statements need them: a table loaded later must join
+    with one loaded earlier."""
+    from omnitrace.analyze import report_tables
+    alone = report_tables.load_runs([WORKED, HOL], {"stage_visits"})["stage_visits"]
+    with_requests = report_tables.load_runs([WORKED, HOL], {"stage_visits", "requests"})
+    assert set(with_requests) == {"stage_visits", "requests"}
+    assert alone.column("request_id").equals(with_requests["stage_visits"].column("request_id"))
+
+
 def test_without_a_query_the_shell_answers_each_statement(capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO("SELECT count(*) AS n\n  FROM requests;\n.tables\n"
                                                  "SELECT 2 AS two;\n"))

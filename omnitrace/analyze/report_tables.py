@@ -51,7 +51,9 @@ def load_runs(run_dirs: Sequence[str], wanted: Iterable[str] | None = None) -> d
         paths = combine.distinct(run_dirs)
     except combine.SameRunTwice as exc:
         raise tables_run.TablesError(str(exc)) from None
-    return combine.combine(paths, [load(p, wanted - {"runs"}).tables for p in paths], wanted)
+    made = combine.combine(paths, [load(p, (wanted | combine.KEY_TABLES) - {"runs"}).tables for p in paths],
+                           wanted)
+    return {n: t for n, t in made.items() if n in wanted}
 
 
 def attribution_tables(run_dir: str, requests: pa.Table) -> dict[str, pa.Table]:

@@ -16,6 +16,10 @@ from omnitrace.runfiles import read as runfiles_read
 from omnitrace.tables.schema import TABLES, arrow_table
 
 KEYS = ("request_id", "thread_id", "sender_id")  # numbered per run from 0 (schema's ids)
+# the tables that hold every id of their key: combined with whatever else is asked for, so
+# a run's ids are numbered on by the same amount in every load (a shell loads tables as
+# its queries need them)
+KEY_TABLES = frozenset({"requests", "threads", "senders"})
 
 
 class SameRunTwice(ValueError):
