@@ -35,6 +35,7 @@ import numpy as np
 from omnitrace import conventions as cv
 from omnitrace import keys, rowops, spanload
 from omnitrace.intervals import other_pieces
+from omnitrace.runfiles import names
 from omnitrace import spantable as stt
 from omnitrace import categories
 from omnitrace.profile.store import Store, save_npz
@@ -252,7 +253,7 @@ def build_index(run_dir: str) -> SpanIndex:
 
 def open_index(run_dir: str) -> SpanIndex:
     """The run's index (``profiles/spans.npz``), or built from its event log."""
-    path = os.path.join(run_dir, "profiles", INDEX_FILE)
+    path = names.path(run_dir, os.path.join(names.PROFILES, INDEX_FILE))
     if os.path.exists(path):
         return SpanIndex.load(path)
     return build_index(run_dir)
@@ -558,7 +559,7 @@ def _union(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def profiles_store(run_dir: str) -> Store:
     from omnitrace.profile.store import FILE
-    path = os.path.join(run_dir, "profiles", FILE)
+    path = names.path(run_dir, os.path.join(names.PROFILES, FILE))
     if not os.path.exists(path):
         raise SelectError(f"{run_dir}: no profiles (profiles/{FILE}); record the run with "
                           "`omnitrace run --flame`")
