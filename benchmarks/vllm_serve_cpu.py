@@ -125,6 +125,26 @@ def _load(venv: Path, port: int, n: int, c: int, tag: str, work: str) -> None:
                     "--out", out], env=_env(venv), check=True, capture_output=True, timeout=1800)
 
 
+def stop_servers(procs: list[subprocess.Popen], started_unix_s: float) -> None:
+    """SIGTERM each server's process group, SIGKILL what is left after 180 s, then remove
+    what vLLM-Omni leaves in /dev/shm even on a clean stop (its stages' wake directories;
+    `omnitrace run` sweeps its own server's, the bare one has nobody to)."""
+    from omnitrace.inject import leftovers
+    pids = {pid for p in procs for pid in _tree(p.pid)}
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.wait(180)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    leftovers.sweep(pids, started_unix_s)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--venv", default=str(ROOT / ".venv-vllm-032"))
@@ -141,6 +161,7 @@ def main() -> int:
                                            env=_env(venv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                            start_new_session=True)}
     per: dict[str, list[dict[str, float]]] = {"bare": [], "omnitrace": []}
+    started = time.time()
     try:
         for v in procs:
             _wait(ports[v], procs[v])
@@ -154,16 +175,7 @@ def main() -> int:
             print(f"window {i + 1}: {v}: " + ", ".join(f"{r} {x:.1f}" for r, x in sorted(per[v][-1].items())),
                   file=sys.stderr)
     finally:
-        for p in procs.values():
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in procs.values():
-            try:
-                p.wait(180)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        stop_servers(list(procs.values()), started)
     _print(per, args)
     try:
         import json

@@ -20,15 +20,15 @@ import argparse
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 
-from vllm_serve_cpu import ROOT, _env, _serve_cmd, _wait
+from vllm_serve_cpu import ROOT, _env, _serve_cmd, _wait, stop_servers
 
 ARMS = ("bare", "omnitrace")
 HUNG = "timed out"  # bench's error for a request past --request-timeout (bench/client.py)
@@ -66,19 +66,6 @@ def _start(venv: Path, port: int, run_dir: str | None) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    for p in procs:
-        try:
-            p.wait(180)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--venv", default=str(ROOT / ".venv-vllm-032"))
@@ -91,6 +78,7 @@ def main() -> int:
     venv = Path(args.venv).resolve()
     work = tempfile.mkdtemp(prefix="vllm-starvation-")
     ports = {"bare": 18811, "omnitrace": 18812}
+    started = time.time()
     servers = {"bare": _start(venv, ports["bare"], None),
                "omnitrace": _start(venv, ports["omnitrace"], os.path.join(work, "run"))}
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burners)]
@@ -104,7 +92,7 @@ def main() -> int:
     finally:
         for b in burners:
             b.kill()
-        _stop(list(servers.values()))
+        stop_servers(list(servers.values()), started)
     _print(per, args)
     return 0
 
