@@ -45,7 +45,6 @@ def dense(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq, inv.astype(np.int64)
 
 
-
 # A FIFO's sender: the thread that takes its chunks off one at a time
 # (``spantable.sender_tasks``), named by where it runs -- a process id in the span builder,
 # a replica in the report (one timeline for a replica's processes and run directories) --

@@ -91,12 +91,17 @@ def _has(mod: str, rest: list[str]) -> bool:
     return len(rest) == 1 or rest[0] in names and rest[1] in names[rest[0]]  # Class.member
 
 
+@cache
+def _folders() -> frozenset[str]:
+    """The package's top folders (``agent``, ``analyze``, ...) and the repository's own."""
+    return frozenset({os.path.relpath(os.path.dirname(p), tree).split(os.sep)[0]
+                      for tree in TREES for p in modules().values() if p.startswith(tree + os.sep)}
+                     | {"patches", "benchmarks", "scripts", "tests"})
+
+
 def _file_exists(path: str) -> bool | None:
     path = path.removeprefix("omnitrace/")
-    top = path.split("/")[0]
-    folders = {os.path.relpath(os.path.dirname(p), tree).split(os.sep)[0]
-               for tree in TREES for p in glob.glob(os.path.join(tree, "**", "*.py"), recursive=True)}
-    if "/" not in path or top not in folders | {"patches", "benchmarks", "scripts", "tests"}:
+    if "/" not in path or path.split("/")[0] not in _folders():
         return None
     return any(os.path.exists(os.path.join(base, path))
                for base in (*TREES, ROOT, os.path.join(ROOT, "omnitrace")))
