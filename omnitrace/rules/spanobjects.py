@@ -65,7 +65,7 @@ def _first_marks(emits: np.ndarray) -> dict[tuple[int, int], dict[int, int]]:
     return out
 
 
-def request_span(row: tuple, requests: list[str], marks: dict[int, int]) -> Span:
+def _request_span(row: tuple, requests: list[str], marks: dict[int, int]) -> Span:
     """An ``omni.request`` row -> :class:`Span` with its status, first audio packet (t2;
     0: none) and ``marks`` (event kind -> first time)."""
     (name, reason, _error, status, _stage, _peer, replica, req, _chunk, _ring, start, end, _v1, _v2,
@@ -78,7 +78,7 @@ def request_span(row: tuple, requests: list[str], marks: dict[int, int]) -> Span
     return sp
 
 
-def stage_span(row: tuple, requests: list[str], rings: dict[int, dict],
+def _stage_span(row: tuple, requests: list[str], rings: dict[int, dict],
                firsts: dict[tuple[int, int, int], tuple[int | None, int | None]]) -> Span:
     """An ``omni.stage`` or ``omni.stage.queue`` row -> :class:`Span` with its stage's name
     (none where its ring is unknown: an imported span that named no stage) and, a stage
@@ -113,7 +113,7 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
         if name >= stt.N_SNAPSHOT:  # chunk spans: the hot part
             append(chunk_span(row, requests))
         elif name == stt.N_REQUEST:
-            append(request_span(row, requests, marks.get((row[7], row[6]), _NO_MARKS)))
+            append(_request_span(row, requests, marks.get((row[7], row[6]), _NO_MARKS)))
         else:
-            append(stage_span(row, requests, rings, firsts))
+            append(_stage_span(row, requests, rings, firsts))
     return out
