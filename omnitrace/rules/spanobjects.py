@@ -81,9 +81,7 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
             append(Span(names[name], rid, cv.API_STAGE, -2, -1, start, end, replica,
                         incomplete=reason != 0, events=events, attrs=attrs))
         else:
-            # an imported span that named no stage has no ring
-            attrs = stage_attrs(rid, stage, (rings.get(ring, {}).get("process") or f"stage{stage}")
-                                if ring >= 0 else None, replica)
+            attrs = stage_attrs(rid, stage, rings.get(ring, {}).get("process") or f"stage{stage}", replica)
             events = by_stage.get((req, stage, replica), []) if name == stt.N_STAGE else []
             sp = Span(names[name], rid, stage, -2, -1, start, end, replica,
                       incomplete=reason != 0, events=events, attrs=attrs)
