@@ -1,8 +1,8 @@
 """Load one or several run directories (docs/run-directory.md) into plain Python data.
 
 Collect -> data: this module only parses. It never raises on a damaged directory: a
-missing file, a truncated last line (agent killed mid-write) or a malformed span becomes a
-labelled warning in :attr:`Run.warnings`, and whatever could be read is kept.
+missing file, a truncated last line or a torn event segment (agent killed mid-write)
+becomes a labelled warning in :attr:`Run.warnings`, and whatever could be read is kept.
 
 A run directory's event log is read by the one loader (``spanload``) into the report's
 tables (``tables.ReportTables``): request, stage and queue spans as slotted :class:`Span`
