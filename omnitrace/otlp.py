@@ -91,12 +91,9 @@ def request_attrs(rid: str, status: int, replica: int, prompt_tokens: int, max_t
     return attrs
 
 
-def stage_attrs(rid: str, stage: int, name: str | None, replica: int) -> dict[str, Any]:
+def stage_attrs(rid: str, stage: int, name: str, replica: int) -> dict[str, Any]:
     """A stage or stage-queue span's attributes, omnitrace's and the upstream-proposed
-    ones; no name attributes where ``name`` is None (an imported span that named none)."""
-    if name is None:
-        return {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage, cv.ATTR_REPLICA: replica,
-                cv.ATTR_VLLM_OMNI_STAGE_ID: stage, cv.ATTR_VLLM_OMNI_REPLICA_ID: replica}
+    ones."""
     return {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage, cv.ATTR_STAGE_NAME: name,
             cv.ATTR_REPLICA: replica, cv.ATTR_VLLM_OMNI_STAGE_ID: stage,
             cv.ATTR_VLLM_OMNI_STAGE_NAME: name, cv.ATTR_VLLM_OMNI_REPLICA_ID: replica}

@@ -1,10 +1,6 @@
 """The vectorised span builder (omnitrace.spantable) against the per-event Python
-reference (tests/reference_assembler.py, the previous agent's assembler), and the
-report on the event log against the report on the reference's spans.jsonl."""
+reference (tests/support/reference_assembler.py, the previous agent's assembler)."""
 from __future__ import annotations
-
-import os
-import shutil
 
 import numpy as np
 import pytest
@@ -13,6 +9,7 @@ from omnitrace import conventions as cv
 from omnitrace import eventlog, otlp
 from omnitrace import spantable as stt
 from omnitrace.eventlog import EVENT_DTYPE
+from tests.support import hol_reference
 from tests.support.reference_assembler import Assembler
 from tests.support.report_util import report_json, rewrite_event_log
 
@@ -77,27 +74,6 @@ def test_builder_equals_reference_on_a_real_run(real_run):
     names = {w[0] for w in want}
     assert {cv.SPAN_FIFO, cv.SPAN_PUT, cv.SPAN_POLL, cv.SPAN_REQUEST, cv.SPAN_STAGE} <= names
     assert any(w[9] for w in want), "some FIFO waits were blocked by other requests"
-
-
-def test_report_on_events_equals_report_on_reference_spans(real_run, tmp_path):
-    """Today's span path (reference spans -> spans.jsonl -> report) and the event log
-    give the same attribution, FIFO, snapshot and transfer figures."""
-    log = eventlog.read_event_log(real_run)
-    old = tmp_path / "spans-path"
-    old.mkdir()
-    for name in ("run.json", "agent.json", "bench.json", "processes.jsonl"):
-        shutil.copy(os.path.join(real_run, name), old / name)
-    spans = reference_spans(log)
-    run_id = "ref"
-    with open(old / "spans.jsonl", "wb") as f:
-        f.write(otlp.encode_json_lines(spans, lambda p: otlp.resource_attrs(run_id, p)))
-    new_rep, old_rep = _canon(report_json(real_run)), _canon(report_json(str(old)))
-    compared = 0
-    for key in ("attribution", "fifo", "snapshot", "transfer", "ttfp", "head_of_line", "requests"):
-        if key in old_rep or key in new_rep:
-            assert new_rep.get(key) == old_rep.get(key), key
-            compared += 1
-    assert compared >= 7, sorted(new_rep)
 
 
 def test_report_streamed_over_many_segments_equals_one_feed(real_run, tmp_path):
@@ -192,8 +168,8 @@ def test_blocked_time_and_culprits_by_hand():
 @pytest.mark.unit
 def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
     """The busy intervals the builder hands out (``Feed.busy``, what the report's
-    head-of-line rule reads) and those rebuilt from spans (a run recorded before the event
-    log) by hand: a put closes its task, a 0-byte process closes it, a process with bytes
+    head-of-line rule reads) and those rebuilt from its spans by the same rule
+    (tests/support/hol_reference.py), by hand: a put closes its task, a 0-byte process closes it, a process with bytes
     does not, another task's closer falls back to the next dequeue, and the last task
     without a closer stays open. Fed in three cuts."""
     from omnitrace.rules import headofline
@@ -218,7 +194,7 @@ def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
         {10: 0})
     spans = np.concatenate([f.spans for f in feeds])
     assert not spans["reason"].any()
-    from_spans = headofline.sender_busy(spans)
+    from_spans = hol_reference.sender_busy(spans)
     assert list(from_spans) == list(from_builder) == [(0, 0)]
     for a, c in zip(from_spans[(0, 0)], from_builder[(0, 0)]):
         assert a.tolist() == c.tolist()
@@ -231,7 +207,6 @@ def test_a_batch_dequeued_at_once_is_worked_through_in_turn():
     own, not all of it charged to the last. Request 4, enqueued at 5 and taken alone at 200,
     waited behind 1, 2 and 3 for 10, 15 and 15 ns: blocked 40, culprits 2 then 3 then 1
     (equal overlaps: the earlier task first). Rebuilt from the spans alike."""
-    from omnitrace.rules import headofline
     script = [(5, E.FIFO_ENQUEUE, 4, 0, 0, 0, 1, 0)]
     for r, done in ((1, 110), (2, 125), (3, 140)):
         script += [(90 + r, E.FIFO_ENQUEUE, r, 0, 0, 0, 1, 0), (100, E.FIFO_DEQUEUE, r, 0, 0, 0, 1, 1),
@@ -249,7 +224,7 @@ def test_a_batch_dequeued_at_once_is_worked_through_in_turn():
     fifo = {int(r["req"]): r for r in f.spans[f.spans["name"] == stt.N_FIFO]}
     assert int(fifo[4]["v2"]) == 40
     assert [int(fifo[4][c]) for c in ("by0", "by1", "by2")] == [2, 3, 1]
-    busy = headofline.sender_busy(np.concatenate([f.spans, b.flush().spans]))
+    busy = hol_reference.sender_busy(np.concatenate([f.spans, b.flush().spans]))
     assert [tuple(map(int, x)) for x in zip(*busy[(0, 0)])] == got
 
 

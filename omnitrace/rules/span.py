@@ -34,7 +34,7 @@ class Span:
         self.dispatched: int | None = None
         self.packet_received: int | None = None
         self.packet_resumed: int | None = None
-        # a stage or queue span's: its stage's name (None: an imported span that named none)
+        # a stage or queue span's: its stage's name (None: not a stage or queue span)
         self.stage_name: str | None = None
         # a stage span's: the (first audio, first) omni.emit time of its packets
         self.emit_firsts: tuple[int | None, int | None] = NO_EMITS

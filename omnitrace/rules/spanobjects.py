@@ -81,13 +81,11 @@ def _request_span(row: tuple, requests: list[str], marks: dict[int, int]) -> Spa
 def _stage_span(row: tuple, requests: list[str], rings: dict[int, dict],
                firsts: dict[tuple[int, int, int], tuple[int | None, int | None]]) -> Span:
     """An ``omni.stage`` or ``omni.stage.queue`` row -> :class:`Span` with its stage's name
-    (none where its ring is unknown: an imported span that named no stage) and, a stage
-    span, its first emits (``firsts``: :func:`_emit_firsts`)."""
+    and, a stage span, its first emits (``firsts``: :func:`_emit_firsts`)."""
     (name, reason, _error, _status, stage, _peer, replica, req, _chunk, ring, start, end, _v1, _v2,
      _t1, _t2, _by0, _by1, _by2) = row
     sp = Span(stt.NAMES[name], requests[req], stage, -2, -1, start, end, replica, incomplete=reason != 0)
-    if ring >= 0:
-        sp.stage_name = cv.stage_name(rings.get(ring, {}).get("process"), stage)
+    sp.stage_name = cv.stage_name(rings.get(ring, {}).get("process"), stage)
     if name == stt.N_STAGE:
         sp.emit_firsts = firsts.get((req, stage, replica), NO_EMITS)
     return sp
