@@ -25,6 +25,9 @@ import urllib.request
 
 import aiohttp
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from omnitrace import eventlog  # noqa: E402
+
 
 def _free_port() -> int:
     s = socket.socket()
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(3600)
             stop_s = time.monotonic() - t_stop
         agent = json.load(open(os.path.join(run_dir, "agent.json")))
-        spans_bytes = os.path.getsize(os.path.join(run_dir, "spans.jsonl"))
+        log_bytes = sum(os.path.getsize(p) for p in eventlog.segments(run_dir))
     rss = [s["rss_bytes"] for s in samples]
     after_warmup = [s["rss_bytes"] for s in samples if s["t_s"] >= 60] or rss
     out = {
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                                             "views", "final_s")},
         "stop_to_exit_s": round(stop_s, 1),
         "load_average_at_end": [round(x, 2) for x in load],
-        "spans_jsonl_mib": round(spans_bytes / 2**20, 1),
+        "event_log_mib": round(log_bytes / 2**20, 1),
         "agent_cpu_s_during_load": round(agent_cpu, 1),
         "agent_cores_during_load": round(agent_cpu / args.duration, 2),
         "samples": samples,

@@ -437,3 +437,14 @@ def test_clock_thread_keeps_to_its_schedule(monkeypatch, tmp_path):
     gaps = np.diff(np.asarray(c.flips, np.int64))
     want = np.fromiter(itertools.islice(clock.holds(100, random.Random(3)), len(gaps)), float) * 1e9
     assert len(gaps) >= 2 and (gaps >= want - 1000).all(), (gaps, want)
+
+
+@pytest.mark.unit
+def test_a_run_without_a_readable_event_log_is_one_line_to_flame(tmp_path):
+    """A span selection reads the event log: one recorded before it (spans.jsonl only) is
+    the loader's one line (``SelectError``, which `omnitrace flame` says and exits 2 on),
+    not a traceback."""
+    from omnitrace.profile import linked
+    (tmp_path / "spans.jsonl").write_text('{"resourceSpans": []}\n')
+    with pytest.raises(linked.SelectError, match="recorded before the event log"):
+        linked.build_index(str(tmp_path))

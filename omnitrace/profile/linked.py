@@ -33,7 +33,7 @@ from typing import Iterator
 import numpy as np
 
 from omnitrace import conventions as cv
-from omnitrace import keys, rowops, spanload
+from omnitrace import eventlog, keys, rowops, spanload
 from omnitrace.intervals import other_pieces
 from omnitrace.runfiles import names
 from omnitrace import spantable as stt
@@ -245,7 +245,10 @@ def build_index(run_dir: str) -> SpanIndex:
     """The run's index, from one load of its event log (spans by the span builder, as the
     report's)."""
     sink = IndexSink()
-    loaded = spanload.load(run_dir, [sink])
+    try:
+        loaded = spanload.load(run_dir, [sink])
+    except eventlog.EventLogError as exc:  # corrupt, or a run from before the event log
+        raise SelectError(str(exc)) from None
     if loaded is None:
         raise SelectError(f"{run_dir}: no event log (events/): nothing to link samples to")
     return sink.index(loaded)
