@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from omnitrace import eventlog
@@ -78,21 +79,27 @@ def _manifest(run_dir: str) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("tables"), list) else None
 
 
-def read_fresh(run_dir: str, wanted: set[str]) -> tuple[dict[str, pa.Table], list[str]]:
-    """The tables of ``wanted`` kept for ``run_dir`` and still fresh (those absent, stale or
-    unreadable are not in the answer: the caller makes them), and the notes kept with them."""
+def read_fresh(run_dir: str, wanted: set[str]) -> tuple[dict[str, pads.Dataset], list[str]]:
+    """The tables of ``wanted`` kept for ``run_dir`` and still fresh, as Parquet datasets
+    (``materialize`` makes one a table; those absent, stale or unreadable are not in the
+    answer: the caller makes them), and the notes kept with them."""
     doc = _manifest(run_dir)
     if doc is None or doc.get("fingerprint") != fingerprint(run_dir):
         return {}, []
     out = {}
     for name in wanted & set(doc["tables"]) & set(TABLES):
-        try:
-            t = pq.read_table(os.path.join(_dir(run_dir), f"{name}.parquet"))
+        try:  # opened, not read: DuckDB reads the columns and row groups a query needs
+            t = pads.dataset(os.path.join(_dir(run_dir), f"{name}.parquet"), format="parquet")
         except (OSError, pa.ArrowException):
             continue
         if t.schema.equals(TABLES[name].schema()):
             out[name] = t
     return out, [str(n) for n in doc.get("notes", [])]
+
+
+def materialize(t: pa.Table | pads.Dataset) -> pa.Table:
+    """A table kept here (a dataset, read lazily) as an Arrow table; a table as it is."""
+    return t.to_table() if isinstance(t, pads.Dataset) else t
 
 
 def keep(run_dir: str, tables: dict[str, pa.Table], notes: list[str], load_s: float) -> bool:

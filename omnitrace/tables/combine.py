@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from omnitrace.runfiles import read as runfiles_read
+from omnitrace.tables import cache
 from omnitrace.tables.schema import TABLES, arrow_table
 
 KEYS = ("request_id", "thread_id", "sender_id")  # numbered per run from 0 (schema's ids)
@@ -41,14 +42,18 @@ def combine(paths: Sequence[str], parts: Sequence[dict[str, pa.Table]],
             wanted: set[str] | None = None) -> dict[str, pa.Table]:
     """The tables of the runs ``paths`` (``parts``: each one's tables, in order) as one set,
     with ``runs`` when ``wanted`` (None: every table) holds it."""
-    out: dict[str, list[pa.Table]] = {}
-    offset = dict.fromkeys(KEYS, 0)
-    for run, tables in enumerate(parts):
-        for name, t in tables.items():
-            out.setdefault(name, []).append(_renumbered(t, run, offset))
-        for key in KEYS:
-            offset[key] += _span_of(tables, key)
-    made = {name: pa.concat_tables(ts) for name, ts in out.items()}
+    if len(parts) == 1:  # run 0, ids from 0: as made (a table kept as a dataset stays unread)
+        made = dict(parts[0])
+    else:
+        out: dict[str, list[pa.Table]] = {}
+        offset = dict.fromkeys(KEYS, 0)
+        for run, tables in enumerate(parts):
+            tables = {name: cache.materialize(t) for name, t in tables.items()}
+            for name, t in tables.items():
+                out.setdefault(name, []).append(_renumbered(t, run, offset))
+            for key in KEYS:
+                offset[key] += _span_of(tables, key)
+        made = {name: pa.concat_tables(ts) for name, ts in out.items()}
     if wanted is None or "runs" in wanted:
         made["runs"] = arrow_table("runs", {"run": np.arange(len(paths), dtype=np.int32),
                                             "path": list(paths), "run_id": [_run_id(p) for p in paths]})

@@ -4,21 +4,21 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from omnitrace.tables import perfetto
+from omnitrace.tables import cache, perfetto
 from omnitrace.tables import run as tables_run
 
 
-def write_parquet(tables: dict[str, pa.Table], out_dir: str) -> list[str]:
-    """Each table as ``out_dir/NAME.parquet`` (the directory made if missing; each file
-    replaced whole, never left half-written). Returns the paths."""
+def write_parquet(tables: dict[str, Any], out_dir: str) -> list[str]:
+    """Each table (Arrow, or a dataset ``tables.cache`` kept) as ``out_dir/NAME.parquet``
+    (the directory made if missing; each file replaced whole, never left half-written).
+    Returns the paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     for name, t in tables.items():
         path = os.path.join(out_dir, f"{name}.parquet")
-        pq.write_table(t, path + ".tmp")
+        pq.write_table(cache.materialize(t), path + ".tmp")
         os.replace(path + ".tmp", path)
         paths.append(path)
     return paths

@@ -42,7 +42,7 @@ def test_tables_kept_read_back_equal_without_a_second_load(run, monkeypatch):
     again = _made(run)
     assert set(again.tables) == WANTED
     for name in WANTED:
-        assert again.tables[name].equals(first.tables[name]), name
+        assert cache.materialize(again.tables[name]).equals(first.tables[name]), name
     assert again.notes == first.notes
 
 
@@ -88,3 +88,29 @@ def test_a_directory_that_cannot_take_them_changes_nothing(run):
     made = _made(run)
     assert not cache.keep(run, made.tables, made.notes, 60.0)
     assert cache.read_fresh(run, WANTED) == ({}, [])
+
+
+QUERY = ("SELECT r.request, f.residence_ns, f.blocked_by FROM fifo_tasks f JOIN requests r USING (request_id) "
+         "ORDER BY f.enqueue_ns, r.request")
+
+
+def _answer(capsys, runs: list[str]) -> str:
+    from omnitrace.cli import sql
+    assert sql.main([*runs, QUERY, "--format", "json"]) == 0
+    return capsys.readouterr().out
+
+
+def test_sql_answers_the_same_from_kept_tables(run, monkeypatch, capsys):
+    monkeypatch.setattr(cache, "MIN_LOAD_S", 0.0)
+    made = _answer(capsys, [run])
+    monkeypatch.setattr(tables_run, "load", lambda *a, **k: pytest.fail("loaded again although kept"))
+    assert _answer(capsys, [run]) == made
+
+
+def test_kept_tables_combine_with_another_runs(run, tmp_path, monkeypatch, capsys):
+    other = str(tmp_path / "worked")
+    shutil.copytree(os.path.join(gi.RUNS, "worked"), other)
+    both = _answer(capsys, [other, run])
+    monkeypatch.setattr(cache, "MIN_LOAD_S", 0.0)
+    _answer(capsys, [run])  # kept now: read back as a dataset beside the other run's tables
+    assert _answer(capsys, [other, run]) == both
