@@ -50,9 +50,15 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+UNIT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unit")
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """A test parametrized with an older vLLM-Omni release's venv is marked ``vllm_older``:
-    the default run checks the newest release, .ci/run the older ones too."""
+    """A test under tests/unit is marked ``unit`` (the tier follows the folder: see "tiers"
+    below). A test parametrized with an older vLLM-Omni release's venv is marked
+    ``vllm_older``: the default run checks the newest release, .ci/run the older ones too."""
+    if str(item.path).startswith(UNIT_DIR + os.sep):
+        item.add_marker(pytest.mark.unit)
     from tests.support.vllm_venvs import OLDER_VENVS
     params = getattr(getattr(item, "callspec", None), "params", {})
     if any(getattr(v, "name", None) in OLDER_VENVS for v in params.values()):
@@ -295,8 +301,10 @@ def no_leaked_global_state():
 
 
 # --------------------------------------------------------------------------- tiers
-# ``-m unit``: the in-process tier (seconds: run it after every change). A test marked
-# unit that starts a process fails, so the tier stays in-process. With
+# ``-m unit`` (or ``tests/unit``): the in-process tier (seconds: run it after every change).
+# Its tests live under tests/unit, mirroring the package, and are marked unit by
+# pytest_itemcollected; tests that start processes, servers or browsers live under
+# tests/system. A unit test that starts a process fails, so the tier stays in-process. With
 # OMNITRACE_TIER_SURVEY=FILE, every test instead appends "nodeid<TAB>spawned<TAB>seconds"
 # to FILE: how the tier's membership is chosen.
 _SPAWNERS = ((subprocess.Popen, "_execute_child"), (os, "fork"), (os, "posix_spawn"),

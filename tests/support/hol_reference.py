@@ -1,7 +1,7 @@
 """The first head-of-line implementation, a per-victim Python loop, kept as the reference
 that the vectorised ``omnitrace.rules.headofline.blocked_pairs`` is tested against: both must
 give the same wall time, chunk-time sum, culprits and task counts for the same schedule
-(tests/test_report_hol.py)."""
+(tests/system/report/test_report_hol.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

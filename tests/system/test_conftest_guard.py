@@ -14,7 +14,8 @@ import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.sources import ROOT
+
 
 INNER = '''
 import os, subprocess, sys, time
@@ -167,7 +168,7 @@ def test_guard_fails_each_kind_of_leak_and_cleans_it_up(tmp_path: Path) -> None:
     foreign = _foreign_pipeline_running()
     if foreign:
         expected["test_chunk_leak"] = ()
-    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    shutil.copy(Path(ROOT, "tests", "conftest.py"), tmp_path / "conftest.py")
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER))
     pkg = tmp_path / "demo_target"

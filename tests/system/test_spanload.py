@@ -104,11 +104,6 @@ def test_a_helper_that_dies_or_fails_is_replaced_by_decoding_here(real_run, many
     assert not mp.active_children()
 
 
-@pytest.mark.unit
-def test_a_run_without_an_event_log_has_nothing_to_build(tmp_path):
-    assert spanload.load(str(tmp_path), [tables.ReportTables()], helper=True) is None
-
-
 def _index_bytes(index) -> list[bytes]:
     return [index.spans.tobytes(), index.busy.tobytes(), index.steps.tobytes(),
             repr(sorted(index.threads.kind.items())).encode()]

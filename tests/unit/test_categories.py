@@ -2,14 +2,10 @@
 described and coloured there, and every user of categories reads it from there."""
 from __future__ import annotations
 
-import pytest
 
 import re
 
 from omnitrace import categories
-
-
-@pytest.mark.unit
 def test_every_category_has_a_description_and_its_own_colour() -> None:
     for c in categories.VOCABULARY:
         assert len(c.description) > 20, c
@@ -17,9 +13,6 @@ def test_every_category_has_a_description_and_its_own_colour() -> None:
     colours = [c.color for c in categories.VOCABULARY]
     assert len(set(colours)) == len(colours)
     assert set(categories.DESCRIPTIONS) == set(categories.COLORS) == set(categories.CATEGORIES)
-
-
-@pytest.mark.unit
 def test_the_rule_the_plots_and_flame_read_the_one_vocabulary() -> None:
     from omnitrace.profile import linked
     from omnitrace.render import html

@@ -5,11 +5,9 @@ from __future__ import annotations
 import ast
 import os
 
-import pytest
+from tests.support.sources import ROOT
 
-pytestmark = pytest.mark.unit
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LINES = 80
 
 
@@ -27,20 +25,26 @@ def test_no_function_over_80_lines():
 
 def test_tests_share_helpers_one_way():
     """Helpers live in tests/support and are imported as ``tests.support.X``; a test file
-    never imports another test file."""
+    (tests/unit/..., tests/system/...) never imports another test file."""
     tests = os.path.join(ROOT, "tests")
     helpers = {n[:-3] for n in os.listdir(os.path.join(tests, "support")) if n.endswith(".py")}
     bad = []
-    for folder in (tests, os.path.join(tests, "support")):
-        for name in sorted(os.listdir(folder)):
-            if not name.endswith(".py"):
-                continue
-            for node in ast.walk(ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())):
-                mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                        else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-                for m in mods:
-                    head = m.split(".")[0]
-                    if head.startswith("test_") or head in helpers or (
-                            m.startswith("tests.") and not m.startswith("tests.support")):
-                        bad.append(f"{name}:{node.lineno} imports {m}")
+    for path in _python_files(tests):
+        name = os.path.relpath(path, tests)
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                    else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for m in mods:
+                head = m.split(".")[0]
+                if head.startswith("test_") or head in helpers | {"unit", "system"} or getattr(node, "level", 0) or (
+                        m.startswith("tests.") and not m.startswith("tests.support")):
+                    bad.append(f"{name}:{node.lineno} imports {'.' * getattr(node, 'level', 0)}{m}")
     assert not bad
+
+
+def _python_files(top: str) -> list[str]:
+    out = []
+    for root, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        out += [os.path.join(root, n) for n in files if n.endswith(".py")]
+    return sorted(out)

@@ -16,8 +16,6 @@ import pytest
 
 from tests.support.sources import ROOT, TREES, modules
 
-pytestmark = pytest.mark.unit
-
 DOCS = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
 DOTTED = re.compile(r"(?<![\w./-])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?![\w/(*-]|\.[\w*])")
 # a file's name, not a module's member (``bench.json``, ``report.html``)

@@ -17,10 +17,8 @@ import pytest
 from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.bench.client import PROMPT_TOKENS_FIELD
 from omnitrace.cli import COMMANDS
+from tests.support.sources import ROOT
 
-pytestmark = pytest.mark.unit
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
 _CODE = re.compile(r"```[^\n]*\n(.*?)```|`([^`\n]+)`", re.S)
 _STOP = {"|", "&&", ";", "||", ">", "2>&1", "#"}

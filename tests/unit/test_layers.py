@@ -6,13 +6,7 @@ from __future__ import annotations
 import ast
 import os
 
-import pytest
-
 from tests.support.sources import modules
-
-pytestmark = pytest.mark.unit
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # lowest first; a module belongs to the layer of its longest matching prefix
 LAYERS = [

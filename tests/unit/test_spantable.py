@@ -1,132 +1,17 @@
-"""The vectorised span builder (omnitrace.spantable) against the per-event Python
-reference (tests/reference_assembler.py, the previous agent's assembler), and the
-report on the event log against the report on the reference's spans.jsonl."""
+"""The vectorised span builder (omnitrace.spantable) on hand-written feeds: pairing, FIFO
+blocking and its culprits, sender busy time, batches. Against the per-event Python
+reference on a real run: tests/system/test_spantable.py."""
 from __future__ import annotations
 
-import os
-import shutil
 
 import numpy as np
 import pytest
 
 from omnitrace import conventions as cv
-from omnitrace import eventlog, otlp
 from omnitrace import spantable as stt
 from omnitrace.eventlog import EVENT_DTYPE
-from tests.support.reference_assembler import Assembler
-from tests.support.report_util import report_json, rewrite_event_log
 
 E = cv.Ev
-
-
-def _identity(s) -> tuple:
-    a = s.attrs
-    return (s.name, a.get(cv.ATTR_REQUEST_ID), a.get(cv.ATTR_STAGE_ID), a.get(cv.ATTR_PEER_STAGE_ID),
-            a.get(cv.ATTR_CHUNK_INDEX), s.span_id, s.parent_id, s.start, s.end,
-            a.get(cv.ATTR_FIFO_BLOCKED_NS), tuple(a.get(cv.ATTR_FIFO_BLOCKED_BY) or ()),
-            a.get(cv.ATTR_TRANSFER_BYTES), a.get(cv.ATTR_FIFO_AHEAD),
-            a.get(cv.ATTR_SNAPSHOT_STRATEGY), bool(a.get(cv.ATTR_INCOMPLETE)),
-            tuple((n, t) for n, t, _ in s.events), s.error)
-
-
-def reference_spans(log: eventlog.EventLog) -> list:
-    """The log's events through the reference assembler, ring by ring in ring order."""
-    spans: list = []
-    asm = Assembler(spans.append)
-    strings = log.requests.strings
-    ev = log.events
-    for idx, ring in log.rings.items():
-        rows = ev[ev["ring"] == idx]
-        batch = [(k, strings[r], s, c, a, b, t) for t, a, r, c, k, s, b, _ in rows.tolist()]
-        asm.feed(batch, 0, ring["pid"], ring["replica"], ring["role"], ring["stage"],
-                 ring["process"])
-    for idx in log.died:
-        asm.process_died(log.rings[idx]["pid"])
-    asm.flush("run-ended")
-    return spans
-
-
-def built_spans(log: eventlog.EventLog, cuts: int = 1, seed: int = 0) -> list:
-    """The log's events through SpanBuilder, in ``cuts`` random time cuts (as live)."""
-    b = stt.SpanBuilder(dict(log.rings))
-    b.ring_changed()
-    conv = otlp.SpanConverter(log.requests.strings, log.rings)
-    ev = log.events[np.argsort(log.events["t"], kind="stable")]
-    rng = np.random.default_rng(seed)
-    edges = sorted(rng.choice(np.arange(1, len(ev)), size=cuts - 1, replace=False).tolist()) if cuts > 1 else []
-    out = []
-    for part in np.split(ev, edges):
-        f = b.feed(part)
-        out += conv.convert(f.spans, f.emits)
-    for idx in log.died:
-        b.process_died(log.rings[idx]["pid"])
-    f = b.flush()
-    out += conv.convert(f.spans, f.emits)
-    return out
-
-
-def test_builder_equals_reference_on_a_real_run(real_run):
-    log = eventlog.read_event_log(real_run)
-    assert log is not None and len(log.events) > 5000
-    want = sorted(_identity(s) for s in reference_spans(log))
-    for cuts in (1, 7, 60):
-        got = sorted(_identity(s) for s in built_spans(log, cuts, seed=cuts))
-        assert len(got) == len(want), cuts
-        assert got == want, f"{cuts} cuts: first difference " + next(
-            f"{g} != {w}" for g, w in zip(got, want) if g != w)
-    names = {w[0] for w in want}
-    assert {cv.SPAN_FIFO, cv.SPAN_PUT, cv.SPAN_POLL, cv.SPAN_REQUEST, cv.SPAN_STAGE} <= names
-    assert any(w[9] for w in want), "some FIFO waits were blocked by other requests"
-
-
-def test_report_on_events_equals_report_on_reference_spans(real_run, tmp_path):
-    """Today's span path (reference spans -> spans.jsonl -> report) and the event log
-    give the same attribution, FIFO, snapshot and transfer figures."""
-    log = eventlog.read_event_log(real_run)
-    old = tmp_path / "spans-path"
-    old.mkdir()
-    for name in ("run.json", "agent.json", "bench.json", "processes.jsonl"):
-        shutil.copy(os.path.join(real_run, name), old / name)
-    spans = reference_spans(log)
-    run_id = "ref"
-    with open(old / "spans.jsonl", "wb") as f:
-        f.write(otlp.encode_json_lines(spans, lambda p: otlp.resource_attrs(run_id, p)))
-    new_rep, old_rep = _canon(report_json(real_run)), _canon(report_json(str(old)))
-    compared = 0
-    for key in ("attribution", "fifo", "snapshot", "transfer", "ttfp", "head_of_line", "requests"):
-        if key in old_rep or key in new_rep:
-            assert new_rep.get(key) == old_rep.get(key), key
-            compared += 1
-    assert compared >= 7, sorted(new_rep)
-
-
-def test_report_streamed_over_many_segments_equals_one_feed(real_run, tmp_path):
-    """`report` takes the event log segment by segment and keeps only what it needs of
-    each feed's spans (analyze/tables.py): cut into ~50 segments, the same run gives the
-    same report, every figure of it, as read in one piece."""
-    one = str(tmp_path / "one")
-    many = str(tmp_path / "many")
-    assert rewrite_event_log(real_run, one, 1, segment_raw_bytes=1 << 30) == 1
-    assert rewrite_event_log(real_run, many, 50, segment_raw_bytes=1 << 10) >= 40
-    a, b = report_json(one), report_json(many)
-    assert a["window"]["attributed"] >= 10 and a["head_of_line_victims"] and a["waterfalls"]
-    for key in ("runs", "run"):
-        a.pop(key), b.pop(key)
-    assert _canon(a) == _canon(b)  # a mean's last bit follows the rows' order
-
-
-def _canon(x):
-    """Lists of plain numbers are samples (their order follows span order): sorted; floats
-    to 9 significant digits (a mean's last bit depends on summation order)."""
-    if isinstance(x, float):
-        return float(f"{x:.9g}")
-    if isinstance(x, dict):
-        return {k: _canon(v) for k, v in x.items()}
-    if isinstance(x, list):
-        if x and all(isinstance(v, (int, float)) for v in x):
-            return sorted(_canon(v) for v in x)
-        return [_canon(v) for v in x]
-    return x
 
 
 def _ev(rows: list[tuple]) -> np.ndarray:
@@ -139,9 +24,6 @@ def _ev(rows: list[tuple]) -> np.ndarray:
 
 RINGS = {0: {"pid": 10, "replica": 0, "role": "stage", "stage": 0, "process": "thinker"},
          1: {"pid": 10, "replica": 0, "role": "stage", "stage": 0, "process": "thinker"}}
-
-
-@pytest.mark.unit
 def test_end_before_begin_across_feeds_and_retries_pair_in_order():
     b = stt.SpanBuilder(dict(RINGS))
     b.ring_changed()
@@ -157,9 +39,6 @@ def test_end_before_begin_across_feeds_and_retries_pair_in_order():
     snaps = [r for r in rows if r[0] == stt.N_SNAPSHOT]
     assert [(r[10], r[11], r[12]) for r in fifo] == [(100, 200, 3)]  # start, end, ahead
     assert [(r[10], r[11], r[12]) for r in snaps] == [(300, 310, 0), (400, 450, 1)]
-
-
-@pytest.mark.unit
 def test_blocked_time_and_culprits_by_hand():
     """Sender busy with request 2 over [10, 40] and request 3 over [40, 45], then
     request 1's own task; request 1's chunk waited [5, 50]: blocked 30 + 5 = 35 ns,
@@ -187,9 +66,6 @@ def test_blocked_time_and_culprits_by_hand():
     assert int(fifo[1]["v2"]) == 35 and (int(fifo[1]["by0"]), int(fifo[1]["by1"])) == (2, 3)
     assert int(fifo[3]["v2"]) == 30 and int(fifo[3]["by0"]) == 2  # [7, 40] behind request 2
     assert int(fifo[2]["v2"]) == 0
-
-
-@pytest.mark.unit
 def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
     """The busy intervals the builder hands out (``Feed.busy``, what the report's
     head-of-line rule reads) and those rebuilt from spans (a run recorded before the event
@@ -222,9 +98,6 @@ def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
     assert list(from_spans) == list(from_builder) == [(0, 0)]
     for a, c in zip(from_spans[(0, 0)], from_builder[(0, 0)]):
         assert a.tolist() == c.tolist()
-
-
-@pytest.mark.unit
 def test_a_batch_dequeued_at_once_is_worked_through_in_turn():
     """MRv2's output worker takes requests 1-3 off its queue at one instant and builds them
     in turn (puts on another thread): each task runs from the one before's build end to its
@@ -253,62 +126,6 @@ def test_a_batch_dequeued_at_once_is_worked_through_in_turn():
     assert [tuple(map(int, x)) for x in zip(*busy[(0, 0)])] == got
 
 
-def test_walk_over_lazy_chunk_indexes_equals_walk_over_objects(real_run):
-    """The report walks each request over lazy chunk indexes (Span objects only for the
-    hops it reads); every request's attribution equals the walk over all its chunk spans
-    as objects."""
-    from omnitrace.analyze.chunkspans import request_spans, with_chunks
-    from omnitrace.analyze.rundir import load_run
-    from omnitrace.rules import attribution as at
-    run = load_run([real_run])
-    want = {rid: at.attribute(r) for rid, r in request_spans(run).items()}
-    lazy = at.index_requests(run.spans)
-    got = {r.rid: at.attribute(r) for r in with_chunks(run, lazy, sorted(lazy), batch=3)}
-    assert sum(a is not None for a in want.values()) >= 10
-    assert got == want
-
-
-def test_report_with_a_forked_walk_equals_the_report_in_one_process(real_run, monkeypatch):
-    """A long run's report walks part of its requests (and their head-of-line pairs) in a
-    forked child beside the component figures (analyze/beside.py); forced on a short run,
-    every figure, row and pair is the same as computed in one process."""
-    from omnitrace.analyze import report
-    from omnitrace.analyze.rundir import load_run
-    alone = load_run([real_run])
-    one = report.build_report(alone)
-    # a waterfall asked for by id, of a request the child walks (the last id in order)
-    last = max(r["id"] for r in one["requests"])
-    one_asked = report.build_report(alone, waterfalls=2, waterfall_ids=[last],
-                                    per_request_segments=False)
-    monkeypatch.setattr(report, "MIN_WORK", 1)
-    run = load_run([real_run])
-    walked = one["window"]["attributed"]
-    rows = sum(len(t) for t in run.figures.tables())
-    assert 0 < report._walk_here(walked, rows) < walked  # some requests are the child's
-    forked = report.build_report(run)
-    assert walked >= 10 and one["head_of_line"] and one["waterfalls"]
-    assert forked == one
-    asked = report.build_report(run, waterfalls=2, waterfall_ids=[last], per_request_segments=False)
-    # the asked id is drawn (last, or among the slowest when it is one of them: which
-    # requests are slowest depends on the run's timing)
-    assert last in [w["id"] for w in asked["waterfalls"]] and asked == one_asked
-
-
-def test_report_without_every_rows_path_differs_only_in_those_paths(real_run):
-    """The console and HTML report (no JSON) give only the slowest requests' rows their
-    critical path (what the HTML draws): otherwise the same report as the JSON's."""
-    from omnitrace.analyze import report
-    from omnitrace.analyze.rundir import load_run
-    full = report.build_report(load_run([real_run]), waterfalls=3)
-    lean = report.build_report(load_run([real_run]), waterfalls=3, per_request_segments=False)
-    assert len(full["requests"]) >= 6
-    assert [r["id"] for r in lean["requests"] if "segments" in r] == \
-        [r["id"] for r in full["requests"][:3]]
-    for row in full["requests"][3:]:
-        del row["segments"]
-    assert lean == full
-
-
 def _match_by_definition(bkey, bt, ekey, et) -> set:
     """``spantable.match`` as its rule reads: per key, begins and ends each in time order
     (ties in arrival order), the k-th begin with the k-th end."""
@@ -319,9 +136,6 @@ def _match_by_definition(bkey, bt, ekey, et) -> set:
         return out
     b, e = by_key(bkey, bt), by_key(ekey, et)
     return {pair for k in b.keys() & e.keys() for pair in zip(b[k], e[k])}
-
-
-@pytest.mark.unit
 @pytest.mark.parametrize("seed", range(4))
 def test_match_pairs_the_kth_begin_of_a_key_with_its_kth_end(seed) -> None:
     """Every path of ``match``: keys once or repeated (a chunk index held over steps), a
@@ -341,9 +155,6 @@ def test_match_pairs_the_kth_begin_of_a_key_with_its_kth_end(seed) -> None:
         assert got == _match_by_definition(bkey, bt, ekey, et)
         order = np.lexsort((bt[bi], bkey[bi]))  # pairs come out in (key, time) order
         assert (order == np.arange(len(bi))).all()
-
-
-@pytest.mark.unit
 @pytest.mark.parametrize("ids", [[3, 9, 3, 4, 9, 9], [1, 1 << 21, 1, 5, 1 << 21]],
                          ids=["narrow: per id", "wide: by a sort"])
 def test_a_feeds_latest_time_per_request(ids) -> None:

@@ -11,7 +11,6 @@ import sys
 
 import pytest
 
-from omnitrace.bench.output import _create
 from tests.support.report_util import report_json, run_pipeline
 from tests.support.sse_server import _serve
 
@@ -80,16 +79,6 @@ def test_unwritable_destination_is_refused_before_the_load(tmp_path, server, whe
     line = _one_line(r.stderr)
     assert str(out) in line and ("cannot write" in line or "is a directory" in line), line
     assert not seen
-
-
-@pytest.mark.unit
-def test_create_never_replaces(tmp_path):
-    dest, tmp = tmp_path / "bench.json", tmp_path / "t"
-    dest.write_text("theirs")
-    tmp.write_text("ours")
-    with pytest.raises(FileExistsError):
-        _create(str(dest), str(tmp))
-    assert dest.read_text() == "theirs"
 
 
 @pytest.fixture

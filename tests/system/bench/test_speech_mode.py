@@ -15,9 +15,8 @@ import pytest
 
 from tests.support.report_util import _env
 from tests.support.runtime_server import Server, fast_pipeline, free_port
-from tests.support.vllm_venvs import serving_params
+from tests.support.vllm_venvs import ROOT, serving_params
 
-ROOT = Path(__file__).resolve().parent.parent
 CLIENT = ROOT / "tests" / "support" / "vllm_omni_client.py"
 
 

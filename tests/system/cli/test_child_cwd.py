@@ -72,15 +72,6 @@ def test_the_310_form_on_python_310(decoy_cwd):
     assert list(json.loads(r.stdout)) == ["a", "b"]
 
 
-@pytest.mark.unit
-def test_module_of_names_the_module():
-    assert module_of(["python", "-m", "pkg.mod", "x"]) == "pkg.mod"
-    assert module_of(["python", "-P", "-X", "dev", "-m", "pkg.mod"]) == "pkg.mod"
-    assert module_of(["python", "script.py", "-m", "x"]) is None
-    assert module_of(["python", "-c", "print(1)", "pkg"]) is None
-    assert module_of(["vllm", "serve", "-m", "x"]) is None
-
-
 def test_run_from_the_decoy_folder(decoy_cwd, tmp_path_factory):
     d = str(tmp_path_factory.mktemp("run") / "r")
     r = subprocess.run([_console_script(), "run", "--run-dir", d, "--",

@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from tests.support.runtime_server import Server, chat_body, fast_pipeline
+
+
 from tests.support.otlp_receiver import free_port
 
 COMMANDS = ("run", "serve", "bench", "report", "compare", "export", "top", "loadtest", "sql", "hooks")
@@ -108,20 +110,3 @@ def test_serve_port_in_use_names_the_port_and_the_flag():
         r = _omni("serve", "--port", str(port), timeout=120)
     assert r.returncode != 0
     assert str(port) in r.stderr and "--port" in r.stderr and "Traceback" not in r.stderr, r.stderr
-
-
-@pytest.mark.unit
-def test_ctrl_c_while_a_command_starts_is_one_line(monkeypatch, capsys):
-    """Ctrl-C that lands before a command handles it itself (while its modules import,
-    seconds on a loaded machine: seen as a traceback from `loadtest`'s bench) exits 130
-    with one line."""
-    import importlib
-
-    from omnitrace import cli
-
-    def interrupted(name: str):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(importlib, "import_module", interrupted)
-    assert cli.main(["bench", "--base-url", "http://127.0.0.1:1"]) == 130
-    err = capsys.readouterr().err
-    assert err == "omnitrace bench: interrupted\n"

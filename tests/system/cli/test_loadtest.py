@@ -236,18 +236,6 @@ def test_loadtest_ctrl_c_in_the_first_seconds(tmp_path, moment):
         assert not os.path.exists(f"/proc/{run['agent_pid']}"), "the agent outlived the prompt"
 
 
-@pytest.mark.unit
-def test_two_loadtests_in_one_second_get_two_run_directories(tmp_path, monkeypatch):
-    """Issue 41: the default run directory was named by the second alone."""
-    from omnitrace.cli import loadtest
-    monkeypatch.setenv("OMNITRACE_RUNS_DIR", str(tmp_path))
-    monkeypatch.setattr(loadtest.time, "strftime", lambda fmt: "20260101-000000")
-    dirs = [loadtest.config_from_args([])[0].run_dir for _ in range(3)]
-    assert [os.path.basename(d) for d in dirs] == ["loadtest-20260101-000000", "loadtest-20260101-000000-2",
-                                                   "loadtest-20260101-000000-3"]
-    assert all(os.path.isdir(d) for d in dirs)
-
-
 def test_loadtest_serves_on_the_port_given_in_serve(tmp_path):
     """Issue 41: `--serve "--port P"` started the server on P and waited 180 s on another
     port; now the load goes to P."""

@@ -1,7 +1,7 @@
 """Perfetto's own trace processor loads `omnitrace export --perfetto` and counts the
 slices the scripts made. Its binary (trace_processor_shell) is not a package: the
 ``perfetto`` package downloads it at first use, which a machine that reaches only the
-package registries cannot (tests/test_sql_export.py decodes the same trace with the
+package registries cannot (tests/unit/cli/test_sql_export.py decodes the same trace with the
 package's protos and checks it by the trace processor's rules). Where the binary is (a
 developer's machine that ran the package once, or ``PERFETTO_TRACE_PROCESSOR``), this runs."""
 from __future__ import annotations

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.sources import ROOT
+
 
 TARGET_PKG = '''
 class Thing:
@@ -142,28 +143,6 @@ def test_nothing_happens_without_a_run(demo: Path) -> None:
                           env={**env, "PYTHONPATH": str(demo / "site"),
                                "OMNITRACE_PATCHES": str(demo / "patches")})
     assert proc.returncode == 0 and proc.stdout.strip() == "None" and not proc.stderr, proc.stderr
-
-
-@pytest.mark.unit
-def test_vllm_plugins_env_is_appended_not_replaced() -> None:
-    from omnitrace.inject.vllm_plugin import plugin_env
-
-    assert plugin_env({}) == {}
-    assert plugin_env({"VLLM_PLUGINS": "lora_resolver"}) == {"VLLM_PLUGINS": "lora_resolver,omnitrace"}
-    assert plugin_env({"VLLM_PLUGINS": "omnitrace,x"}) == {"VLLM_PLUGINS": "omnitrace,x"}
-    assert plugin_env({"VLLM_PLUGINS": ""}) == {"VLLM_PLUGINS": "omnitrace"}
-
-
-@pytest.mark.unit
-def test_builtin_patch_sets_ship_with_the_package() -> None:
-    from omnitrace.inject.patching import load_patch_sets
-
-    sets = [s for s in load_patch_sets() if s.target == "vllm-omni"]
-    # one set per supported release line, chosen by PEP 440 specifier (pre-releases included)
-    for version in ("0.26.0", "0.28.0", "0.30.0", "0.32.0rc1"):
-        assert len([s for s in sets if s.matches(version)]) == 1, version
-    for version in ("0.24.0", "0.31.0rc1", "0.33.0rc1", "0.33.0"):
-        assert not [s for s in sets if s.matches(version)], version
 
 
 def test_api_stream_wrapper_stamps_arrival_first_text_first_audio_end(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ tiny Qwen3-Omni's thinker steps take tens of ms on this CPU), so the save thread
 step's chunks between steps. With 2 ms pauses it sent all the time and 0.32's short call
 often waited for the GIL inside its span: 0.065-0.28 ms a call instead of ~0.025, a drop
 of only 1.9-4.7x, where the real server's spans give >= 5x at p50
-(``tests/test_vllm_serve.py``). Seen here with 256 chunks a request (250 Hz): 0.30
+(``tests/system/vllm/test_vllm_serve.py``). Seen here with 256 chunks a request (250 Hz): 0.30
 0.32-0.34 ms a call, 0.32 0.020-0.027 ms (~40 samples in the function); the drop 12.6-16.9x
 from the samples, 11.9-12.3x from the spans; beside a core burner 21.5x / 14.6x (0.32's
 call read 37% low from its 41 samples), so the runs use 384 chunks. The share of the producer's

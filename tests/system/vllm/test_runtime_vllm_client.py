@@ -13,8 +13,8 @@ import subprocess
 import pytest
 
 from tests.support.runtime_server import TAG, Server, assert_stopped_clean, fast_pipeline
+from tests.support.sources import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENVS = [os.path.join(ROOT, v, "bin", "python") for v in (".venv-vllm", ".venv-vllm-032")]
 
 DRIVER = r'''

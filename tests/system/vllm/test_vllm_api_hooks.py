@@ -23,9 +23,8 @@ import pytest
 from omnitrace import conventions as cv
 from tests.support.agent_util import clean_env
 from tests.support.otlp_receiver import Store, start_grpc
-from tests.support.vllm_venvs import serving_params as _params
+from tests.support.vllm_venvs import ROOT, serving_params as _params
 
-ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "support" / "vllm_api_driver.py"
 N, TEXT, AUDIO = 3, 6, 3
 TRACE, PARENT = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"

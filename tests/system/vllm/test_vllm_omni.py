@@ -220,7 +220,7 @@ def test_unknown_version_warns_once_and_runs_uninstrumented(tmp_path: Path) -> N
 def test_api_server_hook_targets_exist_in_installed_versions() -> None:
     """The API-server hooks wrap OmniOpenAIServingChat methods: their signatures, read from
     the installed source, so this holds in fast-path venvs too (where the serving layer does
-    not import; tests/test_vllm_api_hooks.py drives the real class where it does)."""
+    not import; tests/system/vllm/test_vllm_api_hooks.py drives the real class where it does)."""
     venvs = _venvs()
     if not venvs:
         pytest.skip("no vLLM-Omni venv")

@@ -28,8 +28,8 @@ from omnitrace.inject.leftovers import request_of
 from tests.support.flame_run import within_sampling_error
 from tests.support.proctree import cmdline
 from tests.support.shm_watcher import CHUNK_KEY, ShmWatcher
+from tests.support.vllm_venvs import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "tiny-omni"
 # --input-len is in words: the tiny model's byte-level tokenizer makes ~6-7 tokens of one,
 # so ~2,000 prompt tokens (the thinker's max_model_len is 4096)

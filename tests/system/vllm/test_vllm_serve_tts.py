@@ -26,9 +26,8 @@ import pytest
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
 from omnitrace.inject.leftovers import request_of
 from tests.support.shm_watcher import CHUNK_KEY, ShmWatcher
-from tests.support.vllm_venvs import _omni_version, _venvs
+from tests.support.vllm_venvs import ROOT, _omni_version, _venvs
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "tiny-tts"
 FRAME_BYTES = 1920 * 2  # one 12.5 Hz codec frame: 1920 PCM16 samples at 24 kHz
 LOAD = ["--backend", "openai-audio-speech", "--concurrency", "4", "--num-prompts", "16", "--warmup", "4",

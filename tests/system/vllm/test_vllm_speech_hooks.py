@@ -25,9 +25,8 @@ import pytest
 from omnitrace import conventions as cv
 from tests.support.agent_util import clean_env
 from tests.support.otlp_receiver import Store, start_grpc
-from tests.support.vllm_venvs import serving_params
+from tests.support.vllm_venvs import ROOT, serving_params
 
-ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "support" / "vllm_speech_driver.py"
 PACKETS, SAMPLES = 4, 960  # the stand-in's audio: 4 packets of 960 16-bit samples
 PCM_BYTES = PACKETS * SAMPLES * 2

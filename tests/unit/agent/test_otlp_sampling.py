@@ -3,7 +3,6 @@ span of the slowest requests and of requests with head-of-line blocking, counts 
 Real OTLP/HTTP exporter against a real socket that never answers (a hung collector)."""
 from __future__ import annotations
 
-import pytest
 
 import random
 
@@ -31,9 +30,6 @@ def _request(req: int, ttfp_ns: int, blocked: bool, chunks: int = 9) -> np.ndarr
     root["name"], root["stage"], root["start"], root["end"] = stt.N_REQUEST, -1, 0, ttfp_ns + 10
     root["t2"], root["v1"] = ttfp_ns, -1
     return rows
-
-
-@pytest.mark.unit
 def test_sampling_keeps_slow_and_blocked_requests_and_counts_the_rest():
     hang = HangingEndpoint()
     exp = export_otlp.QueuedExporter(

@@ -19,8 +19,6 @@ from omnitrace.runfiles.write import otlp_json
 from omnitrace.top.model import quantile
 from omnitrace.top.source import UrlSource, native_histogram, parse_otlp, parse_prometheus
 
-pytestmark = pytest.mark.unit
-
 # Accept headers as Prometheus sends them: 2.42 with native histograms on, 3.x's default
 PROM_2_NATIVE = ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.5,"
                  "application/openmetrics-text;version=1.0.0;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")

@@ -2,11 +2,9 @@
 ring's final counts come from, and when the identity closes."""
 from __future__ import annotations
 
-import pytest
 
 from omnitrace.analyze.accounting import complete, headline, ledger
 
-pytestmark = pytest.mark.unit
 RINGS = {0: {"name": "omnitrace.r.1.1"}, 1: {"name": "omnitrace.r.2.2"}}
 DONE = {"status": "complete"}
 

@@ -12,9 +12,6 @@ import pytest
 
 from tests.support import golden_inputs as gi
 
-pytestmark = pytest.mark.unit
-
-
 def _stored(name: str) -> bytes:
     with open(os.path.join(gi.REPORTS, f"{name}.json"), "rb") as f:
         return f.read()

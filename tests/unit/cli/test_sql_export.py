@@ -25,7 +25,6 @@ from omnitrace.tables import run as tables_run
 from tests.support import golden_inputs as gi
 from tests.support.perfetto_check import decode, script_slices
 
-pytestmark = pytest.mark.unit
 HOL = os.path.join(gi.RUNS, "hol")
 
 

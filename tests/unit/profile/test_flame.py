@@ -1,150 +1,22 @@
-"""The pieces of --flame on their own: py-spy's timestamps put on our clock (a real py-spy
-sampling a process whose phases are known to the nanosecond), selection by intervals, the
-SVG and speedscope writers, and the --flame options' one-line errors."""
+"""The pieces of --flame on their own, in process: selection by intervals, the SVG and
+speedscope writers, the clock thread's schedule, selection mistakes as one line. A real
+py-spy on our clock and the options' errors from the real command:
+tests/system/profile/test_flame_parts.py."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 import time
 import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-from tests.support.flame_run import may_run_realtime
 from tests.support.report_util import replay_timeline, speedscope_errors
 
 from omnitrace.profile import chrometrace as ct
 from omnitrace.profile import clock, finalize, linked, render
 from omnitrace.profile.config import FlameConfig
-from omnitrace.profile.runner import PYSPY_NICE, PySpy, behind_s, prioritize
+from omnitrace.profile.runner import behind_s
 from omnitrace.profile.store import ROUND_DTYPE, Store, collapsed, in_order
-
-TARGET = textwrap.dedent('''
-    import sys, time, random, threading
-    import numpy as np
-    from omnitrace.profile.clock import Clock
-    c = Clock(rate=250); c.start()  # py-spy's rate below, as a run's processes read it from OMNITRACE_FLAME
-    stop = threading.Event()
-    def other():  # a second busy thread, contending for the GIL like a sender
-        while not stop.is_set():
-            s = 0
-            for i in range(20000): s += i
-            time.sleep(0.001)
-    threading.Thread(target=other, daemon=True).start()
-    def spin(d):
-        end = time.perf_counter_ns() + d
-        while time.perf_counter_ns() < end: pass
-    def short_phase(d): spin(d)  # the "span": 20-40 ms (a sampling period is 4 ms), bounds noted
-    def long_phase(d): spin(d)
-    rnd = random.Random(7); marks = []
-    print("ready", flush=True)
-    sys.stdin.readline()  # py-spy samples from here on
-    t_end = time.monotonic() + float(sys.argv[2])
-    while time.monotonic() < t_end:
-        time.sleep(rnd.uniform(0.002, 0.005))
-        a = time.perf_counter_ns(); short_phase(int(rnd.uniform(20e6, 40e6))); b = time.perf_counter_ns()
-        marks.append((a, b))
-        long_phase(int(rnd.uniform(20e6, 60e6)))
-    stop.set(); c.stop.set(); c.join()
-    np.save(sys.argv[1] + ".marks.npy", np.array(marks, np.int64))
-    c.path = sys.argv[1] + ".clock.bin"; c.flush()
-''')
-
-
-def test_pyspy_samples_land_on_our_clock(tmp_path):
-    """A real py-spy, calibrated by the clock thread: samples showing the short phase fall
-    inside its own noted intervals, and the intervals select mostly that phase. py-spy
-    stamps a sample when it handles it, on a 2-core VM a quarter of them 0.2-3 ms after
-    reading it and more beside a core-burning process: the phases last 20-40 ms so that
-    lag costs a few percent, not the verdict (with 1-2 ms phases a burner beside the suite
-    took the agreement from ~70% to 24%); a wrong offset would give the phase's share of
-    the main thread's time, ~40%."""
-    base = str(tmp_path / "t")
-    script = tmp_path / "target.py"
-    script.write_text(TARGET)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, str(script), base, "4"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env)
-    cfg = FlameConfig(run_dir=str(tmp_path), rate=250)
-    os.makedirs(cfg.raw_dir)
-    spy = PySpy(cfg, proc.pid, 0)  # as the runner starts it
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        assert spy.start(), spy.error
-        # every py-spy thread runs ahead of the target's where that is allowed: real-time,
-        # and nice -10 once it says it is behind
-        realtime = may_run_realtime()
-        assert spy.priority == ("realtime" if realtime else "normal")
-        tids = [int(t) for t in os.listdir(f"/proc/{spy.proc.pid}/task")]
-        assert {os.sched_getscheduler(t) for t in tids} == {os.SCHED_FIFO if realtime else os.SCHED_OTHER}
-        if realtime:
-            assert prioritize(spy.proc.pid, realtime=False) == "nice"
-            assert {(os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t)) for t in tids} == {(os.SCHED_OTHER, PYSPY_NICE)}
-        started = spy.started_ns
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        assert proc.wait(60) == 0
-        spy.wait()
-    finally:
-        for p in (proc,):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        spy.stop()
-        spy.wait()
-    frames = ct.Frames()
-    chunk = ct.parse(os.path.join(cfg.raw_dir, spy.meta()["path"]), frames)  # compressed when done
-    flips = np.fromfile(base + ".clock.bin", dtype="<i8")
-    cal = ct.calibrate(chunk, frames, proc.pid, flips, clock.PREFIX, clock.K, started)
-    assert cal is not None and cal.agreeing >= 0.9 * cal.observations, cal
-    assert 0 <= cal.offset_ns - started < 5e9  # py-spy's zero: after we started it
-    # a process killed before its last switches were written: the samples after them
-    # cannot agree or disagree, and the same offset is found from the rest
-    cut = ct.calibrate(chunk, frames, proc.pid, flips[:len(flips) // 3], clock.PREFIX, clock.K, started)
-    assert cut is not None and cut.agreeing >= 0.9 * cut.observations, cut
-    assert abs(cut.offset_ns - cal.offset_ns) <= max(cal.uncertainty_ns, cut.uncertainty_ns, 1_000_000), (cal, cut)
-    marks = np.load(base + ".marks.npy")
-    main = next(tid for (pid, tid), name in chunk.threads.items() if name == "MainThread")
-    st = chunk.stretches[chunk.stretches["tid"] == main].copy()
-    st["t"] = st["t"] * 1000 + cal.offset_ns
-    st["end"] = st["end"] * 1000 + cal.offset_ns
-    good = ct.consistent_rounds(chunk, frames, proc.pid, flips, clock.PREFIX, clock.K, cal.offset_ns)
-    rounds = np.zeros(int(good.sum()), ROUND_DTYPE)
-    rounds["pid"], rounds["t"] = proc.pid, chunk.rounds[good] * 1000 + cal.offset_ns
-    store = Store(st, rounds, frames.frames, frames.stacks, 4_000_000, dict(chunk.threads))
-    in_short = np.array([any(frames.frames[f][0] == "short_phase" for f in frames.stacks[s])
-                         for s in st["stack"]])
-    idx, t = store.samples()
-    k = np.searchsorted(marks[:, 0], t, "right") - 1
-    inside = (k >= 0) & (t < marks[np.maximum(k, 0), 1])
-    short = in_short[idx]
-    assert short.sum() >= 30, short.sum()
-    assert inside[short].mean() >= 0.65, inside[short].mean()
-    iv = linked.Intervals(marks[:, 0], marks[:, 1], np.full(len(marks), proc.pid, np.int64),
-                          np.full(len(marks), main, np.int64))
-    sel = linked.select(store, iv)
-    assert render.share(collapsed(store, sel), "short_phase") >= 0.65
-    # the finalizer's note per chunk says which time it covers, so a selection whose samples
-    # were placed without a calibrated clock says so; with the clock file, none is named
-    runner = {"chunks": [spy.meta()]}
-    assert runner["chunks"][0]["pyspy_samples"] >= len(chunk.rounds), runner  # its last line, read
-    assumed, _, _, (bad,), _ = finalize.load_chunks(str(tmp_path), runner, 0, ct.Frames())
-    os.rename(base + ".clock.bin", os.path.join(cfg.raw_dir, f"clock-{proc.pid}.bin"))
-    placed, _, _, (good,), _ = finalize.load_chunks(str(tmp_path), runner, 0, ct.Frames())
-    assert not bad["calibrated"] and good["calibrated"], (bad, good)
-    assert good["pyspy_samples"] == runner["chunks"][0]["pyspy_samples"], good
-    assert good["pyspy_priority"] == spy.priority, good
-    for note, st in ((bad, assumed), (good, placed)):
-        assert (note["from_unix_ns"], note["to_unix_ns"]) == (st["t"].min(), st["end"].max()), note
-        store = Store(st, rounds, frames.frames, frames.stacks, 4_000_000, dict(chunk.threads))
-        said = linked.uncalibrated([note], store, np.arange(len(st)))
-        if note is good:
-            assert said == [], said
-        else:
-            assert len(said) == 1 and f"{len(st)} of {len(st)} samples" in said[0], said
 
 
 def _store(rows: list[tuple[int, int, int, int, int]], rounds: list[int]) -> Store:
@@ -154,9 +26,6 @@ def _store(rows: list[tuple[int, int, int, int, int]], rounds: list[int]) -> Sto
     r = np.zeros(len(rounds), ROUND_DTYPE)
     r["pid"], r["t"] = 1, rounds
     return Store(st, r, frames, stacks, 10, {(1, 7): "MainThread"})
-
-
-@pytest.mark.unit
 def test_select_counts_each_sample_once_per_round():
     # work over rounds 0, 10, 20; idle over 30, 40
     store = _store([(0, 30, 1, 7, 0), (30, 50, 1, 7, 1)], [0, 10, 20, 30, 40])
@@ -167,9 +36,6 @@ def test_select_counts_each_sample_once_per_round():
     assert linked.covered_ns(iv) == (25 - 5) + (45 - 35)
     other = linked.Intervals(np.array([0]), np.array([50]), np.ones(1, np.int64), np.full(1, 8, np.int64))
     assert len(linked.select(store, other)) == 0  # another thread: nothing
-
-
-@pytest.mark.unit
 def test_selection_seconds_are_the_real_gaps_in_time_order():
     """Each sample stands for the gap until its process's next written round (a round is
     written only when some thread changed), capped; the selection keeps time order, and its
@@ -187,9 +53,6 @@ def test_selection_seconds_are_the_real_gaps_in_time_order():
     prof = render.speedscope([("sel", order)], "x")["profiles"][0]
     frames = render.speedscope([("sel", order)], "x")["shared"]["frames"]
     assert [frames[s[-1]]["name"] for s in prof["samples"]] == ["work", "idle", "work"]
-
-
-@pytest.mark.unit
 def test_svg_and_speedscope_writers():
     stacks = {("main", "work (a.py)"): 0.75, ("main", "idle (a.py)"): 0.25, ("main", "tiny"): 1e-6}
     svg = render.svg(stacks, "t <&>", "sub")
@@ -210,9 +73,6 @@ def test_svg_and_speedscope_writers():
 
 def _brief() -> None:
     time.sleep(0.002)
-
-
-@pytest.mark.unit
 def test_pyinstrument_profile_keeps_frames_under_one_percent(tmp_path):
     """A call that took ~0.3% of the session is in the SVG's stacks and in the speedscope
     file (pyinstrument's renderers drop frames under 1% unless told to show all)."""
@@ -231,15 +91,9 @@ def test_pyinstrument_profile_keeps_frames_under_one_percent(tmp_path):
     brief = [s for s in stacks if any(f.startswith("_brief ") for f in s)]
     assert brief and sum(stacks[s] for s in brief) < 0.01 * sum(stacks.values()), stacks
     assert "_brief" in {f["name"] for f in doc["shared"]["frames"]}
-
-
-@pytest.mark.unit
 def test_rounds_cluster_one_sample_of_all_threads():
     stamps = np.array([1000, 1003, 1010, 5000, 5002, 5100, 9000])
     assert ct.rounds(stamps, gap_us=50).tolist() == [1000, 5000, 5100, 9000]
-
-
-@pytest.mark.unit
 def test_a_thread_name_py_spy_read_once_is_kept(tmp_path):
     """py-spy leaves a thread's name out of the samples it took while it could not read the
     threading module's table ('thread (77)'): the name read elsewhere stands, within a
@@ -255,32 +109,12 @@ def test_a_thread_name_py_spy_read_once_is_kept(tmp_path):
     assert chunk.threads == {(5, 77): "MainThread", (5, 78): ""}
     assert finalize.thread_names([chunk.threads, {(5, 77): ""}, {(5, 78): "sender"}]) == \
         {(5, 77): "MainThread", (5, 78): "sender"}
-
-
-@pytest.mark.parametrize("args, needle", [
-    (["--flame-rate", "50"], "--flame-rate needs --flame"),
-    (["--flame", "--flame-rate", "0"], "--flame-rate must be 1..1000"),
-    (["--flame", "--flame-mode", "sometimes"], "invalid choice"),
-    (["--flame", "--flame-tool", "/nonexistent/py-spy"], "not found or not executable"),
-])
-def test_flame_options_bad_input(tmp_path, args, needle):
-    r = subprocess.run([sys.executable, "-m", "omnitrace", "run", "--run-dir", str(tmp_path / "r"), *args,
-                        "--", sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and needle in r.stderr, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
-    assert not os.path.exists(tmp_path / "r" / "run.json")  # nothing started
-
-
-@pytest.mark.unit
 def test_speedscope_writer_follows_speedscopes_own_schema():
     stacks = {("main", "work (a.py)"): 0.75, ("main", "idle (a.py)"): 0.25}
     assert speedscope_errors(render.speedscope([("p", stacks), ("q", {})], "x")) == []
     broken = render.speedscope([("p", stacks)], "x")
     broken["profiles"][0]["type"] = "stacks"  # the schema's check is real
     assert speedscope_errors(broken)
-
-
-@pytest.mark.unit
 def test_speedscope_timeline_is_what_happened():
     ms = 1_000_000
     t0 = 5_000 * ms
@@ -296,9 +130,6 @@ def test_speedscope_timeline_is_what_happened():
                    (30.0, 40.0, ("main", "work"))]  # in time order, the gap kept
     assert replay_timeline(doc["profiles"][1], frames) == [(2.0, 4.0, ("send",))]  # one time axis
     assert doc["profiles"][0]["endValue"] == 40.0
-
-
-@pytest.mark.unit
 @pytest.mark.parametrize("leaf, parked", [
     ("Condition.wait (threading.py)", True), ("EpollSelector.select (selectors.py)", True),
     ("_PollLikeSelector.select (selectors.py)", True), ("Connection._recv (connection.py)", True),
@@ -311,9 +142,6 @@ def test_waiting_frames(leaf, parked):
     """The leaves seen in the reference pipeline's profiles under load, sorted by the rule."""
     from omnitrace.profile import waiting
     assert waiting.is_waiting(leaf) is parked
-
-
-@pytest.mark.unit
 def test_selection_title_states_the_sampling_error():
     """The error comes from the seconds each sample stands for: equal gaps give
     1/sqrt(n), unequal ones more (one long gap dominates the sum); a share of the split
@@ -328,9 +156,6 @@ def test_selection_title_states_the_sampling_error():
     assert linked.sampling_error_pct(np.array([0.01, 0.01, 0.01, 0.01])) == pytest.approx(50)
     assert linked.sampling_error_pct(np.array([0.001, 0.001, 0.001, 0.037])) == pytest.approx(92.6, abs=0.1)
     assert linked.split_error_pp(np.array([0.001, 0.001, 0.001, 0.037])) == pytest.approx(46.3, abs=0.1)
-
-
-@pytest.mark.unit
 def test_a_selection_totals_its_spans_own_time_and_the_samples_split_it():
     """Issue 41: thinker snapshots read 1.689 s from 36 samples against the spans' exact
     1.369 s. The total is the spans' time, exactly; the samples keep their shares."""
@@ -348,9 +173,6 @@ def test_a_selection_totals_its_spans_own_time_and_the_samples_split_it():
     title = linked.selection_title(np.full(36, 1.689 / 36), 1.369, 2048, 25)
     assert title.startswith("1.369 s: the 2048 spans' own time") and "±8.3 points" in title, title
     assert "the samples alone read 1.689 s, 123%" in title, title
-
-
-@pytest.mark.unit
 def test_time_py_spy_did_not_sample_is_found_and_not_held_over():
     """Rounds every 10 ms, then none for 500 ms while the clock thread kept switching (py-spy
     fell behind), then none for 100 ms without a switch (a thread held the GIL: nothing
@@ -375,17 +197,11 @@ def test_time_py_spy_did_not_sample_is_found_and_not_held_over():
     assert ms == [10, 10, 25 - 20 + 70 + 5, 10, 100, 10, 10], ms  # the 20 ms round stops at the gap
     assert linked.unsampled_ns(store, iv) == 520_000_000 - 100_000_000
     assert sum(ms) * 1e6 == pytest.approx(linked.covered_ns(iv) - linked.unsampled_ns(store, iv) - 50_000_000)
-
-
-@pytest.mark.unit
 def test_pyspy_saying_it_is_behind_is_read():
     """py-spy's own line (Rust's Duration format), as its stdout gives it."""
     text = "py-spy> 2.31s behind in sampling, results may be inaccurate.\npy-spy> 512.3ms behind in sampling\n"
     assert behind_s(text.encode()) == [2.31, 0.5123]
     assert behind_s(b"py-spy> Sampling process 100 times a second. Press Control-C to exit.") == []
-
-
-@pytest.mark.unit
 @pytest.mark.parametrize("args, says", [
     (["--request", "r1"], "--request needs --category"),
     (["--stage", "thinker", "--request", "r1"], "--request needs --category"),
@@ -400,9 +216,6 @@ def test_flame_selection_mistakes_are_one_line(tmp_path, capsys, args, says):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and says in err and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.unit
 @pytest.mark.parametrize("rate, most", [(1, 1), (10, 10), (25, 25), (50, 50), (100, 50), (250, 50)])
 def test_clock_wakes_at_most_once_per_sample(rate, most):
     """Each switch of the clock thread is a wake-up and a GIL hand-off in every sampled
@@ -417,9 +230,6 @@ def test_clock_wakes_at_most_once_per_sample(rate, most):
     assert most * 0.9 <= per_s <= most * 1.02, per_s
     lo, hi = clock.hold_range(rate)
     assert lo <= hs.min() and hs.max() <= hi
-
-
-@pytest.mark.unit
 def test_clock_thread_keeps_to_its_schedule(monkeypatch, tmp_path):
     """The running thread holds each function at least as long as its schedule says (a sleep
     never ends early), so it switches no faster than the schedule above; its rate is the

@@ -1,5 +1,5 @@
 """The report opens with the answer: requests and losses, TTFP p50/p99, the top causes,
-in the console's first lines (the HTML page's first screen: tests/test_report_pipeline.py)."""
+in the console's first lines (the HTML page's first screen: tests/system/report/test_report_pipeline.py)."""
 from __future__ import annotations
 
 import pytest
@@ -9,9 +9,6 @@ from omnitrace.analyze.rundir import load_run
 from omnitrace.render.console import render
 from omnitrace.render.headline import headline, top_causes
 from tests.support.event_fixture import three_stage_events, write_event_run
-
-pytestmark = pytest.mark.unit
-
 
 @pytest.fixture
 def rep(tmp_path):

@@ -6,7 +6,6 @@ Code2Wav's. The report attributes it from the Talker's packet back, categories s
 its TTFP exactly, with Code2Wav off its critical path."""
 from __future__ import annotations
 
-import pytest
 
 from omnitrace.analyze.chunkspans import request_spans
 from omnitrace.analyze.report import build_report
@@ -14,8 +13,6 @@ from omnitrace.analyze.rundir import load_run
 from omnitrace.conventions import Ev, Modality
 from omnitrace.rules import attribution as at
 from tests.support.event_fixture import API, US, write_event_run
-
-pytestmark = pytest.mark.unit
 
 AUDIO = int(Modality.AUDIO)
 

@@ -12,8 +12,6 @@ import pytest
 from omnitrace.runfiles import names, read
 from omnitrace.runfiles.write import RunDir, mark_status, update_run
 
-pytestmark = pytest.mark.unit
-
 RUN = {"run_id": "r1", "status": "running", "exit_code": None, "started_unix_ns": 5}
 AGENT = {"events_read": 10, "rings": [{"name": "ring-1", "pid": 7, "index": 0, "events_written": 10,
                                        "dropped": 0}]}

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import os
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -17,8 +15,9 @@ from omnitrace.runtime.config import PipelineConfigError
 from omnitrace.runtime.shm import HDR_SIZE, ChunkMeta, Segment, ShmConnector, chunk_key, exists
 from omnitrace.runtime.transfer import (CHUNK, CodecProcessor, Fifo, HiddenProcessor, Receiver, Sender,
                                         Task, codec_boundary)
+from tests.support.sources import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 TAG = f"rtu{os.getpid()}"
 
 
@@ -28,7 +27,6 @@ def default_dict() -> dict:
 
 
 # --------------------------------------------------------------------------- config
-@pytest.mark.unit
 def test_default_pipeline_is_qwen3_omni_shape():
     cfg = config.load()
     assert [(s.name, s.kind, s.inputs, s.produces, s.emits) for s in cfg.stages] == [
@@ -41,17 +39,11 @@ def test_default_pipeline_is_qwen3_omni_shape():
     assert cfg.stages[0].chunk.prefill_bytes_per_token == 8192 and cfg.stages[0].chunk.decode_bytes == 4096
     assert (cfg.audio.sample_rate, cfg.audio.samples_per_frame) == (24000, 480)
     assert config.from_dict(config.to_dict(cfg)).stages == cfg.stages
-
-
-@pytest.mark.unit
 def test_example_is_the_packaged_default():
     with open(os.path.join(ROOT, "examples", "qwen3_omni.yaml")) as f:
         example = f.read()
     with open(config.DEFAULT_PIPELINE) as f:
         assert example == f.read(), "examples/qwen3_omni.yaml must stay a copy of the packaged default"
-
-
-@pytest.mark.unit
 @pytest.mark.parametrize("edit,message", [
     (lambda d: d["stages"][1].update(max_batch_size=0),
      "stages[1].max_batch_size: must be a positive integer, got 0"),
@@ -78,9 +70,6 @@ def test_invalid_config_names_the_field(edit, message):
     with pytest.raises(PipelineConfigError) as e:
         config.from_dict(d)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
-
-
-@pytest.mark.unit
 def test_invalid_yaml_and_missing_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("stages: [\n  - name: x\n   kind")
@@ -88,9 +77,6 @@ def test_invalid_yaml_and_missing_file(tmp_path):
         config.load(str(bad))
     with pytest.raises(PipelineConfigError, match="cannot read pipeline config"):
         config.load(str(tmp_path / "missing.yaml"))
-
-
-@pytest.mark.unit
 def test_two_stage_pipeline_is_valid():
     d = default_dict()
     d["stages"] = d["stages"][:1]
@@ -99,7 +85,6 @@ def test_two_stage_pipeline_is_valid():
 
 
 # --------------------------------------------------------------------------- snapshot
-@pytest.mark.unit
 @pytest.mark.parametrize("strategy", snapshot.STRATEGIES)
 def test_snapshot_is_independent_of_the_live_request(strategy):
     fn, _ = snapshot.get(strategy)
@@ -115,7 +100,6 @@ def test_snapshot_is_independent_of_the_live_request(strategy):
 
 
 # --------------------------------------------------------------------------- shm connector
-@pytest.mark.unit
 @pytest.mark.parametrize("mode", ["per-chunk", "pool"])
 def test_connector_round_trip_and_cleanup(mode):
     prod, cons = ShmConnector(0, mode, f"{TAG}pool"), ShmConnector(1, mode, f"{TAG}x")
@@ -142,9 +126,6 @@ def test_connector_round_trip_and_cleanup(mode):
         prod.close()
         cons.close()
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"{TAG}pool")]
-
-
-@pytest.mark.unit
 def test_pool_reuses_slots_per_size_class_and_falls_back_past_its_budget():
     prod, cons = ShmConnector(0, "pool", f"{TAG}grow", pool_max_bytes=4 << 20), ShmConnector(1, "pool", "")
     rid = f"{TAG}-grow"
@@ -175,9 +156,6 @@ def test_pool_reuses_slots_per_size_class_and_falls_back_past_its_budget():
         prod.close()
         cons.close()
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"{TAG}grow") or n.startswith(rid)]
-
-
-@pytest.mark.unit
 def test_half_written_segment_is_a_miss():
     key = f"{TAG}-half_0_0"
     seg = Segment.create(key, HDR_SIZE + 16)  # created, header magic not yet written
@@ -190,7 +168,6 @@ def test_half_written_segment_is_a_miss():
 
 
 # --------------------------------------------------------------------------- chunking rules
-@pytest.mark.unit
 def test_codec_chunk_boundaries():
     ch = config.ChunkConfig()
     sent, chunks = 0, []
@@ -199,9 +176,6 @@ def test_codec_chunk_boundaries():
             chunks.append(n)
             sent = n
     assert chunks == [4, 29, 54, 79, 104, 120]
-
-
-@pytest.mark.unit
 def test_processors_payload_sizes():
     ch = config.ChunkConfig()
     hp = HiddenProcessor(ch)
@@ -225,7 +199,6 @@ def test_processors_payload_sizes():
 
 
 # --------------------------------------------------------------------------- threads
-@pytest.mark.unit
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("mode", ["per-chunk", "pool"])
 def test_fifo_sender_receiver_deliver_in_order(mode):
@@ -268,17 +241,3 @@ def test_fifo_sender_receiver_deliver_in_order(mode):
         prod.close()
         cons.close()
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"{TAG}-t") or n.startswith(f"{TAG}thr")]
-
-
-@pytest.mark.timeout(60)
-def test_benchmark_script_runs(tmp_path):
-    out = tmp_path / "costs.json"
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "runtime_costs.py"), "--quick",
-                        "--json", str(out)], capture_output=True, text=True, timeout=50)
-    assert p.returncode == 0, p.stderr
-    assert "recursive / copy" in p.stdout and "20 MB" in p.stdout
-    import json
-    res = json.loads(out.read_text())
-    assert res["snapshot"]["ratio_min"] > 5  # the walk is far slower than flat copies
-    big = res["shm"][-1]
-    assert big["bytes"] == 20 << 20 and big["pool"]["GBps"] > big["per-chunk"]["GBps"]

@@ -1,41 +1,31 @@
 """The reference pipeline's ``/v1/audio/speech`` over real HTTP with real stage processes:
-the response kinds of vLLM-Omni's speech route (raw PCM/WAV stream, SSE events, one body),
-its bad input, and a stage dying under each streaming kind."""
+the response kinds of vLLM-Omni's speech route (raw PCM/WAV stream, SSE events, one body)
+and its bad input. A stage dying under each streaming kind:
+tests/system/runtime/test_runtime_speech.py."""
 from __future__ import annotations
 
 import base64
-import http.client
 import io
 import json
-import os
 import re
-import signal
 import urllib.error
 import urllib.request
 import wave
 
 import pytest
 
-from omnitrace import record
-from omnitrace.conventions import Ev, Status
 from omnitrace.runtime import config
-from tests.support.runtime_server import Server, TAG, assert_stopped_clean, fast_pipeline, shm_entries
+from tests.support.runtime_server import (
+    RAW, TAG, assert_stopped_clean, fast_pipeline, Server, shm_entries, speech_body)
 
 AUDIO = config.AudioConfig()
 # the packaged pipeline: the talker makes 2 codec frames per stage-0 token, each frame
-# 480 samples of PCM16 at 24 kHz (test_runtime_server: 40 tokens -> 80 frames)
+# 480 samples of PCM16 at 24 kHz (tests/unit/runtime/test_server.py: 40 tokens -> 80 frames)
 FRAMES_PER_TOKEN = 2
 
 
 def _pcm_bytes(tokens: int) -> int:
     return tokens * FRAMES_PER_TOKEN * AUDIO.samples_per_frame * 2
-
-
-def speech_body(tokens: int, text: str = "hello omni world", **extra) -> bytes:
-    return json.dumps({"model": "qwen3-tts", "input": text, "max_new_tokens": tokens, **extra}).encode()
-
-
-RAW = {"stream": True, "stream_format": "audio"}
 
 
 def post(srv: Server, body: bytes, rid: str | None = None) -> tuple[int, bytes, dict]:
@@ -64,9 +54,6 @@ def server(tmp_path_factory):
     yield srv
     srv.stop()
     assert_stopped_clean(srv)
-
-
-@pytest.mark.unit
 @pytest.mark.timeout(60)
 def test_raw_pcm_and_wav_streams(server):
     status, pcm, headers = post(server, speech_body(10, response_format="pcm", **RAW), f"{TAG}-pcm")
@@ -79,9 +66,6 @@ def test_raw_pcm_and_wav_streams(server):
     assert wav[:4] == b"RIFF" and wav[4:8] == b"\xff\xff\xff\xff" and wav[40:44] == b"\xff\xff\xff\xff"
     assert int.from_bytes(wav[24:28], "little") == AUDIO.sample_rate and len(wav) == 44 + _pcm_bytes(10)
     assert shm_entries(f"{TAG}-pcm") == shm_entries(f"{TAG}-wav") == []
-
-
-@pytest.mark.unit
 @pytest.mark.timeout(60)
 def test_sse_events_and_one_body(server):
     status, raw, headers = post(server, speech_body(6, stream=True, response_format="pcm"), f"{TAG}-sse")
@@ -107,17 +91,11 @@ def test_sse_events_and_one_body(server):
         assert w.getnframes() * 2 == _pcm_bytes(6)
     _, body, _ = post(server, speech_body(6, response_format="pcm"), f"{TAG}-fullpcm")
     assert len(body) == _pcm_bytes(6)
-
-
-@pytest.mark.unit
 @pytest.mark.timeout(60)
 def test_generated_id_and_prompt_tokens(server):
     status, raw, headers = post(server, speech_body(2, stream=True, omnitrace_prompt_tokens=900))
     assert status == 200 and re.fullmatch(r"speech-[0-9a-f]{32}", headers["x-request-id"])
     assert sse_events(raw)[-1][1]["usage"]["input_tokens"] == 900
-
-
-@pytest.mark.unit
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("body,needle", [
     (json.dumps({"model": "m"}).encode(), "input: must be a non-empty string"),
@@ -136,41 +114,3 @@ def test_bad_speech_input_is_400(server, body, needle):
     assert status == 400, raw
     msg = json.loads(raw)["error"]["message"]
     assert needle in msg and "\n" not in msg
-
-
-def _start(srv: Server, rid: str, extra: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
-    conn.request("POST", "/v1/audio/speech", speech_body(500, **extra),
-                 {"x-request-id": rid, "Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200
-    resp.read1(100)  # audio is flowing
-    return conn, resp
-
-
-@pytest.mark.timeout(90)
-def test_stage_death_cuts_a_raw_stream_and_ends_an_sse_one_with_an_error(tmp_path):
-    run = f"rtt{os.getpid()}sdeath"
-    srv = Server(fast_pipeline(tmp_path), env={"OMNITRACE_RUN_ID": run})
-    try:
-        raw_conn, raw_resp = _start(srv, f"{TAG}-sraw", {**RAW, "response_format": "pcm"})
-        sse_conn, sse_resp = _start(srv, f"{TAG}-ssse", {"stream": True})
-        os.kill(srv.stage_pids[1], signal.SIGKILL)
-        with pytest.raises(http.client.IncompleteRead):  # no in-band error: the body is cut
-            raw_resp.read()
-        rest = sse_resp.read()  # must end, not hang
-        assert rest.rstrip().split(b"\n\n")[-1].startswith(b"event: speech.audio.error")
-        err = json.loads(rest.rstrip().split(b"\n\n")[-1].split(b"data: ", 1)[1])["error"]
-        assert "stage 1 (talker) died" in err["message"] and err["partial_audio"] is True
-        for c in (raw_conn, sse_conn):
-            c.close()
-    finally:
-        out = srv.stop()
-    assert "stage 1 (talker) died" in out and "Traceback" not in out, out
-    ends = {}
-    for name in record.discover(run):
-        r = record.RingReader(name)
-        ends.update({e[1]: e[4] for e in r.drain() if e[0] == Ev.REQUEST_END})
-        r.close(unlink=True)
-    assert ends == {f"{TAG}-sraw": Status.ERROR, f"{TAG}-ssse": Status.ERROR}
-    assert_stopped_clean(srv)

@@ -8,9 +8,6 @@ from omnitrace.bench.client import resolve_backend
 from omnitrace.patches.vllm_omni import wrappers
 from omnitrace.runtime import config, routes
 
-pytestmark = pytest.mark.unit
-
-
 @pytest.mark.parametrize("backend,endpoint,want", [
     (None, None, ("openai-chat-omni", "/v1/chat/completions")),
     ("openai-audio-speech", None, ("openai-audio-speech", "/v1/audio/speech")),

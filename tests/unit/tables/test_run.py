@@ -16,7 +16,6 @@ from omnitrace.tables import run as tables_run
 from omnitrace.tables import schema
 from tests.support import golden_inputs as gi
 
-pytestmark = pytest.mark.unit
 US = 1000
 
 # table -> the event kind that begins each of its rows

@@ -1,6 +1,6 @@
 """`omnitrace top` on a finished run: the report's whole window (same requests, TTFP and
 attribution), stage names, and every section on an 80x24 terminal. In-process; the real
-terminal: tests/test_top.py."""
+terminal: tests/system/cli/test_top.py."""
 from __future__ import annotations
 
 from collections import deque
@@ -15,7 +15,6 @@ from omnitrace.cli.top import render
 from omnitrace.top import model, source
 from tests.support.event_fixture import three_stage_events, write_event_run
 
-pytestmark = pytest.mark.unit
 HISTORY = {"rate": deque(), "ttfp_p99": deque()}
 
 
