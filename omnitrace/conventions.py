@@ -227,5 +227,10 @@ def span_id_for(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") or 1
 
 
+def stage_name(process: str | None, stage: int) -> str:
+    """A stage's name: its process's, else ``stage<N>``."""
+    return process or f"stage{stage}"
+
+
 def stage_pair(producer: int, consumer: int) -> str:
     return f"{producer}->{consumer}"

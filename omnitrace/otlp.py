@@ -59,7 +59,7 @@ def emit_events(emits: np.ndarray) -> dict[tuple[int, int, int], list]:
     ``API_STAGE``), by (request, stage, replica)."""
     by_stage: dict[tuple[int, int, int], list] = {}
     for req, stage, replica, t, packet, modality in emits.tolist():
-        if modality == -1:  # an API mark of the request span: packet is its event kind
+        if modality == stt.MARK_MODALITY:  # an API mark of the request span: packet is its event kind
             by_stage.setdefault((req, stage, replica), []).append(
                 (cv.API_MARKS.get(packet, f"omni.api.{packet}"), t, {}))
             continue
@@ -91,12 +91,9 @@ def request_attrs(rid: str, status: int, replica: int, prompt_tokens: int, max_t
     return attrs
 
 
-def stage_attrs(rid: str, stage: int, name: str | None, replica: int) -> dict[str, Any]:
+def stage_attrs(rid: str, stage: int, name: str, replica: int) -> dict[str, Any]:
     """A stage or stage-queue span's attributes, omnitrace's and the upstream-proposed
-    ones; no name attributes where ``name`` is None (an imported span that named none)."""
-    if name is None:
-        return {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage, cv.ATTR_REPLICA: replica,
-                cv.ATTR_VLLM_OMNI_STAGE_ID: stage, cv.ATTR_VLLM_OMNI_REPLICA_ID: replica}
+    ones."""
     return {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage, cv.ATTR_STAGE_NAME: name,
             cv.ATTR_REPLICA: replica, cv.ATTR_VLLM_OMNI_STAGE_ID: stage,
             cv.ATTR_VLLM_OMNI_STAGE_NAME: name, cv.ATTR_VLLM_OMNI_REPLICA_ID: replica}
@@ -159,7 +156,7 @@ class SpanConverter:
                 events = request_events(t1, t2, by_stage.get((req, cv.API_STAGE, replica), ()))
                 sid, parent = cv.span_id_for(rid, cv.SPAN_REQUEST), (self._ctx.get(req) or (0, None))[1]
             elif name == stt.N_STAGE or name == stt.N_QUEUE:
-                attrs = stage_attrs(rid, stage, proc[4] or f"stage{stage}", replica)
+                attrs = stage_attrs(rid, stage, cv.stage_name(proc[4], stage), replica)
                 if name == stt.N_STAGE:
                     sid = cv.span_id_for(rid, cv.SPAN_STAGE, stage, replica)
                     parent = cv.span_id_for(rid, cv.SPAN_REQUEST)
@@ -172,7 +169,7 @@ class SpanConverter:
                 attrs = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage,
                          cv.ATTR_PEER_STAGE_ID: peer, cv.ATTR_CHUNK_INDEX: chunk,
                          cv.ATTR_REPLICA: replica, cv.ATTR_VLLM_OMNI_STAGE_ID: stage,
-                         cv.ATTR_VLLM_OMNI_STAGE_NAME: proc[4] or f"stage{stage}",
+                         cv.ATTR_VLLM_OMNI_STAGE_NAME: cv.stage_name(proc[4], stage),
                          cv.ATTR_VLLM_OMNI_REPLICA_ID: replica,
                          cv.ATTR_STAGE_PAIR: cv.stage_pair(stage, peer) if producer
                          else cv.stage_pair(peer, stage)}

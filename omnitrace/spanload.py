@@ -40,6 +40,7 @@ from omnitrace import childproc
 from omnitrace import conventions as cv
 from omnitrace import eventlog
 from omnitrace import spantable as stt
+from omnitrace.runfiles import names
 
 # events per feed: a feed's temporaries (~300 bytes per event) stay in the caches (feeds of
 # 1M events took ~1.4x as long)
@@ -103,8 +104,14 @@ class HelperFailed(Exception):
 def load(path: str, sinks: list[Sink], helper: bool | None = None) -> Loaded | None:
     """Feed every span of ``path``'s event log to ``sinks``; what the load saw besides
     (None if the run has no event log). ``helper``: decode in a helper process (None:
-    where the log is large and this machine has two cores)."""
+    where the log is large and this machine has two cores). A run recorded before the event
+    log (spans.jsonl) is one line, ``eventlog.EventLogError``: every reader of a run loads it
+    here."""
     if not os.path.isdir(os.path.join(path, eventlog.DIR)):
+        if os.path.exists(names.path(path, names.SPANS)):
+            raise eventlog.EventLogError(
+                f"{path}: recorded before the event log ({names.SPANS}, no {eventlog.DIR}/): "
+                "this omnitrace cannot read it")
         return None
     if helper is None:
         helper = helper_pays(path)

@@ -72,9 +72,12 @@ SPAN_DTYPE = np.dtype([("name", "i1"), ("reason", "i1"), ("error", "?"), ("statu
                        ("ring", "<i4"), ("start", "<i8"), ("end", "<i8"), ("v1", "<i8"),
                        ("v2", "<i8"), ("t1", "<i8"), ("t2", "<i8"), ("by0", "<u4"),
                        ("by1", "<u4"), ("by2", "<u4")])
-# An omni.emit span event of an emitted stage span.
+# An omni.emit span event of an emitted stage span, or (modality MARK_MODALITY, stage
+# API_STAGE) an API mark of a request span: packet is then the mark's event kind
+# (conventions.API_MARKS).
 EMIT_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("replica", "<i2"), ("t", "<i8"),
                        ("packet", "<i8"), ("modality", "<i4")])
+MARK_MODALITY = -1
 
 # chunk pairs: (name code, begin kind, end kind, producer side)
 _PAIRS = ((N_SNAPSHOT, E.SNAPSHOT_BEGIN, E.SNAPSHOT_END),
@@ -686,10 +689,10 @@ class SpanBuilder:
                            st.status, cv.API_STAGE, -2, st.replica, req, -1, st.ring, start, max(end, start),
                            st.prompt, st.max_tokens, st.first_text or 0, st.first_audio or 0,
                            0, 0, 0))
-        # API marks travel as emit rows of stage API_STAGE: packet = event kind, modality -1
+        # API marks travel as emit rows of stage API_STAGE (EMIT_DTYPE)
         if st.marks:
-            self._emits.append(np.array([(req, cv.API_STAGE, st.replica, t, k, -1) for t, k in st.marks],
-                                        EMIT_DTYPE))
+            self._emits.append(np.array([(req, cv.API_STAGE, st.replica, t, k, MARK_MODALITY)
+                                         for t, k in st.marks], EMIT_DTYPE))
         st.marks = []
 
     def _queue_row(self, req: int, stage: int, replica: int, sg: _Stage, reason: int) -> None:

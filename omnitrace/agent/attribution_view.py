@@ -258,8 +258,7 @@ class AttributionView:
         where the batch keys do not hold the numbers. Returns ((request id number, its
         attribution) per attributed request, how many were not attributed)."""
         chunk = table["name"] >= stt.N_SNAPSHOT
-        reqs = at.index_requests(spans_from_table(table[~chunk], emits, self.requests, self.rings,
-                                                  emit_events_too=False))
+        reqs = at.index_requests(spans_from_table(table[~chunk], emits, self.requests, self.rings))
         rids = list(reqs)
         num = np.array([num_of[r] for r in rids], np.int64)
         rows, owner = _owned(_before_first_packet(table[chunk], table[table["name"] == stt.N_REQUEST]), num)

@@ -422,9 +422,8 @@ def _stage_names(reqs: dict[str, at.RequestSpans]) -> dict[int, str]:
     names: dict[int, str] = {}
     for r in reqs.values():
         for st, sp in r.stages.items():
-            n = sp.attrs.get(cv.ATTR_STAGE_NAME) if sp.attrs else None
-            if n:
-                names.setdefault(st, str(n))
+            if sp.stage_name:
+                names.setdefault(st, str(sp.stage_name))
     return names
 
 
@@ -507,7 +506,7 @@ def _failures(run: Run, reqs: dict[str, at.RequestSpans], measured: set[str], be
     def died_label(stage: int) -> str:
         return f"{stage} ({names[stage]})" if stage in names else str(stage)
 
-    traced_status = {rid: (int(reqs[rid].request.attrs.get(cv.ATTR_STATUS, 0) or 0), reqs[rid].request.end)
+    traced_status = {rid: (reqs[rid].request.status, reqs[rid].request.end)
                      for rid in measured if rid in reqs and reqs[rid].request is not None
                      and rid not in bench_rows}
     return failures.summarize((bench_rows[i] for i in sorted(measured & set(bench_rows))), traced_status,

@@ -9,15 +9,19 @@ ns count rounds back to it exactly at these magnitudes.
 from __future__ import annotations
 
 import re
+import time
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
+from omnitrace import spanload
+from omnitrace.analyze import accounting
 from omnitrace.analyze.report import build_report
 from omnitrace.analyze.rundir import RunDirError, load_run
 from omnitrace.rules import attribution as at
-from omnitrace.tables import combine, run as tables_run
+from omnitrace.tables import cache, combine, run as tables_run
 from omnitrace.tables.build import enum
 from omnitrace.tables.schema import TABLES, arrow_table
 
@@ -26,10 +30,31 @@ REPORT = frozenset(n for n, t in TABLES.items() if t.source == "report")
 _HOP = re.compile(r"^(-?\d+)->(-?\d+)#(-?\d+)$")
 
 
-def load(run_dir: str, wanted: Iterable[str] | None = None) -> tables_run.RunTables:
+@dataclass
+class Loaded:
+    """Tables (name -> Arrow table) and what the user should know of the runs they come
+    from: one line per warning, e.g. that the spans are built from part of a run."""
+
+    tables: dict[str, pa.Table]
+    notes: list[str] = field(default_factory=list)
+
+
+def load(run_dir: str, wanted: Iterable[str] | None = None) -> Loaded:
     """``run_dir``'s tables (``wanted``: these only; None: all), the report's among them
-    when asked for. Raises ``tables.run.TablesError`` (one line) for an unusable run."""
+    when asked for: those a long run's earlier load kept (``tables.cache``) read back, the
+    rest made (and kept, where worth it). Raises ``tables.run.TablesError`` (one line) for
+    an unusable run."""
     wanted = set(TABLES if wanted is None else wanted)
+    tables, notes = cache.read_fresh(run_dir, wanted)
+    if wanted - set(tables):
+        t0 = time.monotonic()
+        made, notes = _make(run_dir, wanted - set(tables))
+        cache.keep(run_dir, made, notes, time.monotonic() - t0)
+        tables.update(made)
+    return Loaded({n: tables[n] for n in TABLES if n in tables}, notes)
+
+
+def _make(run_dir: str, wanted: set[str]) -> tuple[dict[str, pa.Table], list[str]]:
     report = wanted & REPORT
     rt = tables_run.load(run_dir, (wanted - REPORT) | ({"requests"} if report else set()))
     if report:
@@ -38,22 +63,34 @@ def load(run_dir: str, wanted: Iterable[str] | None = None) -> tables_run.RunTab
         except RunDirError as exc:
             raise tables_run.TablesError(str(exc)) from None
         rt.tables.update({n: made[n] for n in report})
-    rt.tables = combine.combine([run_dir], [{n: t for n, t in rt.tables.items() if n in wanted}], wanted)
-    return rt
+    tables = combine.combine([run_dir], [{n: t for n, t in rt.tables.items() if n in wanted}], wanted)
+    return tables, accounting_notes(run_dir, rt.loaded)
 
 
-def load_runs(run_dirs: Sequence[str], wanted: Iterable[str] | None = None) -> dict[str, pa.Table]:
+def accounting_notes(run_dir: str, loaded: spanload.Loaded) -> list[str]:
+    """What the tables leave out of ``run_dir``: its accounting's warnings, and a line when
+    not every event is in the record."""
+    notes: list[str] = []
+    led = accounting.of_run_dir(run_dir, loaded.log, loaded.events, notes)
+    if not accounting.complete(led):
+        notes.append(f"the spans are built from part of the run: {accounting.headline(led)}")
+    return notes
+
+
+def load_runs(run_dirs: Sequence[str], wanted: Iterable[str] | None = None) -> Loaded:
     """The tables of several run directories as one set (``tables.combine``: a ``run``
-    column, ids numbered on across runs; ``runs`` lists them). Each run's attribution is its
-    own report's. Raises ``tables.run.TablesError`` for an unusable run or one given twice."""
+    column, ids numbered on across runs; ``runs`` lists them), and each run's notes (its
+    path first where there are several). Each run's attribution is its own report's.
+    Raises ``tables.run.TablesError`` for an unusable run or one given twice."""
     wanted = set(TABLES if wanted is None else wanted)
     try:
         paths = combine.distinct(run_dirs)
     except combine.SameRunTwice as exc:
         raise tables_run.TablesError(str(exc)) from None
-    made = combine.combine(paths, [load(p, (wanted | combine.KEY_TABLES) - {"runs"}).tables for p in paths],
-                           wanted)
-    return {n: t for n, t in made.items() if n in wanted}
+    each = [load(p, (wanted | combine.KEY_TABLES) - {"runs"}) for p in paths]
+    made = combine.combine(paths, [one.tables for one in each], wanted)
+    notes = [f"{p}: {n}" if len(paths) > 1 else n for p, one in zip(paths, each) for n in one.notes]
+    return Loaded({n: t for n, t in made.items() if n in wanted}, notes)
 
 
 def attribution_tables(run_dir: str, requests: pa.Table) -> dict[str, pa.Table]:

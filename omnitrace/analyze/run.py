@@ -19,7 +19,6 @@ class Run:
     bench: dict[str, Any] | None = None
     spans: list[Span] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    span_lines: int = 0
     skipped_spans: int = 0  # spans of warm-up requests, not loaded
     events: int = 0  # events read from event logs
     torn_records: int = 0  # records lost in torn event segments

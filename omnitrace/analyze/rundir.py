@@ -1,13 +1,13 @@
 """Load one or several run directories (docs/run-directory.md) into plain Python data.
 
 Collect -> data: this module only parses. It never raises on a damaged directory: a
-missing file, a truncated last line (agent killed mid-write) or a malformed span becomes a
-labelled warning in :attr:`Run.warnings`, and whatever could be read is kept.
+missing file, a truncated last line or a torn event segment (agent killed mid-write)
+becomes a labelled warning in :attr:`Run.warnings`, and whatever could be read is kept.
 
 A run directory's event log is read by the one loader (``spanload``) into the report's
-tables (``tables.ReportTables``); a run recorded before the event log (spans.jsonl) is
-imported into the same tables (``otlp_import``). Past that, every run is the same: request,
-stage and queue spans as slotted :class:`Span` objects, chunk spans as rows.
+tables (``tables.ReportTables``): request, stage and queue spans as slotted :class:`Span`
+objects, chunk spans as rows. A run recorded before the event log (spans.jsonl) is one
+line, :class:`RunDirError`, from that loader.
 """
 from __future__ import annotations
 
@@ -40,27 +40,6 @@ def _load_json(run_dir: str, name: str, pre: str, warnings: list[str]) -> dict[s
         return None
     except read.RunFileError as exc:
         raise RunDirError(f"{pre}{exc}") from None
-
-
-def load_spans(path: str, run: Run, label: str, skip: frozenset[str] = frozenset(),
-               workers: int | None = None) -> None:
-    """Append the spans of one spans.jsonl (a run recorded before the event log), imported
-    as the loader's rows (``otlp_import``); spans of requests in ``skip`` (warm-up) are not
-    kept."""
-    from omnitrace.analyze import otlp_import
-    imp = otlp_import.read(path, label, frozenset(skip), workers)
-    run.warnings.extend(imp.warnings)
-    if imp.malformed and not imp.spans + imp.skipped:
-        raise RunDirError(f"{label}: none of its {imp.lines} line(s) is an OTLP/JSON "
-                          "ExportTraceServiceRequest ({\"resourceSpans\": [...]})")
-    acc = tables.ReportTables()  # warm-up spans were left out by the import
-    acc.feed(imp.feed, imp.part)
-    run.span_lines += imp.lines
-    run.skipped_spans += imp.skipped
-    run.span_count += imp.spans
-    _add_tables(run, acc, imp.part.requests, imp.part.rings, imp.replica_of)
-    if imp.malformed:
-        run.warnings.append(f"{label}: {imp.malformed} malformed line(s)/span(s) skipped")
 
 
 def _add_tables(run: Run, acc: tables.ReportTables, requests: list[str], rings: dict[int, dict],
@@ -314,13 +293,8 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
     for p in paths:
         label = os.path.basename(os.path.normpath(p)) if len(paths) > 1 else ""
         pre = f"{label}/" if label else ""
-        if load_events(p, run, pre, skip, *files.get(p, (None, None))):
-            continue
-        sp = names.path(p, names.SPANS)  # a run recorded before the event log
-        if not os.path.exists(sp):
+        if not load_events(p, run, pre, skip, *files.get(p, (None, None))):
             run.warnings.append(f"{pre}events/ missing: no events recorded")
-        else:
-            load_spans(sp, run, pre + names.SPANS, skip)
     run.warnings.extend(_leftovers(paths, files, bool(run.stage_deaths)))
     if not run.spans and not run.bench and not run.run_json and not run.agent:
         raise RunDirError(f"{', '.join(paths)}: no omnitrace run files found (run.json, events/, "

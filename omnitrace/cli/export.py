@@ -74,16 +74,9 @@ def _run_id(run_dir: str) -> str:
     return read.run_id(run_dir) or os.path.basename(os.path.normpath(run_dir))
 
 
-def _say_accounting(run_dir: str, loaded: spanload.Loaded) -> None:
-    """What the spans leave out: one line, only when not every event is in the record."""
-    from omnitrace.analyze import accounting
-    ignored: list[str] = []
-    led = accounting.of_run_dir(run_dir, loaded.log, loaded.events, ignored)
-    for line in ignored:
-        console.say("export", f"warning: {line}")
-    if not accounting.complete(led):
-        console.say("export", f"warning: the spans are built from part of the run: "
-                    f"{accounting.headline(led)}")
+def _say_notes(notes: list[str]) -> None:
+    for note in notes:
+        console.say("export", f"warning: {note}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             out.close()
     if exporter is None and args.otlp_json != "-" and not sink.spans:
         open(args.otlp_json, "wb").close()  # a run without spans: an empty file, not none
-    _say_accounting(args.run, loaded)
+    from omnitrace.analyze import report_tables
+    _say_notes(report_tables.accounting_notes(args.run, loaded))
     total = sink.spans
     if exporter is not None:
         exporter.close(deadline_s=max(30.0, args.timeout * 3))
@@ -149,19 +143,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def _tables_out(args: argparse.Namespace) -> int:
     """--parquet DIR or --perfetto FILE: the run's tables, written."""
+    from omnitrace.analyze import report_tables
     from omnitrace.tables import files
     from omnitrace.tables.run import TablesError
     try:
         if args.parquet:
-            from omnitrace.analyze import report_tables
-            rt = report_tables.load(args.run)
-            written = files.write_parquet(rt.tables, args.parquet)
-            what = f"{len(written)} tables ({sum(t.num_rows for t in rt.tables.values())} rows) -> {args.parquet}"
+            loaded = report_tables.load(args.run)
+            written = files.write_parquet(loaded.tables, args.parquet)
+            notes = loaded.notes
+            what = (f"{len(written)} tables ({sum(t.num_rows for t in loaded.tables.values())} rows) "
+                    f"-> {args.parquet}")
         else:
             from omnitrace.profile.store import FILE, Store
             samples = os.path.join(args.run, "profiles", FILE)  # a --flame run's py-spy samples
             rt, counts = files.write_perfetto(args.run, args.perfetto,
                                               Store.load(samples) if os.path.exists(samples) else None)
+            notes = report_tables.accounting_notes(args.run, rt.loaded)
             what = f"{sum(counts.values())} slices -> {args.perfetto}"
     except TablesError as exc:
         console.say("export", str(exc))
@@ -169,7 +166,7 @@ def _tables_out(args: argparse.Namespace) -> int:
     except OSError as exc:
         console.say("export", f"cannot write: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
         return 2
-    _say_accounting(args.run, rt.loaded)
+    _say_notes(notes)
     console.say("export", what)
     return 0
 

@@ -54,18 +54,25 @@ def _runs_and_query(words: list[str]) -> tuple[list[str], str | None]:
     return words, None
 
 
-def _answer(runs: list[str], query: str, fmt: str, cache: dict | None = None) -> bool:
+def _answer(runs: list[str], query: str, fmt: str, cache: dict | None = None, said: set | None = None) -> bool:
     """Write ``query``'s answer over ``runs`` (their tables loaded as the query needs them,
-    kept in ``cache`` for the next); False, with one line on stderr, where it fails."""
+    kept in ``cache`` for the next; ``said``: the runs' warnings said already); False, with
+    one line on stderr, where it fails."""
     from omnitrace.analyze import report_tables
     from omnitrace.tables import schema, sql
     from omnitrace.tables.run import TablesError
     cache = {} if cache is None else cache
+    said = set() if said is None else said
     try:
         named = sql.tables_named(query)
         wanted = (sql.words(query) if named is None else named) & set(schema.TABLES)
         if wanted - set(cache):
-            cache.update(report_tables.load_runs(runs, wanted - set(cache)))
+            loaded = report_tables.load_runs(runs, wanted - set(cache))
+            cache.update(loaded.tables)
+            for note in dict.fromkeys(loaded.notes):  # said once, whichever tables a query loads
+                if note not in said:
+                    said.add(note)
+                    console.say("sql", f"warning: {note}")
         result = sql.run({n: cache[n] for n in wanted}, query)
     except (sql.QueryError, TablesError) as exc:
         console.say("sql", str(exc))
@@ -88,6 +95,7 @@ def _shell(runs: list[str], fmt: str) -> int:
         console.say("sql", f"{len(runs)} run{'s' if len(runs) > 1 else ''}; end a statement with ;  "
                            ".tables lists the tables, .quit leaves")
     cache: dict = {}
+    said: set = set()
     pending: list[str] = []
     failed = False
     while True:
@@ -105,10 +113,10 @@ def _shell(runs: list[str], fmt: str) -> int:
             continue
         pending.append(line)
         if text.endswith(";"):
-            failed |= not _answer(runs, "\n".join(pending).strip().rstrip(";"), fmt, cache)
+            failed |= not _answer(runs, "\n".join(pending).strip().rstrip(";"), fmt, cache, said)
             pending = []
     if "".join(pending).strip():
-        failed |= not _answer(runs, "\n".join(pending).strip().rstrip(";"), fmt, cache)
+        failed |= not _answer(runs, "\n".join(pending).strip().rstrip(";"), fmt, cache, said)
     return 2 if failed else 0
 
 

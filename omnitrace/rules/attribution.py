@@ -161,45 +161,16 @@ def index_requests(spans: Iterable[Span], into: dict[str, RequestSpans] | None =
     return reqs
 
 
-def event_time(span: Span | None, name: str) -> int | None:
-    if span is None:
-        return None
-    ts = [t for n, t, _ in span.events if n == name]
-    return min(ts) if ts else None
-
-
-def _is_audio(attrs: dict) -> bool:
-    for k, v in attrs.items():
-        if "modality" in k:
-            return v in ("audio", cv.Modality.AUDIO, int(cv.Modality.AUDIO))
-    return False
-
-
-def emit_firsts(sp: Span) -> tuple[int | None, int | None]:
-    """(first audio, first) ``omni.emit`` time of a stage span's events (None: none): kept
-    on spans built from the record (``Span.emit_firsts``), else read from its events."""
-    if sp.emit_firsts is not None:
-        return sp.emit_firsts
-    audio = first = None
-    for n, t, a in sp.events:
-        if n == cv.EVENT_EMIT:
-            if first is None or t < first:
-                first = t
-            if (audio is None or t < audio) and _is_audio(a):
-                audio = t
-    return audio, first
-
-
 def first_audio_emit(r: RequestSpans) -> tuple[int, int] | None:
     """(stage, time) of the first audio packet emitted by a stage."""
     best: tuple[int, int] | None = None
     for st, sp in r.stages.items():
-        t = emit_firsts(sp)[0]
+        t = sp.emit_firsts[0]
         if t is not None and (best is None or t < best[1]):
             best = (st, t)
-    if best is None and r.stages:  # no modality attribute: first emit of the last stage
+    if best is None and r.stages:  # no audio packet (modality unknown): first emit of the last stage
         last = max(r.stages)
-        t = emit_firsts(r.stages[last])[1]
+        t = r.stages[last].emit_firsts[1]
         if t is not None:
             best = (last, t)
     return best
@@ -254,8 +225,7 @@ def _delivery(r: RequestSpans, w: _Walker, ttfp: int, missing: list[str]) -> tup
         return (max(r.stages) if r.stages else None), ttfp
     stage, t = emit
     api = cv.API_STAGE
-    recv = event_time(r.request, cv.EVENT_API_PACKET_RECEIVED)
-    resumed = event_time(r.request, cv.EVENT_API_PACKET_RESUMED)
+    recv, resumed = r.request.packet_received, r.request.packet_resumed
     if resumed is not None and t <= resumed <= ttfp:
         w.push(resumed, ttfp, api, SSE_WRITE)
     if recv is not None and t <= recv <= w.cursor:
@@ -269,7 +239,7 @@ def attribute(r: RequestSpans) -> Attribution | None:
     if r.request is None:
         return None
     arrival = r.request.start
-    ttfp = event_time(r.request, cv.EVENT_TTFP)
+    ttfp = r.request.ttfp
     if ttfp is None or ttfp < arrival:
         return None
     w = _Walker(arrival, ttfp)
@@ -293,8 +263,7 @@ def attribute(r: RequestSpans) -> Attribution | None:
         _hop(r, w, key, missing, stale)
         t = w.cursor
         stage = key[0]
-    segs = w.finish(event_time(r.request, cv.EVENT_API_PARSED),
-                    event_time(r.request, cv.EVENT_API_DISPATCHED))
+    segs = w.finish(r.request.parsed, r.request.dispatched)
     return Attribution(r.rid, arrival, ttfp, segs, list(reversed(hops)), missing, stale)
 
 

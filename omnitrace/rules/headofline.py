@@ -26,12 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omnitrace import conventions as cv
 from omnitrace import intervals, keys, rowops
 from omnitrace import spantable as stt
-from omnitrace.eventlog import EVENT_DTYPE
-
-E = cv.Ev
 
 Busy = dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
@@ -97,36 +93,6 @@ def busy_by_replica(senders: dict[tuple[int, int], tuple[np.ndarray, np.ndarray,
             out[(stage, replica)] = (starts, ends, reqs)
             continue
         out.update(busy_of([((stage, replica), p) for p in parts]))
-    return out
-
-
-def sender_busy(spans: np.ndarray) -> Busy:
-    """(stage, replica) -> (starts, ends, request) of the sender's tasks, sorted, disjoint,
-    rebuilt from chunk span rows (``spantable.SPAN_DTYPE``: a run recorded before the event
-    log; the span builder hands an event log's own, ``Feed.busy``) by the builder's rule
-    (``spantable.sender_tasks``) over the stamps the spans keep: a FIFO span ends at its
-    dequeue, a put at its PUT_END, a process at its PROCESS_END."""
-    name = spans["name"]
-    sel = np.flatnonzero((spans["reason"] == 0) & ((name == stt.N_FIFO) | (name == stt.N_PUT)
-                                                   | (name == stt.N_PROCESS)))
-    ev = np.zeros(len(sel), EVENT_DTYPE)
-    kind = np.zeros(len(stt.NAMES), np.int64)
-    kind[[stt.N_FIFO, stt.N_PUT, stt.N_PROCESS]] = E.FIFO_DEQUEUE, E.PUT_END, E.PROCESS_END
-    ev["kind"] = kind[name[sel]]
-    for col in ("req", "chunk", "stage"):
-        ev[col] = spans[col][sel]
-    ev["t"] = spans["end"][sel]
-    ev["a"] = np.where(name[sel] == stt.N_PROCESS, spans["v1"][sel], 0)  # a process end's bytes
-    key = _sender_key(spans["stage"][sel], spans["replica"][sel])
-    # one sender's stamps in time order; at one time a closer before a dequeue (ring order)
-    order = np.lexsort((ev["kind"] == E.FIFO_DEQUEUE, ev["t"], key))
-    ev, key = rowops.take(ev, order), key[order]
-    out: Busy = {}
-    for k, rows in keys.groups(key):
-        seq = ev[rows[0]:rows[-1] + 1]  # contiguous: the rows are sorted by sender
-        d, start, end, _ = stt.sender_tasks(seq)
-        if len(d):
-            out[_busy_key(k)] = (start, end, seq["req"][d])
     return out
 
 
@@ -214,12 +180,11 @@ class Pairs:
 VICTIM_BATCH = 2048  # victims computed at once: their (wait, task) overlaps are the temporaries
 
 
-def blocked_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy | None = None) -> Pairs:
+def blocked_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy) -> Pairs:
     """Wall-time head-of-line blocking of each victim (see the module doc), vectorised
     over a batch of victims at a time (tests/support/hol_reference.py is the per-victim loop it is
-    tested against); victims are independent, so batches only bound the memory."""
-    if busy is None and len(chunks):
-        busy = sender_busy(chunks)
+    tested against); victims are independent, so batches only bound the memory. ``busy``:
+    the senders' tasks as the span builder closed them (``Feed.busy``)."""
     fifo = _fifo_by_hop(chunks)
     return joined([_batch_pairs(victims[i:i + VICTIM_BATCH], fifo, busy)
                    for i in range(0, max(len(victims), 1), VICTIM_BATCH)])

@@ -8,7 +8,7 @@ import numpy as np
 from omnitrace import conventions as cv
 from omnitrace import rowops
 from omnitrace import spantable as stt
-from omnitrace.rules.span import Span
+from omnitrace.rules.span import NO_EMITS, Span
 
 
 def chunk_span(row: tuple, requests: list[str]) -> Span:
@@ -29,12 +29,15 @@ def chunk_spans(rows: np.ndarray, requests: list[str]) -> list[Span]:
     return [chunk_span(row, requests) for row in rows.tolist()]
 
 
+_PARSED, _DISPATCHED, _RECEIVED, _RESUMED = (int(k) for k in (
+    cv.Ev.REQUEST_PARSED, cv.Ev.REQUEST_DISPATCH, cv.Ev.PACKET_RECEIVED, cv.Ev.PACKET_RESUMED))
+_NO_MARKS: dict[int, int] = {}
+
+
 def _emit_firsts(emits: np.ndarray) -> dict[tuple[int, int, int], tuple[int | None, int | None]]:
-    """(request, stage, replica) -> the first audio and the first ``omni.emit`` time of the
-    events ``otlp.emit_events`` gives that stage span (API marks are not emits), by one sort
-    of the emit rows: ``attribution.first_audio_emit`` otherwise looks at every packet's
-    attributes (~40 per request before its first audio packet)."""
-    e = rowops.select(emits, emits["modality"] != -1)
+    """(request, stage, replica) -> the first audio and the first ``omni.emit`` time of
+    that stage span's packets (API marks are not emits), by one sort of the emit rows."""
+    e = rowops.select(emits, emits["modality"] != stt.MARK_MODALITY)
     if not len(e):
         return {}
     o = np.lexsort((e["replica"], e["stage"], e["req"]))
@@ -49,16 +52,51 @@ def _emit_firsts(emits: np.ndarray) -> dict[tuple[int, int, int], tuple[int | No
         req[lo].tolist(), stage[lo].tolist(), rep[lo].tolist(), audio.tolist(), first.tolist())}
 
 
+def _first_marks(emits: np.ndarray) -> dict[tuple[int, int], dict[int, int]]:
+    """(request, replica) -> the first time of each API mark of its request span, by the
+    mark's event kind (the mark rows of ``emits``: a few per request)."""
+    m = rowops.select(emits, (emits["modality"] == stt.MARK_MODALITY) & (emits["stage"] == cv.API_STAGE))
+    out: dict[tuple[int, int], dict[int, int]] = {}
+    for req, replica, t, kind in zip(m["req"].tolist(), m["replica"].tolist(), m["t"].tolist(),
+                                     m["packet"].tolist()):
+        marks = out.setdefault((req, replica), {})
+        if t < marks.get(kind, t + 1):
+            marks[kind] = t
+    return out
+
+
+def _request_span(row: tuple, requests: list[str], marks: dict[int, int]) -> Span:
+    """An ``omni.request`` row -> :class:`Span` with its status, first audio packet (t2;
+    0: none) and ``marks`` (event kind -> first time)."""
+    (name, reason, _error, status, _stage, _peer, replica, req, _chunk, _ring, start, end, _v1, _v2,
+     _t1, t2, _by0, _by1, _by2) = row
+    sp = Span(stt.NAMES[name], requests[req], cv.API_STAGE, -2, -1, start, end, replica,
+              incomplete=reason != 0)
+    sp.status, sp.ttfp = status, t2 or None
+    sp.parsed, sp.dispatched = marks.get(_PARSED), marks.get(_DISPATCHED)
+    sp.packet_received, sp.packet_resumed = marks.get(_RECEIVED), marks.get(_RESUMED)
+    return sp
+
+
+def _stage_span(row: tuple, requests: list[str], rings: dict[int, dict],
+               firsts: dict[tuple[int, int, int], tuple[int | None, int | None]]) -> Span:
+    """An ``omni.stage`` or ``omni.stage.queue`` row -> :class:`Span` with its stage's name
+    and, a stage span, its first emits (``firsts``: :func:`_emit_firsts`)."""
+    (name, reason, _error, _status, stage, _peer, replica, req, _chunk, ring, start, end, _v1, _v2,
+     _t1, _t2, _by0, _by1, _by2) = row
+    sp = Span(stt.NAMES[name], requests[req], stage, -2, -1, start, end, replica, incomplete=reason != 0)
+    sp.stage_name = cv.stage_name(rings.get(ring, {}).get("process"), stage)
+    if name == stt.N_STAGE:
+        sp.emit_firsts = firsts.get((req, stage, replica), NO_EMITS)
+    return sp
+
+
 def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
-                     chunks_before_ttfp: bool = False, emit_events_too: bool = True) -> list[Span]:
-    """Span-table rows (``omnitrace.spantable``) -> report :class:`Span` objects; with
-    ``chunks_before_ttfp`` only chunk spans that began before their request's first audio
-    packet (all attribution can walk) become objects. Without ``emit_events_too`` stage
-    spans carry no ``omni.emit`` events (the walk reads only their first emits, kept)."""
-    from omnitrace.otlp import emit_events, request_attrs, request_events, stage_attrs
-    names = stt.NAMES
-    by_stage = emit_events(emits if emit_events_too else emits[emits["modality"] == -1])
-    firsts = _emit_firsts(emits)
+                     chunks_before_ttfp: bool = False) -> list[Span]:
+    """Span-table rows (``omnitrace.spantable``) and their emit rows -> report
+    :class:`Span` objects; with ``chunks_before_ttfp`` only chunk spans that began before
+    their request's first audio packet (all attribution can walk) become objects."""
+    firsts, marks = _emit_firsts(emits), _first_marks(emits)
     keep = np.ones(len(table), bool)
     if chunks_before_ttfp:
         roots = table[table["name"] == stt.N_REQUEST]
@@ -69,25 +107,11 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     out: list[Span] = []
     append = out.append
     for row in rowops.select(table, keep).tolist():
-        if row[0] >= stt.N_SNAPSHOT:  # chunk spans: the hot part
+        name = row[0]
+        if name >= stt.N_SNAPSHOT:  # chunk spans: the hot part
             append(chunk_span(row, requests))
-            continue
-        (name, reason, error, status, stage, peer, replica, req, chunk, ring, start, end, v1, v2,
-         t1, t2, by0, by1, by2) = row
-        rid = requests[req]
-        if name == stt.N_REQUEST:
-            attrs = request_attrs(rid, status, replica, v1, v2)
-            events = request_events(t1, t2, by_stage.get((req, cv.API_STAGE, replica), ()))
-            append(Span(names[name], rid, cv.API_STAGE, -2, -1, start, end, replica,
-                        incomplete=reason != 0, events=events, attrs=attrs))
+        elif name == stt.N_REQUEST:
+            append(_request_span(row, requests, marks.get((row[7], row[6]), _NO_MARKS)))
         else:
-            # an imported span that named no stage has no ring
-            attrs = stage_attrs(rid, stage, (rings.get(ring, {}).get("process") or f"stage{stage}")
-                                if ring >= 0 else None, replica)
-            events = by_stage.get((req, stage, replica), []) if name == stt.N_STAGE else []
-            sp = Span(names[name], rid, stage, -2, -1, start, end, replica,
-                      incomplete=reason != 0, events=events, attrs=attrs)
-            if name == stt.N_STAGE:
-                sp.emit_firsts = firsts.get((req, stage, replica), (None, None))
-            append(sp)
+            append(_stage_span(row, requests, rings, firsts))
     return out

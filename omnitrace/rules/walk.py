@@ -135,13 +135,11 @@ def inputs(r: at.RequestSpans) -> RequestInputs | None:
     if r.request is None:
         return None
     rq, arrival = r.request, r.request.start
-    ttfp = at.event_time(rq, cv.EVENT_TTFP)
+    ttfp = rq.ttfp
     if ttfp is None or ttfp < arrival:
         return None
     return RequestInputs(arrival, ttfp, at.first_audio_emit(r), max(r.stages) if r.stages else None,
-                         at.event_time(rq, cv.EVENT_API_PACKET_RECEIVED),
-                         at.event_time(rq, cv.EVENT_API_PACKET_RESUMED),
-                         at.event_time(rq, cv.EVENT_API_PARSED), at.event_time(rq, cv.EVENT_API_DISPATCHED),
+                         rq.packet_received, rq.packet_resumed, rq.parsed, rq.dispatched,
                          {s: (q.start, q.end) for s, q in r.queues.items()},
                          {s: sp.start for s, sp in r.stages.items()})
 

@@ -8,10 +8,11 @@ AGENT = "agent.json"  # the agent's counters, rewritten while it runs
 BENCH = "bench.json"  # `omnitrace bench`'s requests and measured windows
 PROCESSES = "processes.jsonl"  # one line per instrumented process the agent saw
 METRICS = "metrics.jsonl"  # OTLP/JSON metrics lines
-SPANS = "spans.jsonl"  # runs recorded before the event log
+SPANS = "spans.jsonl"  # runs recorded before the event log: refused by the loader (spanload)
 EVENTS_BIN = "events.bin"  # an older event file, removed by --overwrite
 PROFILES = "profiles"  # --flame's output (omnitrace.profile)
 PROFILES_INDEX = os.path.join(PROFILES, "index.json")
+TABLES = "tables"  # a long run's tables, kept by `sql` and `export --parquet` (omnitrace.tables.cache)
 LOCK = ".omnitrace-lock"
 RESERVE = ".omnitrace-reserve"
 

@@ -296,5 +296,5 @@ def stages_table(rings: dict[int, dict]) -> pa.Table:
     names: dict[int, str] = {}
     for _, r in sorted(rings.items()):
         stage = int(r.get("stage", cv.API_STAGE))
-        names.setdefault(stage, "api" if stage == cv.API_STAGE else str(r.get("process") or f"stage{stage}"))
+        names.setdefault(stage, "api" if stage == cv.API_STAGE else str(cv.stage_name(r.get("process"), stage)))
     return arrow_table("stages", {"stage": sorted(names), "name": [names[s] for s in sorted(names)]})

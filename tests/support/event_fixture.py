@@ -11,6 +11,7 @@ from the run's start.
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -23,11 +24,11 @@ from omnitrace.agent.config import AgentConfig
 from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.agent.recorder import Handoff, Recorder
 from omnitrace.conventions import Ev, Modality
-from tests.support.otlp_fixture import write_side_files
 
 US = 1_000
 T0 = 10**12  # perf_counter_ns of the run's start (any value the clock could have)
 STAGE_NAMES = {-1: "api", 0: "thinker", 1: "talker", 2: "code2wav"}
+RING_RECORDS = 1 << 12  # each ring's slots: a ring written past them drops, as a real one
 _runs = iter(range(1, 1 << 30))
 
 
@@ -60,6 +61,14 @@ def write_event_run(d: str, script: list[tuple], bench: dict | None = None) -> s
                          "started_unix_ns": time.time_ns()},
                      {"events_read": rec.events_read, "events_dropped": 0}, bench)
     return d
+
+
+def write_side_files(d: str, run: dict, agent: dict, bench: dict | None = None) -> None:
+    """run.json, agent.json and (if given) bench.json: what every run directory has."""
+    for name, doc in (("run.json", run), ("agent.json", agent), ("bench.json", bench)):
+        if doc is not None:
+            with open(os.path.join(d, name), "w") as f:
+                json.dump(doc, f)
 
 
 def write_log(dst: str, run_id: str, offset_ns: int, rings: dict[int, dict], ev: np.ndarray,
@@ -104,7 +113,7 @@ def _ring_of_a_thread(run_id: str, info: record.ProcessInfo, thread: str) -> rec
     """A ring made by a thread of its own (a ring is named after its thread), written
     here afterwards: one writer at a time, as the ring requires."""
     made: list[record.Ring] = []
-    t = threading.Thread(target=lambda: made.append(record.Ring(run_id, info, 1 << 12, thread_name=thread)))
+    t = threading.Thread(target=lambda: made.append(record.Ring(run_id, info, RING_RECORDS, thread_name=thread)))
     t.start()
     t.join()
     return made[0]
@@ -139,10 +148,12 @@ def chunk_events(script: list, rid: str, prod: tuple, send: tuple, recv: tuple, 
 
 
 def three_stage_events(rid: str, off: float = 0.0) -> list[tuple]:
-    """The worked example of tests/support/otlp_fixture.py (``three_stage_request``) as
-    the events that make it, times in us from ``off``. Its FIFO blocked time (30 us of
-    thinker chunk 0's 40 us in the FIFO) is real here: another request's task holds the
-    thinker's sender from 110 to 140 us."""
+    """The worked example of tests/test_attribution_unit.py (attributed as
+    :data:`EXPECTED_US`) as the events that make it, times in us from ``off``: three
+    stages, thinker chunk 0 gating the talker, talker chunk 0 gating code2wav, and a later
+    thinker chunk that must not. Its FIFO blocked time (30 us of thinker chunk 0's 40 us in
+    the FIFO) is real: another request's task (``other-<rid>``) holds the thinker's sender
+    from 110 to 140 us."""
     o, other = off, f"other-{rid}"
     s = [(API, Ev.REQUEST_ARRIVE, rid, -1, -1, 100, 50, o),
          (THINKER, Ev.STAGE_ADD, rid, 0, -1, 0, 0, o + 10),
@@ -175,3 +186,14 @@ def three_stage_events(rid: str, off: float = 0.0) -> list[tuple]:
           (API, Ev.REQUEST_END, rid, -1, -1, 0, 1234, o + 1000)]
     # each ring's events in time order, as one thread writes them
     return sorted(s, key=lambda e: e[7])
+
+
+# the worked example's attribution (three_stage_events), in us per (stage, category)
+EXPECTED_US = {
+    (-1, "dispatch"): 10, (-1, "deliver"): 100,  # no API marks in this trace: not split further
+    (0, "queue"): 10, (0, "compute"): 80, (0, "snapshot"): 10, (0, "fifo_blocked"): 30,
+    (0, "fifo_own"): 10, (0, "process"): 10, (0, "put"): 10,
+    (1, "poll_lag"): 5, (1, "get"): 5, (1, "wait_schedule"): 20, (1, "compute"): 100,
+    (1, "snapshot"): 5, (1, "fifo_own"): 5, (1, "process"): 10, (1, "put"): 10,
+    (2, "poll_lag"): 10, (2, "get"): 5, (2, "wait_schedule"): 5, (2, "compute"): 450,
+}

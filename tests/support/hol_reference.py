@@ -1,7 +1,8 @@
 """The first head-of-line implementation, a per-victim Python loop, kept as the reference
 that the vectorised ``omnitrace.rules.headofline.blocked_pairs`` is tested against: both must
 give the same wall time, chunk-time sum, culprits and task counts for the same schedule
-(tests/system/report/test_report_hol.py)."""
+(tests/system/report/test_report_hol.py). And the senders' tasks rebuilt from chunk spans
+(:func:`sender_busy`), what the builder's own (``Feed.busy``) are tested against."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,7 +11,9 @@ from typing import Iterable
 import numpy as np
 
 from omnitrace import spantable as stt
-from omnitrace.rules.headofline import Busy, Victim, blocked_pairs, sender_busy
+from omnitrace.conventions import Ev
+from omnitrace.eventlog import EVENT_DTYPE
+from omnitrace.rules.headofline import Busy, Victim, blocked_pairs
 
 
 @dataclass
@@ -21,7 +24,35 @@ class Blocked:
     by_culprit: dict[int, list] = field(default_factory=dict)  # culprit -> [wall, chunk, tasks]
 
 
-def as_blocked(victims: list[Victim], chunks: np.ndarray, busy: Busy | None = None) -> list[Blocked]:
+def sender_busy(spans: np.ndarray) -> Busy:
+    """(stage, replica) -> (starts, ends, request) of the sender's tasks, rebuilt from chunk
+    span rows (``spantable.SPAN_DTYPE``) by the builder's rule (``spantable.sender_tasks``)
+    over the stamps the spans keep: a FIFO span ends at its dequeue, a put at its PUT_END,
+    a process at its PROCESS_END."""
+    name = spans["name"]
+    sel = np.flatnonzero((spans["reason"] == 0) & ((name == stt.N_FIFO) | (name == stt.N_PUT)
+                                                   | (name == stt.N_PROCESS)))
+    ev = np.zeros(len(sel), EVENT_DTYPE)
+    kind = np.zeros(len(stt.NAMES), np.int64)
+    kind[[stt.N_FIFO, stt.N_PUT, stt.N_PROCESS]] = Ev.FIFO_DEQUEUE, Ev.PUT_END, Ev.PROCESS_END
+    ev["kind"] = kind[name[sel]]
+    for col in ("req", "chunk", "stage"):
+        ev[col] = spans[col][sel]
+    ev["t"] = spans["end"][sel]
+    ev["a"] = np.where(name[sel] == stt.N_PROCESS, spans["v1"][sel], 0)  # a process end's bytes
+    replica = spans["replica"][sel]
+    out: Busy = {}
+    for stage, rep in sorted(set(zip(ev["stage"].tolist(), replica.tolist()))):
+        seq = ev[(ev["stage"] == stage) & (replica == rep)]
+        # one sender's stamps in time order; at one time a closer before a dequeue (ring order)
+        seq = seq[np.lexsort((seq["kind"] == Ev.FIFO_DEQUEUE, seq["t"]))]
+        d, start, end, _ = stt.sender_tasks(seq)
+        if len(d):
+            out[(stage, rep)] = (start, end, seq["req"][d])
+    return out
+
+
+def as_blocked(victims: list[Victim], chunks: np.ndarray, busy: Busy) -> list[Blocked]:
     """``headofline.blocked_pairs`` in the reference's shape: one Blocked per victim."""
     p = blocked_pairs(victims, chunks, busy)
     out = [Blocked(v.req) for v in victims]

@@ -10,6 +10,7 @@ import pytest
 from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.eventlog import EVENT_DTYPE
+from tests.support import hol_reference
 
 E = cv.Ev
 
@@ -68,8 +69,8 @@ def test_blocked_time_and_culprits_by_hand():
     assert int(fifo[2]["v2"]) == 0
 def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
     """The busy intervals the builder hands out (``Feed.busy``, what the report's
-    head-of-line rule reads) and those rebuilt from spans (a run recorded before the event
-    log) by hand: a put closes its task, a 0-byte process closes it, a process with bytes
+    head-of-line rule reads) and those rebuilt from its spans by the same rule
+    (tests/support/hol_reference.py), by hand: a put closes its task, a 0-byte process closes it, a process with bytes
     does not, another task's closer falls back to the next dequeue, and the last task
     without a closer stays open. Fed in three cuts."""
     from omnitrace.rules import headofline
@@ -94,7 +95,7 @@ def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
         {10: 0})
     spans = np.concatenate([f.spans for f in feeds])
     assert not spans["reason"].any()
-    from_spans = headofline.sender_busy(spans)
+    from_spans = hol_reference.sender_busy(spans)
     assert list(from_spans) == list(from_builder) == [(0, 0)]
     for a, c in zip(from_spans[(0, 0)], from_builder[(0, 0)]):
         assert a.tolist() == c.tolist()
@@ -104,7 +105,6 @@ def test_a_batch_dequeued_at_once_is_worked_through_in_turn():
     own, not all of it charged to the last. Request 4, enqueued at 5 and taken alone at 200,
     waited behind 1, 2 and 3 for 10, 15 and 15 ns: blocked 40, culprits 2 then 3 then 1
     (equal overlaps: the earlier task first). Rebuilt from the spans alike."""
-    from omnitrace.rules import headofline
     script = [(5, E.FIFO_ENQUEUE, 4, 0, 0, 0, 1, 0)]
     for r, done in ((1, 110), (2, 125), (3, 140)):
         script += [(90 + r, E.FIFO_ENQUEUE, r, 0, 0, 0, 1, 0), (100, E.FIFO_DEQUEUE, r, 0, 0, 0, 1, 1),
@@ -122,7 +122,7 @@ def test_a_batch_dequeued_at_once_is_worked_through_in_turn():
     fifo = {int(r["req"]): r for r in f.spans[f.spans["name"] == stt.N_FIFO]}
     assert int(fifo[4]["v2"]) == 40
     assert [int(fifo[4][c]) for c in ("by0", "by1", "by2")] == [2, 3, 1]
-    busy = headofline.sender_busy(np.concatenate([f.spans, b.flush().spans]))
+    busy = hol_reference.sender_busy(np.concatenate([f.spans, b.flush().spans]))
     assert [tuple(map(int, x)) for x in zip(*busy[(0, 0)])] == got
 
 

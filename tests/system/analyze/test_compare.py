@@ -17,8 +17,8 @@ from omnitrace.analyze.compare import TTFP, compare, ttfp_rows
 from omnitrace.cli.loadtest import verdicts
 from omnitrace.conventions import Ev
 from omnitrace.render.compare_html import write_compare_html
-from tests.support.event_fixture import three_stage_events, write_event_run
-from tests.support.otlp_fixture import line, three_stage_request, write_run
+from tests.support.event_fixture import (TALKER, TALKER_RECV, THINKER, THINKER_SEND, chunk_events,
+                                         three_stage_events, write_event_run)
 
 
 def _run(path: str, extra_put_us: float, n: int = 12, bench: dict | None = None) -> str:
@@ -54,17 +54,16 @@ def test_compare_finds_the_moved_category(tmp_path):
 
 
 def _component_run(path: str, snapshot_us: float, n: int = 20) -> str:
-    """A run with no API requests (the adapter pair under a harness): chunk spans only."""
-    from tests.support.otlp_fixture import chunk_spans
-    lines = []
+    """A run with no API requests (the adapter pair under a harness): chunk events only.
+    Each chunk: snapshot [0, s], FIFO [s, s+20], process [+20, +25], put [+25, +35], poll
+    lag [+35, +40], get [+40, +45], wait for the schedule [+45, +50]."""
+    script: list = []
     for i in range(n):
         o = i * 1000.0
-        s = snapshot_us + (i % 4)
-        lines.append(line(chunk_spans(f"h{i}", 0, 1, 0, (o, o + s), (o + s, o + s + 20),
-                                      (o + s + 20, o + s + 25), (o + s + 25, o + s + 35),
-                                      (o + s + 35, o + s + 40), (o + s + 40, o + s + 45),
-                                      (o + s + 45, o + s + 50))))
-    return write_run(path, lines)
+        s = o + snapshot_us + (i % 4)
+        chunk_events(script, f"h{i}", THINKER, THINKER_SEND, TALKER_RECV, TALKER, 0, 1, 0, (o, s), s + 20,
+                     (s + 20, s + 25), (s + 25, s + 35), (s + 40, s + 45), s + 50)
+    return write_event_run(path, script)
 
 
 def test_component_level_runs_report_and_compare(tmp_path):
@@ -93,10 +92,9 @@ def test_compare_warns_when_bench_settings_differ(tmp_path):
         return {"args": {"concurrency": [str(conc)], "num_prompts": 12, "input_len": 100,
                          "output_len": out_len}, "requests": [{"id": f"r{i}", "warmup": False}
                                                               for i in range(12)]}
-    a = write_run(str(tmp_path / "a"), [line(three_stage_request(f"r{i}", off=i * 2000)) for i in range(12)],
-                  bench=bench(8, 100))
-    b = write_run(str(tmp_path / "b"), [line(three_stage_request(f"r{i}", off=i * 2000)) for i in range(12)],
-                  bench=bench(32, 100))
+    script = sorted((e for i in range(12) for e in three_stage_events(f"r{i}", off=i * 2000)), key=lambda e: e[7])
+    a = write_event_run(str(tmp_path / "a"), script, bench=bench(8, 100))
+    b = write_event_run(str(tmp_path / "b"), script, bench=bench(32, 100))
     r = subprocess.run([sys.executable, "-m", "omnitrace", "compare", a, b, "--bootstrap", "100"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

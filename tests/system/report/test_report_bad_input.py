@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from tests.support.otlp_fixture import line, three_stage_request, write_run
+from tests.support.event_fixture import (API, CODEC, CODEC_RECV, RING_RECORDS, TALKER, TALKER_RECV, TALKER_SEND,
+                                         THINKER, THINKER_SEND, three_stage_events, write_event_run)
 
 
 def _report(*args: str) -> subprocess.CompletedProcess:
@@ -23,7 +24,6 @@ def test_one_request_id_sent_twice_is_named(tmp_path):
     report names the id."""
     from omnitrace.analyze.report import build_report
     from omnitrace.analyze.rundir import load_run
-    from tests.support.event_fixture import three_stage_events, write_event_run
     once = three_stage_events("r1", off=20_000)
     twice = three_stage_events("r0") + three_stage_events("r0", off=10_000) + once
     for script, said in ((once, 0), (twice, 1)):
@@ -45,7 +45,7 @@ def test_empty_directory(tmp_path):
 
 def test_no_measured_requests(tmp_path):
     bench = {"requests": [{"id": "a", "warmup": True, "ttfp_s": 0.001}], "levels": []}
-    d = write_run(str(tmp_path / "r"), [line(three_stage_request("a"))], bench=bench)
+    d = write_event_run(str(tmp_path / "r"), three_stage_events("a"), bench=bench)
     r = _report(d)
     assert r.returncode == 3 and "no measured request could be attributed" in r.stdout
     r = _report(d, "--json")
@@ -67,33 +67,50 @@ def test_bench_only_run_dir_all_failed(tmp_path):
 
 
 def test_drops_are_announced_first(tmp_path):
-    d = write_run(str(tmp_path / "r"), [line(three_stage_request("a"))],
-                  agent={"events_read": 10, "events_dropped": 7})
+    """A ring written 7 events past its slots before the agent drained it: those 7 dropped."""
+    from omnitrace import record
+    from omnitrace.conventions import Ev
+    flood = ("stage", 0, "flood")
+    steps = RING_RECORDS - len(record.string_slots(1, "a")) // record.RECORD_SIZE + 7
+    d = write_event_run(str(tmp_path / "r"), three_stage_events("a") + [
+        (flood, Ev.STEP_BEGIN, "a", 0, -1, 1, 0, 1000 + i / 1000) for i in range(steps)])
     r = _report(d)
     assert r.returncode == 0
     assert r.stdout.splitlines()[0].startswith("!! WARNING: the recorder DROPPED 7 events")
 
 
-def test_garbage_and_torn_lines(tmp_path):
-    good = line(three_stage_request("a"))
-    d = write_run(str(tmp_path / "r"), ["{not json", good])
-    with open(f"{d}/spans.jsonl", "a") as f:
-        f.write(good[:100])  # torn last line, no newline
+def test_unreadable_bench_json_is_a_warning(tmp_path):
+    d = write_event_run(str(tmp_path / "r"), three_stage_events("a"))
     (tmp_path / "r" / "bench.json").write_text("{broken")
     r = _report(d)
-    assert r.returncode == 0
-    assert "malformed" in r.stdout and "truncated" in r.stdout and "bench.json: unreadable" in r.stdout
+    assert r.returncode == 0 and "bench.json: unreadable" in r.stdout
+
+
+def test_a_run_recorded_before_the_event_log_is_one_line_and_exit_2(tmp_path):
+    """A run directory of an omnitrace before the event log (spans.jsonl, no events/):
+    every command that reads a run says so in one line."""
+    d = tmp_path / "old"
+    d.mkdir()
+    (d / "run.json").write_text('{"run_id": "old", "status": "complete", "exit_code": 0}')
+    (d / "spans.jsonl").write_text('{"resourceSpans": [{"scopeSpans": [{"spans": []}]}]}\n')
+    for cmd in (("report", str(d)), ("compare", str(d), str(d)), ("sql", str(d), "SELECT count(*) FROM requests"),
+                ("export", str(d), "--otlp-json", str(tmp_path / "o.jsonl")),
+                ("export", str(d), "--parquet", str(tmp_path / "pq"))):
+        r = subprocess.run([sys.executable, "-m", "omnitrace", *cmd], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "recorded before the event log" in lines[0], (cmd, r.stderr)
+        assert "Traceback" not in r.stderr
 
 
 def test_merge_two_run_dirs(tmp_path):
     """One deployment over two hosts: the API+stage 0 on one, stages 1-2 on the other."""
-    spans = three_stage_request("a")
-    host_a = [s for s in spans if any(x["key"] == "omni.stage.id" and x["value"]["intValue"] in ("-1", "0")
-                                      for x in s["attributes"]) and s["name"] != "omni.chunk.poll_lag"
-              and not (s["name"] in ("omni.chunk.get", "omni.chunk.wait_schedule"))]
-    host_b = [s for s in spans if s not in host_a]
-    a = write_run(str(tmp_path / "a"), [line(host_a)])
-    b = write_run(str(tmp_path / "b"), [line(host_b)])
+    events = three_stage_events("a")
+    host_a = [e for e in events if e[0] in (API, THINKER, THINKER_SEND)]
+    host_b = [e for e in events if e[0] in (TALKER, TALKER_RECV, TALKER_SEND, CODEC, CODEC_RECV)]
+    assert len(host_a) + len(host_b) == len(events)
+    a = write_event_run(str(tmp_path / "a"), host_a)
+    b = write_event_run(str(tmp_path / "b"), host_b)
     r = _report(a, b, "--json")
     rep = json.loads(r.stdout)
     assert rep["window"]["attributed"] == 1 and rep["requests"][0]["missing_spans"] == []
@@ -101,16 +118,13 @@ def test_merge_two_run_dirs(tmp_path):
 
 
 @pytest.mark.parametrize("name,content,says", [
-    ("spans.jsonl", '{"resourceSpans": 5}', "ExportTraceServiceRequest"),
-    ("spans.jsonl", "[1,2,3]", "ExportTraceServiceRequest"),
-    ("spans.jsonl", '{"resourceSpans":[{"scopeSpans":[{"spans":[5]}]}]}', "ExportTraceServiceRequest"),
     ("bench.json", '{"levels": 5}', "'levels' is int"),
     ("bench.json", '{"requests": [1]}', "'requests' holds a non-object"),
     ("run.json", "[1,2,3]", "run.json: a JSON list"),
     ("agent.json", '"x"', "agent.json: a JSON str"),
 ])
 def test_valid_json_of_the_wrong_shape_is_one_line_and_exit_2(tmp_path, name, content, says):
-    d = write_run(str(tmp_path / "r"), [line(three_stage_request("a"))])
+    d = write_event_run(str(tmp_path / "r"), three_stage_events("a"))
     with open(f"{d}/{name}", "w") as f:
         f.write(content + "\n")
     for cmd in (("report", d), ("compare", d, d)):

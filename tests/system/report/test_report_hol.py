@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pytest
 
-from omnitrace import conventions as cv
 from omnitrace import intervals
 from omnitrace import spantable as stt
 from omnitrace.rules import headofline
@@ -17,42 +16,13 @@ from tests.support import hol_reference
 from omnitrace.conventions import Ev, Modality
 from tests.support.event_fixture import (API, TALKER, TALKER_RECV, THINKER, THINKER_SEND, chunk_events,
                                          write_event_run)
-from tests.support.otlp_fixture import chunk_spans, line, span, write_run
 
 
-def _victim() -> list[dict]:
-    """Victim v: arrival 0, first packet 1000 us; thinker chunks 0, 1, 2 wait in the FIFO
-    over [101, 400], [111, 450], [121, 500]; the talker's gating chunk is 2."""
-    out = [
-        span(cv.SPAN_REQUEST, "v", 0, 2000, stage=-1, events=[(cv.EVENT_TTFP, 1000, {})]),
-        span(cv.SPAN_STAGE, "v", 10, 1900, stage=0, **{cv.ATTR_STAGE_NAME: "thinker"}),
-        span(cv.SPAN_STAGE_QUEUE, "v", 10, 20, stage=0),
-        span(cv.SPAN_STAGE, "v", 15, 1900, stage=1, **{cv.ATTR_STAGE_NAME: "talker"},
-             events=[(cv.EVENT_EMIT, 900, {"omni.emit.modality": "audio"})]),
-        span(cv.SPAN_STAGE_QUEUE, "v", 15, 16, stage=1),
-    ]
-    for c, (fifo_end, ws_end) in enumerate(((400, 420), (450, 470), (500, 600))):
-        s = 100 + 10 * c
-        e = fifo_end
-        out += chunk_spans("v", 0, 1, c, (s, s + 1), (s + 1, e), (e, e + 5), (e + 5, e + 10),
-                           (e + 10, e + 12), (e + 12, e + 15), (e + 15, ws_end),
-                           blocked_us=230, blocked_by=["y", "x"])
-    return out
-
-
-def _culprit(rid: str, enq: float, deq: float, put_end: float) -> list[dict]:
-    """Another request's thinker task: the sender is busy with it over [deq, put_end]."""
-    return [span(cv.SPAN_SNAPSHOT, rid, enq - 1, enq, stage=0, peer=1, chunk=0),
-            span(cv.SPAN_FIFO, rid, enq, deq, stage=0, peer=1, chunk=0),
-            span(cv.SPAN_PROCESS, rid, deq, deq + 10, stage=0, peer=1, chunk=0,
-                 **{cv.ATTR_TRANSFER_BYTES: 1000}),
-            span(cv.SPAN_PUT, rid, deq + 10, put_end, stage=0, peer=1, chunk=0,
-                 **{cv.ATTR_TRANSFER_BYTES: 1000})]
-
-
-# the same schedule as the events that make it, recorded through the rings and the agent's
-# recorder: the FIFO blocked time is then the builder's, from the sender's real tasks
 def _victim_events(chunks=((400, 420), (450, 470), (500, 600))) -> list[tuple]:
+    """Victim v: arrival 0, first packet 1000 us; thinker chunks 0, 1, 2 wait in the FIFO
+    over [101, 400], [111, 450], [121, 500]; the talker's gating chunk is 2. Recorded
+    through the rings and the agent's recorder: the FIFO blocked time is the builder's,
+    from the sender's real tasks."""
     out = [(API, Ev.REQUEST_ARRIVE, "v", -1, -1, 100, 50, 0),
            (THINKER, Ev.STAGE_ADD, "v", 0, -1, 0, 0, 10), (THINKER, Ev.STAGE_SCHEDULE, "v", 0, -1, 1, 0, 20),
            (TALKER, Ev.STAGE_ADD, "v", 1, -1, 0, 0, 15), (TALKER, Ev.STAGE_SCHEDULE, "v", 1, -1, 1, 0, 16),
@@ -68,31 +38,25 @@ def _victim_events(chunks=((400, 420), (450, 470), (500, 600))) -> list[tuple]:
 
 
 def _culprit_events(rid: str, enq: float, deq: float, put_end: float) -> list[tuple]:
+    """Another request's thinker task: the sender is busy with it over [deq, put_end]."""
     return [(THINKER, Ev.SNAPSHOT_BEGIN, rid, 0, 0, 0, 1, enq - 1), (THINKER, Ev.SNAPSHOT_END, rid, 0, 0, 0, 1, enq),
             (THINKER, Ev.FIFO_ENQUEUE, rid, 0, 0, 0, 1, enq), (THINKER_SEND, Ev.FIFO_DEQUEUE, rid, 0, 0, 0, 1, deq),
             (THINKER_SEND, Ev.PROCESS_BEGIN, rid, 0, 0, 0, 1, deq), (THINKER_SEND, Ev.PROCESS_END, rid, 0, 0, 1000, 1, deq + 10),
             (THINKER_SEND, Ev.PUT_BEGIN, rid, 0, 0, 0, 1, deq + 10), (THINKER_SEND, Ev.PUT_END, rid, 0, 0, 1000, 1, put_end)]
 
 
-def _hol_run(path: str, recorded_as: str, culprits: list[tuple], extra_chunk: bool = False) -> str:
-    """The victim and ``culprits`` ((rid, enqueue, dequeue, put end) us), as a run's event
-    log or as the spans.jsonl of a run recorded before the event log."""
-    if recorded_as == "events":
-        script = _victim_events(((400, 420), (450, 470), (500, 600)) + (((1200, 1300),) if extra_chunk else ()))
-        for c in culprits:
-            script += _culprit_events(*c)
-        return write_event_run(path, sorted(script, key=lambda e: e[7]))
-    spans = _victim() + (chunk_spans("v", 0, 1, 3, (699, 700), (700, 1200), (1200, 1205), (1205, 1210),
-                                     (1210, 1212), (1212, 1215), (1215, 1300)) if extra_chunk else [])
+def _hol_run(path: str, culprits: list[tuple], extra_chunk: bool = False) -> str:
+    """The victim and ``culprits`` ((rid, enqueue, dequeue, put end) us) as a run's event
+    log; ``extra_chunk``: v's thinker chunk 3, in the FIFO over [700, 1200]."""
+    script = _victim_events(((400, 420), (450, 470), (500, 600)) + (((1200, 1300),) if extra_chunk else ()))
     for c in culprits:
-        spans += _culprit(*c)
-    return write_run(path, [line(spans)])
+        script += _culprit_events(*c)
+    return write_event_run(path, sorted(script, key=lambda e: e[7]))
 
 
-@pytest.mark.parametrize("recorded_as", ["events", "spans.jsonl"])
-def test_wall_time_is_the_union_split_among_culprits(tmp_path, recorded_as):
+def test_wall_time_is_the_union_split_among_culprits(tmp_path):
     # sender: x busy [150, 250], y busy [250, 380]; v's own tasks from 400 on
-    d = _hol_run(str(tmp_path / "r"), recorded_as, [("x", 140, 150, 250), ("y", 145, 250, 380)])
+    d = _hol_run(str(tmp_path / "r"), [("x", 140, 150, 250), ("y", 145, 250, 380)])
     r = subprocess.run([sys.executable, "-m", "omnitrace", "report", d, "--json"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -112,11 +76,10 @@ def test_wall_time_is_the_union_split_among_culprits(tmp_path, recorded_as):
     assert "never more than" in rep["head_of_line_note"]
 
 
-@pytest.mark.parametrize("recorded_as", ["events", "spans.jsonl"])
-def test_only_critical_path_waits_before_the_first_packet_count(tmp_path, recorded_as):
+def test_only_critical_path_waits_before_the_first_packet_count(tmp_path):
     """x keeps the sender busy before v's chunks exist, z while v's chunk 3 (after the gating
     chunk 2, not on the critical path) waits: neither blocked v's first packet."""
-    d = _hol_run(str(tmp_path / "r"), recorded_as, [("x", 30, 40, 90), ("z", 790, 800, 1100)],
+    d = _hol_run(str(tmp_path / "r"), [("x", 30, 40, 90), ("z", 790, 800, 1100)],
                  extra_chunk=True)
     rep = json.loads(subprocess.run([sys.executable, "-m", "omnitrace", "report", d, "--json"],
                                     capture_output=True, text=True, timeout=60).stdout)

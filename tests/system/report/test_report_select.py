@@ -14,8 +14,7 @@ from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.conventions import Ev
 from omnitrace.eventlog import EVENT_DTYPE
-from tests.support.event_fixture import three_stage_events, write_event_run
-from tests.support.otlp_fixture import EXPECTED_US, US, line, span, three_stage_request, write_run
+from tests.support.event_fixture import EXPECTED_US, TALKER_RECV, US, three_stage_events, write_event_run
 
 
 def _report(*args: str) -> subprocess.CompletedProcess:
@@ -74,16 +73,17 @@ def test_never_scheduled_wait_is_marked_not_writer_died():
 
 
 def test_never_ended_wait_is_not_walked_and_counted(tmp_path):
-    """An incomplete wait_schedule (ends where the agent closed it, before the codec chunk's
-    snapshot) would otherwise gate the talker's output: it is left out, and counted."""
-    spans = three_stage_request("w") + [span(cv.SPAN_WAIT_SCHEDULE, "w", 210, 250, stage=1, peer=0,
-                                             chunk=5, **{cv.ATTR_INCOMPLETE: True})]
-    d = write_run(str(tmp_path / "r"), [line(spans)])
+    """An incomplete wait_schedule (a chunk the talker's receiver made ready at 210 us and
+    its scheduler never took: closed at the request's last event, 1000 us, past the codec
+    chunk's snapshot) would otherwise gate the talker's output: it is left out, and
+    counted, with the builder's reason."""
+    events = three_stage_events("w") + [(TALKER_RECV, Ev.CHUNK_READY, "w", 1, 5, 0, 0, 210)]
+    d = write_event_run(str(tmp_path / "r"), sorted(events, key=lambda e: e[7]))
     rep = json.loads(_report(d, "--json").stdout)
     (req,) = rep["requests"]
     assert req["hops"] == ["0->1#0", "1->2#0"]
     got = {tuple(k.split("/", 1)): round(v * 1e6 / US) for k, v in req["categories_ms"].items()}
     names = {-1: "api", 0: "0:thinker", 1: "1:talker", 2: "2:code2wav"}
     assert got == {(names[s], c): v for (s, c), v in EXPECTED_US.items()}
-    assert rep["incomplete_chunk_spans"] == {"omni.chunk.wait_schedule: writer-died": 1}
+    assert rep["incomplete_chunk_spans"] == {"omni.chunk.wait_schedule: consumer-never-scheduled": 1}
     assert any("omni.chunk.wait_schedule" in w for w in rep["warnings"])

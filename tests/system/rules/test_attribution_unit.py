@@ -12,13 +12,17 @@ from omnitrace.rules import attribution as at
 from omnitrace.analyze.report import build_report
 from omnitrace.analyze.chunkspans import request_spans
 from omnitrace.analyze.rundir import load_run
-from tests.support.event_fixture import three_stage_events, write_event_run
-from tests.support.otlp_fixture import EXPECTED_US, US, line, three_stage_request, write_run
+from omnitrace.conventions import Ev
+from tests.support.event_fixture import (CODEC_RECV, EXPECTED_US, TALKER, TALKER_SEND, US, three_stage_events,
+                                         write_event_run)
 
 
 @pytest.mark.unit
 def test_worked_example_tiles_exactly(tmp_path):
-    run = load_run([write_run(str(tmp_path / "r"), [line(three_stage_request("a"))])])
+    """The example written into real rings, drained by the agent's Recorder into an event
+    log, loaded and paired by the production path. The FIFO's blocked time is measured
+    (another request's task holds the sender), not given."""
+    run = load_run([write_event_run(str(tmp_path / "r"), three_stage_events("a"))])
     reqs = request_spans(run)
     a = at.attribute(reqs["a"])
     assert a is not None and a.missing == []
@@ -31,13 +35,17 @@ def test_worked_example_tiles_exactly(tmp_path):
     assert a.hops == [(0, 1, 0), (1, 2, 0)]
 
 
+def _moved(events: list[tuple], ring: tuple, kind: Ev, stage: int, t_us: float) -> list[tuple]:
+    """``events`` with chunk 0's ``kind`` event of ``stage`` on ``ring`` moved to ``t_us``."""
+    return sorted(((*e[:7], t_us) if e[0] == ring and e[1] == kind and e[3] == stage and e[4] == 0 else e
+                   for e in events), key=lambda e: e[7])
+
+
 @pytest.mark.unit
 def test_overlap_is_clamped_and_gaps_become_remainder(tmp_path):
-    spans = three_stage_request("b")
-    for s in spans:  # put overlaps the poll window; shift the talker snapshot to leave a gap
-        if s["name"] == "omni.chunk.put" and s["attributes"][1]["value"]["intValue"] == "1":
-            s["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + 3 * US)
-    run = load_run([write_run(str(tmp_path / "r"), [line(spans)])])
+    # the talker's put of chunk 0 (320-330) ends 3 us after code2wav's get of it began (340)
+    events = _moved(three_stage_events("b"), TALKER_SEND, Ev.PUT_END, 1, 343)
+    run = load_run([write_event_run(str(tmp_path / "r"), events)])
     a = at.attribute(request_spans(run)["b"])
     assert sum(a.totals().values()) == a.ttfp_ns
     assert all(x.end == y.start for x, y in zip(a.segments, a.segments[1:]))
@@ -45,23 +53,26 @@ def test_overlap_is_clamped_and_gaps_become_remainder(tmp_path):
 
 @pytest.mark.unit
 def test_report_aggregates_and_sum_error_zero(tmp_path):
-    lines = [line(three_stage_request(f"r{i}", off=i * 2000, blocked_by=[f"r{i - 1}"])) for i in range(1, 6)]
+    events = [e for i in range(1, 6) for e in three_stage_events(f"r{i}", off=i * 2000)]
     bench = {"requests": [{"id": f"r{i}", "warmup": i == 1, "ttfp_s": 0.0009 + 0.0001} for i in range(1, 6)]}
-    rep = build_report(load_run([write_run(str(tmp_path / "r"), lines, bench=bench)]))
+    rep = build_report(load_run([write_event_run(str(tmp_path / "r"), sorted(events, key=lambda e: e[7]),
+                                                 bench=bench)]))
     assert rep["window"]["measured"] == 4 and rep["window"]["attributed"] == 4  # warm-up r1 excluded
     assert rep["ttfp"]["sum_error_max_ns"] == 0
     assert abs(rep["ttfp"]["client_minus_server_median_ms"] - 0.1) < 1e-6
     assert abs(sum(a["share"] for a in rep["attribution"]) - 1.0) < 1e-9
     blocked = [a for a in rep["attribution"] if a["category"] == "fifo_blocked"][0]
     assert abs(blocked["mean_ms"] - 0.030) < 1e-9
-    # the fixture's requests never overlap in time: a blocked_by attribute alone is no wall
-    # time spent behind another request's task (tests/test_report_hol.py builds one that is)
-    assert rep["head_of_line"] == [] and rep["head_of_line_victims"] == []
+    # the requests never overlap in time: each waited only behind its own "other-" task,
+    # the 30 us its thinker chunk 0 spent in the FIFO while the sender worked on that
+    pairs = {(h["victim"], h["culprit"]): h["blocked_ms"] for h in rep["head_of_line"]}
+    assert pairs.keys() == {(f"r{i}", f"other-r{i}") for i in range(2, 6)}
+    assert all(abs(ms - 0.030) < 1e-9 for ms in pairs.values())
     assert {f["stage_id"] for f in rep["fifo"]} == {0, 1}
 
 
 def test_json_and_html_cli(tmp_path):
-    d = write_run(str(tmp_path / "r"), [line(three_stage_request("a"))])
+    d = write_event_run(str(tmp_path / "r"), three_stage_events("a"))
     out = subprocess.run([sys.executable, "-m", "omnitrace", "report", d, "--json"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -75,17 +86,23 @@ def test_json_and_html_cli(tmp_path):
     assert "<script src=" not in text and "Plotly" in text and os.path.getsize(html) > 1_000_000
 
 
+def _no_chunk_talker_task(rid: str, t: float) -> list[tuple]:
+    """A talker task labelled with code2wav chunk 0 that wrote no chunk (process bytes 0):
+    snapshot [t, t+1], FIFO [t+1, t+2], process [t+2, t+3]."""
+    return [(TALKER, Ev.SNAPSHOT_BEGIN, rid, 1, 0, 0, 2, t), (TALKER, Ev.SNAPSHOT_END, rid, 1, 0, 0, 2, t + 1),
+            (TALKER, Ev.FIFO_ENQUEUE, rid, 1, 0, 0, 2, t + 1),
+            (TALKER_SEND, Ev.FIFO_DEQUEUE, rid, 1, 0, 0, 2, t + 2),
+            (TALKER_SEND, Ev.PROCESS_BEGIN, rid, 1, 0, 0, 2, t + 2),
+            (TALKER_SEND, Ev.PROCESS_END, rid, 1, 0, 0, 2, t + 3)]
+
+
 @pytest.mark.unit
 def test_several_tasks_under_one_chunk_index_take_the_last(tmp_path):
     """The talker labels its no-chunk tasks with the next chunk's index: the walk must use
     the task that produced the chunk (latest before the put), not the first one."""
-    from tests.support.otlp_fixture import span
-    spans = three_stage_request("t")
     # an earlier no-chunk talker task under codec chunk 0 (frame 1 of 4)
-    spans += [span("omni.chunk.snapshot", "t", 210, 211, stage=1, peer=2, chunk=0),
-              span("omni.chunk.fifo", "t", 211, 212, stage=1, peer=2, chunk=0),
-              span("omni.chunk.process", "t", 212, 213, stage=1, peer=2, chunk=0)]
-    run = load_run([write_run(str(tmp_path / "r"), [line(spans)])])
+    events = sorted(three_stage_events("t") + _no_chunk_talker_task("t", 210), key=lambda e: e[7])
+    run = load_run([write_event_run(str(tmp_path / "r"), events)])
     a = at.attribute(request_spans(run)["t"])
     assert {k: v // US for k, v in a.totals().items()} == EXPECTED_US
 
@@ -94,47 +111,16 @@ def test_several_tasks_under_one_chunk_index_take_the_last(tmp_path):
 def test_only_no_chunk_task_recorded_is_flagged(tmp_path):
     """If the trace holds only a 0-byte (no-chunk) task under the index, the producing task
     is unrecorded: its time goes to the producer's compute and the hop is reported."""
-    spans = [s for s in three_stage_request("u")
-             if not (s["name"] in ("omni.chunk.snapshot", "omni.chunk.fifo", "omni.chunk.process")
-                     and {"key": "omni.stage.id", "value": {"intValue": "1"}} in s["attributes"])]
-    from tests.support.otlp_fixture import span
-    spans += [span("omni.chunk.snapshot", "u", 210, 211, stage=1, peer=2, chunk=0),
-              span("omni.chunk.fifo", "u", 211, 212, stage=1, peer=2, chunk=0),
-              span("omni.chunk.process", "u", 212, 213, stage=1, peer=2, chunk=0,
-                   **{"omni.transfer.bytes": 0})]
-    run = load_run([write_run(str(tmp_path / "r"), [line(spans)])])
+    task = (Ev.SNAPSHOT_BEGIN, Ev.SNAPSHOT_END, Ev.FIFO_ENQUEUE, Ev.FIFO_DEQUEUE, Ev.PROCESS_BEGIN,
+            Ev.PROCESS_END)
+    events = [e for e in three_stage_events("u") if not (e[3] == 1 and e[1] in task)]  # the put is kept
+    run = load_run([write_event_run(str(tmp_path / "r"), sorted(events + _no_chunk_talker_task("u", 210),
+                                                                 key=lambda e: e[7]))])
     a = at.attribute(request_spans(run)["u"])
     assert a.unrecorded_tasks == [(1, 2, 0)] and "task[1->2#0]" in a.missing
     tot = {k: v // US for k, v in a.totals().items()}
     assert tot[(1, "compute")] == 120 and (1, "snapshot") not in tot  # [200, 320] up to the put
     assert sum(a.totals().values()) == a.ttfp_ns
-
-
-@pytest.mark.unit
-def test_worked_example_recorded_through_the_real_recorder(tmp_path):
-    """The same example as events: written into real rings, drained by the agent's
-    Recorder into an event log, loaded and paired by the production path. The FIFO's
-    blocked time is measured here (another request's task holds the sender), not given."""
-    run = load_run([write_event_run(str(tmp_path / "r"), three_stage_events("a"))])
-    a = at.attribute(request_spans(run)["a"])
-    assert a is not None and a.missing == [] and a.ttfp_ns == 900 * US
-    assert {k: v // US for k, v in a.totals().items()} == EXPECTED_US
-    assert all(x.end == y.start for x, y in zip(a.segments, a.segments[1:]))
-    assert a.hops == [(0, 1, 0), (1, 2, 0)]
-
-
-@pytest.mark.unit
-def test_the_report_reads_the_same_from_events_and_from_spans(tmp_path):
-    ids = [f"r{i}" for i in range(4)]
-    bench = {"requests": [{"id": r, "warmup": False, "ttfp_s": 0.001} for r in ids]}
-    events = [e for i, r in enumerate(ids) for e in three_stage_events(r, off=i * 2000)]
-    from_events = build_report(load_run([write_event_run(str(tmp_path / "e"), events, bench=bench)]))
-    from_spans = build_report(load_run([write_run(
-        str(tmp_path / "s"), [line(three_stage_request(r, off=i * 2000)) for i, r in enumerate(ids)],
-        bench=bench)]))
-    assert from_events["window"]["attributed"] == from_spans["window"]["attributed"] == 4
-    assert from_events["attribution"] == from_spans["attribution"]
-    assert from_events["ttfp"]["sum_error_max_ns"] == 0
 
 
 @pytest.mark.unit
@@ -153,8 +139,6 @@ def _get_overlapping_its_put(rid: str) -> list[tuple]:
     put began and left after it ended (a receiver thread descheduled inside a non-blocking
     get: seen on the real server), behind two earlier no-chunk talker tasks under the same
     chunk index, which finished before the get began."""
-    from omnitrace.conventions import Ev
-    from tests.support.event_fixture import CODEC_RECV, TALKER, TALKER_SEND
     out = []
     for e in three_stage_events(rid):
         ring, kind, _, stage, chunk = e[:5]
@@ -163,12 +147,8 @@ def _get_overlapping_its_put(rid: str) -> list[tuple]:
         elif ring == CODEC_RECV and chunk == 0 and kind in (Ev.GET_END, Ev.CHUNK_READY):
             e = (*e[:7], 335)
         out.append(e)
-    for t in (210, 250):  # no-chunk talker tasks labelled with chunk 0: process bytes 0
-        out += [(TALKER, Ev.SNAPSHOT_BEGIN, rid, 1, 0, 0, 2, t), (TALKER, Ev.SNAPSHOT_END, rid, 1, 0, 0, 2, t + 1),
-                (TALKER, Ev.FIFO_ENQUEUE, rid, 1, 0, 0, 2, t + 1),
-                (TALKER_SEND, Ev.FIFO_DEQUEUE, rid, 1, 0, 0, 2, t + 2),
-                (TALKER_SEND, Ev.PROCESS_BEGIN, rid, 1, 0, 0, 2, t + 2),
-                (TALKER_SEND, Ev.PROCESS_END, rid, 1, 0, 0, 2, t + 3)]
+    for t in (210, 250):
+        out += _no_chunk_talker_task(rid, t)
     return sorted(out, key=lambda e: e[7])
 
 

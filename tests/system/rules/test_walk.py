@@ -11,12 +11,14 @@ import orjson
 import pytest
 
 from omnitrace import conventions as cv
+from omnitrace import eventlog, otlp
 from omnitrace import spantable as stt
 from omnitrace.analyze import report
 from omnitrace.analyze.chunkspans import chunk_rows, with_chunks
 from omnitrace.analyze.rundir import load_run
 from omnitrace.rules import attribution as at
 from omnitrace.rules import walk
+from omnitrace.rules.spanobjects import spans_from_table
 
 
 def _both(run, batch: int = 5) -> tuple[dict, dict]:
@@ -40,15 +42,43 @@ def test_batch_walk_equals_the_reference_on_a_real_run(real_run):
     assert got == want
 
 
-def test_stage_spans_from_the_record_carry_their_first_emits(real_run):
-    """What the batch walk reads instead of each stage span's emit events."""
-    stages = [s for s in load_run([real_run]).spans if s.name == cv.SPAN_STAGE]
-    for s in stages:
-        emits = [(t, a) for n, t, a in s.events if n == cv.EVENT_EMIT]
-        audio = [t for t, a in emits if at._is_audio(a)]
-        assert s.emit_firsts == (min(audio, default=None), min((t for t, _ in emits), default=None))
+def test_span_objects_carry_what_the_otlp_edge_says(real_run):
+    """The typed fields of request and stage spans (what the walk reads) equal what the
+    OTLP edge makes of the same rows: the status attribute, the first of each event, the
+    stage name, the first (audio) ``omni.emit``."""
+    log = eventlog.read_event_log(real_run)
+    b = stt.SpanBuilder(dict(log.rings))
+    b.ring_changed()
+    feeds = [b.feed(log.events[np.argsort(log.events["t"], kind="stable")]), b.flush()]
+    table = np.concatenate([f.spans for f in feeds])
+    emits = np.concatenate([f.emits for f in feeds])
+    table = table[table["name"] < stt.N_SNAPSHOT]
+    ours = {(s.name, s.rid, s.stage, s.replica): s
+            for s in spans_from_table(table, emits, log.requests.strings, log.rings)}
+    edge = otlp.SpanConverter(log.requests.strings, log.rings).convert(table, emits)
+    assert len(ours) == len(edge) == len(table)
+
+    def first(o, name: str, audio: bool = False) -> int | None:
+        return min((t for n, t, a in o.events if n == name and (not audio or a.get(cv.ATTR_MODALITY) == "audio")),
+                   default=None)
+    for o in edge:
+        a = o.attrs
+        sp = ours[(o.name, a[cv.ATTR_REQUEST_ID], a.get(cv.ATTR_STAGE_ID, cv.API_STAGE), a[cv.ATTR_REPLICA])]
+        if o.name == cv.SPAN_REQUEST:
+            assert (sp.status, sp.ttfp, sp.parsed, sp.dispatched, sp.packet_received, sp.packet_resumed) == (
+                a[cv.ATTR_STATUS], first(o, cv.EVENT_TTFP), first(o, cv.EVENT_API_PARSED),
+                first(o, cv.EVENT_API_DISPATCHED), first(o, cv.EVENT_API_PACKET_RECEIVED),
+                first(o, cv.EVENT_API_PACKET_RESUMED))
+        else:
+            assert sp.stage_name == a[cv.ATTR_STAGE_NAME]
+        if o.name == cv.SPAN_STAGE:
+            assert sp.emit_firsts == (first(o, cv.EVENT_EMIT, audio=True), first(o, cv.EVENT_EMIT))
+    stages = [s for s in ours.values() if s.name == cv.SPAN_STAGE]
     assert any(s.emit_firsts[0] is None and s.emit_firsts[1] is not None for s in stages)  # text
     assert any(s.emit_firsts[0] is not None for s in stages)  # audio
+    requests = [s for s in ours.values() if s.name == cv.SPAN_REQUEST]
+    assert all(s.ttfp and s.parsed and s.dispatched and s.packet_received and s.packet_resumed
+               for s in requests)
 
 
 def _perturbed(run, rng: np.random.Generator, how: str):

@@ -88,8 +88,8 @@ def test_a_run_ids_are_numbered_on_alike_whichever_tables_a_load_makes():
     """The shell loads tables as its statements need them: a table loaded later must join
     with one loaded earlier."""
     from omnitrace.analyze import report_tables
-    alone = report_tables.load_runs([WORKED, HOL], {"stage_visits"})["stage_visits"]
-    with_requests = report_tables.load_runs([WORKED, HOL], {"stage_visits", "requests"})
+    alone = report_tables.load_runs([WORKED, HOL], {"stage_visits"}).tables["stage_visits"]
+    with_requests = report_tables.load_runs([WORKED, HOL], {"stage_visits", "requests"}).tables
     assert set(with_requests) == {"stage_visits", "requests"}
     assert alone.column("request_id").equals(with_requests["stage_visits"].column("request_id"))
 

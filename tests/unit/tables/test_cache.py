@@ -1,0 +1,88 @@
+"""A long run's tables kept beside it (omnitrace.tables.cache): read back only while the
+files and code they were made from are the same, never kept for a short load or a run
+still recording, and a directory that cannot take them changes nothing."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import orjson
+import pytest
+
+from omnitrace.analyze import report_tables
+from omnitrace.runfiles import names
+from omnitrace.tables import cache
+from omnitrace.tables import run as tables_run
+from tests.support import golden_inputs as gi
+
+WANTED = {"requests", "fifo_tasks", "segments"}
+
+
+@pytest.fixture
+def run(tmp_path) -> str:
+    d = str(tmp_path / "hol")
+    shutil.copytree(os.path.join(gi.RUNS, "hol"), d)
+    return d
+
+
+def _made(run: str) -> report_tables.Loaded:
+    return report_tables.load(run, WANTED)
+
+
+def test_tables_kept_read_back_equal_without_a_second_load(run, monkeypatch):
+    monkeypatch.setattr(cache, "MIN_LOAD_S", 0.0)
+    first = _made(run)
+    assert set(os.listdir(os.path.join(run, names.TABLES))) >= {f"{n}.parquet" for n in WANTED}
+
+    def no_load(*a, **k):
+        raise AssertionError("loaded again although kept")
+    monkeypatch.setattr(tables_run, "load", no_load)
+    again = _made(run)
+    assert set(again.tables) == WANTED
+    for name in WANTED:
+        assert again.tables[name].equals(first.tables[name]), name
+    assert again.notes == first.notes
+
+
+def test_a_short_load_keeps_nothing(run):
+    assert cache.MIN_LOAD_S > 1.0  # the golden run loads in milliseconds
+    _made(run)
+    assert not os.path.exists(os.path.join(run, names.TABLES))
+
+
+@pytest.mark.parametrize("change", ["source file", "code"])
+def test_a_change_to_what_they_were_made_from_discards_them(run, monkeypatch, change):
+    made = _made(run)
+    assert cache.keep(run, made.tables, made.notes, cache.MIN_LOAD_S)
+    assert set(cache.read_fresh(run, WANTED)[0]) == WANTED
+    if change == "source file":
+        with open(os.path.join(run, names.BENCH), "ab") as f:
+            f.write(b" ")
+    else:
+        monkeypatch.setattr(cache, "_code_digest", "other code")
+    assert cache.read_fresh(run, WANTED) == ({}, [])
+
+
+def test_notes_are_kept_with_the_tables(run):
+    made = _made(run)
+    assert cache.keep(run, made.tables, ["the spans are built from part of the run: x"], 60.0)
+    assert cache.read_fresh(run, {"requests"})[1] == ["the spans are built from part of the run: x"]
+
+
+def test_a_run_still_recording_is_not_kept(run):
+    path = os.path.join(run, names.RUN)
+    with open(path, "rb") as f:
+        doc = orjson.loads(f.read())
+    with open(path, "wb") as f:
+        f.write(orjson.dumps({**doc, "status": "running"}))
+    made = _made(run)
+    assert not cache.keep(run, made.tables, made.notes, 60.0)
+    assert not os.path.exists(os.path.join(run, names.TABLES))
+
+
+def test_a_directory_that_cannot_take_them_changes_nothing(run):
+    with open(os.path.join(run, names.TABLES), "wb") as f:  # a file where the folder would go
+        f.write(b"x")
+    made = _made(run)
+    assert not cache.keep(run, made.tables, made.notes, 60.0)
+    assert cache.read_fresh(run, WANTED) == ({}, [])
