@@ -13,8 +13,7 @@ import pytest
 from omnitrace import record
 from omnitrace.conventions import Ev
 
-pytestmark = [pytest.mark.unit,
-              pytest.mark.skipif(record._ringc is None, reason="built without a C compiler")]
+pytestmark = pytest.mark.skipif(record._ringc is None, reason="built without a C compiler")
 
 INFO = record.ProcessInfo("stage", 1, 0, "paths")
 

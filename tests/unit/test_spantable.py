@@ -1,14 +1,14 @@
 """The vectorised span builder (omnitrace.spantable) on hand-written feeds: pairing, FIFO
-blocking and its culprits, sender busy time, batches. Against the per-event Python
-reference on a real run: tests/system/test_spantable.py."""
+blocking and its culprits, sender busy time, batches, a chunk wait never scheduled.
+Against the per-event Python reference on a real run: tests/system/test_spantable.py."""
 from __future__ import annotations
-
 
 import numpy as np
 import pytest
 
 from omnitrace import conventions as cv
 from omnitrace import spantable as stt
+from omnitrace.conventions import Ev
 from omnitrace.eventlog import EVENT_DTYPE
 from tests.support import hol_reference
 
@@ -166,3 +166,21 @@ def test_a_feeds_latest_time_per_request(ids) -> None:
     got_ids, got_t = stt._latest(req, t, sorted(set(ids)))
     assert got_ids.tolist() == sorted(set(ids))
     assert got_t.tolist() == [int(t[req == r].max()) for r in sorted(set(ids))]
+
+
+def test_never_scheduled_wait_is_marked_not_writer_died():
+    """CHUNK_READY on the consumer, never CHUNK_SCHEDULED, then every process exits: the
+    consumer's scheduler never took the chunk; its writer did not die mid-span."""
+    rings = {0: {"pid": 7, "replica": 0, "role": "stage", "stage": 1, "process": "talker"}}
+    b = stt.SpanBuilder(dict(rings))
+    b.ring_changed()
+    ev = np.zeros(3, EVENT_DTYPE)
+    for i, (kind, chunk, t) in enumerate(((Ev.CHUNK_READY, 0, 10), (Ev.CHUNK_SCHEDULED, 0, 20),
+                                          (Ev.CHUNK_READY, 1, 30))):
+        ev[i] = (t, 0, 1, chunk, kind, 1, 0, 0)
+    done = b.feed(ev).spans
+    b.process_died(7)
+    left = b.flush().spans
+    assert [stt.REASONS[r] for r in done["reason"]] == [""]
+    assert [(stt.NAMES[n], stt.REASONS[r]) for n, r in zip(left["name"], left["reason"])] == [
+        (cv.SPAN_WAIT_SCHEDULE, "consumer-never-scheduled")]

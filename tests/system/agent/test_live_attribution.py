@@ -3,7 +3,8 @@ run's record, and the live request counters agree with the bench.
 
 Real reference pipeline under real load (`omnitrace run` around serve_and_bench); the
 agent's final metrics message (metrics.jsonl, the same registry Prometheus scrapes) is
-compared with `rules.attribution` run on the event log afterwards.
+compared with `rules.attribution` run on the event log afterwards. A load that starts
+long after the agent, in process: tests/unit/agent/test_attribution_view.py.
 """
 from __future__ import annotations
 
@@ -140,37 +141,3 @@ def test_view_on_the_record_in_any_cut_equals_the_walk(run_dir, cuts):
         assert got[who] == pytest.approx(ms, rel=1e-9, abs=1e-9), who
     top = view.top_culprits()
     assert [c["culprit"] for c in top] == sorted(want, key=want.get, reverse=True)[:len(top)]
-
-
-@pytest.mark.unit
-def test_a_load_that_starts_long_after_the_agent_is_attributed_live(tmp_path):
-    """Issue 41: `top` read 64 attributed from the live endpoint and 80 from the run
-    directory for one run. The agent's ticks fed the view from its start; a load that began
-    more than NO_API_S later had its first feed taken for a run without API hooks, so its
-    first requests' spans were never held and those requests stayed unattributed for good
-    (the report, and `top` on the finished run, count them). Three requests, fed in one
-    piece a minute after the agent's first (empty) tick, then a tick past SETTLE_MAX_S."""
-    import numpy as np
-
-    from omnitrace import eventlog
-    from omnitrace.agent.attribution_view import AttributionView
-    from omnitrace.agent.export_prometheus import Metrics
-    from omnitrace.spanload import Part
-    from omnitrace.spantable import SpanBuilder
-    from tests.support.event_fixture import three_stage_events, write_event_run
-
-    script = sorted((e for i in range(3) for e in three_stage_events(f"r{i}", off=i * 3000)),
-                    key=lambda e: e[7])
-    d = write_event_run(str(tmp_path / "run"), script)
-    log = eventlog.read_event_log(d)
-    builder = SpanBuilder(log.rings)
-    builder.ring_changed()
-    now = [0.0]
-    view = AttributionView(Metrics(), log.requests.strings, log.rings, clock=lambda: now[0])
-    seen = Part(log.rings, log.requests.strings)
-    view.feed(builder.tick(now[0]), seen)  # the agent's first tick: no load yet
-    now[0] = 2 * view.NO_API_S
-    view.feed(builder.feed(np.sort(log.events, order="t", kind="stable"), now[0]), seen)
-    now[0] += 2 * view.SETTLE_MAX_S
-    view.feed(builder.tick(now[0]), seen)
-    assert (view.attributed, len(view.arrived)) == (3, 0)

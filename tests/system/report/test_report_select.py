@@ -1,19 +1,13 @@
 """Runs without bench.json (a foreign client): requests selected by id prefix, arrival
-window and warm-up count; and chunk waits that never ended are marked, not walked."""
+window and warm-up count; and chunk waits that never ended are marked, not walked. The
+builder's mark on a wait never scheduled, in process: tests/unit/test_spantable.py."""
 from __future__ import annotations
-
-import pytest
 
 import json
 import subprocess
 import sys
 
-import numpy as np
-
-from omnitrace import conventions as cv
-from omnitrace import spantable as stt
 from omnitrace.conventions import Ev
-from omnitrace.eventlog import EVENT_DTYPE
 from tests.support.event_fixture import EXPECTED_US, TALKER_RECV, US, three_stage_events, write_event_run
 
 
@@ -51,25 +45,6 @@ def test_bad_window_is_one_line_exit_2(tmp_path):
     for bad in ("10", "x:y", "5:1"):
         r = _report(d, "--window", bad)
         assert r.returncode == 2 and "--window" in r.stderr, r.stderr
-
-
-@pytest.mark.unit
-def test_never_scheduled_wait_is_marked_not_writer_died():
-    """CHUNK_READY on the consumer, never CHUNK_SCHEDULED, then every process exits: the
-    consumer's scheduler never took the chunk; its writer did not die mid-span."""
-    rings = {0: {"pid": 7, "replica": 0, "role": "stage", "stage": 1, "process": "talker"}}
-    b = stt.SpanBuilder(dict(rings))
-    b.ring_changed()
-    ev = np.zeros(3, EVENT_DTYPE)
-    for i, (kind, chunk, t) in enumerate(((Ev.CHUNK_READY, 0, 10), (Ev.CHUNK_SCHEDULED, 0, 20),
-                                          (Ev.CHUNK_READY, 1, 30))):
-        ev[i] = (t, 0, 1, chunk, kind, 1, 0, 0)
-    done = b.feed(ev).spans
-    b.process_died(7)
-    left = b.flush().spans
-    assert [stt.REASONS[r] for r in done["reason"]] == [""]
-    assert [(stt.NAMES[n], stt.REASONS[r]) for n, r in zip(left["name"], left["reason"])] == [
-        (cv.SPAN_WAIT_SCHEDULE, "consumer-never-scheduled")]
 
 
 def test_never_ended_wait_is_not_walked_and_counted(tmp_path):

@@ -1,7 +1,8 @@
 """The batch walk (rules/walk.py) against the reference walk (attribution.attribute),
 request by request, on a real run and on that run's chunk spans perturbed every way the
 rule has a branch for (missing spans, several tasks under one key, 0-byte tasks, ties,
-gets overlapping their puts, table order); and the report made with it against the report made by the reference."""
+gets overlapping their puts, table order); and the report made with it against the report made by the reference.
+Its compact keys' limit: tests/unit/rules/test_walk.py."""
 from __future__ import annotations
 
 import copy
@@ -136,13 +137,3 @@ def test_report_by_the_batch_walk_equals_the_report_by_the_reference(real_run, m
     ref = report.build_report(load_run([real_run]), waterfalls=3)
     assert fast["window"]["attributed"] >= 10 and fast["head_of_line"]
     assert orjson.dumps(fast) == orjson.dumps(ref)  # the JSON's order too
-
-
-@pytest.mark.unit
-def test_a_batch_beyond_the_compact_keys_is_walked_by_the_reference():
-    rows = np.zeros(2, stt.SPAN_DTYPE)
-    assert walk.fits(rows)
-    rows["stage"][1] = 300
-    assert not walk.fits(rows)
-    rows["stage"][1], rows["chunk"][0] = 0, -2
-    assert not walk.fits(rows)

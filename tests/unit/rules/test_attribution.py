@@ -1,12 +1,6 @@
-"""Attribution arithmetic on a hand-written three-stage trace (exact expected tiling)."""
+"""Attribution arithmetic on a hand-written three-stage trace (exact expected tiling).
+`omnitrace report` run on it: tests/system/rules/test_attribution.py."""
 from __future__ import annotations
-
-import pytest
-
-import json
-import os
-import subprocess
-import sys
 
 from omnitrace.rules import attribution as at
 from omnitrace.analyze.report import build_report
@@ -17,7 +11,6 @@ from tests.support.event_fixture import (CODEC_RECV, EXPECTED_US, TALKER, TALKER
                                          write_event_run)
 
 
-@pytest.mark.unit
 def test_worked_example_tiles_exactly(tmp_path):
     """The example written into real rings, drained by the agent's Recorder into an event
     log, loaded and paired by the production path. The FIFO's blocked time is measured
@@ -41,7 +34,6 @@ def _moved(events: list[tuple], ring: tuple, kind: Ev, stage: int, t_us: float) 
                    for e in events), key=lambda e: e[7])
 
 
-@pytest.mark.unit
 def test_overlap_is_clamped_and_gaps_become_remainder(tmp_path):
     # the talker's put of chunk 0 (320-330) ends 3 us after code2wav's get of it began (340)
     events = _moved(three_stage_events("b"), TALKER_SEND, Ev.PUT_END, 1, 343)
@@ -51,7 +43,6 @@ def test_overlap_is_clamped_and_gaps_become_remainder(tmp_path):
     assert all(x.end == y.start for x, y in zip(a.segments, a.segments[1:]))
 
 
-@pytest.mark.unit
 def test_report_aggregates_and_sum_error_zero(tmp_path):
     events = [e for i in range(1, 6) for e in three_stage_events(f"r{i}", off=i * 2000)]
     bench = {"requests": [{"id": f"r{i}", "warmup": i == 1, "ttfp_s": 0.0009 + 0.0001} for i in range(1, 6)]}
@@ -71,21 +62,6 @@ def test_report_aggregates_and_sum_error_zero(tmp_path):
     assert {f["stage_id"] for f in rep["fifo"]} == {0, 1}
 
 
-def test_json_and_html_cli(tmp_path):
-    d = write_event_run(str(tmp_path / "r"), three_stage_events("a"))
-    out = subprocess.run([sys.executable, "-m", "omnitrace", "report", d, "--json"],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    rep = json.loads(out.stdout)
-    assert rep["requests"][0]["id"] == "a"
-    html = tmp_path / "r.html"
-    out = subprocess.run([sys.executable, "-m", "omnitrace", "report", d, "--html", str(html)],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    text = html.read_text()
-    assert "<script src=" not in text and "Plotly" in text and os.path.getsize(html) > 1_000_000
-
-
 def _no_chunk_talker_task(rid: str, t: float) -> list[tuple]:
     """A talker task labelled with code2wav chunk 0 that wrote no chunk (process bytes 0):
     snapshot [t, t+1], FIFO [t+1, t+2], process [t+2, t+3]."""
@@ -96,7 +72,6 @@ def _no_chunk_talker_task(rid: str, t: float) -> list[tuple]:
             (TALKER_SEND, Ev.PROCESS_END, rid, 1, 0, 0, 2, t + 3)]
 
 
-@pytest.mark.unit
 def test_several_tasks_under_one_chunk_index_take_the_last(tmp_path):
     """The talker labels its no-chunk tasks with the next chunk's index: the walk must use
     the task that produced the chunk (latest before the put), not the first one."""
@@ -107,7 +82,6 @@ def test_several_tasks_under_one_chunk_index_take_the_last(tmp_path):
     assert {k: v // US for k, v in a.totals().items()} == EXPECTED_US
 
 
-@pytest.mark.unit
 def test_only_no_chunk_task_recorded_is_flagged(tmp_path):
     """If the trace holds only a 0-byte (no-chunk) task under the index, the producing task
     is unrecorded: its time goes to the producer's compute and the hop is reported."""
@@ -123,7 +97,6 @@ def test_only_no_chunk_task_recorded_is_flagged(tmp_path):
     assert sum(a.totals().values()) == a.ttfp_ns
 
 
-@pytest.mark.unit
 def test_waterfall_marks_only_the_queues_the_critical_path_waited_in(tmp_path):
     bench = {"requests": [{"id": "a", "warmup": False, "ttfp_s": 0.001}]}
     rep = build_report(load_run([write_event_run(str(tmp_path / "r"), three_stage_events("a"), bench=bench)]))
@@ -152,7 +125,6 @@ def _get_overlapping_its_put(rid: str) -> list[tuple]:
     return sorted(out, key=lambda e: e[7])
 
 
-@pytest.mark.unit
 def test_a_get_overlapping_its_put_takes_the_task_that_put_it(tmp_path):
     """The get is matched to the put it can have read (begun before the get ended) and the
     put to its own task (the sender's last process before it), not to whatever finished

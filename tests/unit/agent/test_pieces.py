@@ -1,9 +1,9 @@
 """Unit checks of the agent's pieces on real inputs (real rings, real zstd segments,
-the real official encoder)."""
+the real official encoder). The event log's round trip in random cuts:
+tests/system/test_eventlog.py."""
 from __future__ import annotations
 
 import os
-import random
 
 import numpy as np
 import orjson
@@ -36,7 +36,6 @@ def _official_json(spans: list, rc: export_otlp.ResourceCache) -> dict:
     return d
 
 
-@pytest.mark.unit
 def test_otlp_json_equals_official_encoder_output():
     rc = export_otlp.ResourceCache("r1")
     spans = [otlp.OtlpSpan(cv.SPAN_FIFO, 123456789, 42, 7, 1000, 2000,
@@ -62,7 +61,6 @@ def _ev(rows: list[tuple]) -> np.ndarray:
     return a
 
 
-@pytest.mark.unit
 def test_request_state_is_freed_and_incomplete_spans_flushed():
     b = stt.SpanBuilder(dict(RINGS))
     b.ring_changed()
@@ -92,7 +90,6 @@ def test_request_state_is_freed_and_incomplete_spans_flushed():
     assert sum(ttfp[0][1]) == 100
 
 
-@pytest.mark.unit
 def test_sender_busy_seconds_are_the_tasks_the_sender_closed():
     """Two chunk tasks on the thinker's sender (dequeue -> put end: 30 and 50 ns) and one
     still running at the feed's end: the counter holds the two, by stage and replica."""
@@ -113,7 +110,6 @@ def test_sender_busy_seconds_are_the_tasks_the_sender_closed():
     assert got == pytest.approx(80e-9)
 
 
-@pytest.mark.unit
 def test_metrics_view_fills_what_one_observation_per_span_would():
     """The view's grouped, vectorised path against the rule applied span by span: every
     complete chunk span with a histogram, its labels, value and exemplar (the last one per
@@ -151,7 +147,6 @@ def test_metrics_view_fills_what_one_observation_per_span_would():
             assert [e and e[:2] for e in g.exemplars] == [e and e[:2] for e in w.exemplars]
 
 
-@pytest.mark.unit
 def test_ring_strings_wrap_and_drop_count_exact(tmp_path, monkeypatch):
     monkeypatch.setenv(cv.ENV_RUN_ID, f"unit-{os.getpid()}")
     ring = record.Ring(f"unit-{os.getpid()}", record.ProcessInfo(), 64)
@@ -175,63 +170,6 @@ def test_ring_strings_wrap_and_drop_count_exact(tmp_path, monkeypatch):
         ring.close()
 
 
-
-
-def _fill(ring: record.Ring, twin: record.Ring, rng: random.Random, n: int) -> None:
-    for i in range(n):
-        q = "req-" + "\u00e9" * rng.randint(0, 60) + str(rng.randint(0, 9000))
-        ring.record(3, q, 1, i, i, 2, 1000 + i)
-        twin.record(3, q, 1, i, i, 2, 1000 + i)
-
-
-def test_event_log_roundtrip_equals_read_batch(tmp_path):
-    """Raw slots through the event log in random cuts (strings split across reads, string
-    tables reset, segments rotated) decode to exactly what read_batch gives."""
-    run = f"elog-{os.getpid()}"
-    ring = record.Ring(run, record.ProcessInfo("stage", 0, 0, "x"), 1 << 16)
-    twin = record.Ring(run + "b", record.ProcessInfo("stage", 0, 0, "x"), 1 << 16)
-    raw_r, dec_r = record.RingReader(ring.name), record.RingReader(twin.name)
-    w = eventlog.EventLogWriter(str(tmp_path), run, offset_ns=5, segment_raw_bytes=64 << 10)
-    dec = record.SlotDecoder(record.RequestIds())
-    w.ring(0, {"pid": 1, "replica": 0})
-    rng = random.Random(1)
-    want: list = []
-    try:
-        for _ in range(400):
-            _fill(ring, twin, rng, rng.randint(0, 50))
-            want += dec_r.read_batch()
-            raw = raw_r.read_raw(rng.randint(1, 40))
-            w.records(0, raw, len(dec.decode(raw)))
-            w.commit({0: dec.strings}, can_rotate=not dec.cut)
-        while True:
-            raw = raw_r.read_raw(7)
-            if not raw:
-                break
-            w.records(0, raw, len(dec.decode(raw)))
-            w.commit({0: dec.strings}, can_rotate=not dec.cut)
-        w.close({0: dec.strings})
-        log = eventlog.read_event_log(str(tmp_path))
-        strings = log.requests.strings
-        got = [(k, strings[r], s, c, a, b, t - 5) for t, a, r, c, k, s, b, _ in log.events.tolist()]
-        assert got == want and len(want) > 5000
-        assert w.counters()["segments"] > 2 and w.events_recorded == len(want)
-        # every segment decodes on its own (its head carries the ring and string table)
-        alone_ok = 0
-        for path in eventlog.segments(str(tmp_path))[1:]:
-            os.makedirs(tmp_path / "alone" / "events", exist_ok=True)
-            alone = tmp_path / "alone" / "events" / "seg-000000.zst"
-            alone.write_bytes(open(path, "rb").read())
-            one = eventlog.read_event_log(str(tmp_path / "alone"))
-            assert all(one.requests.strings[r] for r in one.events["req"])
-            alone_ok += len(one.events) > 0
-        assert alone_ok >= 2
-    finally:
-        raw_r.close(unlink=True)
-        dec_r.close(unlink=True)
-        ring.close()
-        twin.close()
-
-
 def _small_log(tmp_path, n: int = 3000, **kw) -> eventlog.EventLogWriter:
     run = f"elog2-{os.getpid()}"
     ring = record.Ring(run, record.ProcessInfo("stage", 0, 0, "x"), 1 << 14)
@@ -252,7 +190,6 @@ def _small_log(tmp_path, n: int = 3000, **kw) -> eventlog.EventLogWriter:
     return w
 
 
-@pytest.mark.unit
 def test_blocks_cut_anywhere_between_inflated_pieces_decode_the_same(tmp_path):
     """The reader inflates a segment a slice at a time, and zstd hands out whole zstd
     blocks: a segment re-compressed with a zstd block ending every few bytes cuts block
@@ -275,7 +212,6 @@ def test_blocks_cut_anywhere_between_inflated_pieces_decode_the_same(tmp_path):
         assert (got.events == want.events).all()
 
 
-@pytest.mark.unit
 def test_torn_last_segment_loses_only_its_torn_records(tmp_path):
     w = _small_log(tmp_path)
     w.close()
@@ -291,7 +227,6 @@ def test_torn_last_segment_loses_only_its_torn_records(tmp_path):
     assert torn.warnings and "ends early" in torn.warnings[0] and torn.torn_segments == 1 and torn.last_torn
 
 
-@pytest.mark.unit
 def test_corrupt_segment_is_one_clear_error(tmp_path):
     w = _small_log(tmp_path)
     w.close()
@@ -304,7 +239,6 @@ def test_corrupt_segment_is_one_clear_error(tmp_path):
         eventlog.read_event_log(str(tmp_path))
 
 
-@pytest.mark.unit
 def test_max_bytes_stops_recording_and_counts_exactly(tmp_path):
     w = _small_log(tmp_path, n=20000, max_bytes=2000)
     w.close()
@@ -315,7 +249,6 @@ def test_max_bytes_stops_recording_and_counts_exactly(tmp_path):
     assert len(log.events) == c["events_recorded"]
 
 
-@pytest.mark.unit
 def test_orphan_stamps_leave_after_the_idle_timeout():
     """A begin whose request has no request/stage state (an adapter-only run) does not
     wait forever: it is emitted incomplete ("timeout") once the run is idle_timeout past it."""
@@ -345,7 +278,6 @@ def _long_wait(n_tasks: int) -> np.ndarray:
     return ev[np.argsort(ev["t"], kind="stable")]
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("cuts", [1, 40])
 def test_fifo_blocked_counts_every_task_waited_behind(cuts):
     """blocked_ns of a FIFO wait behind 40,000 other tasks: all of them, in one feed (the
@@ -362,7 +294,6 @@ def test_fifo_blocked_counts_every_task_waited_behind(cuts):
     assert fifo["by0"] == 2 and fifo["by1"] == 0
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("values", [[], [7], [3, -2, 3, 0, -2, 65535], [5, 1 << 40, 5, -(1 << 33)],
                                     [(i % 13) << 30 for i in range(100)]],
                          ids=["empty", "one", "narrow with negatives", "wide, few: peeled",
