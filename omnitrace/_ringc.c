@@ -1,7 +1,7 @@
 /* The compiled writer of one thread's ring: omnitrace.record.Ring's record() in C.
 
    record.py owns the layout and states the rules; Ring there is the reference this file
-   follows line for line (reserve, intern, record), and tests/test_record_paths.py writes
+   follows line for line (reserve, intern, record), and tests/unit/test_record.py writes
    the same calls through both and compares the rings byte for byte. Built at install
    when a C compiler is there (setup.py, optional); without one, record.py's Python
    writer is used. Why by hand: the call itself is the cost (~250 ns in Python, most of

@@ -18,7 +18,7 @@ forked helper process, which also applies the sender rule (``spantable.SenderTas
 the FIFO senders' busy intervals, from its own copy of the ring descriptions) and hands
 each prepared feed over a pipe (its arrays written and read in place); this process only
 receives, builds and hands on. Same feeds, same order, so the same spans
-(tests/test_spanload.py). Where fork is unavailable or the helper fails, the log is
+(tests/system/test_spanload.py). Where fork is unavailable or the helper fails, the log is
 decoded here, on a thread: slower, never a different answer. A corrupt log is the same
 one-line error either way.
 """

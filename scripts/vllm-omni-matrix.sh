@@ -8,7 +8,8 @@
 # only the two seed versions (.venv-vllm, .venv-vllm-032); the others live here.
 # Each venv is ~5.8 GB from PyPI alone (~2.5-3.5 GB where a local +cpu torch wheel fits).
 # VLLM_OMNI_TORCH=pypi (passed to the install script) forces the PyPI path, whose venvs
-# also run the API-server tests (tests/test_vllm_api_hooks.py) and the benchmark CLI test.
+# also run the API-server tests (tests/system/vllm/test_vllm_api_hooks.py) and the benchmark
+# CLI test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MATRIX=${MATRIX:-"0.26.0:.venv-vllm-026 0.28.0:.venv-vllm-028 0.30.0:.venv-vllm 0.32.0rc1:.venv-vllm-032"}
@@ -24,7 +25,7 @@ done
 export OMNITRACE_VLLM_VENVS=$(IFS=:; echo "${venvs[*]}")
 log=$(mktemp)
 set +e
-python -m pytest -q -s -m vllm tests/test_vllm_omni.py tests/test_vllm_api_hooks.py >"$log" 2>&1
+python -m pytest -q -s -m vllm tests/system/vllm/test_vllm_omni.py tests/system/vllm/test_vllm_api_hooks.py >"$log" 2>&1
 rc=$?
 set -e
 grep -E "snapshot median|passed|failed|skipped|^E " "$log" | tail -30

@@ -50,9 +50,19 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+UNIT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unit")
+MARKED_UNIT_ELSEWHERE = pytest.StashKey[list]()
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """A test parametrized with an older vLLM-Omni release's venv is marked ``vllm_older``:
-    the default run checks the newest release, .ci/run the older ones too."""
+    """A test under tests/unit is marked ``unit`` (the tier follows the folder: see "tiers"
+    below); one marked ``unit`` elsewhere is noted, and refused once collection ends. A test
+    parametrized with an older vLLM-Omni release's venv is marked ``vllm_older``: the default
+    run checks the newest release, .ci/run the older ones too."""
+    if str(item.path).startswith(UNIT_DIR + os.sep):
+        item.add_marker(pytest.mark.unit)
+    elif item.get_closest_marker("unit") is not None:
+        item.config.stash.setdefault(MARKED_UNIT_ELSEWHERE, []).append(item.nodeid)
     from tests.support.vllm_venvs import OLDER_VENVS
     params = getattr(getattr(item, "callspec", None), "params", {})
     if any(getattr(v, "name", None) in OLDER_VENVS for v in params.values()):
@@ -60,8 +70,20 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _refuse_unit_marks_elsewhere(config)
     for marker in ("vllm_serve", "vllm_older"):
         _deselect_unless_asked(config, items, marker)
+
+
+def _refuse_unit_marks_elsewhere(config: pytest.Config) -> None:
+    """`-m unit` and `tests/unit` are one set (the tier is the folder, one home for it): a
+    test marked ``unit`` outside tests/unit stops the session before any test runs, named."""
+    elsewhere = config.stash.get(MARKED_UNIT_ELSEWHERE, [])
+    if elsewhere:
+        raise pytest.UsageError(
+            f"{len(elsewhere)} test(s) marked `unit` outside tests/unit: the unit tier is the "
+            "folder, so move each under tests/unit/<subpackage>/ (a test that starts a process: "
+            "drop the mark, it belongs in tests/system):\n  " + "\n  ".join(elsewhere))
 
 
 def _deselect_unless_asked(config: pytest.Config, items: list[pytest.Item], marker: str) -> None:
@@ -295,8 +317,12 @@ def no_leaked_global_state():
 
 
 # --------------------------------------------------------------------------- tiers
-# ``-m unit``: the in-process tier (seconds: run it after every change). A test marked
-# unit that starts a process fails, so the tier stays in-process. With
+# ``-m unit`` (or ``tests/unit``): the in-process tier (seconds: run it after every change).
+# Its tests live under tests/unit, mirroring the package, and are marked unit by
+# pytest_itemcollected; tests that start processes, servers or browsers live under
+# tests/system. A `unit` mark outside tests/unit stops the session at collection, so
+# `-m unit` and `tests/unit` select the same tests. A unit test that starts a process
+# fails, so the tier stays in-process. With
 # OMNITRACE_TIER_SURVEY=FILE, every test instead appends "nodeid<TAB>spawned<TAB>seconds"
 # to FILE: how the tier's membership is chosen.
 _SPAWNERS = ((subprocess.Popen, "_execute_child"), (os, "fork"), (os, "posix_spawn"),

@@ -39,7 +39,7 @@ from omnitrace import record
 ENV_PATCHES = "OMNITRACE_PATCHES"  # os.pathsep-separated dirs of user hook definitions
 ENV_TARGET = "OMNITRACE_TARGET"  # "vllm-omni": the run is meant to instrument it (warn if absent)
 # the built-in hook definitions, found by name as a --patches dir is by path: they build on
-# this module's Hook API, a layer above it (tests/test_layers.py), not below
+# this module's Hook API, a layer above it (tests/unit/test_layers.py), not below
 BUILTIN_PATCHES = "omnitrace.patches"
 ENV_WARNED = "OMNITRACE_PATCH_WARNED"  # inherited by children: one warning per process tree
 ENV_DISABLE = "OMNITRACE_NO_PATCHES"  # "1": apply nothing (bisecting a suspected hook)

@@ -25,8 +25,8 @@ the route's own id call (``serving_speech.random_uuid``, the first one in
 segment names) not already in flight: the request is then ``speech-<X-Request-Id>``, the
 naming the chat route uses (``chatcmpl-<X-Request-Id>``), in the route, the engine and every
 stage, so its events join the client's records. The audio is byte for byte the same
-(tests/test_vllm_speech_hooks.py). Without a usable header the uuid stays, and the request
-is recorded under it.
+(tests/system/vllm/test_vllm_speech_hooks.py). Without a usable header the uuid stays, and
+the request is recorded under it.
 """
 from __future__ import annotations
 

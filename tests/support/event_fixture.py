@@ -148,7 +148,7 @@ def chunk_events(script: list, rid: str, prod: tuple, send: tuple, recv: tuple, 
 
 
 def three_stage_events(rid: str, off: float = 0.0) -> list[tuple]:
-    """The worked example of tests/test_attribution_unit.py (attributed as
+    """The worked example of tests/unit/rules/test_attribution.py (attributed as
     :data:`EXPECTED_US`) as the events that make it, times in us from ``off``: three
     stages, thinker chunk 0 gating the talker, talker chunk 0 gating code2wav, and a later
     thinker chunk that must not. Its FIFO blocked time (30 us of thinker chunk 0's 40 us in

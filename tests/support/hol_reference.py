@@ -1,8 +1,9 @@
 """The first head-of-line implementation, a per-victim Python loop, kept as the reference
 that the vectorised ``omnitrace.rules.headofline.blocked_pairs`` is tested against: both must
 give the same wall time, chunk-time sum, culprits and task counts for the same schedule
-(tests/test_report_hol.py). And the senders' tasks rebuilt from chunk spans
-(:func:`sender_busy`), what the builder's own (``Feed.busy``) are tested against."""
+(tests/unit/rules/test_headofline.py). And the senders' tasks rebuilt from chunk spans
+(:func:`sender_busy`), what the builder's own (``Feed.busy``) are tested against
+(tests/unit/test_spantable.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

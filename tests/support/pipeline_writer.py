@@ -1,7 +1,7 @@
 """A small real multi-process event writer for the agent tests (not a mock: it calls
 omnitrace.record in real processes, threads and rings, as the runtime's hook sites do).
 
-    python tests/pipeline_writer.py OUT.json --requests 4 --chunks 3 [--hold-stage0 S]
+    python tests/support/pipeline_writer.py OUT.json --requests 4 --chunks 3 [--hold-stage0 S]
         [--kill-marker PATH] [--put-sleep-ms 1]
 
 Main process = API server (stage -1); it runs stage 0 (producer: scheduler thread ->

@@ -1,6 +1,6 @@
 """The previous agent's per-event span assembler, kept as the Python reference that
 ``omnitrace.spantable`` (vectorised) is tested against: both must give the same spans
-for the same events (tests/test_spantable.py).
+for the same events (tests/system/test_spantable.py).
 
 Events -> spans and metric observations.
 

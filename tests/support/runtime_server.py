@@ -1,6 +1,8 @@
 """The reference pipeline's server, started and checked as the tests use it."""
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import signal
@@ -10,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import wave
 import yaml
 from omnitrace.runtime import config
 
@@ -99,3 +102,65 @@ def chat_body(max_tokens: int, text: str = "hello omni world", **extra) -> bytes
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "ignore_eos": True, "modalities": ["text", "audio"], **extra}
     return json.dumps(body).encode()
+
+
+# --------------------------------------------------------------------------- the tests' client
+def post(srv: Server, body: bytes, rid: str | None = None, timeout: float = 60) -> tuple[int, bytes, dict]:
+    headers = {"Content-Type": "application/json"}
+    if rid:
+        headers["x-request-id"] = rid
+    req = urllib.request.Request(srv.url + "/v1/chat/completions", body, headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+
+
+def parse_sse(raw: bytes) -> list[dict | str]:
+    """Split like vLLM's StreamedResponseHandler: blank-line messages, `data: ` prefix."""
+    out: list[dict | str] = []
+    for msg in raw.decode().split("\n\n"):
+        msg = msg.strip()
+        if not msg or msg.startswith(":"):
+            continue
+        assert msg.startswith("data: "), msg[:80]
+        payload = msg[len("data: "):]
+        out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def check_stream(events: list, rid: str, prompt_tokens: int, max_tokens: int) -> tuple[str, int, float]:
+    """Validate what vLLM-Omni's bench client reads; returns (text, audio packets, seconds)."""
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all("error" not in c for c in chunks), [c for c in chunks if "error" in c]
+    text, completion, params, audio, seconds = "", 0, None, 0, 0.0
+    for c in chunks:
+        assert c["id"] == rid and c["object"] == "chat.completion.chunk"
+        assert c["modality"] in ("text", "audio")  # top level, on every chunk
+        u = c["usage"]  # on every chunk
+        assert u["prompt_tokens"] == prompt_tokens and u["completion_tokens"] >= completion
+        completion = u["completion_tokens"]
+        content = c["choices"][0]["delta"]["content"]
+        if c["modality"] == "text":
+            text += content
+        else:
+            with wave.open(io.BytesIO(base64.b64decode(content)), "rb") as w:  # a complete WAV
+                p = (w.getnchannels(), w.getsampwidth(), w.getframerate())
+                assert params in (None, p)
+                params = p
+                assert w.getnframes() > 0
+                seconds += w.getnframes() / w.getframerate()
+            audio += 1
+    assert completion == max_tokens  # exact output length (ignore_eos semantics)
+    assert len(text.split()) == max_tokens
+    assert audio >= 1 and params == (1, 2, 24000)
+    return text, audio, seconds
+
+
+def speech_body(tokens: int, text: str = "hello omni world", **extra) -> bytes:
+    return json.dumps({"model": "qwen3-tts", "input": text, "max_new_tokens": tokens, **extra}).encode()
+
+
+RAW = {"stream": True, "stream_format": "audio"}

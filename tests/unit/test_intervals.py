@@ -11,8 +11,6 @@ import pytest
 
 from omnitrace import intervals, keys
 
-pytestmark = pytest.mark.unit
-
 SEEDS = range(60)
 
 

@@ -15,8 +15,6 @@ from omnitrace.tables import cache
 from omnitrace.tables import run as tables_run
 from tests.support import golden_inputs as gi
 
-pytestmark = pytest.mark.unit
-
 WANTED = {"requests", "fifo_tasks", "segments"}
 
 
