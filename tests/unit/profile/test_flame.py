@@ -249,7 +249,6 @@ def test_clock_thread_keeps_to_its_schedule(monkeypatch, tmp_path):
     assert len(gaps) >= 2 and (gaps >= want - 1000).all(), (gaps, want)
 
 
-@pytest.mark.unit
 def test_a_run_without_a_readable_event_log_is_one_line_to_flame(tmp_path):
     """A span selection reads the event log: one recorded before it (spans.jsonl only) is
     the loader's one line (``SelectError``, which `omnitrace flame` says and exits 2 on),
