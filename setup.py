@@ -1,6 +1,8 @@
-"""The compiled ring writer (omnitrace/_ringc.c) and the package layout; everything else is
-in pyproject.toml. optional=True: where no C compiler is, the install goes on and
-omnitrace.record uses its Python writer (the reference the compiled one is tested against).
+"""The compiled parts and the package layout; everything else is in pyproject.toml. The
+compiled parts: the ring writer (omnitrace/_ringc.c) and the FIFO culprit ranking
+(omnitrace/_intervalsc.c). optional=True: where no C compiler is, the install goes on and
+omnitrace.record uses its Python writer, omnitrace.intervals its numpy ranking (the
+references the compiled ones are tested against).
 
 The hook definitions live at the top of the repository (``patches/``: per target and
 version, apart from the code they instrument with) and install as ``omnitrace.patches``
@@ -10,5 +12,6 @@ from setuptools import Extension, find_packages, setup
 setup(packages=find_packages(include=["omnitrace", "omnitrace.*"])
       + ["omnitrace." + p for p in find_packages(include=["patches", "patches.*"])],
       package_dir={"omnitrace.patches": "patches"},
-      ext_modules=[Extension("omnitrace._ringc", ["omnitrace/_ringc.c"], optional=True,
-                             extra_compile_args=["-O2"])])
+      ext_modules=[Extension(f"omnitrace.{name}", [f"omnitrace/{name}.c"], optional=True,
+                             extra_compile_args=["-O2"])
+                   for name in ("_ringc", "_intervalsc")])

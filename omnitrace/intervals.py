@@ -13,13 +13,21 @@ start with their ends ascending too (a sender's tasks are disjoint); queries (``
 ``q1``, ``qowner``) are in any order. The report's head-of-line wall time then takes the
 union of each victim's blocked pieces, split among the culprits active at each moment
 (:func:`union_shares`). Everything is vectorised (searchsorted, cumsum): the report runs
-it over millions of spans.
+it over millions of spans. The culprit ranking alone has a compiled twin,
+``omnitrace/_intervalsc.c`` (built at install where a C compiler is; tested to rank the
+same), which :func:`top_others` uses when it is there; :func:`top_others_reference` is the
+numpy ranking it follows.
 """
 from __future__ import annotations
 
 import numpy as np
 
-# (query, interval) overlaps ranked at once by :func:`top_others`: ~200 MB of temporaries
+try:
+    from omnitrace import _intervalsc
+except ImportError:  # built without a C compiler: the numpy ranking alone
+    _intervalsc = None
+
+# (query, interval) overlaps ranked at once by :func:`top_others_reference`: ~200 MB of temporaries
 # (a deep FIFO makes them quadratic in its depth)
 RANK_BATCH = 1 << 22
 
@@ -117,7 +125,38 @@ def top_others(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.
                q1: np.ndarray, qowner: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per query, the (up to) ``k`` other owners whose intervals overlapped it most, by
     total overlap (ties: the owner of the earliest interval first): (query index, owner,
-    rank from 0). Enumerates every overlap, RANK_BATCH of them at a time."""
+    rank from 0), by query index then rank. Compiled where built, else
+    :func:`top_others_reference`."""
+    if _intervalsc is None:
+        return top_others_reference(starts, ends, owners, q0, q1, qowner, k)
+    return _top_others_compiled(starts, ends, owners, q0, q1, qowner, k)
+
+
+def _top_others_compiled(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.ndarray,
+                         q1: np.ndarray, qowner: np.ndarray, k: int
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`top_others` by ``_intervalsc.rank``: each query walks its candidate intervals
+    once (no overlap pairs materialised); only the intervals some query may overlap are
+    handed over, as int64."""
+    lo, hi = _candidates(starts, ends, q0, q1)
+    some = hi > lo
+    if k <= 0 or not some.any():
+        none = np.zeros(0, np.int64)
+        return none, owners[:0], none
+    i0, i1 = int(lo[some].min()), int(hi[some].max())
+    rows = int(np.minimum(hi - lo, k)[some].sum())
+    q, first, rank = np.empty(rows, np.int64), np.empty(rows, np.int64), np.empty(rows, np.int64)
+    as64 = [np.ascontiguousarray(a, np.int64) for a in (starts[i0:i1], ends[i0:i1], owners[i0:i1],
+                                                       q0, q1, qowner, lo - i0, hi - i0)]
+    n = _intervalsc.rank(*as64, k, q, first, rank)
+    return q[:n], owners[first[:n] + i0], rank[:n]
+
+
+def top_others_reference(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.ndarray,
+                         q1: np.ndarray, qowner: np.ndarray, k: int
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`top_others` in numpy, the reference ``_intervalsc.c`` follows: enumerates
+    every overlap, RANK_BATCH of them at a time, and ranks them by two lexsorts."""
     lo, hi = _candidates(starts, ends, q0, q1)
     cnt = np.maximum(hi - lo, 0)
     edges = np.searchsorted(np.cumsum(cnt), np.arange(RANK_BATCH, int(cnt.sum()), RANK_BATCH))
@@ -133,7 +172,8 @@ def top_others(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.
 
 def _ranked(part: np.ndarray, q: np.ndarray, iv: np.ndarray, lo: np.ndarray, hi: np.ndarray,
             owners: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`top_others` of the queries ``part`` from their overlaps (``q`` indexes ``part``)."""
+    """:func:`top_others_reference` of the queries ``part`` from their overlaps (``q``
+    indexes ``part``)."""
     culprit, ov = owners[iv], hi - lo
     # per (query, owner): overlap sum and first interval (ties keep the first seen)
     order = np.lexsort((iv, culprit, q))

@@ -74,18 +74,20 @@ def test_other_overlap_is_the_sum_of_the_pieces(seed):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_top_others_rank_by_overlap_then_earliest_task(seed):
+@pytest.mark.parametrize("top", [intervals.top_others, intervals.top_others_reference])
+def test_top_others_rank_by_overlap_then_earliest_task(top, seed):
+    """Both rankings (the compiled one where built): tests/unit/test_intervals_paths.py
+    compares them on larger inputs."""
     s, e, o, q0, q1, qo = case(seed)
     for k in (1, 3):
-        got = sorted(lists(*intervals.top_others(s, e, o, q0, q1, qo, k)))
-        assert got == sorted(ref_top(s, e, o, q0, q1, qo, k))
+        assert lists(*top(s, e, o, q0, q1, qo, k)) == ref_top(s, e, o, q0, q1, qo, k)
 
 
 def test_top_others_in_batches_equal_one_batch(monkeypatch):
     s, e, o, q0, q1, qo = case(7)
-    whole = sorted(lists(*intervals.top_others(s, e, o, q0, q1, qo, 3)))
+    whole = lists(*intervals.top_others_reference(s, e, o, q0, q1, qo, 3))
     monkeypatch.setattr(intervals, "RANK_BATCH", 2)
-    assert sorted(lists(*intervals.top_others(s, e, o, q0, q1, qo, 3))) == whole
+    assert lists(*intervals.top_others_reference(s, e, o, q0, q1, qo, 3)) == whole
 
 
 def test_a_wait_behind_others_and_its_own_task():
@@ -105,6 +107,7 @@ def test_empty_inputs():
     assert intervals.other_overlap(s, e, o, z, z, z).tolist() == []
     assert all(len(c) == 0 for c in intervals.other_pieces(z, z, z, q0, q1, qo))
     assert all(len(c) == 0 for c in intervals.top_others(s, e, o, z, z, z, 3))
+    assert all(len(c) == 0 for c in intervals.top_others_reference(s, e, o, z, z, z, 3))
 
 
 def ref_union(group, owner, start, end) -> tuple[dict[int, float], dict[tuple[int, int], float]]:

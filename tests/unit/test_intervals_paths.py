@@ -1,0 +1,135 @@
+"""The two culprit rankings (intervals.top_others_reference, numpy, and its compiled twin
+omnitrace/_intervalsc.c) give the same rows in the same order, with the same dtypes, on
+random inputs of many shapes: no tasks or no waits, one owner, ties in total overlap,
+waits of the tasks' own owner, zero-length tasks and overlaps, waits spanning thousands
+of tasks of thousands of owners, k from 0 to beyond any wait's owners. And where the
+compiled ranking is built, top_others uses it."""
+from __future__ import annotations
+
+import importlib.machinery
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from omnitrace import intervals, record
+
+built = pytest.mark.skipif(intervals._intervalsc is None, reason="built without a C compiler")
+pytestmark = pytest.mark.unit
+
+KS = (0, 1, 2, 3, 5, 17, 1000)
+
+
+def tasks(rng: np.random.Generator, n: int, span: int, owners: np.ndarray, dtype
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n`` disjoint tasks sorted by start in [0, span) (some touching, some 0 ns long),
+    owners drawn from ``owners``."""
+    edges = np.sort(rng.integers(0, span, 2 * n))
+    return edges[0::2].copy(), edges[1::2].copy(), rng.choice(owners, n).astype(dtype)
+
+
+def unit_tasks(rng: np.random.Generator, n: int, owners: np.ndarray, dtype
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n`` back-to-back 1 ns tasks: owners' totals tie whenever their counts do."""
+    t = np.arange(n, dtype=np.int64)
+    return t, t + 1, rng.choice(owners, n).astype(dtype)
+
+
+def waits(rng: np.random.Generator, n: int, span: int, width: int, owners: np.ndarray, dtype
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n`` waits starting anywhere around [0, span), up to ``width`` long (some empty);
+    owners drawn from ``owners`` and one that owns no task."""
+    q0 = rng.integers(-5, span + 5, n)
+    q1 = q0 + rng.integers(0, width + 1, n)
+    return q0, q1, rng.choice(np.append(owners, owners.max() + 1), n).astype(dtype)
+
+
+def owner_set(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` distinct owners: small ids, or ones spread wide (multiples of 2**20: the hash
+    table must still tell them apart)."""
+    ids = np.arange(1, n + 1, dtype=np.int64)
+    return ids << 20 if rng.random() < 0.3 else ids
+
+
+def shape(seed: int):
+    """One random input: tasks, waits, and the shape they were drawn in."""
+    rng = np.random.default_rng(seed)
+    kind = ["small", "one owner", "ties", "wide", "deep"][seed % 5]
+    dtype = np.uint32 if seed % 2 else np.int64
+    n_owners = {"one owner": 1, "ties": int(rng.integers(2, 6)), "wide": 3000}.get(kind, int(rng.integers(1, 8)))
+    own = owner_set(rng, n_owners)
+    n = int(rng.integers(0, 15)) if kind == "small" else int(rng.integers(200, 5000))
+    if kind == "ties":
+        s, e, o = unit_tasks(rng, n, own, dtype)
+        span = n
+    else:
+        span = 60 if kind == "small" else 40 * n
+        s, e, o = tasks(rng, n, span, own, dtype)
+    width = {"small": 70, "ties": 40}.get(kind, span)
+    nq = int(rng.integers(0, 12)) if kind == "small" else int(rng.integers(1, 300))
+    return kind, (s, e, o, *waits(rng, nq, span, width, own, dtype))
+
+
+def assert_same(got, want, *label):
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype, label
+        assert g.tolist() == w.tolist(), label
+
+
+@built
+@pytest.mark.parametrize("seed", range(80))
+def test_compiled_ranks_as_the_reference(seed):
+    kind, args = shape(seed)
+    for k in KS:
+        want = intervals.top_others_reference(*args, k)
+        assert_same(intervals._top_others_compiled(*args, k), want, kind, k)
+
+
+@built
+def test_compiled_on_a_wait_with_every_task():
+    """One wait over 20,000 tasks of 20,000 owners, several k (sorted, not inserted, past 16)."""
+    rng = np.random.default_rng(5)
+    s, e, o = tasks(rng, 20_000, 10**9, np.arange(20_000), np.int64)
+    q = np.array([-1]), np.array([10**9]), np.array([7])
+    for k in (3, 16, 17, 25_000):
+        assert_same(intervals._top_others_compiled(s, e, o, *q, k), intervals.top_others_reference(s, e, o, *q, k))
+
+
+@built
+def test_compiled_refuses_bad_buffers():
+    z = np.zeros(2, np.int64)
+    out = np.zeros(4, np.int64)
+    with pytest.raises(TypeError):
+        intervals._intervalsc.rank(z.astype(np.int32), z, z, z, z, z, z, z, 3, out, out, out)
+    with pytest.raises(IndexError):
+        intervals._intervalsc.rank(z, z, z, z, z, z, z, z + 5, 3, out, out, out)
+    with pytest.raises(ValueError):
+        intervals._intervalsc.rank(z, z, z, z, z, z, z, z + 2, 3, out[:1], out, out)
+
+
+@built
+def test_top_others_uses_the_compiled_ranking(monkeypatch):
+    calls = []
+    real = intervals._intervalsc
+
+    class Spy:
+        def rank(self, *args):
+            calls.append(args)
+            return real.rank(*args)
+
+    monkeypatch.setattr(intervals, "_intervalsc", Spy())
+    s, e, o = np.array([0, 10]), np.array([10, 20]), np.array([2, 3])
+    assert [c.tolist() for c in intervals.top_others(s, e, o, np.array([5]), np.array([15]),
+                                                     np.array([1]), 3)] == [[0, 0], [2, 3], [0, 1]]
+    assert len(calls) == 1
+
+
+def test_a_built_ranking_imports():
+    """The compiled ranking is missing only where nothing was compiled: an extension file
+    beside intervals.py that fails to import, or the ring writer built without it (its
+    compile failed; setup.py's optional=True lets the install go on), is a broken build,
+    mended by `pip install -e .` or `python setup.py build_ext --inplace`."""
+    here = Path(intervals.__file__).parent
+    files = [p for suffix in importlib.machinery.EXTENSION_SUFFIXES for p in here.glob("_intervalsc" + suffix)]
+    if files or record._ringc is not None:
+        assert intervals._intervalsc is not None, files
