@@ -15,7 +15,6 @@ import pytest
 from omnitrace import intervals, record
 
 built = pytest.mark.skipif(intervals._intervalsc is None, reason="built without a C compiler")
-pytestmark = pytest.mark.unit
 
 KS = (0, 1, 2, 3, 5, 17, 1000)
 
