@@ -106,4 +106,4 @@ def clear_earlier_run(path: str) -> None:
     for seg in eventlog.segments(path):
         os.unlink(seg)
     shutil.rmtree(names.path(path, names.PROFILES), ignore_errors=True)  # --flame's
-    shutil.rmtree(names.path(path, names.TABLES), ignore_errors=True)  # the tables kept of it
+    shutil.rmtree(names.path(path, names.TABLE_CACHE), ignore_errors=True)  # the tables kept of it

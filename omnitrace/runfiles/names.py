@@ -12,7 +12,7 @@ SPANS = "spans.jsonl"  # runs recorded before the event log: refused by the load
 EVENTS_BIN = "events.bin"  # an older event file, removed by --overwrite
 PROFILES = "profiles"  # --flame's output (omnitrace.profile)
 PROFILES_INDEX = os.path.join(PROFILES, "index.json")
-TABLES = "tables"  # a long run's tables, kept by `sql` and `export --parquet` (omnitrace.tables.cache)
+TABLE_CACHE = ".table-cache"  # a long run's tables, kept by `sql` and `export --parquet` (omnitrace.tables.cache)
 LOCK = ".omnitrace-lock"
 RESERVE = ".omnitrace-reserve"
 

@@ -1,7 +1,7 @@
-"""A run's tables kept beside it (``RUN/tables/NAME.parquet`` and ``manifest.json``), so
-that the second question asked of a long run is answered in seconds: an hour's run
-(~150M events) takes tens of seconds or more to load, its tables read back in one or two
-(``benchmarks/RESULTS.md``).
+"""A run's tables kept beside it (``RUN/.table-cache/``: ``NAME.parquet`` and
+``manifest.json``), so that the second question asked of a long run is answered in
+seconds: an hour's run (~150M events) takes tens of seconds or more to load, its tables
+read back in one or two (``benchmarks/RESULTS.md``).
 
 A table is kept only when its load took :data:`MIN_LOAD_S` or longer (a short run loads
 faster than the cache pays for itself, and the files would only clutter its directory),
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from typing import Any
 
 import orjson
@@ -67,7 +66,7 @@ def fingerprint(run_dir: str) -> dict[str, Any]:
 
 
 def _dir(run_dir: str) -> str:
-    return names.path(run_dir, names.TABLES)
+    return names.path(run_dir, names.TABLE_CACHE)
 
 
 def _manifest(run_dir: str) -> dict[str, Any] | None:
@@ -112,8 +111,8 @@ def keep(run_dir: str, tables: dict[str, pa.Table], notes: list[str], load_s: fl
     doc = _manifest(run_dir)
     kept = set(doc["tables"]) if doc is not None and doc.get("fingerprint") == fp else set()
     try:
-        if not kept:
-            shutil.rmtree(d, ignore_errors=True)  # stale: made from other files or code
+        if doc is not None and not kept:  # stale: made from other files or code
+            _forget(d, doc["tables"])
         os.makedirs(d, exist_ok=True)
         for name, t in tables.items():
             path = os.path.join(d, f"{name}.parquet")
@@ -127,6 +126,16 @@ def keep(run_dir: str, tables: dict[str, pa.Table], notes: list[str], load_s: fl
     except OSError:
         return False
     return True
+
+
+def _forget(d: str, tables: list) -> None:
+    """Remove the stale manifest first, then its tables (only files this module names)."""
+    os.unlink(os.path.join(d, MANIFEST))
+    for name in set(map(str, tables)) & set(TABLES):
+        try:
+            os.unlink(os.path.join(d, f"{name}.parquet"))
+        except FileNotFoundError:
+            pass
 
 
 def _recording(run_dir: str) -> bool:

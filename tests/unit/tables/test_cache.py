@@ -32,7 +32,7 @@ def _made(run: str) -> report_tables.Loaded:
 def test_tables_kept_read_back_equal_without_a_second_load(run, monkeypatch):
     monkeypatch.setattr(cache, "MIN_LOAD_S", 0.0)
     first = _made(run)
-    assert set(os.listdir(os.path.join(run, names.TABLES))) >= {f"{n}.parquet" for n in WANTED}
+    assert set(os.listdir(os.path.join(run, names.TABLE_CACHE))) >= {f"{n}.parquet" for n in WANTED}
 
     def no_load(*a, **k):
         raise AssertionError("loaded again although kept")
@@ -47,7 +47,7 @@ def test_tables_kept_read_back_equal_without_a_second_load(run, monkeypatch):
 def test_a_short_load_keeps_nothing(run):
     assert cache.MIN_LOAD_S > 1.0  # the golden run loads in milliseconds
     _made(run)
-    assert not os.path.exists(os.path.join(run, names.TABLES))
+    assert not os.path.exists(os.path.join(run, names.TABLE_CACHE))
 
 
 @pytest.mark.parametrize("change", ["source file", "code"])
@@ -77,11 +77,11 @@ def test_a_run_still_recording_is_not_kept(run):
         f.write(orjson.dumps({**doc, "status": "running"}))
     made = _made(run)
     assert not cache.keep(run, made.tables, made.notes, 60.0)
-    assert not os.path.exists(os.path.join(run, names.TABLES))
+    assert not os.path.exists(os.path.join(run, names.TABLE_CACHE))
 
 
 def test_a_directory_that_cannot_take_them_changes_nothing(run):
-    with open(os.path.join(run, names.TABLES), "wb") as f:  # a file where the folder would go
+    with open(os.path.join(run, names.TABLE_CACHE), "wb") as f:  # a file where the folder would go
         f.write(b"x")
     made = _made(run)
     assert not cache.keep(run, made.tables, made.notes, 60.0)
@@ -112,3 +112,16 @@ def test_kept_tables_combine_with_another_runs(run, tmp_path, monkeypatch, capsy
     monkeypatch.setattr(cache, "MIN_LOAD_S", 0.0)
     _answer(capsys, [run])  # kept now: read back as a dataset beside the other run's tables
     assert _answer(capsys, [other, run]) == both
+
+
+def test_stale_tables_are_replaced_and_nothing_else_is_touched(run):
+    made = _made(run)
+    assert cache.keep(run, made.tables, made.notes, 60.0)
+    d = os.path.join(run, names.TABLE_CACHE)
+    with open(os.path.join(d, "mine.txt"), "w") as f:  # a user's file in the folder
+        f.write("keep me")
+    with open(os.path.join(run, names.BENCH), "ab") as f:
+        f.write(b" ")
+    assert cache.keep(run, {"requests": made.tables["requests"]}, [], 60.0)
+    assert sorted(os.listdir(d)) == ["manifest.json", "mine.txt", "requests.parquet"]
+    assert set(cache.read_fresh(run, WANTED)[0]) == {"requests"}
