@@ -184,14 +184,16 @@ def measured_ids(run: Run, level: int | None = None, select: Selection | None = 
 
 def build_report(run: Run, per_request_segments: bool = True, level: int | None = None,
                  select: Selection | None = None, waterfalls: int = WATERFALLS,
-                 waterfall_ids: list[str] | None = None) -> dict[str, Any]:
+                 waterfall_ids: list[str] | None = None, consume: bool = False) -> dict[str, Any]:
     """The report of ``run`` (the JSON's shape). Without ``per_request_segments`` only the
-    rows of the ``waterfalls`` slowest requests carry their critical path (``segments``)."""
+    rows of the ``waterfalls`` slowest requests carry their critical path (``segments``).
+    ``consume``: the caller reads nothing of ``run`` after this, so its figure tables are let
+    go once the component figures are made (an hour's run: ~1 GB, before the rows are)."""
     was = gc.isenabled()
     gc.disable()  # as in load_run: many small acyclic objects
     try:
         return _build_report(run, per_request_segments, level, select or Selection(), waterfalls,
-                             list(waterfall_ids or ()))
+                             list(waterfall_ids or ()), consume)
     finally:
         if was:
             gc.enable()
@@ -411,6 +413,11 @@ def _walk_packed(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ct
         yield w
 
 
+def _no_figures(run: Run) -> None:
+    """Let go of ``run``'s figure tables (read only by the component figures)."""
+    run.figures = None
+
+
 def _unpacked(w: _Walked) -> _Walked:
     w.kept = [at.Attribution.unpacked(a) for a in w.kept]
     return w
@@ -556,7 +563,7 @@ def _ttfp(w: _Walked, requests: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: Selection,
-                  n_waterfalls: int, waterfall_ids: list[str]) -> dict[str, Any]:
+                  n_waterfalls: int, waterfall_ids: list[str], consume: bool) -> dict[str, Any]:
     reqs = at.index_requests(run.spans)
     names = _stage_names(reqs)
     label = _Labels(names).__getitem__
@@ -574,10 +581,14 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
     # component figures and walks the first ones
     k = _walk_here(len(walked), sum(len(t) for t in run.figures.tables()) if run.figures else 0)
     ctx = _RowContext(bench_rows, label, per_request_segments, n_waterfalls, set(waterfall_ids))
-    later = Beside(_walk_packed, run, reqs, walked[k:], ctx, parts=True) if k < len(walked) else None
+    # (the child never reads the figure tables: its copy lets go of them at once)
+    later = (Beside(_walk_packed, run, reqs, walked[k:], ctx, parts=True,
+                    release=functools.partial(_no_figures, run)) if k < len(walked) else None)
 
     # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
     fifo, snapshot, transfer, chunk_incomplete = _components(run, measured, label)
+    if consume:
+        _no_figures(run)
 
     w = _walk(run, reqs, walked[:k], ctx)
     if later is not None:
