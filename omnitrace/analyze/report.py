@@ -562,6 +562,26 @@ def _ttfp(w: _Walked, requests: list[dict[str, Any]]) -> dict[str, Any]:
             "sum_error_max_ns": max(sum_err) if sum_err else None}
 
 
+def _walk_and_figures(run: Run, reqs: dict[str, at.RequestSpans], walked: list[str], ctx: _RowContext,
+                      measured: set[str], consume: bool) -> tuple[_Walked, tuple[Any, Any, Any, Any]]:
+    """The walk of ``walked`` and the component figures (:func:`_components`). A long run: a
+    forked child walks the later requests while this process computes the component
+    figures and walks the first ones (the child never reads the figure tables: its copy
+    lets go of them at once; ``consume``: so does this process once it has the figures)."""
+    k = _walk_here(len(walked), sum(len(t) for t in run.figures.tables()) if run.figures else 0)
+    later = (Beside(_walk_packed, run, reqs, walked[k:], ctx, parts=True,
+                    release=functools.partial(_no_figures, run)) if k < len(walked) else None)
+    # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
+    figures = _components(run, measured, ctx.label)
+    if consume:
+        _no_figures(run)
+    w = _walk(run, reqs, walked[:k], ctx)
+    if later is not None:
+        for part in later.result():
+            w.extend(_unpacked(part))
+    return w, figures
+
+
 def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: Selection,
                   n_waterfalls: int, waterfall_ids: list[str], consume: bool) -> dict[str, Any]:
     reqs = at.index_requests(run.spans)
@@ -577,23 +597,9 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
 
     # requests without an API request (component-level run) or without a trace: counted below
     walked = [rid for rid in sorted(measured) if rid in reqs and reqs[rid].request is not None]
-    # a long run: a forked child walks the later requests while this process computes the
-    # component figures and walks the first ones
-    k = _walk_here(len(walked), sum(len(t) for t in run.figures.tables()) if run.figures else 0)
     ctx = _RowContext(bench_rows, label, per_request_segments, n_waterfalls, set(waterfall_ids))
-    # (the child never reads the figure tables: its copy lets go of them at once)
-    later = (Beside(_walk_packed, run, reqs, walked[k:], ctx, parts=True,
-                    release=functools.partial(_no_figures, run)) if k < len(walked) else None)
-
-    # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
-    fifo, snapshot, transfer, chunk_incomplete = _components(run, measured, label)
-    if consume:
-        _no_figures(run)
-
-    w = _walk(run, reqs, walked[:k], ctx)
-    if later is not None:
-        for part in later.result():
-            w.extend(_unpacked(part))
+    w, (fifo, snapshot, transfer, chunk_incomplete) = _walk_and_figures(run, reqs, walked, ctx, measured,
+                                                                        consume)
     no_ttfp = [rid for rid in w.none if rid not in failed_ids]
     traced = set(first_seen)
     untraced = sorted(i for i in bench_measured - traced if i not in failed_ids)
