@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import gc
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -184,14 +184,16 @@ def measured_ids(run: Run, level: int | None = None, select: Selection | None = 
 
 def build_report(run: Run, per_request_segments: bool = True, level: int | None = None,
                  select: Selection | None = None, waterfalls: int = WATERFALLS,
-                 waterfall_ids: list[str] | None = None) -> dict[str, Any]:
+                 waterfall_ids: list[str] | None = None, consume: bool = False) -> dict[str, Any]:
     """The report of ``run`` (the JSON's shape). Without ``per_request_segments`` only the
-    rows of the ``waterfalls`` slowest requests carry their critical path (``segments``)."""
+    rows of the ``waterfalls`` slowest requests carry their critical path (``segments``).
+    ``consume``: the caller reads nothing of ``run`` after this, so its figure tables are let
+    go once the component figures are made (an hour's run: ~1 GB, before the rows are)."""
     was = gc.isenabled()
     gc.disable()  # as in load_run: many small acyclic objects
     try:
         return _build_report(run, per_request_segments, level, select or Selection(), waterfalls,
-                             list(waterfall_ids or ()))
+                             list(waterfall_ids or ()), consume)
     finally:
         if was:
             gc.enable()
@@ -240,11 +242,11 @@ class _Walked:
     victim_req: list[int]
 
     def extend(self, later: "_Walked") -> None:
-        """Append the walk of the requests after these (a child's: its ``kept`` packed)."""
+        """Append the walk of the requests after these."""
         self.rows += later.rows
         self.ttfp_ns += later.ttfp_ns
         self.totals += later.totals
-        self.kept += map(at.Attribution.unpacked, later.kept)
+        self.kept += later.kept
         self.none += later.none
         self.hp = headofline.joined([self.hp, later.hp])
         self.victim_req += later.victim_req
@@ -301,43 +303,52 @@ WALK_BATCH = 8192  # requests walked at once (rules/walk.py: fewer than 2^16)
 
 
 def _walk(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _RowContext) -> _Walked:
-    """Attribute ``rids`` a batch at a time (rules/walk.py; the reference walk for a
-    batch whose numbers its keys do not hold) and make their report rows, then their
-    wall-time head-of-line blocking."""
-    none: list[str] = []
-    rows: list[dict[str, Any]] = []
-    ttfp: list[int] = []
-    totals: list[dict[tuple[int, str], int]] = []
-    # per attributed request, in walk order: (rid, arrival, first packet, hops), and how
-    # to make its Attribution (few are: the waterfalls')
+    """Attribute ``rids`` and make their report rows and head-of-line pairs (:func:`_walk_parts`)."""
+    parts = _walk_parts(run, reqs, rids, ctx)
+    w = next(parts)
+    for p in parts:
+        w.extend(p)
+    return w
+
+
+def _walk_parts(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _RowContext
+                ) -> Iterator[_Walked]:
+    """:func:`_walk`'s result in parts: each batch's rows, as soon as it is walked (a batch at
+    a time: rules/walk.py; the reference walk for a batch whose numbers its keys do not
+    hold), then the attributions that may get a waterfall and the wall-time head-of-line
+    blocking."""
+    # per attributed request, in walk order: (rid, arrival, first packet, hops), its TTFP,
+    # and how to make its Attribution (few are: the waterfalls')
     found: list[tuple[str, int, int, list]] = []
+    ttfp: list[int] = []
     attribution: list[Callable[[], at.Attribution]] = []
     for part, chunks, counts in chunk_rows(run, rids, WALK_BATCH):
+        w = _Walked([], [], [], [], [], headofline.Pairs.unblocked(0), [])
         if walk.fits(chunks):
             wk = walk.walk(part, [walk.inputs(reqs[r]) for r in part], chunks,
                            np.repeat(np.arange(len(part)), counts))
             ok = np.flatnonzero(wk.ok).tolist()
-            none += [part[i] for i in np.flatnonzero(~wk.ok).tolist()]
+            w.none = [part[i] for i in np.flatnonzero(~wk.ok).tolist()]
             found += zip([wk.rids[i] for i in ok], wk.arrival[ok].tolist(), wk.ttfp[ok].tolist(),
                          [wk.hops[i] for i in ok])
             attribution += [functools.partial(wk.attribution, i) for i in ok]
-            ttfp += (wk.ttfp - wk.arrival)[ok].tolist()
-            b_rows, b_totals = _batch_rows(wk, ok, ctx)
-            rows += b_rows
-            totals += b_totals
-            continue
-        for r in attach_chunks(run, reqs, part, chunks, counts):
-            a = at.attribute(r)
-            if a is None:
-                none.append(r.rid)
-                continue
-            found.append((a.rid, a.arrival, a.ttfp, a.hops))
-            attribution.append(lambda a=a: a)
-            tot = a.totals()
-            totals.append(tot)
-            ttfp.append(a.ttfp_ns)
-            rows.append(_request_row(a, tot, ctx.bench_rows.get(a.rid, {}).get("ttfp_s"), ctx.label,
-                                     ctx.per_request_segments))
+            w.ttfp_ns = (wk.ttfp - wk.arrival)[ok].tolist()
+            w.rows, w.totals = _batch_rows(wk, ok, ctx)
+        else:
+            for r in attach_chunks(run, reqs, part, chunks, counts):
+                a = at.attribute(r)
+                if a is None:
+                    w.none.append(r.rid)
+                    continue
+                found.append((a.rid, a.arrival, a.ttfp, a.hops))
+                attribution.append(lambda a=a: a)
+                tot = a.totals()
+                w.totals.append(tot)
+                w.ttfp_ns.append(a.ttfp_ns)
+                w.rows.append(_request_row(a, tot, ctx.bench_rows.get(a.rid, {}).get("ttfp_s"), ctx.label,
+                                           ctx.per_request_segments))
+        ttfp += w.ttfp_ns
+        yield w
     # the slowest (stable order) and those asked for: the whole report's waterfalls are
     # among each part's own (none is preceded by more than n in its part)
     order = sorted(range(len(found)), key=lambda i: -ttfp[i])
@@ -345,8 +356,8 @@ def _walk(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _Row
     # the victims' waits are among the chunk spans begun before their first packet
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
     victims = _victims(run, found)
-    return _Walked(rows, ttfp, totals, [attribution[k]() for k in sorted(kept)], none,
-                   headofline.blocked_pairs(victims, early, run.busy), [v.req for v in victims])
+    yield _Walked([], [], [], [attribution[k]() for k in sorted(kept)], [],
+                  headofline.blocked_pairs(victims, early, run.busy), [v.req for v in victims])
 
 
 def _batch_rows(wk: walk.Walked, ok: list[int], ctx: _RowContext
@@ -393,11 +404,22 @@ def _batch_rows(wk: walk.Walked, ok: list[int], ctx: _RowContext
 _NAME_RANK = np.argsort(np.argsort(np.array(at.CATEGORIES)))
 
 
-def _walk_packed(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _RowContext) -> _Walked:
-    """:func:`_walk` in a child: its kept attributions as tuples (``Attribution.packed``;
-    :meth:`_Walked.extend` unpacks them)."""
-    w = _walk(run, reqs, rids, ctx)
-    w.kept = [a.packed() for a in w.kept]
+def _walk_packed(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _RowContext
+                 ) -> Iterator[_Walked]:
+    """:func:`_walk_parts` in a child: its kept attributions as tuples
+    (``Attribution.packed``: pickling dataclasses cost ~3x; :func:`_unpacked` undoes it)."""
+    for w in _walk_parts(run, reqs, rids, ctx):
+        w.kept = [a.packed() for a in w.kept]
+        yield w
+
+
+def _no_figures(run: Run) -> None:
+    """Let go of ``run``'s figure tables (read only by the component figures)."""
+    run.figures = None
+
+
+def _unpacked(w: _Walked) -> _Walked:
+    w.kept = [at.Attribution.unpacked(a) for a in w.kept]
     return w
 
 
@@ -540,8 +562,28 @@ def _ttfp(w: _Walked, requests: list[dict[str, Any]]) -> dict[str, Any]:
             "sum_error_max_ns": max(sum_err) if sum_err else None}
 
 
+def _walk_and_figures(run: Run, reqs: dict[str, at.RequestSpans], walked: list[str], ctx: _RowContext,
+                      measured: set[str], consume: bool) -> tuple[_Walked, tuple[Any, Any, Any, Any]]:
+    """The walk of ``walked`` and the component figures (:func:`_components`). A long run: a
+    forked child walks the later requests while this process computes the component
+    figures and walks the first ones (the child never reads the figure tables: its copy
+    lets go of them at once; ``consume``: so does this process once it has the figures)."""
+    k = _walk_here(len(walked), sum(len(t) for t in run.figures.tables()) if run.figures else 0)
+    later = (Beside(_walk_packed, run, reqs, walked[k:], ctx, parts=True,
+                    release=functools.partial(_no_figures, run)) if k < len(walked) else None)
+    # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
+    figures = _components(run, measured, ctx.label)
+    if consume:
+        _no_figures(run)
+    w = _walk(run, reqs, walked[:k], ctx)
+    if later is not None:
+        for part in later.result():
+            w.extend(_unpacked(part))
+    return w, figures
+
+
 def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: Selection,
-                  n_waterfalls: int, waterfall_ids: list[str]) -> dict[str, Any]:
+                  n_waterfalls: int, waterfall_ids: list[str], consume: bool) -> dict[str, Any]:
     reqs = at.index_requests(run.spans)
     names = _stage_names(reqs)
     label = _Labels(names).__getitem__
@@ -555,18 +597,9 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
 
     # requests without an API request (component-level run) or without a trace: counted below
     walked = [rid for rid in sorted(measured) if rid in reqs and reqs[rid].request is not None]
-    # a long run: a forked child walks the later requests while this process computes the
-    # component figures and walks the first ones
-    k = _walk_here(len(walked), sum(len(t) for t in run.figures.tables()) if run.figures else 0)
     ctx = _RowContext(bench_rows, label, per_request_segments, n_waterfalls, set(waterfall_ids))
-    later = Beside(_walk_packed, run, reqs, walked[k:], ctx) if k < len(walked) else None
-
-    # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
-    fifo, snapshot, transfer, chunk_incomplete = _components(run, measured, label)
-
-    w = _walk(run, reqs, walked[:k], ctx)
-    if later is not None:
-        w.extend(later.result())
+    w, (fifo, snapshot, transfer, chunk_incomplete) = _walk_and_figures(run, reqs, walked, ctx, measured,
+                                                                        consume)
     no_ttfp = [rid for rid in w.none if rid not in failed_ids]
     traced = set(first_seen)
     untraced = sorted(i for i in bench_measured - traced if i not in failed_ids)

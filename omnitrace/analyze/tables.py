@@ -203,7 +203,7 @@ class ReportTables:
         figures' tables, the senders' busy intervals by (stage, replica); ``replica_of``:
         pid -> replica, from the rings)."""
         early = self.early.view()
-        early = rowops.select(early, early["start"] <= self.first_audio[early["req"].astype(np.int64)])
+        early = self.early.keep(early["start"] <= self.first_audio[early["req"].astype(np.int64)])
         figs = ChunkFigures(*(t.view() for t in self.figures), self.first_start)
         senders = {k: tuple(g.view() for g in grow) for k, grow in self.busy.items()}
         return self.small.view(), early, self.emits.view(), figs, busy_by_replica(senders, replica_of)

@@ -48,11 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     except SelectionError as e:
         p.error(str(e))
     try:
-        run = load_run(args.runs)
         # every row's critical path only for the JSON (an hour's run: ~1M segments); the
-        # HTML draws the waterfall requests', which the report gives their rows anyway
-        rep = build_report(run, per_request_segments=bool(args.json), level=args.concurrency,
-                           select=sel, waterfalls=args.waterfalls, waterfall_ids=args.request)
+        # HTML draws the waterfall requests', which the report gives their rows anyway. The
+        # run is held by nothing else: its tables (an hour's run: GBs) are freed as the
+        # report is done with them, all before it is written
+        rep = build_report(load_run(args.runs), per_request_segments=bool(args.json),
+                           level=args.concurrency, select=sel, waterfalls=args.waterfalls,
+                           waterfall_ids=args.request, consume=True)
     except RunDirError as e:
         console.say("report", f"{e}")
         return 2

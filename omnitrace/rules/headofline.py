@@ -176,6 +176,13 @@ class Pairs:
     pair_chunk: np.ndarray
     pair_tasks: np.ndarray
 
+    @staticmethod
+    def unblocked(victims: int) -> "Pairs":
+        """``victims`` victims that nothing blocked (no pairs)."""
+        none = np.zeros(0, np.int64)
+        return Pairs(np.zeros(victims), np.zeros(victims, np.int64), np.zeros(victims, np.int64), none, none,
+                     np.zeros(0), none, none)
+
 
 VICTIM_BATCH = 2048  # victims computed at once: their (wait, task) overlaps are the temporaries
 
@@ -203,9 +210,7 @@ def joined(parts: list[Pairs]) -> Pairs:
 
 def _batch_pairs(victims: list[Victim], fifo: tuple[np.ndarray, np.ndarray], busy: Busy | None) -> Pairs:
     nv = len(victims)
-    none = np.zeros(0, np.int64)
-    out = Pairs(np.zeros(nv), np.zeros(nv, np.int64), np.zeros(nv, np.int64), none, none,
-                np.zeros(0), none, none)
+    out = Pairs.unblocked(nv)
     if not victims or not len(fifo[0]) or not busy:
         return out
     p = _pieces(_critical_waits(victims, *fifo), busy)
