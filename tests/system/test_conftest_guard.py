@@ -211,3 +211,30 @@ def test_guard_fails_each_kind_of_leak_and_cleans_it_up(tmp_path: Path) -> None:
         for n in os.listdir("/dev/shm"):
             if tag in n:
                 os.unlink(os.path.join("/dev/shm", n))
+
+
+def _collect(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNITRACE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
+                           "--collect-only", "-q", *args], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=tmp_path)
+
+
+def test_the_unit_tier_is_the_unit_folder(tmp_path: Path) -> None:
+    """A test under unit/ is marked `unit` by its folder; one marked `unit` elsewhere stops the
+    session at collection, named, before any test runs (so `-m unit` and the folder agree)."""
+    shutil.copy(Path(ROOT, "tests", "conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n  unit: the in-process tier\n")
+    (tmp_path / "unit").mkdir()
+    (tmp_path / "unit" / "test_here.py").write_text("def test_in_the_folder():\n    pass\n")
+    (tmp_path / "test_system.py").write_text("def test_a_process():\n    pass\n")
+    proc = _collect(tmp_path, "-m", "unit")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "unit/test_here.py::test_in_the_folder" in proc.stdout and "test_a_process" not in proc.stdout
+    (tmp_path / "test_marked.py").write_text("import pytest\n\n\n@pytest.mark.unit\n"
+                                             "def test_marked_elsewhere():\n    pass\n")
+    proc = _collect(tmp_path)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "marked `unit` outside tests/unit" in proc.stderr
+    assert "test_marked.py::test_marked_elsewhere" in proc.stderr
