@@ -143,6 +143,8 @@ class SpanConverter:
         out = []
         names, reasons, requests, rings = stt.NAMES, stt.REASONS, self.requests, self.rings
         procs: dict[int, tuple] = {}
+        # rows as tuples, for speed: v1, v2, t1, t2 hold what spantable names by span name
+        # (PROMPT_TOKENS, MAX_TOKENS, FIRST_TEXT, FIRST_AUDIO; AHEAD, BLOCKED; STRATEGY; BYTES)
         for (name, reason, error, status, stage, peer, replica, req, chunk, ring, start, end, v1, v2,
              t1, t2, by0, by1, by2) in table.tolist():
             rid = requests[req]

@@ -26,8 +26,8 @@ Pairing rules (one trace per request, ``conventions.trace_id_for(request)``):
   those of the ring that recorded its begin.
 
 FIFO blocking (the rule: :mod:`omnitrace.intervals`): each sender (pid, stage) is busy
-with one task at a time (:func:`sender_tasks`); a FIFO span's ``blocked_ns`` (v2) and
-``blocked_by`` (by0..by2) are its wait's overlap with that sender's tasks of *other*
+with one task at a time (:func:`sender_tasks`); a FIFO span's ``blocked_ns`` (:data:`BLOCKED`)
+and ``blocked_by`` (by0..by2) are its wait's overlap with that sender's tasks of *other*
 requests and the three requests with the largest. Every busy interval that overlaps a
 wait [E, D] ends by D on the sender's own ring, so it is known when D is.
 The tasks each feed closes are handed out with it (``Feed.busy``): the report's
@@ -62,16 +62,21 @@ REASONS = ("", "writer-died", "run-ended", "unfinished", "timeout", "consumer-ne
 (R_NONE, R_WRITER_DIED, R_RUN_ENDED, R_UNFINISHED, R_TIMEOUT,
  R_NEVER_SCHEDULED) = range(len(REASONS))
 
-# One finished span. v1/v2 by name: request: prompt tokens, max tokens (-1 = unknown);
-# snapshot: strategy; fifo: ahead, blocked_ns; process/put/get:
-# bytes. t1/t2: request's first text / first audio (0 = none). by0..by2: culprit
-# request ids of a fifo span (0 = none). ring: the ring (process) that recorded it.
+# One finished span. v1, v2, t1, t2 hold what a span of its name has (read and write them
+# by the names below); by0..by2: culprit request ids of a fifo span (0 = none). ring: the
+# ring (process) that recorded it.
 SPAN_DTYPE = np.dtype([("name", "i1"), ("reason", "i1"), ("error", "?"), ("status", "<i2"),
                        ("stage", "<i2"),
                        ("peer", "<i2"), ("replica", "<i2"), ("req", "<u4"), ("chunk", "<i4"),
                        ("ring", "<i4"), ("start", "<i8"), ("end", "<i8"), ("v1", "<i8"),
                        ("v2", "<i8"), ("t1", "<i8"), ("t2", "<i8"), ("by0", "<u4"),
                        ("by1", "<u4"), ("by2", "<u4")])
+# What the shared columns hold, by span name: their one home.
+PROMPT_TOKENS, MAX_TOKENS = "v1", "v2"  # request: its prompt and max tokens (-1: unknown)
+FIRST_TEXT, FIRST_AUDIO = "t1", "t2"  # request: its first text / audio packet (0: none)
+STRATEGY = "v1"  # snapshot: its strategy (a conventions.Snapshot value)
+AHEAD, BLOCKED = "v1", "v2"  # fifo: tasks ahead of it at the enqueue; its blocked_ns
+BYTES = "v1"  # process, put, get: the payload's bytes
 # An omni.emit span event of an emitted stage span, or (modality MARK_MODALITY, stage
 # API_STAGE) an API mark of a request span: packet is then the mark's event kind
 # (conventions.API_MARKS).
@@ -772,10 +777,12 @@ class SpanBuilder:
         rows = self._span_rows(name, b, e)
         rows["end"] = np.maximum(e["t"], b["t"])
         if name == N_FIFO:
-            rows["v1"] = b["a"]
+            rows[AHEAD] = b["a"]
             self._blocked(rows, self._pids[b["ring"]])
-        elif name != N_WAIT:  # snapshot: strategy; process, put, get: bytes
-            rows["v1"] = e["a"]
+        elif name == N_SNAPSHOT:
+            rows[STRATEGY] = e["a"]
+        elif name != N_WAIT:
+            rows[BYTES] = e["a"]
         return rows
 
     # ------------------------------------------------------------------ FIFO blocking
@@ -801,7 +808,7 @@ class SpanBuilder:
                 snd.starts, snd.ends, snd.reqs = snd.starts[keep:], snd.ends[keep:], snd.reqs[keep:]
 
     def _blocked(self, rows: np.ndarray, pids: np.ndarray) -> None:
-        """blocked_ns (v2) of complete FIFO spans, in place: the time their sender worked on
+        """blocked_ns (BLOCKED) of complete FIFO spans, in place: the time their sender worked on
         other requests' tasks while they waited (``intervals.other_overlap``). With
         ``culprits``, also by0..by2: the top three other requests by overlap."""
         for k, sel in keys.groups(keys.sender_key(pids, rows["stage"])):
@@ -809,7 +816,7 @@ class SpanBuilder:
             if snd is None or not len(snd.starts):
                 continue
             wait = rows["start"][sel], rows["end"][sel], rows["req"][sel]
-            rows["v2"][sel] = intervals.other_overlap(snd.starts, snd.ends, snd.reqs, *wait)
+            rows[BLOCKED][sel] = intervals.other_overlap(snd.starts, snd.ends, snd.reqs, *wait)
             if self.culprits:
                 q, culprit, rank = intervals.top_others(snd.starts, snd.ends, snd.reqs, *wait,
                                                         len(CULPRIT_COLUMNS))
@@ -893,11 +900,11 @@ class SpanBuilder:
         if begun:  # began, never ended: up to the request's last event
             rows["end"] = np.maximum(ev["t"], self.last_t[ev["req"].astype(np.int64)])
             if name == N_FIFO:
-                rows["v1"] = ev["a"]
+                rows[AHEAD] = ev["a"]
         else:  # ended, its begin lost (dropped or never drained)
             rows["end"] = ev["t"]
-            if name not in (N_FIFO, N_WAIT):
-                rows["v1"] = ev["a"]
+            if name not in (N_FIFO, N_WAIT):  # the end's own figure: strategy or bytes
+                rows[STRATEGY if name == N_SNAPSHOT else BYTES] = ev["a"]
         reason = codes[np.minimum(ev["req"].astype(np.int64), len(codes) - 1)]
         dead = np.isin(self._pids[ev["ring"]], np.fromiter(self.dead_pids, np.int64))
         rows["reason"] = np.where(dead, R_WRITER_DIED, reason)

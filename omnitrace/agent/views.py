@@ -48,11 +48,11 @@ class TraceIds:
 # chunk span name -> [(metric, value column or None for duration, scale, with exemplar)]
 _CHUNK_METRICS = {
     stt.N_FIFO: ((cv.METRIC_FIFO_RESIDENCE, None, 1e-9, True),
-                 (cv.METRIC_FIFO_BLOCKED, "v2", 1e-9, True),
+                 (cv.METRIC_FIFO_BLOCKED, stt.BLOCKED, 1e-9, True),
                  (cv.METRIC_FIFO_DEPTH, "depth", 1.0, False)),
     stt.N_SNAPSHOT: ((cv.METRIC_SNAPSHOT, None, 1e-9, True),),
     stt.N_PROCESS: ((cv.METRIC_PROCESS, None, 1e-9, True),),
-    stt.N_PUT: ((cv.METRIC_PUT, None, 1e-9, True), (cv.METRIC_SIZE, "v1", 1.0, True)),
+    stt.N_PUT: ((cv.METRIC_PUT, None, 1e-9, True), (cv.METRIC_SIZE, stt.BYTES, 1.0, True)),
     stt.N_GET: ((cv.METRIC_GET, None, 1e-9, True),),
 }
 _WANTED = np.zeros(len(stt.NAMES), bool)  # span name code -> has histograms
@@ -93,6 +93,7 @@ class MetricsView:
         order = np.argsort(key, kind="stable")
         key, sel = key[order], sel[order]
         cols = {"dur": (spans["end"][sel] - spans["start"][sel]).astype(np.float64),
+                # the shared columns, read below by the names _CHUNK_METRICS gives them
                 "v1": spans["v1"][sel].astype(np.float64), "v2": spans["v2"][sel].astype(np.float64),
                 "req": spans["req"][sel]}
         edges = np.flatnonzero(np.diff(key)) + 1
@@ -106,8 +107,8 @@ class MetricsView:
             for metric, col, scale, exemplar in _CHUNK_METRICS[name]:
                 if col is None:
                     values = cols["dur"][lo:hi] * scale
-                elif col == "depth":
-                    values = cols["v1"][lo:hi] + 1.0
+                elif col == "depth":  # the tasks ahead of it, and itself
+                    values = cols[stt.AHEAD][lo:hi] + 1.0
                 else:
                     values = cols[col][lo:hi] * scale
                 self.metrics.hist.child(metric, labels).observe_many(
@@ -175,7 +176,7 @@ class OtlpView:
         spans = feed.spans
         if not len(spans):
             return
-        blocked = spans[(spans["name"] == stt.N_FIFO) & (spans["v2"] > 0)]
+        blocked = spans[(spans["name"] == stt.N_FIFO) & (spans[stt.BLOCKED] > 0)]
         self.hol.update(blocked["req"].tolist())
         converted = self.converter.convert(spans, feed.emits)
         if not self.sampling and self._room() and not self.held:
@@ -188,8 +189,9 @@ class OtlpView:
             self.held.setdefault(row, []).append(span)
         self.held_spans += len(converted)
         done = spans[spans["name"] == stt.N_REQUEST]
-        for req, start, t2 in zip(done["req"].tolist(), done["start"].tolist(), done["t2"].tolist()):
-            self._decide(req, (t2 - start) / 1e9 if t2 else None)
+        for req, start, audio in zip(done["req"].tolist(), done["start"].tolist(),
+                                     done[stt.FIRST_AUDIO].tolist()):
+            self._decide(req, (audio - start) / 1e9 if audio else None)
         while self.held_spans > self.HOLD_MAX_SPANS and self.held:
             self._decide(next(iter(self.held)), None, force_drop=True)
 

@@ -106,12 +106,12 @@ def figure_rows(spans: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     snap["stage"] = spans["stage"][i]
     i = np.flatnonzero(ok & (name == stt.N_FIFO))
     fifo = table(FIFO_DTYPE, i)
-    fifo["stage"], fifo["ahead"], fifo["blocked"] = spans["stage"][i], spans["v1"][i], spans["v2"][i]
+    fifo["stage"], fifo["ahead"], fifo["blocked"] = spans["stage"][i], spans[stt.AHEAD][i], spans[stt.BLOCKED][i]
     i = np.flatnonzero(ok & ((name == stt.N_PUT) | (name == stt.N_GET)))
     xfer = table(TRANSFER_DTYPE, i)
     put = name[i] == stt.N_PUT
     stage, peer = spans["stage"][i], spans["peer"][i]
-    xfer["put"], xfer["bytes"] = put, spans["v1"][i]
+    xfer["put"], xfer["bytes"] = put, spans[stt.BYTES][i]
     xfer["producer"], xfer["consumer"] = np.where(put, stage, peer), np.where(put, peer, stage)
     i = np.flatnonzero(~ok)
     bad = np.empty(len(i), INCOMPLETE_DTYPE)
@@ -175,7 +175,7 @@ class ReportTables:
                 fa[req] = t
         roots = spans[spans["name"] == stt.N_REQUEST]
         if len(roots):  # the request's own account is final
-            fa[roots["req"].astype(np.int64)] = np.where(roots["t2"] > 0, roots["t2"], -1)
+            fa[roots["req"].astype(np.int64)] = np.where(roots[stt.FIRST_AUDIO] > 0, roots[stt.FIRST_AUDIO], -1)
         self.rows += len(spans)
         req = spans["req"].astype(np.int64)
         gone = skip[req]

@@ -12,14 +12,16 @@ from omnitrace.rules.span import NO_EMITS, Span
 
 
 def chunk_span(row: tuple, requests: list[str]) -> Span:
-    """One chunk span row (a ``spantable.SPAN_DTYPE`` row as a tuple) -> :class:`Span`."""
-    (name, reason, _error, _status, stage, peer, replica, req, chunk, _ring, start, end, v1, v2,
-     _t1, _t2, by0, by1, by2) = row
+    """One chunk span row (a ``spantable.SPAN_DTYPE`` row as a tuple: its positions, for
+    speed; v1 is a FIFO span's AHEAD or another's STRATEGY or BYTES, v2 a FIFO span's
+    BLOCKED) -> :class:`Span`."""
+    (name, reason, _error, _status, stage, peer, replica, req, chunk, _ring, start, end, figure,
+     blocked_ns, _t1, _t2, by0, by1, by2) = row
     if name == stt.N_FIFO:
         by = tuple(requests[x] for x in (by0, by1, by2) if x)
-        return Span(stt.NAMES[name], requests[req], stage, peer, chunk, start, end, replica, v2, by,
-                    v1 + 1, v1, 0, reason != 0)
-    nb = v1 if name in (stt.N_PUT, stt.N_PROCESS, stt.N_GET) else 0
+        return Span(stt.NAMES[name], requests[req], stage, peer, chunk, start, end, replica, blocked_ns, by,
+                    figure + 1, figure, 0, reason != 0)
+    nb = figure if name in (stt.N_PUT, stt.N_PROCESS, stt.N_GET) else 0
     return Span(stt.NAMES[name], requests[req], stage, peer, chunk, start, end, replica, 0, (),
                 -1, -1, nb, reason != 0)
 
@@ -66,13 +68,13 @@ def _first_marks(emits: np.ndarray) -> dict[tuple[int, int], dict[int, int]]:
 
 
 def _request_span(row: tuple, requests: list[str], marks: dict[int, int]) -> Span:
-    """An ``omni.request`` row -> :class:`Span` with its status, first audio packet (t2;
-    0: none) and ``marks`` (event kind -> first time)."""
-    (name, reason, _error, status, _stage, _peer, replica, req, _chunk, _ring, start, end, _v1, _v2,
-     _t1, t2, _by0, _by1, _by2) = row
+    """An ``omni.request`` row -> :class:`Span` with its status, first audio packet
+    (FIRST_AUDIO; 0: none) and ``marks`` (event kind -> first time)."""
+    (name, reason, _error, status, _stage, _peer, replica, req, _chunk, _ring, start, end, _prompt,
+     _max_tokens, _first_text, first_audio, _by0, _by1, _by2) = row
     sp = Span(stt.NAMES[name], requests[req], cv.API_STAGE, -2, -1, start, end, replica,
               incomplete=reason != 0)
-    sp.status, sp.ttfp = status, t2 or None
+    sp.status, sp.ttfp = status, first_audio or None
     sp.parsed, sp.dispatched = marks.get(_PARSED), marks.get(_DISPATCHED)
     sp.packet_received, sp.packet_resumed = marks.get(_RECEIVED), marks.get(_RESUMED)
     return sp
@@ -101,7 +103,7 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     if chunks_before_ttfp:
         roots = table[table["name"] == stt.N_REQUEST]
         ttfp = np.zeros(len(requests), np.int64)
-        ttfp[roots["req"].astype(np.int64)] = np.where(roots["t2"] > 0, roots["t2"], 0)
+        ttfp[roots["req"].astype(np.int64)] = np.where(roots[stt.FIRST_AUDIO] > 0, roots[stt.FIRST_AUDIO], 0)
         chunk = table["name"] >= stt.N_SNAPSHOT
         keep &= ~chunk | (table["start"] <= ttfp[table["req"].astype(np.int64)])
     out: list[Span] = []

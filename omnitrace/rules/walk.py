@@ -323,7 +323,7 @@ def _indexes(rows: np.ndarray, owner: np.ndarray, prod_code: np.ndarray, cons_co
     return (index(ready, _code(owner, rows["stage"], none, none)), index(name == stt.N_GET, cons_code),
             index(name == stt.N_PUT, prod_code, by=rows["start"]), index(name == stt.N_FIFO, prod_code),
             index(name == stt.N_SNAPSHOT, prod_code), index(name == stt.N_PROCESS, prod_code),
-            index((name == stt.N_PROCESS) & (rows["v1"] > 0), prod_code))
+            index((name == stt.N_PROCESS) & (rows[stt.BYTES] > 0), prod_code))
 
 
 def _note(notes: list[tuple[np.ndarray, int]], idx: np.ndarray, hop_of: tuple[np.ndarray, ...],
@@ -345,7 +345,7 @@ def _producer_task(W: _Segments, rows: np.ndarray, idx: np.ndarray, pc: np.ndarr
     """The producing task's process, FIFO and snapshot spans of each hop ``idx`` (the
     reference's ``attribute`` says how the task is found), pushed; what is missing noted."""
     proc, made, fifo, snap = ix
-    start, end, v1, v2 = rows["start"], rows["end"], rows["v1"], rows["v2"]
+    start, end, nbytes, blocked_ns = rows["start"], rows["end"], rows[stt.BYTES], rows[stt.BLOCKED]
     # the producing task (the reference's comment says why): procs = its process spans
     # ending by the put's begin (the sender's own clock; no put: the cursor), or all;
     # made = those with payload bytes
@@ -355,7 +355,7 @@ def _producer_task(W: _Segments, rows: np.ndarray, idx: np.ndarray, pc: np.ndarr
     made_by = made.by(pc, cur, fallback=False)
     made_any = made.by(pc, np.full(len(idx), np.iinfo(np.int64).max), fallback=False)
     mk = np.where(some_by, made_by, made_any)
-    put_bytes = np.where(have_put, v1[np.maximum(pu, 0)], 0)
+    put_bytes = np.where(have_put, nbytes[np.maximum(pu, 0)], 0)
     is_stale = have_put & (put_bytes > 0) & (n_proc > 0) & (mk < 0)
     notes.append((is_stale, _M_TASK))
     pr = np.where(mk >= 0, mk, proc.by(pc, cur))
@@ -378,7 +378,7 @@ def _producer_task(W: _Segments, rows: np.ndarray, idx: np.ndarray, pc: np.ndarr
     have = fi >= 0
     f = fi[have]
     dur = end[f] - start[f]
-    blocked = np.maximum(0, np.minimum(v2[f], dur))
+    blocked = np.maximum(0, np.minimum(blocked_ns[f], dur))
     W.push(idx[have], end[f] - (dur - blocked), end[f], prod[have], at.FIFO_OWN)
     W.push(idx[have], start[f], start[f] + blocked, prod[have], at.FIFO_BLOCKED)
     have = (sn >= 0) & ~after

@@ -20,7 +20,7 @@ from omnitrace.rowops import Growing
 from omnitrace.tables.schema import TABLES, arrow_table
 
 # chunk tables: (span name, recorded by the producer, column names of start, end, duration,
-# and of v1 (None: not kept))
+# and of the span's own figure: its strategy, tasks ahead or bytes (None: it has none))
 CHUNK_TABLES = {
     "snapshots": (stt.N_SNAPSHOT, True, ("start_ns", "end_ns", "dur_ns"), "strategy"),
     "fifo_tasks": (stt.N_FIFO, True, ("enqueue_ns", "dequeue_ns", "residence_ns"), "ahead"),
@@ -153,12 +153,12 @@ def requests_table(rows: np.ndarray, requests: list[str]) -> pa.Table:
         "request_id": np.arange(1, n + 1), "request": pa.array(requests[1:], pa.string()),
         "replica": pa.array(r["replica"].astype(np.int32), mask=~has),
         "thread_id": _nullable(r["ring"], ~has), "arrival_ns": _nullable(arrival, ~has),
-        "first_text_ns": _nullable(r["t1"], ~has | (r["t1"] == 0)),
-        "first_audio_ns": _nullable(r["t2"], ~has | (r["t2"] == 0)),
-        "end_ns": _nullable(r["end"], ~done), "last_ns": _nullable(r["end"], ~has), "ttft_ns": since_arrival(r["t1"]), "ttfp_ns": since_arrival(r["t2"]),
+        "first_text_ns": _nullable(r[stt.FIRST_TEXT], ~has | (r[stt.FIRST_TEXT] == 0)),
+        "first_audio_ns": _nullable(r[stt.FIRST_AUDIO], ~has | (r[stt.FIRST_AUDIO] == 0)),
+        "end_ns": _nullable(r["end"], ~done), "last_ns": _nullable(r["end"], ~has), "ttft_ns": since_arrival(r[stt.FIRST_TEXT]), "ttfp_ns": since_arrival(r[stt.FIRST_AUDIO]),
         "status": enum(np.clip(r["status"], 0, len(STATUS) - 1), STATUS, ~done),
-        "prompt_tokens": _nullable(r["v1"], ~has | (r["v1"] < 0)),
-        "max_tokens": _nullable(r["v2"], ~has | (r["v2"] < 0)),
+        "prompt_tokens": _nullable(r[stt.PROMPT_TOKENS], ~has | (r[stt.PROMPT_TOKENS] < 0)),
+        "max_tokens": _nullable(r[stt.MAX_TOKENS], ~has | (r[stt.MAX_TOKENS] < 0)),
         "incomplete": enum(r["reason"], stt.REASONS, ~has | (r["reason"] == stt.R_NONE))})
 
 
@@ -221,7 +221,7 @@ def marks_table(emits: np.ndarray) -> pa.Table:
 
 
 def chunk_table(table: str, rows: np.ndarray, senders: "_Senders") -> pa.Table:
-    _, producer_side, (start, end, dur), v1 = CHUNK_TABLES[table]
+    _, producer_side, (start, end, dur), figure = CHUNK_TABLES[table]
     stage, peer = rows["stage"].astype(np.int32), rows["peer"].astype(np.int32)
     bad = rows["reason"] != stt.R_NONE
     cols: dict[str, object] = {
@@ -231,13 +231,15 @@ def chunk_table(table: str, rows: np.ndarray, senders: "_Senders") -> pa.Table:
         start: rows["start"], end: rows["end"], dur: rows["end"] - rows["start"]}
     if table != "poll_lags":
         cols["incomplete"] = incomplete(rows["reason"])
-    if v1 == "strategy":
-        cols[v1] = enum(np.clip(rows["v1"], 0, len(SNAPSHOT) - 1), SNAPSHOT, bad)
-    elif v1 is not None:
-        cols[v1] = pa.array(rows["v1"].astype(np.int32 if v1 == "ahead" else np.int64), mask=bad)
+    if figure == "strategy":
+        cols[figure] = enum(np.clip(rows[stt.STRATEGY], 0, len(SNAPSHOT) - 1), SNAPSHOT, bad)
+    elif figure == "ahead":
+        cols[figure] = pa.array(rows[stt.AHEAD].astype(np.int32), mask=bad)
+    elif figure == "bytes":
+        cols[figure] = pa.array(rows[stt.BYTES].astype(np.int64), mask=bad)
     if table == "fifo_tasks":
         cols["sender_id"] = senders.ids(rows["pid"], rows["stage"])
-        cols["blocked_ns"] = _nullable(rows["v2"], bad)
+        cols["blocked_ns"] = _nullable(rows[stt.BLOCKED], bad)
         cols["blocked_by"] = request_list([rows["by0"], rows["by1"], rows["by2"]])
     return arrow_table(table, cols)
 
