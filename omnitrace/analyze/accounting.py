@@ -183,6 +183,16 @@ def of_run_dir(run_dir: str, log: Any, recorded: int, warnings: list[str] | None
                   load(names.AGENT), load(names.RUN))
 
 
+def notes_of_load(run_dir: str, log: Any, recorded: int) -> list[str]:
+    """What a reader other than the report (``export``, ``sql``) says of what it loaded:
+    :func:`of_run_dir`'s warnings, and a line when not every event is in the record."""
+    notes: list[str] = []
+    led = of_run_dir(run_dir, log, recorded, notes)
+    if not complete(led):
+        notes.append(f"the spans are built from part of the run: {headline(led)}")
+    return notes
+
+
 def complete(led: Ledger) -> bool:
     """Every event written is in the record, and the books say so."""
     return led.known and led.closes and led.recorded == led.events_written

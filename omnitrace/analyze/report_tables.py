@@ -16,7 +16,6 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from omnitrace import spanload
 from omnitrace.analyze import accounting
 from omnitrace.analyze.report import build_report
 from omnitrace.analyze.rundir import RunDirError, load_run
@@ -64,17 +63,7 @@ def _make(run_dir: str, wanted: set[str]) -> tuple[dict[str, pa.Table], list[str
             raise tables_run.TablesError(str(exc)) from None
         rt.tables.update({n: made[n] for n in report})
     tables = combine.combine([run_dir], [{n: t for n, t in rt.tables.items() if n in wanted}], wanted)
-    return tables, accounting_notes(run_dir, rt.loaded)
-
-
-def accounting_notes(run_dir: str, loaded: spanload.Loaded) -> list[str]:
-    """What the tables leave out of ``run_dir``: its accounting's warnings, and a line when
-    not every event is in the record."""
-    notes: list[str] = []
-    led = accounting.of_run_dir(run_dir, loaded.log, loaded.events, notes)
-    if not accounting.complete(led):
-        notes.append(f"the spans are built from part of the run: {accounting.headline(led)}")
-    return notes
+    return tables, accounting.notes_of_load(run_dir, rt.loaded.log, rt.loaded.events)
 
 
 def load_runs(run_dirs: Sequence[str], wanted: Iterable[str] | None = None) -> Loaded:

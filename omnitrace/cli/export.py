@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             out.close()
     if exporter is None and args.otlp_json != "-" and not sink.spans:
         open(args.otlp_json, "wb").close()  # a run without spans: an empty file, not none
-    from omnitrace.analyze import report_tables
-    _say_notes(report_tables.accounting_notes(args.run, loaded))
+    from omnitrace.analyze import accounting
+    _say_notes(accounting.notes_of_load(args.run, loaded.log, loaded.events))
     total = sink.spans
     if exporter is not None:
         exporter.close(deadline_s=max(30.0, args.timeout * 3))
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _tables_out(args: argparse.Namespace) -> int:
     """--parquet DIR or --perfetto FILE: the run's tables, written."""
-    from omnitrace.analyze import report_tables
+    from omnitrace.analyze import accounting, report_tables
     from omnitrace.tables import files
     from omnitrace.tables.run import TablesError
     try:
@@ -158,7 +158,7 @@ def _tables_out(args: argparse.Namespace) -> int:
             samples = os.path.join(args.run, "profiles", FILE)  # a --flame run's py-spy samples
             rt, counts = files.write_perfetto(args.run, args.perfetto,
                                               Store.load(samples) if os.path.exists(samples) else None)
-            notes = report_tables.accounting_notes(args.run, rt.loaded)
+            notes = accounting.notes_of_load(args.run, rt.loaded.log, rt.loaded.events)
             what = f"{sum(counts.values())} slices -> {args.perfetto}"
     except TablesError as exc:
         console.say("export", str(exc))
