@@ -39,11 +39,11 @@ class Loaded:
 
 
 def load(run_dir: str, wanted: Iterable[str] | None = None) -> Loaded:
-    """``run_dir``'s tables (``wanted``: these only; None: all), the report's among them
-    when asked for: those a long run's earlier load kept (``tables.cache``) read back, the
-    rest made (and kept, where worth it). Raises ``tables.run.TablesError`` (one line) for
-    an unusable run."""
-    wanted = set(TABLES if wanted is None else wanted)
+    """``run_dir``'s own tables (``wanted``: these only; None: all; never ``runs``, which
+    says how runs combine: :func:`load_runs`), the report's among them when asked for:
+    those a long run's earlier load kept (``tables.cache``) read back, the rest made (and
+    kept, where worth it). Raises ``tables.run.TablesError`` (one line) for an unusable run."""
+    wanted = set(TABLES if wanted is None else wanted) - {"runs"}
     tables, notes = cache.read_fresh(run_dir, wanted)
     if wanted - set(tables):
         t0 = time.monotonic()
@@ -62,7 +62,7 @@ def _make(run_dir: str, wanted: set[str]) -> tuple[dict[str, pa.Table], list[str
         except RunDirError as exc:
             raise tables_run.TablesError(str(exc)) from None
         rt.tables.update({n: made[n] for n in report})
-    tables = combine.combine([run_dir], [{n: t for n, t in rt.tables.items() if n in wanted}], wanted)
+    tables = {n: t for n, t in rt.tables.items() if n in wanted}
     return tables, accounting.notes_of_load(run_dir, rt.loaded.log, rt.loaded.events)
 
 
@@ -76,7 +76,7 @@ def load_runs(run_dirs: Sequence[str], wanted: Iterable[str] | None = None) -> L
         paths = combine.distinct(run_dirs)
     except combine.SameRunTwice as exc:
         raise tables_run.TablesError(str(exc)) from None
-    each = [load(p, (wanted | combine.KEY_TABLES) - {"runs"}) for p in paths]
+    each = [load(p, wanted | combine.KEY_TABLES) for p in paths]
     made = combine.combine(paths, [one.tables for one in each], wanted)
     notes = [f"{p}: {n}" if len(paths) > 1 else n for p, one in zip(paths, each) for n in one.notes]
     return Loaded({n: t for n, t in made.items() if n in wanted}, notes)

@@ -148,7 +148,7 @@ def _tables_out(args: argparse.Namespace) -> int:
     from omnitrace.tables.run import TablesError
     try:
         if args.parquet:
-            loaded = report_tables.load(args.run)
+            loaded = report_tables.load_runs([args.run])
             written = files.write_parquet(loaded.tables, args.parquet)
             notes = loaded.notes
             what = (f"{len(written)} tables ({sum(t.num_rows for t in loaded.tables.values())} rows) "
