@@ -53,7 +53,7 @@ def _before_first_packet(rows: np.ndarray, roots: np.ndarray) -> np.ndarray:
     """The chunk ``rows`` that began by their request's first audio packet (``roots``:
     the requests' ``omni.request`` rows, with their first packet; none: no row kept), the rows
     attribution walks (as ``spans_from_table(chunks_before_ttfp=True)``)."""
-    first = np.where(roots[stt.FIRST_AUDIO] > 0, roots[stt.FIRST_AUDIO], 0).astype(np.int64)
+    first = roots[stt.FIRST_AUDIO].astype(np.int64)  # 0: none yet
     limit = _first_packet_of(rows["req"].astype(np.int64), roots["req"].astype(np.int64), first, 0)
     return rows[rows["start"] <= limit]
 

@@ -69,7 +69,7 @@ def _answer(runs: list[str], query: str, fmt: str, cache: dict | None = None, sa
         if wanted - set(cache):
             loaded = report_tables.load_runs(runs, wanted - set(cache))
             cache.update(loaded.tables)
-            for note in dict.fromkeys(loaded.notes):  # said once, whichever tables a query loads
+            for note in loaded.notes:  # each said once, whichever tables a query loads
                 if note not in said:
                     said.add(note)
                     console.say("sql", f"warning: {note}")

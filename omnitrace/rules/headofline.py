@@ -208,7 +208,7 @@ def joined(parts: list[Pairs]) -> Pairs:
                    for f in Pairs.__dataclass_fields__))
 
 
-def _batch_pairs(victims: list[Victim], fifo: tuple[np.ndarray, np.ndarray], busy: Busy | None) -> Pairs:
+def _batch_pairs(victims: list[Victim], fifo: tuple[np.ndarray, np.ndarray], busy: Busy) -> Pairs:
     nv = len(victims)
     out = Pairs.unblocked(nv)
     if not victims or not len(fifo[0]) or not busy:

@@ -103,7 +103,7 @@ def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
     if chunks_before_ttfp:
         roots = table[table["name"] == stt.N_REQUEST]
         ttfp = np.zeros(len(requests), np.int64)
-        ttfp[roots["req"].astype(np.int64)] = np.where(roots[stt.FIRST_AUDIO] > 0, roots[stt.FIRST_AUDIO], 0)
+        ttfp[roots["req"].astype(np.int64)] = roots[stt.FIRST_AUDIO]  # 0: none
         chunk = table["name"] >= stt.N_SNAPSHOT
         keep &= ~chunk | (table["start"] <= ttfp[table["req"].astype(np.int64)])
     out: list[Span] = []
