@@ -84,6 +84,39 @@ EMIT_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("replica", "<i2"), ("t
                        ("packet", "<i8"), ("modality", "<i4")])
 MARK_MODALITY = -1
 
+
+@dataclass(frozen=True)
+class VisitEmits:
+    """Each stage visit's packets, the rule's one home (the report's stage spans and the
+    ``stage_visits`` table read it): per (request, stage, replica) with an ``omni.emit``
+    (API marks are not emits), in key order, the first emit's time, the first audio
+    emit's (``NO_EMIT``: none) and the count."""
+
+    req: np.ndarray
+    stage: np.ndarray
+    replica: np.ndarray
+    first: np.ndarray
+    first_audio: np.ndarray
+    count: np.ndarray
+
+    @staticmethod
+    def of(emits: np.ndarray) -> "VisitEmits":
+        e = rowops.select(emits, emits["modality"] != MARK_MODALITY)
+        o = np.lexsort((e["replica"], e["stage"], e["req"]))
+        req, stage, rep, t = e["req"][o], e["stage"][o], e["replica"][o], e["t"][o]
+        head = np.ones(len(o), bool)
+        head[1:] = (req[1:] != req[:-1]) | (stage[1:] != stage[:-1]) | (rep[1:] != rep[:-1])
+        lo = np.flatnonzero(head)
+        if not len(lo):
+            none = np.zeros(0, np.int64)
+            return VisitEmits(req[lo], stage[lo], rep[lo], none, none, none)
+        audio = np.where(e["modality"][o] == int(cv.Modality.AUDIO), t, NO_EMIT)
+        return VisitEmits(req[lo], stage[lo], rep[lo], np.minimum.reduceat(t, lo),
+                          np.minimum.reduceat(audio, lo), np.diff(np.append(lo, len(o))))
+
+
+NO_EMIT = np.iinfo(np.int64).max
+
 # chunk pairs: (name code, begin kind, end kind, producer side)
 _PAIRS = ((N_SNAPSHOT, E.SNAPSHOT_BEGIN, E.SNAPSHOT_END),
           (N_FIFO, E.FIFO_ENQUEUE, E.FIFO_DEQUEUE),

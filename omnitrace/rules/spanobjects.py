@@ -38,20 +38,10 @@ _NO_MARKS: dict[int, int] = {}
 
 def _emit_firsts(emits: np.ndarray) -> dict[tuple[int, int, int], tuple[int | None, int | None]]:
     """(request, stage, replica) -> the first audio and the first ``omni.emit`` time of
-    that stage span's packets (API marks are not emits), by one sort of the emit rows."""
-    e = rowops.select(emits, emits["modality"] != stt.MARK_MODALITY)
-    if not len(e):
-        return {}
-    o = np.lexsort((e["replica"], e["stage"], e["req"]))
-    req, stage, rep, t = e["req"][o], e["stage"][o], e["replica"][o], e["t"][o]
-    head = np.ones(len(o), bool)
-    head[1:] = (req[1:] != req[:-1]) | (stage[1:] != stage[:-1]) | (rep[1:] != rep[:-1])
-    lo = np.flatnonzero(head)
-    never = np.iinfo(np.int64).max
-    audio = np.minimum.reduceat(np.where(e["modality"][o] == int(cv.Modality.AUDIO), t, never), lo)
-    first = np.minimum.reduceat(t, lo)
-    return {(r, s, p): (a if a != never else None, f) for r, s, p, a, f in zip(
-        req[lo].tolist(), stage[lo].tolist(), rep[lo].tolist(), audio.tolist(), first.tolist())}
+    that stage span's packets (``spantable.VisitEmits``)."""
+    v = stt.VisitEmits.of(emits)
+    return {(r, s, p): (a if a != stt.NO_EMIT else None, f) for r, s, p, a, f in zip(
+        v.req.tolist(), v.stage.tolist(), v.replica.tolist(), v.first_audio.tolist(), v.first.tolist())}
 
 
 def _first_marks(emits: np.ndarray) -> dict[tuple[int, int], dict[int, int]]:

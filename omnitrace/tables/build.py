@@ -181,24 +181,20 @@ def visits_table(small: np.ndarray, emits: np.ndarray) -> pa.Table:
     q = rowops.take(qu, np.maximum(qi, 0)) if len(qu) else np.zeros(n, stt.SPAN_DTYPE)
     has_s, has_q = si >= 0, qi >= 0
     finished = has_s & (s["reason"] == stt.R_NONE)
-    out = rowops.select(emits, emits["stage"] != cv.API_STAGE)
-    ek = _visit_key(out["req"], out["stage"], out["replica"])
-    at = np.searchsorted(uniq, ek)
-    ok = (at < n) & (uniq[np.minimum(at, n - 1)] == ek) if n else np.zeros(len(ek), bool)
-    first, first_audio, count = (np.full(n, np.iinfo(np.int64).max), np.full(n, np.iinfo(np.int64).max),
-                                 np.zeros(n, np.int64))
-    np.minimum.at(first, at[ok], out["t"][ok])
-    audio = ok & (out["modality"] == cv.Modality.AUDIO)
-    np.minimum.at(first_audio, at[audio], out["t"][audio])
-    np.add.at(count, at[ok], 1)
-    none = np.iinfo(np.int64).max
+    v = stt.VisitEmits.of(emits)
+    vk = _visit_key(v.req, v.stage, v.replica)
+    at = np.minimum(np.searchsorted(uniq, vk), max(n - 1, 0))
+    ok = uniq[at] == vk if n else np.zeros(len(vk), bool)  # a visit's emits without its span: none
+    first, first_audio, count = np.full(n, stt.NO_EMIT), np.full(n, stt.NO_EMIT), np.zeros(n, np.int64)
+    first[at[ok]], first_audio[at[ok]], count[at[ok]] = v.first[ok], v.first_audio[ok], v.count[ok]
     return arrow_table("stage_visits", {
         "request_id": req, "stage": stage.astype(np.int32), "replica": replica.astype(np.int32),
         "thread_id": np.where(has_s, s["ring"], q["ring"]), "add_ns": np.where(has_s, s["start"], q["start"]),
         "schedule_ns": _nullable(q["end"], ~has_q | (q["reason"] != stt.R_NONE)),
         "finish_ns": _nullable(s["end"], ~finished), "last_ns": _nullable(s["end"], ~has_s),
         "status": _nullable(s["status"], ~finished),
-        "first_emit_ns": _nullable(first, first == none), "first_audio_emit_ns": _nullable(first_audio, first_audio == none),
+        "first_emit_ns": _nullable(first, first == stt.NO_EMIT),
+        "first_audio_emit_ns": _nullable(first_audio, first_audio == stt.NO_EMIT),
         "emits": count, "incomplete": incomplete(np.where(has_s, s["reason"], q["reason"]))})
 
 

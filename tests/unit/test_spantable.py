@@ -184,3 +184,15 @@ def test_never_scheduled_wait_is_marked_not_writer_died():
     assert [stt.REASONS[r] for r in done["reason"]] == [""]
     assert [(stt.NAMES[n], stt.REASONS[r]) for n, r in zip(left["name"], left["reason"])] == [
         (cv.SPAN_WAIT_SCHEDULE, "consumer-never-scheduled")]
+
+
+def test_visit_emits_first_first_audio_and_count_per_visit_marks_excluded():
+    rows = [(3, 0, 1, 0, 50, int(cv.Modality.TEXT)), (1, 1, 1, 0, 60, int(cv.Modality.TEXT)), (2, 1, 1, 0, 61, int(cv.Modality.AUDIO)),
+            (5, 1, 0, 1, 70, int(cv.Modality.AUDIO)), (0, 1, cv.API_STAGE, 0, 9, stt.MARK_MODALITY)]
+    emits = np.array([(req, stage, rep, t, pk, mod) for t, req, stage, rep, pk, mod in rows], stt.EMIT_DTYPE)
+    v = stt.VisitEmits.of(emits)
+    got = list(zip(v.req.tolist(), v.stage.tolist(), v.replica.tolist(), v.first.tolist(),
+                   v.first_audio.tolist(), v.count.tolist()))
+    assert got == [(0, 1, 0, 3, stt.NO_EMIT, 1), (1, 0, 1, 5, 5, 1), (1, 1, 0, 1, 2, 2)]
+    none = stt.VisitEmits.of(emits[-1:])
+    assert len(none.req) == len(none.first) == len(none.count) == 0
