@@ -3,9 +3,15 @@ what every analysis reads (the report, compare, the walk's span objects)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from omnitrace.rules.span import Span
+
+if TYPE_CHECKING:  # both import this module's layer-mates at run time: types only
+    from omnitrace.analyze.accounting import Ledger
+    from omnitrace.analyze.tables import ChunkFigures
 
 
 @dataclass
@@ -22,17 +28,17 @@ class Run:
     skipped_spans: int = 0  # spans of warm-up requests, not loaded
     events: int = 0  # events read from event logs
     torn_records: int = 0  # records lost in torn event segments
-    ledger: Any = None  # accounting.Ledger: where every event written went (event-log runs)
-    # what the per-stage figures read of the chunk spans (tables.ChunkFigures; req indexes
+    ledger: Ledger | None = None  # where every event written went (event-log runs)
+    # what the per-stage figures read of the chunk spans (req indexes
     # chunk_requests; every request: the selection is the report's); ``spans`` holds objects
     # only for request, stage and queue spans
-    figures: Any = None
+    figures: ChunkFigures | None = None
     # the senders' busy intervals, per (stage, replica) (headofline.Busy; warm-up tasks
     # included: they can block a measured request in a FIFO)
     busy: dict = field(default_factory=dict)
     # chunk spans that began before their request's first packet, whole (SPAN_DTYPE; warm-up
     # requests left out): the walk, the head-of-line waits and the waterfalls read them
-    early: Any = None
+    early: np.ndarray | None = None
     chunk_requests: list[str] = field(default_factory=lambda: [""])
     span_count: int = 0
     stage_deaths: list[tuple[int, int]] = field(default_factory=list)  # (stage, unix ns) STAGE_DIED
