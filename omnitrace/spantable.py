@@ -46,6 +46,11 @@ from omnitrace import conventions as cv
 from omnitrace import intervals, keys, rowops, tracecontext
 from omnitrace.eventlog import EVENT_DTYPE
 
+try:
+    from omnitrace import _decodec
+except ImportError:  # built without a C compiler: the numpy references
+    _decodec = None
+
 E = cv.Ev
 
 # Span name codes (the SPAN_DTYPE ``name`` column indexes this tuple).
@@ -102,6 +107,8 @@ _KNOWN = np.zeros(256, bool)
 for _k in (*_REQUEST_KINDS, *_STAGE_KINDS, *_CHUNK_KINDS, E.STEP_BEGIN, E.STEP_END,
            E.STAGE_DIED, E.DELIVERY_TIMEOUT):
     _KNOWN[int(_k)] = True
+assert not _KNOWN[255]  # kinds past 255 read _KNOWN[255]: unknown (_decodec.group relies on it)
+_KNOWN_BYTES = _KNOWN.tobytes()
 # the request and stage events' kinds as plain ints: the per-event loop compares each
 # event's kind with several of them (an IntEnum member lookup costs ~0.2 us)
 (_ADD, _SCHEDULE, _FINISH, _ARRIVE, _FIRST_TEXT, _FIRST_AUDIO, _TRACE_HI, _TRACE_LO,
@@ -118,22 +125,43 @@ SENDER_CAP = 1 << 20
 CULPRIT_COLUMNS = ("by0", "by1", "by2")  # a FIFO span's top culprits
 
 
+def group_reference(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """The feed's events of a known kind that carry a request, grouped by kind in feed
+    order (a stable radix sort): (those rows, each one's index in ``ev``, ``starts``: kind
+    k's rows are ``rows[starts[k]:starts[k + 1]]``, events of no known kind, events of a
+    known kind without a request). The rule; ``_decodec.group`` does the same in C."""
+    kind = ev["kind"]
+    known = _KNOWN[np.minimum(kind, 255)]
+    has_req = ev["req"] != 0
+    unknown, steps = int(len(ev) - known.sum()), int(np.count_nonzero(known & ~has_req))
+    pos = np.flatnonzero(known & has_req)
+    order = pos[np.argsort(kind[pos], kind="stable")]
+    starts = np.searchsorted(kind[order], np.arange(257))
+    return rowops.take(ev, order), order, starts, unknown, steps
+
+
+def _group(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    if _decodec is None:
+        return group_reference(ev)
+    ev = np.ascontiguousarray(ev)
+    rows, pos, starts = np.empty(len(ev), EVENT_DTYPE), np.empty(len(ev), np.int64), np.empty(257, np.int64)
+    kept, unknown, steps = _decodec.group(ev, _KNOWN_BYTES, rows, pos, starts)
+    return rows[:kept], pos[:kept], starts, unknown, steps
+
+
 class _ByKind:
-    """One feed's events grouped by kind (a stable radix sort): each kind, or range of
+    """One feed's events grouped by kind (:func:`group_reference`): each kind, or range of
     kinds, is a contiguous slice, not a mask over the whole feed. ``pos`` keeps each
     event's place in the feed (ring order), which breaks ties between equal stamps."""
 
-    __slots__ = ("ev", "_kinds", "pos")
+    __slots__ = ("ev", "_starts", "pos")
 
-    def __init__(self, ev: np.ndarray) -> None:
-        kinds = ev["kind"]
-        order = np.argsort(kinds, kind="stable")
-        self.ev, self.pos = rowops.take(ev, order), order
-        self._kinds = kinds[order]  # contiguous: searchsorted copies a strided field per call
+    def __init__(self, ev: np.ndarray, pos: np.ndarray, starts: np.ndarray) -> None:
+        self.ev, self.pos = ev, pos
+        self._starts = starts.tolist()
 
     def _bounds(self, first: int, last: int) -> tuple[int, int]:
-        lo, hi = np.searchsorted(self._kinds, (first, last + 1))
-        return int(lo), int(hi)
+        return self._starts[first], self._starts[last + 1]
 
     def range(self, first: int, last: int) -> np.ndarray:
         lo, hi = self._bounds(first, last)
@@ -166,14 +194,9 @@ class Prepared:
     def __init__(self, ev: np.ndarray) -> None:
         self.events = len(ev)
         self.max_ring = int(ev["ring"].max()) if len(ev) else -1
-        self.unknown = self.steps = 0
-        if len(ev):
-            known = _KNOWN[np.minimum(ev["kind"], 255)]
-            self.unknown = int(len(ev) - known.sum())
-            has_req = ev["req"] != 0
-            self.steps = int(np.count_nonzero(known & ~has_req))
-            ev = rowops.select(ev, known & has_req)
-        by = _ByKind(ev)
+        rows, pos, starts, self.unknown, self.steps = _group(ev)
+        by = _ByKind(rows, pos, starts)
+        ev = by.ev  # in kind order: what is read of it below does not depend on the order
         self.emitted = by.kind(E.STAGE_EMIT)
         self.small = by.in_time_order((E.REQUEST_ARRIVE, E.STAGE_FINISH))
         self.senders = by.in_time_order(*((k, k) for k in _SENDER_KINDS))
@@ -236,11 +259,23 @@ def _latest(req: np.ndarray, t: np.ndarray, reqs: list[int]) -> tuple[np.ndarray
     return ids, top[ids - lo]
 
 
-def _by_key(rows: np.ndarray, stage: str) -> np.ndarray:
-    """``rows`` sorted by :func:`_key` of (request, ``rows[stage]``, chunk), stable."""
+def by_key_reference(rows: np.ndarray, stage: str) -> np.ndarray:
+    """``rows`` sorted by :func:`_key` of (request, ``rows[stage]``, chunk), stable: the
+    rule; ``_decodec.sort_by_key`` does the same in C."""
     if len(rows) < 2:
         return rows
     return rowops.take(rows, np.argsort(_key(rows["req"], rows[stage], rows["chunk"]), kind="stable"))
+
+
+_KEY_FIELDS = {"stage": 0, "b": 1}  # _decodec.sort_by_key's field numbers
+
+
+def _by_key(rows: np.ndarray, stage: str) -> np.ndarray:
+    if _decodec is None or len(rows) < 2:
+        return by_key_reference(rows, stage)
+    out = np.empty(len(rows), EVENT_DTYPE)
+    _decodec.sort_by_key(np.ascontiguousarray(rows), _KEY_FIELDS[stage], out)
+    return out
 
 
 def _key(req: np.ndarray, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:

@@ -1,0 +1,229 @@
+/* The compiled steps of a feed's preparation (omnitrace.spantable.Prepared) and of the
+   event log's decoding (omnitrace.eventlog): each is a numpy reference in Python, which
+   stays the rule; tests/unit/test_decodec.py compares the two on random inputs. Built at
+   install when a C compiler is there (setup.py, optional); without one, the references
+   run. Why by hand: numpy moves a structured row once per operation (a mask, a stable
+   argsort then a take, a key then an argsort then a take), and each of those passes over
+   a feed costs as much as the whole step does here in one or two.
+
+   Rows are eventlog.EVENT_DTYPE (36 bytes, packed: t i8 @0, a i8 @8, req u4 @16, chunk
+   i4 @20, kind u2 @24, stage i2 @26, b i4 @28, ring i4 @32), little endian as the dtype
+   says (the module refuses to build elsewhere). Buffers are C-contiguous; the GIL is
+   released while the rows are worked.
+
+   group(rows, known, out, pos, starts) -> (kept, unknown, steps)
+       spantable.group_reference: the rows whose kind is known (known: 256 bytes, kind
+       k >= 255 reads known[255], which must be 0) and that carry a request, grouped by
+       kind in feed order (a stable counting sort) into out, each one's index in rows
+       into pos (int64), starts (int64[257]): kind k's rows are out[starts[k]:starts[k+1]];
+       unknown: rows of no known kind; steps: rows of a known kind without a request.
+   sort_by_key(rows, field, out)
+       spantable.by_key_reference: rows into out stably sorted by spantable._key(req,
+       rows[f], chunk), f the i2 ``stage`` (field 0) or the i4 ``b`` (field 1).
+   events_of(rec, out, ring, offset)
+       eventlog.events_of_reference: 32-byte ring records into the first len(rec) rows of
+       out, ``ring`` set and ``t`` + offset (wrapping, as numpy's int64 does). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "omnitrace._decodec reads little-endian rows in place"
+#endif
+
+#define ROW 36
+#define RECORD 32
+#define OFF_REQ 16
+#define OFF_CHUNK 20
+#define OFF_KIND 24
+#define OFF_STAGE 26
+#define OFF_B 28
+#define OFF_RING 32
+
+static inline uint16_t u16_at(const char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t u32_at(const char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline int16_t i16_at(const char *p) { int16_t v; memcpy(&v, p, 2); return v; }
+static inline int32_t i32_at(const char *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+static int too_small(Py_buffer *b, Py_ssize_t need, const char *what) {
+    if (b->len >= need) return 0;
+    PyErr_Format(PyExc_ValueError, "_decodec: %s holds %zd bytes, needs %zd", what, b->len, need);
+    return 1;
+}
+
+/* ---------------------------------------------------------------------- group */
+static PyObject *group(PyObject *self, PyObject *args) {
+    Py_buffer rows, known, out, pos, starts;
+    if (!PyArg_ParseTuple(args, "y*y*w*w*w*", &rows, &known, &out, &pos, &starts)) return NULL;
+    Py_ssize_t n = rows.len / ROW, kept = 0, unknown = 0, steps = 0;
+    PyObject *res = NULL;
+    if (rows.len % ROW || known.len != 256 || ((const char *)known.buf)[255]) {
+        PyErr_SetString(PyExc_ValueError, "_decodec.group: rows of 36 bytes, 256 known kinds, the last not");
+        goto done;
+    }
+    if (too_small(&out, n * ROW, "out") || too_small(&pos, n * 8, "pos") || too_small(&starts, 257 * 8, "starts"))
+        goto done;
+    Py_BEGIN_ALLOW_THREADS
+    const char *r = rows.buf, *kn = known.buf;
+    int64_t *st = starts.buf, *ps = pos.buf, next[256];
+    char *o = out.buf;
+    memset(st, 0, 257 * sizeof(int64_t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *row = r + i * ROW;
+        unsigned k = u16_at(row + OFF_KIND);
+        if (k > 255 || !kn[k]) unknown++;
+        else if (!u32_at(row + OFF_REQ)) steps++;
+        else st[k + 1]++;
+    }
+    for (int k = 0; k < 256; k++) {
+        st[k + 1] += st[k];
+        next[k] = st[k];
+    }
+    kept = st[256];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *row = r + i * ROW;
+        unsigned k = u16_at(row + OFF_KIND);
+        if (k > 255 || !kn[k] || !u32_at(row + OFF_REQ)) continue;
+        int64_t at = next[k]++;
+        memcpy(o + at * ROW, row, ROW);
+        ps[at] = i;
+    }
+    Py_END_ALLOW_THREADS
+    res = Py_BuildValue("nnn", kept, unknown, steps);
+done:
+    PyBuffer_Release(&rows); PyBuffer_Release(&known); PyBuffer_Release(&out);
+    PyBuffer_Release(&pos); PyBuffer_Release(&starts);
+    return res;
+}
+
+/* ---------------------------------------------------------------------- sort_by_key */
+#define DIGIT_BITS 11
+#define DIGITS 6                       /* 66 bits >= 64 */
+#define BUCKETS (1 << DIGIT_BITS)
+
+/* spantable._key as numpy computes it (int64 shifts and ors wrap as unsigned ones do),
+   its sign bit flipped: unsigned order is then the signed key's order. */
+static inline uint64_t sort_key(const char *row, int field) {
+    int64_t s = field ? (int64_t)i32_at(row + OFF_B) : (int64_t)i16_at(row + OFF_STAGE);
+    uint64_t key = ((uint64_t)u32_at(row + OFF_REQ) << 31) | ((uint64_t)(s + 1) << 24)
+                   | (uint64_t)((int64_t)i32_at(row + OFF_CHUNK) + 1);
+    return key ^ (1ull << 63);
+}
+
+/* Stable LSD radix sort of keys (and their indices): the sorted indices, in idx or tidx
+   (each pass writes the other pair). Digits every key shares are skipped (a feed's keys
+   differ in a few of their 64 bits). */
+static uint32_t *radix_sort(uint64_t *keys, uint32_t *idx, uint64_t *tkeys, uint32_t *tidx, Py_ssize_t n,
+                            uint32_t (*hist)[BUCKETS]) {
+    memset(hist, 0, sizeof(uint32_t) * DIGITS * BUCKETS);
+    for (Py_ssize_t i = 0; i < n; i++)
+        for (int d = 0; d < DIGITS; d++) hist[d][(keys[i] >> (d * DIGIT_BITS)) & (BUCKETS - 1)]++;
+    for (int d = 0; d < DIGITS; d++) {
+        int shift = d * DIGIT_BITS;
+        if (hist[d][(keys[0] >> shift) & (BUCKETS - 1)] == (uint32_t)n) continue;
+        uint32_t sum = 0;
+        for (int b = 0; b < BUCKETS; b++) {
+            uint32_t c = hist[d][b];
+            hist[d][b] = sum;
+            sum += c;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t at = hist[d][(keys[i] >> shift) & (BUCKETS - 1)]++;
+            tkeys[at] = keys[i];
+            tidx[at] = idx[i];
+        }
+        uint64_t *k = keys; keys = tkeys; tkeys = k;
+        uint32_t *x = idx; idx = tidx; tidx = x;
+    }
+    return idx;
+}
+
+static PyObject *sort_by_key(PyObject *self, PyObject *args) {
+    Py_buffer rows, out;
+    int field;
+    if (!PyArg_ParseTuple(args, "y*iw*", &rows, &field, &out)) return NULL;
+    Py_ssize_t n = rows.len / ROW;
+    PyObject *res = NULL;
+    if (rows.len % ROW || (field != 0 && field != 1) || n >= ((Py_ssize_t)1 << 32)) {
+        PyErr_SetString(PyExc_ValueError, "_decodec.sort_by_key: rows of 36 bytes (< 2^32), field 0 or 1");
+        goto done;
+    }
+    if (too_small(&out, n * ROW, "out")) goto done;
+    void *mem = n ? malloc((size_t)n * 24) : NULL;
+    uint32_t (*hist)[BUCKETS] = malloc(sizeof(uint32_t) * DIGITS * BUCKETS);
+    if ((n && !mem) || !hist) {
+        free(mem); free(hist);
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    const char *r = rows.buf;
+    char *o = out.buf;
+    uint64_t *keys = mem, *tkeys = keys + n;
+    uint32_t *idx = (uint32_t *)(tkeys + n), *tidx = idx + n;
+    int sorted = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        keys[i] = sort_key(r + i * ROW, field);
+        idx[i] = (uint32_t)i;
+        if (i && keys[i] < keys[i - 1]) sorted = 0;
+    }
+    if (sorted) {
+        memcpy(o, r, (size_t)n * ROW);
+    } else {
+        const uint32_t *final = radix_sort(keys, idx, tkeys, tidx, n, hist);
+        for (Py_ssize_t i = 0; i < n; i++) memcpy(o + i * ROW, r + (Py_ssize_t)final[i] * ROW, ROW);
+    }
+    Py_END_ALLOW_THREADS
+    free(mem);
+    free(hist);
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    PyBuffer_Release(&rows); PyBuffer_Release(&out);
+    return res;
+}
+
+/* ---------------------------------------------------------------------- events_of */
+static PyObject *events_of(PyObject *self, PyObject *args) {
+    Py_buffer rec, out;
+    int ring;
+    long long offset;
+    if (!PyArg_ParseTuple(args, "y*w*iL", &rec, &out, &ring, &offset)) return NULL;
+    Py_ssize_t n = rec.len / RECORD;
+    PyObject *res = NULL;
+    if (rec.len % RECORD) {
+        PyErr_SetString(PyExc_ValueError, "_decodec.events_of: records of 32 bytes");
+        goto done;
+    }
+    if (too_small(&out, n * ROW, "out")) goto done;
+    Py_BEGIN_ALLOW_THREADS
+    const char *r = rec.buf;
+    char *o = out.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char *row = o + i * ROW;
+        uint64_t t;
+        memcpy(row, r + i * RECORD, RECORD);
+        memcpy(&t, row, 8);
+        t += (uint64_t)offset;
+        memcpy(row, &t, 8);
+        memcpy(row + OFF_RING, &ring, 4);
+    }
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    PyBuffer_Release(&rec); PyBuffer_Release(&out);
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"group", group, METH_VARARGS, "Known-kind rows with a request, grouped by kind (stable)."},
+    {"sort_by_key", sort_by_key, METH_VARARGS, "Rows stably sorted by spantable._key."},
+    {"events_of", events_of, METH_VARARGS, "Ring records -> event rows of one ring."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_decodec", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__decodec(void) { return PyModule_Create(&module); }
