@@ -20,6 +20,12 @@
    sort_by_key(rows, field, out)
        spantable.by_key_reference: rows into out stably sorted by spantable._key(req,
        rows[f], chunk), f the i2 ``stage`` (field 0) or the i4 ``b`` (field 1).
+   keep_runs(rec, drops, out) -> kept
+       record.keep_runs_reference: the 32-byte records of rec outside the (lo, hi) ranges of
+       drops (int64 pairs, ascending and disjoint) into out, in order.
+   map_req(rec, lo, hi, lut)
+       record.SlotDecoder.map_reference, in place: records lo..hi-1 of rec (32-byte ring
+       records) get req = lut[req] (uint32), 0 past the table's end.
    events_of(rec, out, ring, offset)
        eventlog.events_of_reference: 32-byte ring records into the first len(rec) rows of
        out, ``ring`` set and ``t`` + offset (wrapping, as numpy's int64 does). */
@@ -218,7 +224,73 @@ done:
     return res;
 }
 
+/* ---------------------------------------------------------------------- map_req */
+static PyObject *map_req(PyObject *self, PyObject *args) {
+    Py_buffer rec, lut;
+    Py_ssize_t lo, hi;
+    if (!PyArg_ParseTuple(args, "w*nny*", &rec, &lo, &hi, &lut)) return NULL;
+    Py_ssize_t n = rec.len / RECORD, size = lut.len / 4;
+    PyObject *res = NULL;
+    if (rec.len % RECORD || lut.len % 4 || lo < 0 || hi < lo || hi > n) {
+        PyErr_SetString(PyExc_ValueError, "_decodec.map_req: records of 32 bytes, 0 <= lo <= hi <= records, a uint32 table");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    char *r = rec.buf;
+    const uint32_t *table = lut.buf;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        char *at = r + i * RECORD + OFF_REQ;
+        uint32_t id = u32_at(at);
+        id = id < (uint64_t)size ? table[id] : 0;
+        memcpy(at, &id, 4);
+    }
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    PyBuffer_Release(&rec); PyBuffer_Release(&lut);
+    return res;
+}
+
+/* ---------------------------------------------------------------------- keep_runs */
+static PyObject *keep_runs(PyObject *self, PyObject *args) {
+    Py_buffer rec, drops, out;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &rec, &drops, &out)) return NULL;
+    Py_ssize_t n = rec.len / RECORD, m = drops.len / 16, kept = 0;
+    PyObject *res = NULL;
+    const int64_t *d = drops.buf;
+    int ok = !(rec.len % RECORD) && !(drops.len % 16);
+    for (Py_ssize_t j = 0, at = 0; ok && j < m; j++) {  /* ascending, disjoint, inside */
+        ok = d[2 * j] >= at && d[2 * j + 1] >= d[2 * j] && d[2 * j + 1] <= n;
+        kept += ok ? d[2 * j] - at : 0;
+        at = ok ? d[2 * j + 1] : at;
+    }
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "_decodec.keep_runs: records of 32 bytes, (lo, hi) int64 ranges ascending and disjoint");
+        goto done;
+    }
+    kept += n - (m ? d[2 * m - 1] : 0);
+    if (too_small(&out, kept * RECORD, "out")) goto done;
+    Py_BEGIN_ALLOW_THREADS
+    const char *r = rec.buf;
+    char *o = out.buf;
+    Py_ssize_t at = 0;
+    for (Py_ssize_t j = 0; j <= m; j++) {
+        Py_ssize_t lo = j < m ? d[2 * j] : n;
+        memcpy(o, r + at * RECORD, (size_t)(lo - at) * RECORD);
+        o += (lo - at) * RECORD;
+        at = j < m ? d[2 * j + 1] : n;
+    }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromSsize_t(kept);
+done:
+    PyBuffer_Release(&rec); PyBuffer_Release(&drops); PyBuffer_Release(&out);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"keep_runs", keep_runs, METH_VARARGS, "Records less the dropped ranges."},
+    {"map_req", map_req, METH_VARARGS, "Ring request ids -> run-wide ids, in place."},
     {"group", group, METH_VARARGS, "Known-kind rows with a request, grouped by kind (stable)."},
     {"sort_by_key", sort_by_key, METH_VARARGS, "Rows stably sorted by spantable._key."},
     {"events_of", events_of, METH_VARARGS, "Ring records -> event rows of one ring."},

@@ -48,6 +48,10 @@ try:
     from omnitrace import _ringc
 except ImportError:  # built without a C compiler: the Python writer alone
     _ringc = None
+try:  # the decoder's request id mapping (the event log's reader)
+    from omnitrace import _decodec
+except ImportError:  # built without a C compiler: numpy's
+    _decodec = None
 
 MAGIC = b"OMNIRING"
 VERSION = 1
@@ -461,6 +465,37 @@ class RequestIds:
         return i
 
 
+def map_ids_reference(rec: np.ndarray, lo: int, hi: int, lut: np.ndarray) -> None:
+    """Records ``lo:hi`` of ``rec`` (``RECORD_DTYPE``): their ring's request ids -> the
+    run-wide ones by ``lut`` (0 past its end), in place. The rule; ``_decodec.map_req`` does
+    the same in C."""
+    rids = rec["req"][lo:hi]
+    rec["req"][lo:hi] = lut[np.minimum(rids, len(lut) - 1)] * (rids < len(lut))
+
+
+def keep_runs_reference(rec: np.ndarray, drops: list[tuple[int, int]]) -> np.ndarray:
+    """``rec`` less the (lo, hi) slot ranges ``drops`` (ascending, disjoint), a copy. The
+    rule; ``_decodec.keep_runs`` does the same in C."""
+    keep = np.ones(len(rec), bool)
+    for lo, hi in drops:
+        keep[lo:hi] = False
+    return rowops.select(rec, keep)
+
+
+def keep_runs(rec: np.ndarray, drops: list[tuple[int, int]]) -> np.ndarray:
+    if _decodec is None:
+        return keep_runs_reference(rec, drops)
+    out = np.empty(len(rec), rec.dtype)
+    return out[:_decodec.keep_runs(rec, np.array(drops, np.int64).reshape(-1, 2), out)]
+
+
+def map_ids(rec: np.ndarray, lo: int, hi: int, lut: np.ndarray) -> None:
+    if _decodec is None or hi <= lo:
+        map_ids_reference(rec, lo, hi, lut)
+    else:
+        _decodec.map_req(rec, lo, hi, lut)
+
+
 class SlotDecoder:
     """Decodes one ring's slots, in order, into event records: the only decoder of the
     ring layout (ring reader, agent, event-log reader all use it).
@@ -539,40 +574,42 @@ class SlotDecoder:
         cand = np.flatnonzero(slots["kind"] == _STRING_KIND)
         if not len(cand):
             out = slots.copy()
-            out["req"] = self._map(out["req"])
+            map_ids(out, 0, n, self._lut)
             return out
-        keep = np.ones(n, bool)
-        req = np.zeros(n, np.uint32)
-        win_start = 0  # records from here on are mapped by the table as it stands at the
-        # next reset (or at the end): ids only grow between resets
+        drops: list[tuple[int, int]] = []  # slot ranges of the STRING records and their bytes
+        # records are mapped by the table as it stands at the next reset (or at the end): ids
+        # only grow between resets. (first slot, table) of each window closed by a reset:
+        windows: list[tuple[int, np.ndarray]] = []
         nxt = 0  # first slot that can hold a record (not string bytes)
-        lens, rids = slots["a"], slots["req"]
-        for i in cand.tolist():
+        for i, length, rid in zip(cand.tolist(), slots["a"][cand].tolist(), slots["req"][cand].tolist()):
             if i < nxt:
                 continue  # string bytes that look like a STRING record
-            length = int(lens[i])
             nbytes_slots = (length + RECORD_SIZE - 1) // RECORD_SIZE
             have = min(nbytes_slots, n - i - 1)
-            keep[i:i + 1 + have] = False
+            drops.append((i, i + 1 + have))
             nxt = i + 1 + nbytes_slots
-            rid = int(rids[i])
             start = off + (i + 1) * RECORD_SIZE
             if have < nbytes_slots:  # cut: the rest comes with the next cut
                 self._rid, self._len, self._need = rid, length, nbytes_slots - have
                 self._pending = bytearray(view[start:start + have * RECORD_SIZE])
                 break
-            if rid == 1 and self.strings:  # reset: map what came before with the old table
-                req[win_start:i] = self._map(rids[win_start:i])
-                win_start = i
+            if rid == 1 and self.strings:  # reset: what came before takes the old table
+                windows.append((i, self._lut.copy()))
             self._define(rid, bytes(view[start:start + length]))
-        req[win_start:] = self._map(rids[win_start:])
-        out = rowops.select(slots, keep)  # a copy: the cut's buffer may be reused
-        out["req"] = req[keep]
-        return out
+        return self._kept_records(slots, drops, windows)
 
-    def _map(self, rids: np.ndarray) -> np.ndarray:
-        lut = self._lut
-        return lut[np.minimum(rids, len(lut) - 1)] * (rids < len(lut))
+    def _kept_records(self, slots: np.ndarray, drops: list[tuple[int, int]],
+                      windows: list[tuple[int, np.ndarray]]) -> np.ndarray:
+        """``slots`` less the ``drops`` ranges (a copy: the cut's buffer may be reused), each
+        window's request ids mapped by its table, the last window's by the current one."""
+        out = keep_runs(slots, drops)
+        lo = 0
+        for at, lut in windows:  # at: a dropped STRING record's slot
+            hi = at - sum(b - a for a, b in drops if b <= at)
+            map_ids(out, lo, hi, lut)
+            lo = hi
+        map_ids(out, lo, len(out), self._lut)
+        return out
 
     def tuples(self, raw: bytes | memoryview) -> list[tuple[int, str, int, int, int, int, int]]:
         """Decoded records as (kind, request text, stage, chunk, a, b, t) tuples."""

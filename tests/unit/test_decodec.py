@@ -122,3 +122,62 @@ def test_a_built_decodec_imports():
     files = [p for suffix in importlib.machinery.EXTENSION_SUFFIXES for p in here.glob("_decodec" + suffix)]
     if files or record._ringc is not None:
         assert stt._decodec is not None and eventlog._decodec is not None, files
+
+
+def slot_stream(rng: np.random.Generator) -> bytes:
+    """Ring slots as a writer leaves them: STRING records (ids growing, resets to 1, texts
+    whose bytes look like STRING records) among event records of defined, undefined and
+    out-of-table request ids."""
+    out, rid = [], 0
+    for _ in range(int(rng.integers(0, 400))):
+        if rng.random() < 0.2:
+            rid = 1 if rng.random() < 0.1 else rid + 1
+            text = bytes(rng.choice([1, 0, 97, 98, 0xC3], int(rng.integers(0, 90))).astype(np.uint8))
+            slots = (len(text) + record.RECORD_SIZE - 1) // record.RECORD_SIZE
+            out.append(record.RECORD.pack(0, len(text), rid, 0, record._STRING_KIND, 0, 0)
+                       + text.ljust(slots * record.RECORD_SIZE, b"\0"))
+        else:
+            req = int(rng.choice([0, rid, max(rid - 1, 0), 5000, (1 << 32) - 1]))
+            out.append(record.RECORD.pack(int(rng.integers(0, 1 << 40)), int(rng.integers(-9, 9)), req,
+                                          int(rng.integers(-2, 9)), int(rng.integers(2, 70)), 1, 2))
+    return b"".join(out)
+
+
+@built
+@pytest.mark.parametrize("seed", range(40))
+def test_compiled_decoder_is_the_reference(seed, monkeypatch):
+    """The decoder with its compiled steps (keep_runs, map_req) and without: the same
+    records and tables, for the same slots cut anywhere between slots."""
+    rng = np.random.default_rng(seed)
+    raw = slot_stream(rng)
+    n = len(raw) // record.RECORD_SIZE
+    cuts = np.sort(rng.integers(0, n + 1, int(rng.integers(0, 6)))) * record.RECORD_SIZE
+    pieces = [raw[a:b] for a, b in zip((0, *cuts), (*cuts, len(raw)))]
+
+    def decoded() -> tuple[bytes, list[str], dict]:
+        dec = record.SlotDecoder(record.RequestIds())
+        got = b"".join(dec.decode(p).tobytes() for p in pieces)
+        return got, dec.requests.strings, dict(dec.strings)
+
+    compiled = decoded()
+    monkeypatch.setattr(record, "_decodec", None)
+    assert compiled == decoded()
+
+
+@built
+@pytest.mark.parametrize("seed", range(20))
+def test_compiled_record_steps_are_the_reference(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.choice([0, 1, 9, 500]))
+    rec = rng.integers(0, 256, n * record.RECORD_SIZE, dtype=np.uint8).view(record.RECORD_DTYPE)
+    edges = np.sort(rng.choice(n + 1, min(n + 1, 2 * int(rng.integers(0, 6))), replace=False))
+    drops = [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
+    same_rows(record.keep_runs(rec, drops), record.keep_runs_reference(rec, drops))
+    lut = rng.integers(0, 1 << 32, int(rng.integers(1, 300)), dtype=np.uint64).astype(np.uint32)
+    rec["req"] = rng.integers(0, 400, n)
+    lo = int(rng.integers(0, n + 1))
+    hi = int(rng.integers(lo, n + 1))
+    a, b = rec.copy(), rec.copy()
+    record.map_ids(a, lo, hi, lut)
+    record.map_ids_reference(b, lo, hi, lut)
+    same_rows(a, b)
