@@ -11,15 +11,20 @@
    says (the module refuses to build elsewhere). Buffers are C-contiguous; the GIL is
    released while the rows are worked.
 
-   group(rows, known, out, pos, starts) -> (kept, unknown, steps)
+   group(rows, known, out, pos, starts) -> (kept, unknown, steps, max ring)
        spantable.group_reference: the rows whose kind is known (known: 256 bytes, kind
        k >= 255 reads known[255], which must be 0) and that carry a request, grouped by
        kind in feed order (a stable counting sort) into out, each one's index in rows
        into pos (int64), starts (int64[257]): kind k's rows are out[starts[k]:starts[k+1]];
-       unknown: rows of no known kind; steps: rows of a known kind without a request.
+       unknown: rows of no known kind; steps: rows of a known kind without a request; the
+       greatest ring of all rows (-1: none).
    sort_by_key(rows, field, out)
        spantable.by_key_reference: rows into out stably sorted by spantable._key(req,
        rows[f], chunk), f the i2 ``stage`` (field 0) or the i4 ``b`` (field 1).
+   req_range(rows) -> (lo, hi); latest(rows, lo, top, seen)
+       spantable.requests_reference (a narrow range of requests): the least and greatest
+       request of (one or more) rows; then, request q's seen[q - lo] = 1 and top[q - lo]
+       its rows' greatest t (int64; each q of rows in [lo, lo + len(seen))).
    keep_runs(rec, drops, out) -> kept
        record.keep_runs_reference: the 32-byte records of rec outside the (lo, hi) ranges of
        drops (int64 pairs, ascending and disjoint) into out, in order.
@@ -64,6 +69,7 @@ static PyObject *group(PyObject *self, PyObject *args) {
     Py_buffer rows, known, out, pos, starts;
     if (!PyArg_ParseTuple(args, "y*y*w*w*w*", &rows, &known, &out, &pos, &starts)) return NULL;
     Py_ssize_t n = rows.len / ROW, kept = 0, unknown = 0, steps = 0;
+    int32_t top_ring = n ? INT32_MIN : -1;
     PyObject *res = NULL;
     if (rows.len % ROW || known.len != 256 || ((const char *)known.buf)[255]) {
         PyErr_SetString(PyExc_ValueError, "_decodec.group: rows of 36 bytes, 256 known kinds, the last not");
@@ -79,6 +85,8 @@ static PyObject *group(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n; i++) {
         const char *row = r + i * ROW;
         unsigned k = u16_at(row + OFF_KIND);
+        int32_t ring = i32_at(row + OFF_RING);
+        top_ring = ring > top_ring ? ring : top_ring;
         if (k > 255 || !kn[k]) unknown++;
         else if (!u32_at(row + OFF_REQ)) steps++;
         else st[k + 1]++;
@@ -97,7 +105,7 @@ static PyObject *group(PyObject *self, PyObject *args) {
         ps[at] = i;
     }
     Py_END_ALLOW_THREADS
-    res = Py_BuildValue("nnn", kept, unknown, steps);
+    res = Py_BuildValue("nnni", kept, unknown, steps, (int)top_ring);
 done:
     PyBuffer_Release(&rows); PyBuffer_Release(&known); PyBuffer_Release(&out);
     PyBuffer_Release(&pos); PyBuffer_Release(&starts);
@@ -119,24 +127,25 @@ static inline uint64_t sort_key(const char *row, int field) {
 }
 
 /* Stable LSD radix sort of keys (and their indices): the sorted indices, in idx or tidx
-   (each pass writes the other pair). Digits every key shares are skipped (a feed's keys
-   differ in a few of their 64 bits). */
+   (each pass writes the other pair). Only the digits in which keys differ (varying: the
+   bits some keys have and others not) take a pass: a feed's keys differ in a few bits. */
 static uint32_t *radix_sort(uint64_t *keys, uint32_t *idx, uint64_t *tkeys, uint32_t *tidx, Py_ssize_t n,
-                            uint32_t (*hist)[BUCKETS]) {
+                            uint64_t varying, uint32_t (*hist)[BUCKETS]) {
+    int shifts[DIGITS], passes = 0;
+    for (int d = 0; d < DIGITS; d++)
+        if ((varying >> (d * DIGIT_BITS)) & (BUCKETS - 1)) shifts[passes++] = d * DIGIT_BITS;
     memset(hist, 0, sizeof(uint32_t) * DIGITS * BUCKETS);
     for (Py_ssize_t i = 0; i < n; i++)
-        for (int d = 0; d < DIGITS; d++) hist[d][(keys[i] >> (d * DIGIT_BITS)) & (BUCKETS - 1)]++;
-    for (int d = 0; d < DIGITS; d++) {
-        int shift = d * DIGIT_BITS;
-        if (hist[d][(keys[0] >> shift) & (BUCKETS - 1)] == (uint32_t)n) continue;
+        for (int p = 0; p < passes; p++) hist[p][(keys[i] >> shifts[p]) & (BUCKETS - 1)]++;
+    for (int p = 0; p < passes; p++) {
         uint32_t sum = 0;
         for (int b = 0; b < BUCKETS; b++) {
-            uint32_t c = hist[d][b];
-            hist[d][b] = sum;
+            uint32_t c = hist[p][b];
+            hist[p][b] = sum;
             sum += c;
         }
         for (Py_ssize_t i = 0; i < n; i++) {
-            uint32_t at = hist[d][(keys[i] >> shift) & (BUCKETS - 1)]++;
+            uint32_t at = hist[p][(keys[i] >> shifts[p]) & (BUCKETS - 1)]++;
             tkeys[at] = keys[i];
             tidx[at] = idx[i];
         }
@@ -170,15 +179,18 @@ static PyObject *sort_by_key(PyObject *self, PyObject *args) {
     uint64_t *keys = mem, *tkeys = keys + n;
     uint32_t *idx = (uint32_t *)(tkeys + n), *tidx = idx + n;
     int sorted = 1;
+    uint64_t any = 0, all = ~0ull;
     for (Py_ssize_t i = 0; i < n; i++) {
-        keys[i] = sort_key(r + i * ROW, field);
+        uint64_t k = keys[i] = sort_key(r + i * ROW, field);
         idx[i] = (uint32_t)i;
-        if (i && keys[i] < keys[i - 1]) sorted = 0;
+        any |= k;
+        all &= k;
+        if (i && k < keys[i - 1]) sorted = 0;
     }
     if (sorted) {
         memcpy(o, r, (size_t)n * ROW);
     } else {
-        const uint32_t *final = radix_sort(keys, idx, tkeys, tidx, n, hist);
+        const uint32_t *final = radix_sort(keys, idx, tkeys, tidx, n, any ^ all, hist);
         for (Py_ssize_t i = 0; i < n; i++) memcpy(o + i * ROW, r + (Py_ssize_t)final[i] * ROW, ROW);
     }
     Py_END_ALLOW_THREADS
@@ -188,6 +200,69 @@ static PyObject *sort_by_key(PyObject *self, PyObject *args) {
     res = Py_None;
 done:
     PyBuffer_Release(&rows); PyBuffer_Release(&out);
+    return res;
+}
+
+/* ---------------------------------------------------------------------- latest */
+static PyObject *req_range(PyObject *self, PyObject *args) {
+    Py_buffer rows;
+    if (!PyArg_ParseTuple(args, "y*", &rows)) return NULL;
+    Py_ssize_t n = rows.len / ROW;
+    PyObject *res = NULL;
+    if (rows.len % ROW || !n) {
+        PyErr_SetString(PyExc_ValueError, "_decodec.req_range: one or more rows of 36 bytes");
+        goto done;
+    }
+    uint32_t lo = UINT32_MAX, hi = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const char *r = rows.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t q = u32_at(r + i * ROW + OFF_REQ);
+        lo = q < lo ? q : lo;
+        hi = q > hi ? q : hi;
+    }
+    Py_END_ALLOW_THREADS
+    res = Py_BuildValue("kk", (unsigned long)lo, (unsigned long)hi);
+done:
+    PyBuffer_Release(&rows);
+    return res;
+}
+
+static PyObject *latest(PyObject *self, PyObject *args) {
+    Py_buffer rows, top, seen;
+    unsigned long lo;
+    if (!PyArg_ParseTuple(args, "y*kw*w*", &rows, &lo, &top, &seen)) return NULL;
+    Py_ssize_t n = rows.len / ROW, size = seen.len;
+    PyObject *res = NULL;
+    if (rows.len % ROW || top.len != size * 8) {
+        PyErr_SetString(PyExc_ValueError, "_decodec.latest: rows of 36 bytes, as many int64 tops as seen bytes");
+        goto done;
+    }
+    const char *r = rows.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t q = u32_at(r + i * ROW + OFF_REQ);
+        if (q < lo || (Py_ssize_t)(q - lo) >= size) {
+            PyErr_SetString(PyExc_ValueError, "_decodec.latest: a request outside [lo, lo + len(seen))");
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    int64_t *tp = top.buf;
+    unsigned char *sn = seen.buf;
+    memset(sn, 0, (size_t)size);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *row = r + i * ROW;
+        Py_ssize_t at = u32_at(row + OFF_REQ) - lo;
+        int64_t t;
+        memcpy(&t, row, 8);
+        if (!sn[at] || t > tp[at]) tp[at] = t;
+        sn[at] = 1;
+    }
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    PyBuffer_Release(&rows); PyBuffer_Release(&top); PyBuffer_Release(&seen);
     return res;
 }
 
@@ -289,6 +364,8 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"req_range", req_range, METH_VARARGS, "The rows' least and greatest request."},
+    {"latest", latest, METH_VARARGS, "Each request's latest t, by request - lo."},
     {"keep_runs", keep_runs, METH_VARARGS, "Records less the dropped ranges."},
     {"map_req", map_req, METH_VARARGS, "Ring request ids -> run-wide ids, in place."},
     {"group", group, METH_VARARGS, "Known-kind rows with a request, grouped by kind (stable)."},

@@ -125,11 +125,12 @@ SENDER_CAP = 1 << 20
 CULPRIT_COLUMNS = ("by0", "by1", "by2")  # a FIFO span's top culprits
 
 
-def group_reference(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+def group_reference(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
     """The feed's events of a known kind that carry a request, grouped by kind in feed
     order (a stable radix sort): (those rows, each one's index in ``ev``, ``starts``: kind
     k's rows are ``rows[starts[k]:starts[k + 1]]``, events of no known kind, events of a
-    known kind without a request). The rule; ``_decodec.group`` does the same in C."""
+    known kind without a request, the greatest ring of all, -1: none). The rule;
+    ``_decodec.group`` does the same in C."""
     kind = ev["kind"]
     known = _KNOWN[np.minimum(kind, 255)]
     has_req = ev["req"] != 0
@@ -137,16 +138,17 @@ def group_reference(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     pos = np.flatnonzero(known & has_req)
     order = pos[np.argsort(kind[pos], kind="stable")]
     starts = np.searchsorted(kind[order], np.arange(257))
-    return rowops.take(ev, order), order, starts, unknown, steps
+    max_ring = int(ev["ring"].max()) if len(ev) else -1
+    return rowops.take(ev, order), order, starts, unknown, steps, max_ring
 
 
-def _group(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+def _group(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
     if _decodec is None:
         return group_reference(ev)
     ev = np.ascontiguousarray(ev)
     rows, pos, starts = np.empty(len(ev), EVENT_DTYPE), np.empty(len(ev), np.int64), np.empty(257, np.int64)
-    kept, unknown, steps = _decodec.group(ev, _KNOWN_BYTES, rows, pos, starts)
-    return rows[:kept], pos[:kept], starts, unknown, steps
+    kept, unknown, steps, max_ring = _decodec.group(ev, _KNOWN_BYTES, rows, pos, starts)
+    return rows[:kept], pos[:kept], starts, unknown, steps, max_ring
 
 
 class _ByKind:
@@ -193,16 +195,14 @@ class Prepared:
 
     def __init__(self, ev: np.ndarray) -> None:
         self.events = len(ev)
-        self.max_ring = int(ev["ring"].max()) if len(ev) else -1
-        rows, pos, starts, self.unknown, self.steps = _group(ev)
+        rows, pos, starts, self.unknown, self.steps, self.max_ring = _group(ev)
         by = _ByKind(rows, pos, starts)
         ev = by.ev  # in kind order: what is read of it below does not depend on the order
         self.emitted = by.kind(E.STAGE_EMIT)
         self.small = by.in_time_order((E.REQUEST_ARRIVE, E.STAGE_FINISH))
         self.senders = by.in_time_order(*((k, k) for k in _SENDER_KINDS))
-        self.reqs: list[int] = rowops.distinct(ev["req"])
-        # each request's latest event: (ids, times)
-        self.latest = _latest(ev["req"], ev["t"], self.reqs)
+        # the distinct requests, and each one's latest event: (ids, times)
+        self.reqs, self.latest = _requests(ev)
         # each pair kind's begins and ends sorted by key (arrival order within a key): the
         # builder's match then sorts the stamps it carries and these as sorted runs (a merge)
         self.pairs = [(_by_key(by.kind(b), "stage"), _by_key(by.kind(e), "stage")) for _, b, e in _PAIRS]
@@ -242,6 +242,26 @@ class Prepared:
             p.closed.append((pid, stage, starts[lo:lo + n], ends[lo:lo + n], reqs[lo:lo + n]))
             lo += n
         return p
+
+
+def requests_reference(ev: np.ndarray) -> tuple[list[int], tuple[np.ndarray, np.ndarray]]:
+    """The distinct requests of events ``ev`` and (them, each one's latest ``t``): the
+    rule; ``_decodec.latest`` does the same in C where they span a narrow range."""
+    reqs = rowops.distinct(ev["req"])
+    return reqs, _latest(ev["req"], ev["t"], reqs)
+
+
+def _requests(ev: np.ndarray) -> tuple[list[int], tuple[np.ndarray, np.ndarray]]:
+    if _decodec is None or not len(ev):
+        return requests_reference(ev)
+    ev = np.ascontiguousarray(ev)
+    lo, hi = _decodec.req_range(ev)
+    if hi - lo >= 1 << 20:
+        return requests_reference(ev)
+    top, seen = np.empty(hi - lo + 1, np.int64), np.empty(hi - lo + 1, np.uint8)
+    _decodec.latest(ev, lo, top, seen)
+    at = np.flatnonzero(seen)
+    return (at + lo).tolist(), (at + lo, top[at])
 
 
 def _latest(req: np.ndarray, t: np.ndarray, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -36,7 +36,7 @@ def events(seed: int) -> np.ndarray:
     ev["kind"] = kinds
     ev["stage"] = rng.integers(-(1 << 15), 1 << 15, n) if wild else rng.integers(-1, 6, n)
     ev["b"] = rng.integers(-(1 << 31), 1 << 31, n, dtype=np.int64) if wild else rng.integers(-1, 6, n)
-    ev["ring"] = rng.integers(0, 9, n)
+    ev["ring"] = rng.integers(-(1 << 31), 1 << 31, n) if wild else rng.integers(0, 9, n)
     if seed % 5 == 0:  # already in key order: the compiled sort's shortcut
         ev = ev[np.argsort(stt._key(ev["req"], ev["stage"], ev["chunk"]), kind="stable")]
     return ev
@@ -51,12 +51,12 @@ def same_rows(a: np.ndarray, b: np.ndarray) -> None:
 @pytest.mark.parametrize("seed", range(60))
 def test_compiled_group_is_the_reference(seed):
     ev = events(seed)
-    rows, pos, starts, unknown, steps = stt._group(ev)
-    ref_rows, ref_pos, ref_starts, ref_unknown, ref_steps = stt.group_reference(ev)
+    rows, pos, starts, *counts = stt._group(ev)
+    ref_rows, ref_pos, ref_starts, *ref_counts = stt.group_reference(ev)
     same_rows(rows, ref_rows)
     assert pos.tolist() == ref_pos.tolist()
     assert starts.tolist() == ref_starts.tolist()
-    assert (unknown, steps) == (ref_unknown, ref_steps)
+    assert counts == ref_counts  # unknown, steps, max ring
 
 
 @built
@@ -66,6 +66,19 @@ def test_compiled_sort_by_key_is_the_reference(seed, field):
     ev = events(seed)
     same_rows(stt._by_key(ev, field), stt.by_key_reference(ev, field))
     same_rows(stt._by_key(ev[::2], field), stt.by_key_reference(ev[::2], field))  # strided
+
+
+@built
+@pytest.mark.parametrize("seed", range(60))
+def test_compiled_requests_are_the_reference(seed):
+    ev = events(seed)
+    if seed % 3 == 1:  # one far request beside the rest: the wide range's reference
+        ev["req"][:1] += 1 << 21
+    reqs, (ids, latest) = stt._requests(ev)
+    ref_reqs, (ref_ids, ref_latest) = stt.requests_reference(ev)
+    assert reqs == ref_reqs
+    assert ids.dtype == ref_ids.dtype and ids.tolist() == ref_ids.tolist()
+    assert latest.dtype == ref_latest.dtype and latest.tolist() == ref_latest.tolist()
 
 
 @built
@@ -90,6 +103,8 @@ def test_compiled_refuses_bad_buffers():
         c.sort_by_key(np.zeros(5, np.uint8), 0, np.empty(2, EVENT_DTYPE))
     with pytest.raises(ValueError):  # kind 255 known
         c.group(ev, b"\1" * 256, np.empty(3, EVENT_DTYPE), np.empty(3, np.int64), np.empty(257, np.int64))
+    with pytest.raises(ValueError):  # a request outside the table
+        c.latest(ev, 1, np.empty(2, np.int64), np.empty(2, np.uint8))
     with pytest.raises(ValueError):
         c.events_of(np.zeros(33, np.uint8), np.empty(2, EVENT_DTYPE), 0, 0)
 
