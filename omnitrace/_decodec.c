@@ -25,6 +25,11 @@
        spantable.requests_reference (a narrow range of requests): the least and greatest
        request of (one or more) rows; then, request q's seen[q - lo] = 1 and top[q - lo]
        its rows' greatest t (int64; each q of rows in [lo, lo + len(seen))).
+   sender_tasks(rows, deq kind, process-end kind, put-end kind, deq, start, end, j)
+       spantable.sender_tasks_reference over one sender's rows in time order, given deq
+       (int64: the indices of its dequeues, ascending): for the k-th dequeue, j[k] the index
+       of the row that ends its task (len(rows): none yet), start[k] its start, and where
+       j[k] < len(rows), end[k] its end; the caller keeps the closed tasks.
    keep_runs(rec, drops, out) -> kept
        record.keep_runs_reference: the 32-byte records of rec outside the (lo, hi) ranges of
        drops (int64 pairs, ascending and disjoint) into out, in order.
@@ -266,6 +271,126 @@ done:
     return res;
 }
 
+/* ---------------------------------------------------------------------- sender_tasks */
+#define OFF_A 8
+
+typedef struct { uint64_t key; int64_t at; } PEntry;  /* (req, chunk) -> a PROCESS_END's index */
+
+static inline uint64_t req_chunk(const char *row) {
+    return ((uint64_t)u32_at(row + OFF_REQ) << 32) | u32_at(row + OFF_CHUNK);
+}
+
+static inline int64_t t_at(const char *row) { int64_t v; memcpy(&v, row, 8); return v; }
+
+/* For each dequeue (deq[0..m-1], ascending), the index of the first PROCESS_END after it of
+   its own request and chunk (n: none): one backward pass, the latest one seen per key in an
+   open-addressed table. Returns 0 when out of memory. */
+static int own_process_ends(const char *r, Py_ssize_t n, const int64_t *deq, Py_ssize_t m, unsigned pe,
+                            int64_t *own) {
+    size_t size = 16;
+    while (size < 2 * (size_t)n) size *= 2;
+    PEntry *table = calloc(size, sizeof(PEntry));  /* at == 0: empty (stored as index + 1) */
+    if (!table) return 0;
+    Py_ssize_t k = m - 1;
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        const char *row = r + i * ROW;
+        int is_deq = k >= 0 && deq[k] == i;
+        if (!is_deq && u16_at(row + OFF_KIND) != pe) continue;
+        uint64_t key = req_chunk(row), h = (key * 0x9E3779B97F4A7C15ull) >> 20;
+        size_t at = h & (size - 1);
+        while (table[at].at && table[at].key != key) at = (at + 1) & (size - 1);
+        if (is_deq) {
+            own[k--] = table[at].at ? table[at].at - 1 : n;
+        } else {
+            table[at].key = key;
+            table[at].at = i + 1;
+        }
+    }
+    free(table);
+    return 1;
+}
+
+static PyObject *sender_tasks(PyObject *self, PyObject *args) {
+    Py_buffer rows, deq_b, out_start, out_end, out_j;
+    unsigned deq_kind, pe_kind, put_kind;
+    if (!PyArg_ParseTuple(args, "y*IIIy*w*w*w*", &rows, &deq_kind, &pe_kind, &put_kind, &deq_b,
+                          &out_start, &out_end, &out_j)) return NULL;
+    Py_ssize_t n = rows.len / ROW, m = deq_b.len / 8;
+    PyObject *res = NULL;
+    int64_t *own = NULL;
+    if (rows.len % ROW || deq_b.len % 8 || out_start.len < m * 8 || out_end.len < m * 8 || out_j.len < m * 8) {
+        PyErr_SetString(PyExc_ValueError, "_decodec.sender_tasks: rows of 36 bytes, int64 dequeues and outputs as many");
+        goto done;
+    }
+    const char *r = rows.buf;
+    const int64_t *deq = deq_b.buf;
+    for (Py_ssize_t k = 0; k < m; k++)
+        if (deq[k] < 0 || deq[k] >= n || (k && deq[k] <= deq[k - 1]) || u16_at(r + deq[k] * ROW + OFF_KIND) != deq_kind) {
+            PyErr_SetString(PyExc_ValueError, "_decodec.sender_tasks: dequeues must be the rows of their kind, ascending");
+            goto done;
+        }
+    int64_t *start = out_start.buf, *end = out_end.buf, *j = out_j.buf;
+    int batch_any = 0;
+    for (Py_ssize_t k = 0; k + 1 < m; k++) batch_any |= t_at(r + deq[k] * ROW) == t_at(r + deq[k + 1] * ROW);
+    if (batch_any && !(own = malloc(sizeof(int64_t) * (m ? m : 1)))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int ok = 1;
+    Py_BEGIN_ALLOW_THREADS
+    /* the first closer after each dequeue: a PUT_END, a 0-byte PROCESS_END or a dequeue */
+    int64_t next_closer = n;
+    Py_ssize_t k = m - 1;
+    for (Py_ssize_t i = n - 1; i >= 0 && k >= 0; i--) {
+        const char *row = r + i * ROW;
+        unsigned kind = u16_at(row + OFF_KIND);
+        if (i == deq[k]) j[k--] = next_closer;
+        if (kind == put_kind || kind == deq_kind || (kind == pe_kind && t_at(row + OFF_A) == 0)) next_closer = i;
+    }
+    for (k = 0; k < m; k++) {  /* a closer of another task falls back to the next dequeue */
+        int64_t c = j[k];
+        const char *d = r + deq[k] * ROW, *e = r + c * ROW;
+        int valid = c < n;
+        if (valid) {
+            unsigned kc = u16_at(e + OFF_KIND);
+            valid = kc == deq_kind || (u32_at(e + OFF_REQ) == u32_at(d + OFF_REQ)
+                                       && (kc == put_kind || i32_at(e + OFF_CHUNK) == i32_at(d + OFF_CHUNK)));
+        }
+        if (!valid) j[k] = k + 1 < m ? deq[k + 1] : n;
+        start[k] = t_at(d);
+    }
+    if (batch_any) {  /* a batch's tasks end at their own PROCESS_END, each after the last */
+        ok = own_process_ends(r, n, deq, m, pe_kind, own);
+        for (k = 0; ok && k < m; k++) {
+            int64_t t = t_at(r + deq[k] * ROW);
+            int in_batch = (k && t == t_at(r + deq[k - 1] * ROW)) || (k + 1 < m && t == t_at(r + deq[k + 1] * ROW));
+            if (in_batch) j[k] = own[k];
+        }
+        for (k = 1; ok && k < m; k++) {  /* (0 where none: the reference's maximum with 0) */
+            int64_t t = t_at(r + deq[k] * ROW), tp = t_at(r + deq[k - 1] * ROW);
+            int64_t prev_end = tp == t && j[k - 1] < n ? t_at(r + j[k - 1] * ROW) : 0;
+            start[k] = start[k] > prev_end ? start[k] : prev_end;
+        }
+    }
+    for (k = 0; ok && k < m; k++)
+        if (j[k] < n) {
+            int64_t t = t_at(r + j[k] * ROW);
+            end[k] = t > start[k] ? t : start[k];
+        }
+    Py_END_ALLOW_THREADS
+    if (!ok) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    res = Py_None;
+done:
+    free(own);
+    PyBuffer_Release(&rows); PyBuffer_Release(&deq_b);
+    PyBuffer_Release(&out_start); PyBuffer_Release(&out_end); PyBuffer_Release(&out_j);
+    return res;
+}
+
 /* ---------------------------------------------------------------------- events_of */
 static PyObject *events_of(PyObject *self, PyObject *args) {
     Py_buffer rec, out;
@@ -364,6 +489,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"sender_tasks", sender_tasks, METH_VARARGS, "The sender rule over one sender's events."},
     {"req_range", req_range, METH_VARARGS, "The rows' least and greatest request."},
     {"latest", latest, METH_VARARGS, "Each request's latest t, by request - lo."},
     {"keep_runs", keep_runs, METH_VARARGS, "Records less the dropped ranges."},

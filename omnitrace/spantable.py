@@ -116,6 +116,7 @@ _KNOWN_BYTES = _KNOWN.tobytes()
                            E.REQUEST_FIRST_TEXT, E.REQUEST_FIRST_AUDIO, E.REQUEST_TRACE_HI,
                            E.REQUEST_TRACE_LO, E.REQUEST_END))
 _EMPTY_EV = np.empty(0, EVENT_DTYPE)
+_DEQUEUE, _PROCESS_END, _PUT_END = (int(k) for k in (E.FIFO_DEQUEUE, E.PROCESS_END, E.PUT_END))
 # Busy intervals a sender keeps: those a FIFO span still to be built may overlap, i.e. ending
 # after the oldest enqueue still waiting for its dequeue, or less than SENDER_LATE_S before
 # the newest event (an enqueue drained late from another ring); at most SENDER_CAP (memory
@@ -314,6 +315,23 @@ def sender_tasks(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, i
     is worked through in order: each of its tasks ends at its own PROCESS_END and starts
     where the one before it ended. Returns (indices of the dequeues of closed tasks, their
     start and end times, index of the first dequeue still open, or ``len(seq)``)."""
+    n = len(seq)
+    if _decodec is None or not n:
+        return sender_tasks_reference(seq)
+    seq = np.ascontiguousarray(seq)
+    deq = np.flatnonzero(seq["kind"] == E.FIFO_DEQUEUE)
+    if not len(deq):
+        return deq, np.empty(0, np.int64), np.empty(0, np.int64), n
+    start, end, j = (np.empty(len(deq), np.int64) for _ in range(3))
+    _decodec.sender_tasks(seq, _DEQUEUE, _PROCESS_END, _PUT_END, deq, start, end, j)
+    done = j < n
+    open_ = deq[~done]
+    return deq[done], start[done], end[done], int(open_[0]) if len(open_) else n
+
+
+def sender_tasks_reference(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """:func:`sender_tasks` in numpy: the statement of the rule ``_decodec.sender_tasks``
+    follows (tests/unit/test_decodec.py compares the two)."""
     kinds, n = seq["kind"], len(seq)
     deq = np.flatnonzero(kinds == E.FIFO_DEQUEUE)
     if not len(deq):

@@ -196,3 +196,29 @@ def test_compiled_record_steps_are_the_reference(seed):
     record.map_ids(a, lo, hi, lut)
     record.map_ids_reference(b, lo, hi, lut)
     same_rows(a, b)
+
+
+def sender_seq(seed: int) -> np.ndarray:
+    """One sender's events in time order: dequeues, PROCESS_ENDs (some of 0 bytes), PUT_ENDs
+    and others, of few requests and chunks; many at one instant (batches), times negative
+    too (the rule's start is then at least 0 within a batched sequence)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.choice([0, 1, 2, 5, 40, 400]))
+    ev = np.zeros(n, EVENT_DTYPE)
+    ev["t"] = np.sort(rng.integers(-3 if seed % 3 == 0 else 0, int(rng.choice([3, 50, 10 ** 6])), n))
+    E = stt.E
+    ev["kind"] = rng.choice([E.FIFO_DEQUEUE, E.FIFO_DEQUEUE, E.PROCESS_END, E.PUT_END, E.FIFO_ENQUEUE], n)
+    ev["req"] = rng.integers(1, 4, n)
+    ev["chunk"] = rng.integers(-1, 3, n)
+    ev["a"] = rng.choice([0, 0, 7], n)
+    return ev
+
+
+@built
+@pytest.mark.parametrize("seed", range(300))
+def test_compiled_sender_rule_is_the_reference(seed):
+    seq = sender_seq(seed)
+    got, want = stt.sender_tasks(seq), stt.sender_tasks_reference(seq)
+    for a, b in zip(got[:3], want[:3]):
+        assert a.dtype == b.dtype and a.tolist() == b.tolist()
+    assert got[3] == want[3]
