@@ -21,10 +21,10 @@
    sort_by_key(rows, field, out)
        spantable.by_key_reference: rows into out stably sorted by spantable._key(req,
        rows[f], chunk), f the i2 ``stage`` (field 0) or the i4 ``b`` (field 1).
-   req_range(rows) -> (lo, hi); latest(rows, lo, top, seen)
-       spantable.requests_reference (a narrow range of requests): the least and greatest
-       request of (one or more) rows; then, request q's seen[q - lo] = 1 and top[q - lo]
-       its rows' greatest t (int64; each q of rows in [lo, lo + len(seen))).
+   latest(rows, top, seen) -> (lo, hi)
+       spantable.requests_reference: the least and greatest request of (one or more) rows;
+       where hi - lo < len(seen), request q's seen[q - lo] = 1 (0 for the rest up to hi)
+       and top[q - lo] its rows' greatest t (int64); else top and seen are left alone.
    sender_tasks(rows, deq kind, process-end kind, put-end kind, deq, start, end, j)
        spantable.sender_tasks_reference over one sender's rows in time order, given deq
        (int64: the indices of its dequeues, ascending): for the k-th dequeue, j[k] the index
@@ -209,63 +209,40 @@ done:
 }
 
 /* ---------------------------------------------------------------------- latest */
-static PyObject *req_range(PyObject *self, PyObject *args) {
-    Py_buffer rows;
-    if (!PyArg_ParseTuple(args, "y*", &rows)) return NULL;
-    Py_ssize_t n = rows.len / ROW;
+static PyObject *latest(PyObject *self, PyObject *args) {
+    Py_buffer rows, top, seen;
+    if (!PyArg_ParseTuple(args, "y*w*w*", &rows, &top, &seen)) return NULL;
+    Py_ssize_t n = rows.len / ROW, size = seen.len;
     PyObject *res = NULL;
-    if (rows.len % ROW || !n) {
-        PyErr_SetString(PyExc_ValueError, "_decodec.req_range: one or more rows of 36 bytes");
+    if (rows.len % ROW || !n || top.len != size * 8) {
+        PyErr_SetString(PyExc_ValueError, "_decodec.latest: one or more rows of 36 bytes, as many int64 tops as seen bytes");
         goto done;
     }
-    uint32_t lo = UINT32_MAX, hi = 0;
-    Py_BEGIN_ALLOW_THREADS
     const char *r = rows.buf;
+    uint32_t lo = UINT32_MAX, hi = 0;
+    int fits;
+    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         uint32_t q = u32_at(r + i * ROW + OFF_REQ);
         lo = q < lo ? q : lo;
         hi = q > hi ? q : hi;
     }
-    Py_END_ALLOW_THREADS
-    res = Py_BuildValue("kk", (unsigned long)lo, (unsigned long)hi);
-done:
-    PyBuffer_Release(&rows);
-    return res;
-}
-
-static PyObject *latest(PyObject *self, PyObject *args) {
-    Py_buffer rows, top, seen;
-    unsigned long lo;
-    if (!PyArg_ParseTuple(args, "y*kw*w*", &rows, &lo, &top, &seen)) return NULL;
-    Py_ssize_t n = rows.len / ROW, size = seen.len;
-    PyObject *res = NULL;
-    if (rows.len % ROW || top.len != size * 8) {
-        PyErr_SetString(PyExc_ValueError, "_decodec.latest: rows of 36 bytes, as many int64 tops as seen bytes");
-        goto done;
-    }
-    const char *r = rows.buf;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint32_t q = u32_at(r + i * ROW + OFF_REQ);
-        if (q < lo || (Py_ssize_t)(q - lo) >= size) {
-            PyErr_SetString(PyExc_ValueError, "_decodec.latest: a request outside [lo, lo + len(seen))");
-            goto done;
+    fits = (uint64_t)hi - lo < (uint64_t)size;
+    if (fits) {
+        int64_t *tp = top.buf;
+        unsigned char *sn = seen.buf;
+        memset(sn, 0, (size_t)(hi - lo) + 1);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const char *row = r + i * ROW;
+            uint32_t at = u32_at(row + OFF_REQ) - lo;
+            int64_t t;
+            memcpy(&t, row, 8);
+            if (!sn[at] || t > tp[at]) tp[at] = t;
+            sn[at] = 1;
         }
     }
-    Py_BEGIN_ALLOW_THREADS
-    int64_t *tp = top.buf;
-    unsigned char *sn = seen.buf;
-    memset(sn, 0, (size_t)size);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const char *row = r + i * ROW;
-        Py_ssize_t at = u32_at(row + OFF_REQ) - lo;
-        int64_t t;
-        memcpy(&t, row, 8);
-        if (!sn[at] || t > tp[at]) tp[at] = t;
-        sn[at] = 1;
-    }
     Py_END_ALLOW_THREADS
-    Py_INCREF(Py_None);
-    res = Py_None;
+    res = Py_BuildValue("kk", (unsigned long)lo, (unsigned long)hi);
 done:
     PyBuffer_Release(&rows); PyBuffer_Release(&top); PyBuffer_Release(&seen);
     return res;
@@ -490,7 +467,6 @@ done:
 
 static PyMethodDef methods[] = {
     {"sender_tasks", sender_tasks, METH_VARARGS, "The sender rule over one sender's events."},
-    {"req_range", req_range, METH_VARARGS, "The rows' least and greatest request."},
     {"latest", latest, METH_VARARGS, "Each request's latest t, by request - lo."},
     {"keep_runs", keep_runs, METH_VARARGS, "Records less the dropped ranges."},
     {"map_req", map_req, METH_VARARGS, "Ring request ids -> run-wide ids, in place."},

@@ -175,12 +175,10 @@ class _ByKind:
 
     def in_time_order(self, *ranges: tuple[int, int]) -> np.ndarray:
         """The events of these (first, last) kind ranges in time order (ties in feed order)."""
-        bounds = [self._bounds(a, b) for a, b in ranges]
-        ev = rowops.concat([self.ev[lo:hi] for lo, hi in bounds], EVENT_DTYPE)
-        if not len(ev):
+        rows = np.concatenate([np.arange(*self._bounds(a, b)) for a, b in ranges])
+        if not len(rows):
             return _EMPTY_EV
-        pos = np.concatenate([self.pos[lo:hi] for lo, hi in bounds])
-        return rowops.take(ev, np.lexsort((pos, ev["t"])))
+        return rowops.take(self.ev, rows[np.lexsort((self.pos[rows], self.ev["t"][rows]))])  # rows moved once
 
 
 class Prepared:
@@ -255,14 +253,15 @@ def requests_reference(ev: np.ndarray) -> tuple[list[int], tuple[np.ndarray, np.
 def _requests(ev: np.ndarray) -> tuple[list[int], tuple[np.ndarray, np.ndarray]]:
     if _decodec is None or not len(ev):
         return requests_reference(ev)
-    ev = np.ascontiguousarray(ev)
-    lo, hi = _decodec.req_range(ev)
-    if hi - lo >= 1 << 20:
+    top, seen = np.empty(_NARROW_REQUESTS, np.int64), np.empty(_NARROW_REQUESTS, np.uint8)  # pages
+    lo, hi = _decodec.latest(np.ascontiguousarray(ev), top, seen)  # touched only up to hi - lo
+    if hi - lo >= _NARROW_REQUESTS:
         return requests_reference(ev)
-    top, seen = np.empty(hi - lo + 1, np.int64), np.empty(hi - lo + 1, np.uint8)
-    _decodec.latest(ev, lo, top, seen)
-    at = np.flatnonzero(seen)
+    at = np.flatnonzero(seen[:hi - lo + 1])
     return (at + lo).tolist(), (at + lo, top[at])
+
+
+_NARROW_REQUESTS = 1 << 20  # requests spanning fewer ids: a table by id (rowops.distinct, _latest)
 
 
 def _latest(req: np.ndarray, t: np.ndarray, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
