@@ -476,10 +476,14 @@ def map_ids_reference(rec: np.ndarray, lo: int, hi: int, lut: np.ndarray) -> Non
 def keep_runs_reference(rec: np.ndarray, drops: list[tuple[int, int]]) -> np.ndarray:
     """``rec`` less the (lo, hi) slot ranges ``drops`` (ascending, disjoint), a copy. The
     rule; ``_decodec.keep_runs`` does the same in C."""
-    keep = np.ones(len(rec), bool)
+    return rowops.select(rec, _kept_mask(len(rec), drops))
+
+
+def _kept_mask(n: int, drops: list[tuple[int, int]]) -> np.ndarray:
+    keep = np.ones(n, bool)
     for lo, hi in drops:
         keep[lo:hi] = False
-    return rowops.select(rec, keep)
+    return keep
 
 
 def keep_runs(rec: np.ndarray, drops: list[tuple[int, int]]) -> np.ndarray:
@@ -602,10 +606,20 @@ class SlotDecoder:
                       windows: list[tuple[int, np.ndarray]]) -> np.ndarray:
         """``slots`` less the ``drops`` ranges (a copy: the cut's buffer may be reused), each
         window's request ids mapped by its table, the last window's by the current one."""
-        out = keep_runs(slots, drops)
+        if all(lo <= hi for lo, hi in drops):  # ascending and disjoint: runs between them
+            out = keep_runs(slots, drops)
+
+            def kept_before(at: int) -> int:
+                return at - sum(hi - lo for lo, hi in drops if hi <= at)
+        else:  # a corrupt negative length: its range taken as a slice, as ever
+            keep = _kept_mask(len(slots), drops)
+            out = rowops.select(slots, keep)
+
+            def kept_before(at: int) -> int:
+                return int(np.count_nonzero(keep[:at]))
         lo = 0
         for at, lut in windows:  # at: a dropped STRING record's slot
-            hi = at - sum(b - a for a, b in drops if b <= at)
+            hi = kept_before(at)
             map_ids(out, lo, hi, lut)
             lo = hi
         map_ids(out, lo, len(out), self._lut)

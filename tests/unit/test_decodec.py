@@ -149,7 +149,12 @@ def slot_stream(rng: np.random.Generator) -> bytes:
             rid = 1 if rng.random() < 0.1 else rid + 1
             text = bytes(rng.choice([1, 0, 97, 98, 0xC3], int(rng.integers(0, 90))).astype(np.uint8))
             slots = (len(text) + record.RECORD_SIZE - 1) // record.RECORD_SIZE
-            out.append(record.RECORD.pack(0, len(text), rid, 0, record._STRING_KIND, 0, 0)
+            if rng.random() < 0.05:  # corrupt: a negative length, no bytes
+                text, slots = b"", 0
+                length = int(rng.integers(-80, 0))
+            else:
+                length = len(text)
+            out.append(record.RECORD.pack(0, length, rid, 0, record._STRING_KIND, 0, 0)
                        + text.ljust(slots * record.RECORD_SIZE, b"\0"))
         else:
             req = int(rng.choice([0, rid, max(rid - 1, 0), 5000, (1 << 32) - 1]))
