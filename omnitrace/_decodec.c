@@ -34,7 +34,7 @@
        record.keep_runs_reference: the 32-byte records of rec outside the (lo, hi) ranges of
        drops (int64 pairs, ascending and disjoint) into out, in order.
    map_req(rec, lo, hi, lut)
-       record.SlotDecoder.map_reference, in place: records lo..hi-1 of rec (32-byte ring
+       record.map_ids_reference, in place: records lo..hi-1 of rec (32-byte ring
        records) get req = lut[req] (uint32), 0 past the table's end.
    events_of(rec, out, ring, offset)
        eventlog.events_of_reference: 32-byte ring records into the first len(rec) rows of
