@@ -30,6 +30,13 @@
        (int64: the indices of its dequeues, ascending): for the k-th dequeue, j[k] the index
        of the row that ends its task (len(rows): none yet), start[k] its start, and where
        j[k] < len(rows), end[k] its end; the caller keeps the closed tasks.
+   strings(slots, i, nxt, string kind, strings, ids, texts, lut, drops) -> (status, i, nxt)
+       record.SlotDecoder._take_string over a cut's STRING records, from slot i (nxt: the
+       first slot that can hold a record): each whole one's slot range appended to drops
+       (a list of (lo, hi)) and its string defined as _define and RequestIds.intern do
+       (strings, ids, texts: their dict, dict and list; lut: uint32). Stops at the end (0),
+       at a string cut off (1), or at one Python takes (2: a table reset, a table to grow,
+       a negative length): i is then that record's, nxt as before it.
    keep_runs(rec, drops, out) -> kept
        record.keep_runs_reference: the 32-byte records of rec outside the (lo, hi) ranges of
        drops (int64 pairs, ascending and disjoint) into out, in order.
@@ -429,6 +436,67 @@ done:
     return res;
 }
 
+/* ---------------------------------------------------------------------- strings */
+enum { STRINGS_DONE, STRINGS_CUT, STRINGS_BY_PYTHON };
+
+/* Store one string as record.SlotDecoder._define does (no reset: the caller's), its
+   run-wide id as record.RequestIds.intern gives it. 0: a Python error is set. */
+static int define_one(PyObject *strings, PyObject *ids, PyObject *texts, uint32_t *lut, long rid,
+                      const char *data, Py_ssize_t length) {
+    PyObject *text = PyUnicode_DecodeUTF8(data, length, "replace"), *key = PyLong_FromLong(rid), *id = NULL;
+    int ok = text && key && PyDict_SetItem(strings, key, text) == 0;
+    if (ok && !(id = PyDict_GetItemWithError(ids, text))) {
+        ok = !PyErr_Occurred() && (id = PyLong_FromSsize_t(PyList_GET_SIZE(texts)))
+             && PyDict_SetItem(ids, text, id) == 0 && PyList_Append(texts, text) == 0;
+        Py_XDECREF(id);  /* the dict holds it */
+        id = ok ? PyDict_GetItemWithError(ids, text) : NULL;
+        ok = ok && id;
+    }
+    if (ok) lut[rid] = (uint32_t)PyLong_AsUnsignedLong(id);
+    Py_XDECREF(text);
+    Py_XDECREF(key);
+    return ok && !PyErr_Occurred();
+}
+
+static PyObject *strings(PyObject *self, PyObject *args) {
+    Py_buffer raw, lut;
+    Py_ssize_t i, nxt;
+    unsigned kind;
+    PyObject *strs, *ids, *texts, *drops;
+    if (!PyArg_ParseTuple(args, "y*nnIO!O!O!w*O!", &raw, &i, &nxt, &kind, &PyDict_Type, &strs, &PyDict_Type,
+                          &ids, &PyList_Type, &texts, &lut, &PyList_Type, &drops)) return NULL;
+    Py_ssize_t n = raw.len / RECORD, size = lut.len / 4;
+    const char *r = raw.buf;
+    int status = STRINGS_DONE;
+    PyObject *res = NULL;
+    if (raw.len % RECORD || lut.len % 4 || i < 0) {
+        PyErr_SetString(PyExc_ValueError, "_decodec.strings: 32-byte slots, a uint32 table");
+        goto done;
+    }
+    for (; i < n; i++) {
+        const char *rec = r + i * RECORD;
+        if (u16_at(rec + OFF_KIND) != kind || i < nxt) continue;
+        int64_t length;
+        memcpy(&length, rec + 8, 8);
+        /* the reference's arithmetic: slots = ceil(length / 32), also for a negative one */
+        int64_t slots = (length >> 5) + ((length & 31) != 0), room = n - i - 1;
+        long rid = (long)u32_at(rec + OFF_REQ);
+        if (slots > room || length < 0 || (rid == 1 && PyDict_Size(strs)) || rid >= size) {
+            status = slots > room ? STRINGS_CUT : STRINGS_BY_PYTHON;  /* a reset, a table to grow */
+            break;
+        }
+        PyObject *range = Py_BuildValue("(nn)", i, (Py_ssize_t)(i + 1 + slots));
+        int ok = range && PyList_Append(drops, range) == 0;
+        Py_XDECREF(range);
+        if (!ok || !define_one(strs, ids, texts, lut.buf, rid, rec + RECORD, (Py_ssize_t)length)) goto done;
+        nxt = i + 1 + slots;
+    }
+    res = Py_BuildValue("inn", status, i, nxt);
+done:
+    PyBuffer_Release(&raw); PyBuffer_Release(&lut);
+    return res;
+}
+
 /* ---------------------------------------------------------------------- keep_runs */
 static PyObject *keep_runs(PyObject *self, PyObject *args) {
     Py_buffer rec, drops, out;
@@ -466,6 +534,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"strings", strings, METH_VARARGS, "A cut's STRING records defined, up to one Python must take."},
     {"sender_tasks", sender_tasks, METH_VARARGS, "The sender rule over one sender's events."},
     {"latest", latest, METH_VARARGS, "Each request's latest t, by request - lo."},
     {"keep_runs", keep_runs, METH_VARARGS, "Records less the dropped ranges."},
