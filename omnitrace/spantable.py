@@ -253,8 +253,9 @@ def requests_reference(ev: np.ndarray) -> tuple[list[int], tuple[np.ndarray, np.
 def _requests(ev: np.ndarray) -> tuple[list[int], tuple[np.ndarray, np.ndarray]]:
     if _decodec is None or not len(ev):
         return requests_reference(ev)
-    top, seen = np.empty(_NARROW_REQUESTS, np.int64), np.empty(_NARROW_REQUESTS, np.uint8)  # pages
-    lo, hi = _decodec.latest(np.ascontiguousarray(ev), top, seen)  # touched only up to hi - lo
+    # ~9 MB of address space, of which only the pages up to hi - lo are touched
+    top, seen = np.empty(_NARROW_REQUESTS, np.int64), np.empty(_NARROW_REQUESTS, np.uint8)
+    lo, hi = _decodec.latest(np.ascontiguousarray(ev), top, seen)
     if hi - lo >= _NARROW_REQUESTS:
         return requests_reference(ev)
     at = np.flatnonzero(seen[:hi - lo + 1])
