@@ -48,9 +48,9 @@ try:
     from omnitrace import _ringc
 except ImportError:  # built without a C compiler: the Python writer alone
     _ringc = None
-try:  # the decoder's request id mapping (the event log's reader)
+try:  # the decoder's compiled steps (its STRING records, the runs between, the id mapping)
     from omnitrace import _decodec
-except ImportError:  # built without a C compiler: numpy's
+except ImportError:  # built without a C compiler: the Python and numpy references
     _decodec = None
 
 MAGIC = b"OMNIRING"
@@ -510,8 +510,9 @@ class SlotDecoder:
     ``RECORD_DTYPE`` array of the event records (STRING records and their bytes removed)
     whose ``req`` is the run-wide :class:`RequestIds` number, not the ring's own.
 
-    Vectorised: one ``frombuffer`` per cut; Python touches only STRING records (one per
-    request per ring) and the candidates for them. A writer's table reset (the string
+    Vectorised: one ``frombuffer`` per cut; only STRING records (one per request per ring)
+    and the candidates for them are taken one by one (in C where ``_decodec`` is built, the
+    rare ones in Python: :meth:`_take_string`). A writer's table reset (the string
     with ring id 1 is re-interned) splits a cut into windows, each mapped with its own
     lookup table, so an id reused after a reset never takes the old string.
     """
