@@ -48,6 +48,10 @@ try:
     from omnitrace import _ringc
 except ImportError:  # built without a C compiler: the Python writer alone
     _ringc = None
+try:  # the decoder's compiled steps (its STRING records, the runs between, the id mapping)
+    from omnitrace import _decodec
+except ImportError:  # built without a C compiler: the Python and numpy references
+    _decodec = None
 
 MAGIC = b"OMNIRING"
 VERSION = 1
@@ -441,6 +445,7 @@ RECORD_DTYPE = np.dtype([("t", "<i8"), ("a", "<i8"), ("req", "<u4"), ("chunk", "
                          ("kind", "<u2"), ("stage", "<i2"), ("b", "<i4")])
 assert RECORD_DTYPE.itemsize == RECORD_SIZE
 _STRING_KIND = int(cv.Ev.STRING)
+_STRINGS_DONE = 0  # _decodec.strings reached the cut's end
 
 
 class RequestIds:
@@ -461,6 +466,41 @@ class RequestIds:
         return i
 
 
+def map_ids_reference(rec: np.ndarray, lo: int, hi: int, lut: np.ndarray) -> None:
+    """Records ``lo:hi`` of ``rec`` (``RECORD_DTYPE``): their ring's request ids -> the
+    run-wide ones by ``lut`` (0 past its end), in place. The rule; ``_decodec.map_req`` does
+    the same in C."""
+    rids = rec["req"][lo:hi]
+    rec["req"][lo:hi] = lut[np.minimum(rids, len(lut) - 1)] * (rids < len(lut))
+
+
+def keep_runs_reference(rec: np.ndarray, drops: list[tuple[int, int]]) -> np.ndarray:
+    """``rec`` less the (lo, hi) slot ranges ``drops`` (ascending, disjoint), a copy. The
+    rule; ``_decodec.keep_runs`` does the same in C."""
+    return rowops.select(rec, _kept_mask(len(rec), drops))
+
+
+def _kept_mask(n: int, drops: list[tuple[int, int]]) -> np.ndarray:
+    keep = np.ones(n, bool)
+    for lo, hi in drops:
+        keep[lo:hi] = False
+    return keep
+
+
+def keep_runs(rec: np.ndarray, drops: list[tuple[int, int]]) -> np.ndarray:
+    if _decodec is None:
+        return keep_runs_reference(rec, drops)
+    out = np.empty(len(rec), rec.dtype)
+    return out[:_decodec.keep_runs(rec, np.array(drops, np.int64).reshape(-1, 2), out)]
+
+
+def map_ids(rec: np.ndarray, lo: int, hi: int, lut: np.ndarray) -> None:
+    if _decodec is None or hi <= lo:
+        map_ids_reference(rec, lo, hi, lut)
+    else:
+        _decodec.map_req(rec, lo, hi, lut)
+
+
 class SlotDecoder:
     """Decodes one ring's slots, in order, into event records: the only decoder of the
     ring layout (ring reader, agent, event-log reader all use it).
@@ -470,8 +510,9 @@ class SlotDecoder:
     ``RECORD_DTYPE`` array of the event records (STRING records and their bytes removed)
     whose ``req`` is the run-wide :class:`RequestIds` number, not the ring's own.
 
-    Vectorised: one ``frombuffer`` per cut; Python touches only STRING records (one per
-    request per ring) and the candidates for them. A writer's table reset (the string
+    Vectorised: one ``frombuffer`` per cut; only STRING records (one per request per ring)
+    and the candidates for them are taken one by one (in C where ``_decodec`` is built, the
+    rare ones in Python: :meth:`_take_string`). A writer's table reset (the string
     with ring id 1 is re-interned) splits a cut into windows, each mapped with its own
     lookup table, so an id reused after a reset never takes the old string.
     """
@@ -535,44 +576,84 @@ class SlotDecoder:
             self._pending = bytearray()
         slots = np.frombuffer(view[off:off + (len(view) - off) // RECORD_SIZE * RECORD_SIZE],
                               RECORD_DTYPE)
+        if _decodec is not None:
+            return self._strings_compiled(view, off, slots)
         n = len(slots)
         cand = np.flatnonzero(slots["kind"] == _STRING_KIND)
         if not len(cand):
             out = slots.copy()
-            out["req"] = self._map(out["req"])
+            map_ids(out, 0, n, self._lut)
             return out
-        keep = np.ones(n, bool)
-        req = np.zeros(n, np.uint32)
-        win_start = 0  # records from here on are mapped by the table as it stands at the
-        # next reset (or at the end): ids only grow between resets
-        nxt = 0  # first slot that can hold a record (not string bytes)
-        lens, rids = slots["a"], slots["req"]
-        for i in cand.tolist():
+        drops: list[tuple[int, int]] = []  # slot ranges of the STRING records and their bytes
+        # records are mapped by the table as it stands at the next reset (or at the end): ids
+        # only grow between resets. (first slot, table) of each window closed by a reset:
+        windows: list[tuple[int, np.ndarray]] = []
+        nxt: int | None = 0  # first slot that can hold a record (not string bytes)
+        for i, length, rid in zip(cand.tolist(), slots["a"][cand].tolist(), slots["req"][cand].tolist()):
             if i < nxt:
                 continue  # string bytes that look like a STRING record
-            length = int(lens[i])
-            nbytes_slots = (length + RECORD_SIZE - 1) // RECORD_SIZE
-            have = min(nbytes_slots, n - i - 1)
-            keep[i:i + 1 + have] = False
-            nxt = i + 1 + nbytes_slots
-            rid = int(rids[i])
-            start = off + (i + 1) * RECORD_SIZE
-            if have < nbytes_slots:  # cut: the rest comes with the next cut
-                self._rid, self._len, self._need = rid, length, nbytes_slots - have
-                self._pending = bytearray(view[start:start + have * RECORD_SIZE])
+            nxt = self._take_string(view, off, n, i, length, rid, drops, windows)
+            if nxt is None:
                 break
-            if rid == 1 and self.strings:  # reset: map what came before with the old table
-                req[win_start:i] = self._map(rids[win_start:i])
-                win_start = i
-            self._define(rid, bytes(view[start:start + length]))
-        req[win_start:] = self._map(rids[win_start:])
-        out = rowops.select(slots, keep)  # a copy: the cut's buffer may be reused
-        out["req"] = req[keep]
-        return out
+        return self._kept_records(slots, drops, windows)
 
-    def _map(self, rids: np.ndarray) -> np.ndarray:
-        lut = self._lut
-        return lut[np.minimum(rids, len(lut) - 1)] * (rids < len(lut))
+    def _strings_compiled(self, view: memoryview, off: int, slots: np.ndarray) -> np.ndarray:
+        """``decode``'s loop over the STRING records, the common ones taken by
+        ``_decodec.strings`` (~1 us each in Python), the rest by :meth:`_take_string`."""
+        n = len(slots)
+        drops: list[tuple[int, int]] = []
+        windows: list[tuple[int, np.ndarray]] = []
+        i, nxt, raw = 0, 0, view[off:off + n * RECORD_SIZE]
+        while nxt is not None and i < n:
+            status, i, nxt = _decodec.strings(raw, i, nxt, _STRING_KIND, self.strings, self.requests.ids,
+                                              self.requests.strings, self._lut, drops)
+            if status == _STRINGS_DONE:
+                break
+            nxt = self._take_string(view, off, n, i, int(slots["a"][i]), int(slots["req"][i]), drops, windows)
+            i += 1
+        return self._kept_records(slots, drops, windows)
+
+    def _take_string(self, view: memoryview, off: int, n: int, i: int, length: int, rid: int,
+                     drops: list[tuple[int, int]], windows: list[tuple[int, np.ndarray]]) -> int | None:
+        """The STRING record in slot ``i`` of the cut's ``n`` (its bytes from ``off`` +
+        slot * RECORD_SIZE of ``view``): its slots dropped, its string defined (a reset
+        first closes a window); the next slot that can hold a record, or None where the
+        string is cut off (the rest comes with the next cut)."""
+        nbytes_slots = (length + RECORD_SIZE - 1) // RECORD_SIZE
+        have = min(nbytes_slots, n - i - 1)
+        drops.append((i, i + 1 + have))
+        start = off + (i + 1) * RECORD_SIZE
+        if have < nbytes_slots:  # cut: the rest comes with the next cut
+            self._rid, self._len, self._need = rid, length, nbytes_slots - have
+            self._pending = bytearray(view[start:start + have * RECORD_SIZE])
+            return None
+        if rid == 1 and self.strings:  # reset: what came before takes the old table
+            windows.append((i, self._lut.copy()))
+        self._define(rid, bytes(view[start:start + length]))
+        return i + 1 + nbytes_slots
+
+    def _kept_records(self, slots: np.ndarray, drops: list[tuple[int, int]],
+                      windows: list[tuple[int, np.ndarray]]) -> np.ndarray:
+        """``slots`` less the ``drops`` ranges (a copy: the cut's buffer may be reused), each
+        window's request ids mapped by its table, the last window's by the current one."""
+        if all(lo <= hi for lo, hi in drops):  # ascending and disjoint: runs between them
+            out = keep_runs(slots, drops)
+
+            def kept_before(at: int) -> int:
+                return at - sum(hi - lo for lo, hi in drops if hi <= at)
+        else:  # a corrupt negative length: its range taken as a slice, as ever
+            keep = _kept_mask(len(slots), drops)
+            out = rowops.select(slots, keep)
+
+            def kept_before(at: int) -> int:
+                return int(np.count_nonzero(keep[:at]))
+        lo = 0
+        for at, lut in windows:  # at: a dropped STRING record's slot
+            hi = kept_before(at)
+            map_ids(out, lo, hi, lut)
+            lo = hi
+        map_ids(out, lo, len(out), self._lut)
+        return out
 
     def tuples(self, raw: bytes | memoryview) -> list[tuple[int, str, int, int, int, int, int]]:
         """Decoded records as (kind, request text, stage, chunk, a, b, t) tuples."""

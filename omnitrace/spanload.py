@@ -38,7 +38,7 @@ import numpy as np
 
 from omnitrace import childproc
 from omnitrace import conventions as cv
-from omnitrace import eventlog
+from omnitrace import eventlog, rowops
 from omnitrace import spantable as stt
 from omnitrace.runfiles import names
 
@@ -154,11 +154,11 @@ class _Reading:
             yield [ev[lo:lo + FEED_EVENTS] for lo in range(0, len(ev), FEED_EVENTS)], dict(self.log.rings)
 
     def _note(self, ev: np.ndarray) -> None:
-        seen, kind = self.seen, ev["kind"]
+        seen, kind = self.seen, np.ascontiguousarray(ev["kind"])  # compared twice: ~2x quicker so
         seen.events += len(ev)
-        d = ev[kind == cv.Ev.STAGE_DIED]
+        d = rowops.take(ev, np.flatnonzero(kind == cv.Ev.STAGE_DIED))
         seen.died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
-        d = ev[kind == cv.Ev.DELIVERY_TIMEOUT]
+        d = rowops.take(ev, np.flatnonzero(kind == cv.Ev.DELIVERY_TIMEOUT))
         seen.timeouts.extend(zip(d["stage"].tolist(), d["t"].tolist(), d["req"].tolist(), d["chunk"].tolist()))
         if not self._with_steps or not len(ev):
             return

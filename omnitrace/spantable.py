@@ -46,6 +46,11 @@ from omnitrace import conventions as cv
 from omnitrace import intervals, keys, rowops, tracecontext
 from omnitrace.eventlog import EVENT_DTYPE
 
+try:
+    from omnitrace import _decodec
+except ImportError:  # built without a C compiler: the numpy references
+    _decodec = None
+
 E = cv.Ev
 
 # Span name codes (the SPAN_DTYPE ``name`` column indexes this tuple).
@@ -135,6 +140,8 @@ _KNOWN = np.zeros(256, bool)
 for _k in (*_REQUEST_KINDS, *_STAGE_KINDS, *_CHUNK_KINDS, E.STEP_BEGIN, E.STEP_END,
            E.STAGE_DIED, E.DELIVERY_TIMEOUT):
     _KNOWN[int(_k)] = True
+assert not _KNOWN[255]  # kinds past 255 read _KNOWN[255]: unknown (_decodec.group relies on it)
+_KNOWN_BYTES = _KNOWN.tobytes()
 # the request and stage events' kinds as plain ints: the per-event loop compares each
 # event's kind with several of them (an IntEnum member lookup costs ~0.2 us)
 (_ADD, _SCHEDULE, _FINISH, _ARRIVE, _FIRST_TEXT, _FIRST_AUDIO, _TRACE_HI, _TRACE_LO,
@@ -142,6 +149,7 @@ for _k in (*_REQUEST_KINDS, *_STAGE_KINDS, *_CHUNK_KINDS, E.STEP_BEGIN, E.STEP_E
                            E.REQUEST_FIRST_TEXT, E.REQUEST_FIRST_AUDIO, E.REQUEST_TRACE_HI,
                            E.REQUEST_TRACE_LO, E.REQUEST_END))
 _EMPTY_EV = np.empty(0, EVENT_DTYPE)
+_DEQUEUE, _PROCESS_END, _PUT_END = (int(k) for k in (E.FIFO_DEQUEUE, E.PROCESS_END, E.PUT_END))
 # Busy intervals a sender keeps: those a FIFO span still to be built may overlap, i.e. ending
 # after the oldest enqueue still waiting for its dequeue, or less than SENDER_LATE_S before
 # the newest event (an enqueue drained late from another ring); at most SENDER_CAP (memory
@@ -151,22 +159,45 @@ SENDER_CAP = 1 << 20
 CULPRIT_COLUMNS = ("by0", "by1", "by2")  # a FIFO span's top culprits
 
 
+def group_reference(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
+    """The feed's events of a known kind that carry a request, grouped by kind in feed
+    order (a stable radix sort): (those rows, each one's index in ``ev``, ``starts``: kind
+    k's rows are ``rows[starts[k]:starts[k + 1]]``, events of no known kind, events of a
+    known kind without a request, the greatest ring of all, -1: none). The rule;
+    ``_decodec.group`` does the same in C."""
+    kind = ev["kind"]
+    known = _KNOWN[np.minimum(kind, 255)]
+    has_req = ev["req"] != 0
+    unknown, steps = int(len(ev) - known.sum()), int(np.count_nonzero(known & ~has_req))
+    pos = np.flatnonzero(known & has_req)
+    order = pos[np.argsort(kind[pos], kind="stable")]
+    starts = np.searchsorted(kind[order], np.arange(257))
+    max_ring = int(ev["ring"].max()) if len(ev) else -1
+    return rowops.take(ev, order), order, starts, unknown, steps, max_ring
+
+
+def _group(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
+    if _decodec is None:
+        return group_reference(ev)
+    ev = np.ascontiguousarray(ev)
+    rows, pos, starts = np.empty(len(ev), EVENT_DTYPE), np.empty(len(ev), np.int64), np.empty(257, np.int64)
+    kept, unknown, steps, max_ring = _decodec.group(ev, _KNOWN_BYTES, rows, pos, starts)
+    return rows[:kept], pos[:kept], starts, unknown, steps, max_ring
+
+
 class _ByKind:
-    """One feed's events grouped by kind (a stable radix sort): each kind, or range of
+    """One feed's events grouped by kind (:func:`group_reference`): each kind, or range of
     kinds, is a contiguous slice, not a mask over the whole feed. ``pos`` keeps each
     event's place in the feed (ring order), which breaks ties between equal stamps."""
 
-    __slots__ = ("ev", "_kinds", "pos")
+    __slots__ = ("ev", "_starts", "pos")
 
-    def __init__(self, ev: np.ndarray) -> None:
-        kinds = ev["kind"]
-        order = np.argsort(kinds, kind="stable")
-        self.ev, self.pos = rowops.take(ev, order), order
-        self._kinds = kinds[order]  # contiguous: searchsorted copies a strided field per call
+    def __init__(self, ev: np.ndarray, pos: np.ndarray, starts: np.ndarray) -> None:
+        self.ev, self.pos = ev, pos
+        self._starts = starts.tolist()
 
     def _bounds(self, first: int, last: int) -> tuple[int, int]:
-        lo, hi = np.searchsorted(self._kinds, (first, last + 1))
-        return int(lo), int(hi)
+        return self._starts[first], self._starts[last + 1]
 
     def range(self, first: int, last: int) -> np.ndarray:
         lo, hi = self._bounds(first, last)
@@ -177,12 +208,10 @@ class _ByKind:
 
     def in_time_order(self, *ranges: tuple[int, int]) -> np.ndarray:
         """The events of these (first, last) kind ranges in time order (ties in feed order)."""
-        bounds = [self._bounds(a, b) for a, b in ranges]
-        ev = rowops.concat([self.ev[lo:hi] for lo, hi in bounds], EVENT_DTYPE)
-        if not len(ev):
+        rows = np.concatenate([np.arange(*self._bounds(a, b)) for a, b in ranges])
+        if not len(rows):
             return _EMPTY_EV
-        pos = np.concatenate([self.pos[lo:hi] for lo, hi in bounds])
-        return rowops.take(ev, np.lexsort((pos, ev["t"])))
+        return rowops.take(self.ev, rows[np.lexsort((self.pos[rows], self.ev["t"][rows]))])  # rows moved once
 
 
 class Prepared:
@@ -198,21 +227,14 @@ class Prepared:
 
     def __init__(self, ev: np.ndarray) -> None:
         self.events = len(ev)
-        self.max_ring = int(ev["ring"].max()) if len(ev) else -1
-        self.unknown = self.steps = 0
-        if len(ev):
-            known = _KNOWN[np.minimum(ev["kind"], 255)]
-            self.unknown = int(len(ev) - known.sum())
-            has_req = ev["req"] != 0
-            self.steps = int(np.count_nonzero(known & ~has_req))
-            ev = rowops.select(ev, known & has_req)
-        by = _ByKind(ev)
+        rows, pos, starts, self.unknown, self.steps, self.max_ring = _group(ev)
+        by = _ByKind(rows, pos, starts)
+        ev = by.ev  # in kind order: what is read of it below does not depend on the order
         self.emitted = by.kind(E.STAGE_EMIT)
         self.small = by.in_time_order((E.REQUEST_ARRIVE, E.STAGE_FINISH))
         self.senders = by.in_time_order(*((k, k) for k in _SENDER_KINDS))
-        self.reqs: list[int] = rowops.distinct(ev["req"])
-        # each request's latest event: (ids, times)
-        self.latest = _latest(ev["req"], ev["t"], self.reqs)
+        # the distinct requests, and each one's latest event: (ids, times)
+        self.reqs, self.latest = _requests(ev)
         # each pair kind's begins and ends sorted by key (arrival order within a key): the
         # builder's match then sorts the stamps it carries and these as sorted runs (a merge)
         self.pairs = [(_by_key(by.kind(b), "stage"), _by_key(by.kind(e), "stage")) for _, b, e in _PAIRS]
@@ -254,6 +276,28 @@ class Prepared:
         return p
 
 
+def requests_reference(ev: np.ndarray) -> tuple[list[int], tuple[np.ndarray, np.ndarray]]:
+    """The distinct requests of events ``ev`` and (them, each one's latest ``t``): the
+    rule; ``_decodec.latest`` does the same in C where they span a narrow range."""
+    reqs = rowops.distinct(ev["req"])
+    return reqs, _latest(ev["req"], ev["t"], reqs)
+
+
+def _requests(ev: np.ndarray) -> tuple[list[int], tuple[np.ndarray, np.ndarray]]:
+    if _decodec is None or not len(ev):
+        return requests_reference(ev)
+    # ~9 MB of address space, of which only the pages up to hi - lo are touched
+    top, seen = np.empty(_NARROW_REQUESTS, np.int64), np.empty(_NARROW_REQUESTS, np.uint8)
+    lo, hi = _decodec.latest(np.ascontiguousarray(ev), top, seen)
+    if hi - lo >= _NARROW_REQUESTS:
+        return requests_reference(ev)
+    at = np.flatnonzero(seen[:hi - lo + 1])
+    return (at + lo).tolist(), (at + lo, top[at])
+
+
+_NARROW_REQUESTS = 1 << 20  # requests spanning fewer ids: a table by id (rowops.distinct, _latest)
+
+
 def _latest(req: np.ndarray, t: np.ndarray, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """(the distinct ``reqs``, each one's latest ``t``)."""
     ids = np.array(reqs, np.int64)
@@ -269,11 +313,23 @@ def _latest(req: np.ndarray, t: np.ndarray, reqs: list[int]) -> tuple[np.ndarray
     return ids, top[ids - lo]
 
 
-def _by_key(rows: np.ndarray, stage: str) -> np.ndarray:
-    """``rows`` sorted by :func:`_key` of (request, ``rows[stage]``, chunk), stable."""
+def by_key_reference(rows: np.ndarray, stage: str) -> np.ndarray:
+    """``rows`` sorted by :func:`_key` of (request, ``rows[stage]``, chunk), stable: the
+    rule; ``_decodec.sort_by_key`` does the same in C."""
     if len(rows) < 2:
         return rows
     return rowops.take(rows, np.argsort(_key(rows["req"], rows[stage], rows["chunk"]), kind="stable"))
+
+
+_KEY_FIELDS = {"stage": 0, "b": 1}  # _decodec.sort_by_key's field numbers
+
+
+def _by_key(rows: np.ndarray, stage: str) -> np.ndarray:
+    if _decodec is None or len(rows) < 2:
+        return by_key_reference(rows, stage)
+    out = np.empty(len(rows), EVENT_DTYPE)
+    _decodec.sort_by_key(np.ascontiguousarray(rows), _KEY_FIELDS[stage], out)
+    return out
 
 
 def _key(req: np.ndarray, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:
@@ -292,6 +348,23 @@ def sender_tasks(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, i
     is worked through in order: each of its tasks ends at its own PROCESS_END and starts
     where the one before it ended. Returns (indices of the dequeues of closed tasks, their
     start and end times, index of the first dequeue still open, or ``len(seq)``)."""
+    n = len(seq)
+    if _decodec is None or not n:
+        return sender_tasks_reference(seq)
+    seq = np.ascontiguousarray(seq)
+    deq = np.flatnonzero(seq["kind"] == E.FIFO_DEQUEUE)
+    if not len(deq):
+        return deq, np.empty(0, np.int64), np.empty(0, np.int64), n
+    start, end, j = (np.empty(len(deq), np.int64) for _ in range(3))
+    _decodec.sender_tasks(seq, _DEQUEUE, _PROCESS_END, _PUT_END, deq, start, end, j)
+    done = j < n
+    open_ = deq[~done]
+    return deq[done], start[done], end[done], int(open_[0]) if len(open_) else n
+
+
+def sender_tasks_reference(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """:func:`sender_tasks` in numpy: the statement of the rule ``_decodec.sender_tasks``
+    follows (tests/unit/test_decodec.py compares the two)."""
     kinds, n = seq["kind"], len(seq)
     deq = np.flatnonzero(kinds == E.FIFO_DEQUEUE)
     if not len(deq):
