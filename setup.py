@@ -1,7 +1,8 @@
 """The compiled parts and the package layout; everything else is in pyproject.toml. The
-compiled parts: the ring writer (omnitrace/_ringc.c) and the FIFO culprit ranking
-(omnitrace/_intervalsc.c). optional=True: where no C compiler is, the install goes on and
-omnitrace.record uses its Python writer, omnitrace.intervals its numpy ranking (the
+compiled parts: the ring writer (omnitrace/_ringc.c), the FIFO culprit ranking
+(omnitrace/_intervalsc.c) and the span load's row passes (omnitrace/_spanc.c). optional=True:
+where no C compiler is, the install goes on and omnitrace.record uses its Python writer,
+omnitrace.intervals its numpy ranking, spantable and analyze.tables their numpy passes (the
 references the compiled ones are tested against).
 
 The hook definitions live at the top of the repository (``patches/``: per target and
@@ -14,4 +15,4 @@ setup(packages=find_packages(include=["omnitrace", "omnitrace.*"])
       package_dir={"omnitrace.patches": "patches"},
       ext_modules=[Extension(f"omnitrace.{name}", [f"omnitrace/{name}.c"], optional=True,
                              extra_compile_args=["-O2"])
-                   for name in ("_ringc", "_intervalsc")])
+                   for name in ("_ringc", "_intervalsc", "_spanc")])

@@ -116,6 +116,10 @@ _EMPTY_EV = np.empty(0, EVENT_DTYPE)
 SENDER_LATE_S = 10.0
 SENDER_CAP = 1 << 20
 CULPRIT_COLUMNS = ("by0", "by1", "by2")  # a FIFO span's top culprits
+# where a chunk span's v1 comes from, by name (chunk_rows_reference): 1 its begin's ``a``,
+# 0 nowhere, else (2) its end's ``a``
+_V1_FROM = {N_FIFO: 1, N_WAIT: 0}
+_spanc = rowops.compiled("_spanc", E=EVENT_DTYPE, S=SPAN_DTYPE)
 
 
 class _ByKind:
@@ -537,11 +541,10 @@ class SpanBuilder:
             self._request_events(p.small, now, latencies, arrivals, ends, contexts)
         if p.reqs and self.reqs:
             self._seen(p.reqs, now)
-        parts = self._pair_chunks(p)  # one copy into the feed's rows, not two
+        spans = self._pair_chunks(p, len(self._rows))  # written in place: no concatenation
         if self._rows:
-            parts.append(np.array(self._rows, SPAN_DTYPE))
+            rowops.assign(spans, len(spans) - len(self._rows), np.array(self._rows, SPAN_DTYPE))
             self._rows = []
-        spans = rowops.concat(parts, SPAN_DTYPE)
         emits = rowops.concat(self._emits, EMIT_DTYPE)
         self._emits = []
         self._count(spans)
@@ -727,9 +730,11 @@ class SpanBuilder:
         return reason
 
     # ------------------------------------------------------------------ chunks
-    def _pair_chunks(self, p: Prepared) -> list[np.ndarray]:
+    def _pair_chunks(self, p: Prepared, after: int) -> np.ndarray:
+        """The feed's chunk spans, then room for ``after`` more rows (the request and stage
+        spans): every pair kind matched first, so that each writes its rows in place."""
         self._add_busy(self._tasks.close(p.senders, self._pids) if p.closed is None else p.closed)
-        out = []
+        matched = []  # (name, begins, their indexes, ends, theirs)
         for (name, _, _), (b_new, e_new) in zip(_PAIRS, p.pairs):
             pool = self._pools[name]
             B = rowops.concat((pool.begins, b_new), EVENT_DTYPE) if len(pool.begins) else b_new
@@ -737,10 +742,9 @@ class SpanBuilder:
             bi, ei = match(_key(B["req"], B["stage"], B["chunk"]), B["t"],
                            _key(En["req"], En["stage"], En["chunk"]), En["t"])
             if len(bi):
-                out.append(self._chunk_rows(name, rowops.take(B, bi), rowops.take(En, ei)))
+                matched.append((name, B, bi, En, ei))
             pool.begins = rowops.delete(B, bi)
             pool.ends = rowops.delete(En, ei)
-        self._trim_senders()
         # poll lag: producer PUT_END (request, stage, chunk) -> consumer GET_BEGIN
         # (request, b = producer stage, chunk)
         pool = self._poll
@@ -748,18 +752,26 @@ class SpanBuilder:
         G = rowops.concat((pool.ends, p.gets), EVENT_DTYPE)
         pi, gi = match(_key(P["req"], P["stage"], P["chunk"]), P["t"],
                        _key(G["req"], G["b"], G["chunk"]), G["t"])
-        if len(pi):
-            p, g = rowops.take(P, pi), rowops.take(G, gi)
-            rows = np.zeros(len(pi), SPAN_DTYPE)
-            rows["name"] = N_POLL
-            rows["stage"], rows["peer"], rows["chunk"] = g["stage"], p["stage"], g["chunk"]
-            rows["replica"] = self._replicas[g["ring"]]
-            rows["req"], rows["ring"] = g["req"], g["ring"]
-            rows["start"], rows["end"] = p["t"], np.maximum(g["t"], p["t"])
-            out.append(rows)
         pool.begins = rowops.delete(P, pi)
         pool.ends = rowops.delete(G, gi)
+        out = np.empty(sum(len(m[2]) for m in matched) + len(pi) + after, SPAN_DTYPE)
+        lo = 0
+        for name, B, bi, En, ei in matched:
+            self._chunk_rows(out[lo:lo + len(bi)], name, B, bi, En, ei)
+            lo += len(bi)
+        self._trim_senders()
+        if len(pi):
+            self._poll_rows(out[lo:lo + len(pi)], rowops.take(P, pi), rowops.take(G, gi))
         return out
+
+    def _poll_rows(self, rows: np.ndarray, p: np.ndarray, g: np.ndarray) -> None:
+        """Poll lag rows, in place: from the producer's PUT_END ``p`` to the GET_BEGIN ``g``."""
+        rows[...] = 0
+        rows["name"] = N_POLL
+        rows["stage"], rows["peer"], rows["chunk"] = g["stage"], p["stage"], g["chunk"]
+        rows["replica"] = self._replicas[g["ring"]]
+        rows["req"], rows["ring"] = g["req"], g["ring"]
+        rows["start"], rows["end"] = p["t"], np.maximum(g["t"], p["t"])
 
     def _span_rows(self, name: int, first: np.ndarray, peer_from: np.ndarray) -> np.ndarray:
         """Span rows named by their first stamp (request, stage, chunk, ring, start);
@@ -773,12 +785,26 @@ class SpanBuilder:
         rows["start"] = first["t"]
         return rows
 
-    def _chunk_rows(self, name: int, b: np.ndarray, e: np.ndarray) -> np.ndarray:
+    def _chunk_rows(self, rows: np.ndarray, name: int, B: np.ndarray, bi: np.ndarray,
+                    En: np.ndarray, ei: np.ndarray) -> None:
+        """Spans of pair kind ``name``, in place: begin ``B[bi[i]]`` with end ``En[ei[i]]``;
+        compiled where built (the same rows as :meth:`chunk_rows_reference`)."""
+        if _spanc is None:
+            rowops.assign(rows, 0, self.chunk_rows_reference(name, rowops.take(B, bi), rowops.take(En, ei)))
+        else:
+            bi, ei = np.ascontiguousarray(bi, np.int64), np.ascontiguousarray(ei, np.int64)
+            _spanc.chunk_spans(np.ascontiguousarray(B), bi, np.ascontiguousarray(En), ei,
+                               self._replicas, name, _V1_FROM.get(name, 2), rows)
+        if name == N_FIFO:
+            self._blocked(rows, self._pids[B["ring"][bi]])
+
+    def chunk_rows_reference(self, name: int, b: np.ndarray, e: np.ndarray) -> np.ndarray:
+        """Spans of pair kind ``name`` from begins ``b`` and their ends ``e`` (blocked_ns
+        not yet filled in): the rule ``_spanc.chunk_spans`` follows."""
         rows = self._span_rows(name, b, e)
         rows["end"] = np.maximum(e["t"], b["t"])
         if name == N_FIFO:
             rows[AHEAD] = b["a"]
-            self._blocked(rows, self._pids[b["ring"]])
         elif name == N_SNAPSHOT:
             rows[STRATEGY] = e["a"]
         elif name != N_WAIT:

@@ -39,6 +39,8 @@ FIFO_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("ahead", "<i4"), ("dur
 TRANSFER_DTYPE = np.dtype([("req", "<u4"), ("put", "?"), ("producer", "<i2"), ("consumer", "<i2"),
                            ("dur", "<i8"), ("bytes", "<i8")])
 INCOMPLETE_DTYPE = np.dtype([("req", "<u4"), ("name", "i1"), ("reason", "i1")])
+_spanc = rowops.compiled("_spanc", S=stt.SPAN_DTYPE, P=SNAPSHOT_DTYPE, F=FIFO_DTYPE,
+                         X=TRANSFER_DTYPE, I=INCOMPLETE_DTYPE)
 _NONE = np.iinfo(np.int64).max
 
 
@@ -119,6 +121,25 @@ def figure_rows(spans: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     return snap, fifo, xfer, bad
 
 
+def split_reference(spans: np.ndarray, skip: np.ndarray, first_audio: np.ndarray,
+                    first_start: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One feed's spans split as the report keeps them (``_spanc.report_split`` follows this):
+    (small rows -- request, stage, queue spans not skipped --, early chunk rows, the
+    figure tables' rows (snapshot, FIFO, put/get, incomplete), how many spans were
+    skipped); ``first_start`` updated in place. ``skip``: per request id, warm-up;
+    ``first_audio``: per request id, its first audio packet (0: unknown yet)."""
+    req = spans["req"].astype(np.int64)
+    gone = skip[req]
+    chunk = spans["name"] >= stt.N_SNAPSHOT
+    small = rowops.select(spans, ~chunk & ~gone)
+    C = rowops.select(spans, chunk)
+    figures = figure_rows(C)
+    first_starts(C, first_start)
+    t = first_audio[req[chunk]]
+    early = rowops.select(C, ~gone[chunk] & ((t == 0) | (C["start"] <= t)))
+    return (small, early, *figures, int(gone.sum()))
+
+
 def first_starts(spans: np.ndarray, into: np.ndarray) -> None:
     """``into[req] = min(into[req], start)`` over chunk span rows, in place."""
     np.minimum.at(into, spans["req"].astype(np.int64), np.ascontiguousarray(spans["start"]))
@@ -173,21 +194,11 @@ class ReportTables:
         for kind, req, _replica, _seconds, t in feed.latencies:
             if kind == cv.Ev.REQUEST_FIRST_AUDIO:
                 fa[req] = t
-        roots = spans[spans["name"] == stt.N_REQUEST]
+        roots = rowops.select(spans, spans["name"] == stt.N_REQUEST)
         if len(roots):  # the request's own account is final
             fa[roots["req"].astype(np.int64)] = np.where(roots[stt.FIRST_AUDIO] > 0, roots[stt.FIRST_AUDIO], -1)
         self.rows += len(spans)
-        req = spans["req"].astype(np.int64)
-        gone = skip[req]
-        self.skipped += int(gone.sum())
-        chunk = spans["name"] >= stt.N_SNAPSHOT
-        self.small.append(rowops.select(spans, ~chunk & ~gone))
-        C = rowops.select(spans, chunk)
-        for table, rows in zip(self.figures, figure_rows(C)):
-            table.append(rows)
-        first_starts(C, self.first_start)
-        t = fa[req[chunk]]
-        self.early.append(rowops.select(C, ~gone[chunk] & ((t == 0) | (C["start"] <= t))))
+        self.skipped += self._split(spans, skip)
         t = fa[emits["req"].astype(np.int64)]
         self.emits.append(rowops.select(emits, (t == 0) | (emits["t"] <= t)))
         for pid, stage, *cols in feed.busy:
@@ -196,6 +207,22 @@ class ReportTables:
                 grow = self.busy[(pid, stage)] = (Growing(np.int64), Growing(np.int64), Growing(np.uint32))
             for g, c in zip(grow, cols):
                 g.append(c)
+
+    def _split(self, spans: np.ndarray, skip: np.ndarray) -> int:
+        """One feed's spans into the tables (:func:`split_reference`'s rule; compiled where
+        built, written straight into the tables); how many were skipped (warm-up)."""
+        outs = (self.small, self.early, *self.figures)
+        if _spanc is None:
+            *rows, skipped = split_reference(spans, skip, self.first_audio, self.first_start)
+            for table, r in zip(outs, rows):
+                table.append(r)
+            return skipped
+        *counts, skipped = _spanc.report_split(
+            np.ascontiguousarray(spans), np.ascontiguousarray(skip), self.first_audio,
+            self.first_start, *(t.spare(len(spans)) for t in outs))
+        for table, n in zip(outs, counts):
+            table.added(n)
+        return skipped
 
     def finish(self, replica_of: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                           ChunkFigures, Busy]:
