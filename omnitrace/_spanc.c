@@ -6,9 +6,14 @@
    tests compare the two on random inputs (tests/unit/test_spanc.py):
 
    chunk_spans(b, bi, e, ei, replicas, name, v1_from, out)
-       spantable.SpanBuilder's chunk span rows (reference: SpanBuilder._chunk_rows_reference):
+       spantable.SpanBuilder's chunk span rows (reference: SpanBuilder.chunk_rows_reference):
        row i from begin event b[bi[i]] and end event e[ei[i]] (EVENT_DTYPE); v1_from: 0 none,
-       1 the begin's a, 2 the end's a.
+       1 the begin's a, 2 the end's a; 3: a poll lag row (SpanBuilder.poll_rows_reference).
+   event_keys(rows, stage_from_b, out)
+       spantable._key of each event's (request, stage or b, chunk) into out (int64).
+   pair_sorted(bk, bo, ek, eo, out_b, out_e) -> n
+       spantable.match's pairing (reference: spantable.pair_reference) of begins and ends
+       already in (key, time) order: bk/ek their keys, bo/eo their indexes.
    report_split(spans, skip, first_audio, first_start, small, early, snap, fifo, xfer, bad)
        analyze.tables.ReportTables' split of one feed's spans (reference:
        tables.split_reference) into the tables' free tails; returns the rows written to each
@@ -53,6 +58,8 @@ static int rows_of(Py_buffer *v, Py_ssize_t size, const char *name, Py_ssize_t *
 }
 
 /* ------------------------------------------------------------------ chunk_spans */
+enum { POLL = 3 };  /* v1_from of a poll lag span: its ring, replica and key are the end's */
+
 typedef struct {
     const char *b, *e;
     const int64_t *bi, *ei, *replicas;
@@ -64,10 +71,31 @@ typedef struct {
 static int chunk_indexes_ok(const Chunks *c) {
     for (Py_ssize_t i = 0; i < c->n; i++) {
         if (c->bi[i] < 0 || c->bi[i] >= c->nb || c->ei[i] < 0 || c->ei[i] >= c->ne) return 0;
-        int32_t ring = GET(int32_t, c->b + c->bi[i] * EV, 32);
+        int32_t ring = GET(int32_t, (c->v1_from == POLL ? c->e + c->ei[i] * EV : c->b + c->bi[i] * EV), 32);
         if (ring < 0 || ring >= c->nrep) return 0;
     }
     return 1;
+}
+
+/* A poll lag row: from the producer's PUT_END (the "begin") to the consumer's GET_BEGIN
+   (the "end"), which names the span. */
+static void write_poll(const Chunks *c) {
+    for (Py_ssize_t i = 0; i < c->n; i++) {
+        const char *p = c->b + c->bi[i] * EV, *g = c->e + c->ei[i] * EV;
+        char *r = c->out + i * SPAN;
+        int64_t pt = GET(int64_t, p, 0), gt = GET(int64_t, g, 0);
+        int32_t ring = GET(int32_t, g, 32);
+        memset(r, 0, SPAN);
+        r[0] = (char)c->name;
+        memcpy(r + 5, g + 26, 2);                                 /* stage: the consumer's */
+        memcpy(r + 7, p + 26, 2);                                 /* peer: the producer's */
+        PUT(int16_t, r, 9, c->replicas[ring]);
+        memcpy(r + 11, g + 16, 4);                                /* req */
+        memcpy(r + 15, g + 20, 4);                                /* chunk */
+        memcpy(r + 19, g + 32, 4);                                /* ring */
+        PUT(int64_t, r, 23, pt);
+        PUT(int64_t, r, 31, gt > pt ? gt : pt);
+    }
 }
 
 static void write_chunks(const Chunks *c) {
@@ -116,7 +144,8 @@ static PyObject *chunk_spans(PyObject *self, PyObject *args) {
     int fine;
     Py_BEGIN_ALLOW_THREADS
     fine = chunk_indexes_ok(&c);
-    if (fine) write_chunks(&c);
+    if (fine && c.v1_from == POLL) write_poll(&c);
+    else if (fine) write_chunks(&c);
     Py_END_ALLOW_THREADS
     if (!fine) {
         PyErr_SetString(PyExc_IndexError, "chunk_spans: an index or ring out of range");
@@ -127,6 +156,73 @@ done:
     for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
     if (!ok) return NULL;
     Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ keys, pairs */
+static PyObject *event_keys(PyObject *self, PyObject *args) {
+    PyObject *o[2];
+    int stage_from_b;
+    if (!PyArg_ParseTuple(args, "OpO", &o[0], &stage_from_b, &o[1])) return NULL;
+    Py_buffer v[2];
+    Py_ssize_t n, nout;
+    if (get_buffer(o[0], &v[0], "rows", 0) < 0) return NULL;
+    if (get_buffer(o[1], &v[1], "out", 1) < 0) { PyBuffer_Release(&v[0]); return NULL; }
+    int ok = !rows_of(&v[0], EV, "rows", &n) && !rows_of(&v[1], 8, "out", &nout);
+    if (ok && nout != n) {
+        PyErr_SetString(PyExc_ValueError, "event_keys: out is not one key per row");
+        ok = 0;
+    }
+    if (ok) {
+        const char *rows = v[0].buf;
+        uint64_t *out = v[1].buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const char *r = rows + i * EV;
+            int64_t stage = stage_from_b ? GET(int32_t, r, 28) : GET(int16_t, r, 26);
+            uint64_t req = GET(uint32_t, r, 16);
+            int64_t chunk = GET(int32_t, r, 20);
+            out[i] = (req << 31) | ((uint64_t)(stage + 1) << 24) | (uint64_t)(chunk + 1);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&v[0]);
+    PyBuffer_Release(&v[1]);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *pair_sorted(PyObject *self, PyObject *args) {
+    enum { NB = 6 };
+    PyObject *o[NB];
+    if (!PyArg_ParseTuple(args, "OOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5])) return NULL;
+    static const char *names[NB] = {"bk", "bo", "ek", "eo", "out_b", "out_e"};
+    Py_buffer v[NB];
+    Py_ssize_t rows[NB], n = 0;
+    int got = 0, ok = 0;
+    for (; got < NB; got++)
+        if (get_buffer(o[got], &v[got], names[got], got >= 4) < 0) goto done;
+    for (int i = 0; i < NB; i++)
+        if (rows_of(&v[i], 8, names[i], &rows[i])) goto done;
+    Py_ssize_t nb = rows[0], ne = rows[2];
+    if (rows[1] != nb || rows[3] != ne || rows[4] < (nb < ne ? nb : ne) || rows[5] < rows[4]) {
+        PyErr_SetString(PyExc_ValueError, "pair_sorted: keys and orders differ in length, or out is short");
+        goto done;
+    }
+    const int64_t *bk = v[0].buf, *bo = v[1].buf, *ek = v[2].buf, *eo = v[3].buf;
+    int64_t *ob = v[4].buf, *oe = v[5].buf;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t i = 0, j = 0;
+    while (i < nb && j < ne) {
+        if (bk[i] < ek[j]) i++;
+        else if (bk[i] > ek[j]) j++;
+        else { ob[n] = bo[i++]; oe[n++] = eo[j++]; }
+    }
+    Py_END_ALLOW_THREADS
+    ok = 1;
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    if (!ok) return NULL;
+    return PyLong_FromSsize_t(n);
 }
 
 /* ------------------------------------------------------------------ report_split */
@@ -241,6 +337,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"chunk_spans", chunk_spans, METH_VARARGS, "Chunk span rows from matched begin/end events."},
+    {"event_keys", event_keys, METH_VARARGS, "Each event's (request, stage, chunk) key."},
+    {"pair_sorted", pair_sorted, METH_VARARGS, "Pair begins and ends by key, both in key order."},
     {"report_split", report_split, METH_VARARGS, "One feed's spans into the report's tables."},
     {NULL, NULL, 0, NULL},
 };

@@ -119,6 +119,7 @@ CULPRIT_COLUMNS = ("by0", "by1", "by2")  # a FIFO span's top culprits
 # where a chunk span's v1 comes from, by name (chunk_rows_reference): 1 its begin's ``a``,
 # 0 nowhere, else (2) its end's ``a``
 _V1_FROM = {N_FIFO: 1, N_WAIT: 0}
+_POLL_ROWS = 3  # chunk_spans' v1_from of poll lag rows (poll_rows_reference)
 _spanc = rowops.compiled("_spanc", E=EVENT_DTYPE, S=SPAN_DTYPE)
 
 
@@ -253,6 +254,15 @@ def _key(req: np.ndarray, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:
             | (chunk.astype(np.int64) + 1))
 
 
+def _event_keys(ev: np.ndarray, stage: str = "stage") -> np.ndarray:
+    """:func:`_key` of events' (request, ``ev[stage]``, chunk); compiled where built."""
+    if _spanc is None or not len(ev):
+        return _key(ev["req"], ev[stage], ev["chunk"])
+    out = np.empty(len(ev), np.int64)
+    _spanc.event_keys(np.ascontiguousarray(ev), stage == "b", out)
+    return out
+
+
 def sender_tasks(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """THE sender rule, over one sender's events in time order (FIFO_DEQUEUE, PROCESS_END,
     PUT_END; others are ignored): a task occupies the sender from its dequeue to its own
@@ -326,27 +336,40 @@ def _own_process_end(seq: np.ndarray, deq: np.ndarray) -> np.ndarray:
 def match(bkey: np.ndarray, bt: np.ndarray, ekey: np.ndarray, et: np.ndarray
           ) -> tuple[np.ndarray, np.ndarray]:
     """Pair the k-th begin of each key (by time) with the k-th end of that key.
-    Returns index arrays (into the inputs) of the matched begins and their ends."""
-    nb = len(bkey)
-    if not nb or not len(ekey):
+    Returns index arrays (into the inputs) of the matched begins and their ends, in
+    (key, k) order; compiled where built (the same pairs as :func:`pair_reference`)."""
+    if not len(bkey) or not len(ekey):
         return np.empty(0, np.int64), np.empty(0, np.int64)
+    (bo, bk), (eo, ek) = _by_key_then_time(bkey, bt), _by_key_then_time(ekey, et)
+    if _spanc is None:
+        return pair_reference(bk, bo, ek, eo)
+    n = min(len(bk), len(ek))
+    bi, ei = np.empty(n, np.int64), np.empty(n, np.int64)
+    n = _spanc.pair_sorted(bk, bo.astype(np.int64, copy=False), ek, eo.astype(np.int64, copy=False), bi, ei)
+    return bi[:n], ei[:n]
 
-    def by_key_then_time(key: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # one stable sort by key: a repeated key's stamps stay in arrival order, which is
-        # almost always their time order already (one ring records them); only where it
-        # is not does time break the ties (lexsort: the same order, at more cost).
-        # Returns the order and the keys in it.
-        order = np.argsort(key, kind="stable")
-        k = key[order]
-        tie = k[1:] == k[:-1]
-        if tie.any():
-            ts = t[order]
-            if (tie & (ts[1:] < ts[:-1])).any():
-                order = np.lexsort((t, key))
-                k = key[order]
-        return order, k
 
-    (bo, bk), (eo, ek) = by_key_then_time(bkey, bt), by_key_then_time(ekey, et)
+def _by_key_then_time(key: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The stamps' order by key, then time, then arrival; and the keys in it. One stable
+    sort by key: a repeated key's stamps stay in arrival order, which is almost always
+    their time order already (one ring records them); only where it is not does time
+    break the ties (lexsort: the same order, at more cost)."""
+    order = np.argsort(key, kind="stable")
+    k = key[order]
+    tie = k[1:] == k[:-1]
+    if tie.any():
+        ts = t[order]
+        if (tie & (ts[1:] < ts[:-1])).any():
+            order = np.lexsort((t, key))
+            k = key[order]
+    return order, k
+
+
+def pair_reference(bk: np.ndarray, bo: np.ndarray, ek: np.ndarray, eo: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`match`'s pairing of begins and ends in (key, time) order (``bk``/``ek``: their
+    keys, ``bo``/``eo``: their indexes), in numpy: ``_spanc.pair_sorted`` follows it."""
+    nb = len(bk)
     if (bk[1:] != bk[:-1]).all():  # every begin key once: the first end of the key, if any
         lo = np.searchsorted(ek, bk, "left")
         ok = ek[np.minimum(lo, len(ek) - 1)] == bk
@@ -739,8 +762,7 @@ class SpanBuilder:
             pool = self._pools[name]
             B = rowops.concat((pool.begins, b_new), EVENT_DTYPE) if len(pool.begins) else b_new
             En = rowops.concat((pool.ends, e_new), EVENT_DTYPE) if len(pool.ends) else e_new
-            bi, ei = match(_key(B["req"], B["stage"], B["chunk"]), B["t"],
-                           _key(En["req"], En["stage"], En["chunk"]), En["t"])
+            bi, ei = match(_event_keys(B), B["t"], _event_keys(En), En["t"])
             if len(bi):
                 matched.append((name, B, bi, En, ei))
             pool.begins = rowops.delete(B, bi)
@@ -750,8 +772,7 @@ class SpanBuilder:
         pool = self._poll
         P = rowops.concat((pool.begins, p.pairs[_PUT][1]), EVENT_DTYPE)
         G = rowops.concat((pool.ends, p.gets), EVENT_DTYPE)
-        pi, gi = match(_key(P["req"], P["stage"], P["chunk"]), P["t"],
-                       _key(G["req"], G["b"], G["chunk"]), G["t"])
+        pi, gi = match(_event_keys(P), P["t"], _event_keys(G, "b"), G["t"])
         pool.begins = rowops.delete(P, pi)
         pool.ends = rowops.delete(G, gi)
         out = np.empty(sum(len(m[2]) for m in matched) + len(pi) + after, SPAN_DTYPE)
@@ -761,17 +782,30 @@ class SpanBuilder:
             lo += len(bi)
         self._trim_senders()
         if len(pi):
-            self._poll_rows(out[lo:lo + len(pi)], rowops.take(P, pi), rowops.take(G, gi))
+            self._poll_rows(out[lo:lo + len(pi)], P, pi, G, gi)
         return out
 
-    def _poll_rows(self, rows: np.ndarray, p: np.ndarray, g: np.ndarray) -> None:
-        """Poll lag rows, in place: from the producer's PUT_END ``p`` to the GET_BEGIN ``g``."""
-        rows[...] = 0
+    def _poll_rows(self, rows: np.ndarray, P: np.ndarray, pi: np.ndarray, G: np.ndarray,
+                   gi: np.ndarray) -> None:
+        """Poll lag rows, in place: from the producer's PUT_END ``P[pi[i]]`` to the
+        GET_BEGIN ``G[gi[i]]``; compiled where built."""
+        if _spanc is None:
+            rowops.assign(rows, 0, self.poll_rows_reference(rowops.take(P, pi), rowops.take(G, gi)))
+        else:
+            _spanc.chunk_spans(np.ascontiguousarray(P), pi.astype(np.int64, copy=False),
+                               np.ascontiguousarray(G), gi.astype(np.int64, copy=False),
+                               self._replicas, N_POLL, _POLL_ROWS, rows)
+
+    def poll_rows_reference(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """Poll lag rows from the producer's PUT_ENDs ``p`` to their GET_BEGINs ``g``: the
+        rule ``_spanc.chunk_spans`` follows (``_POLL_ROWS``)."""
+        rows = np.zeros(len(p), SPAN_DTYPE)
         rows["name"] = N_POLL
         rows["stage"], rows["peer"], rows["chunk"] = g["stage"], p["stage"], g["chunk"]
         rows["replica"] = self._replicas[g["ring"]]
         rows["req"], rows["ring"] = g["req"], g["ring"]
         rows["start"], rows["end"] = p["t"], np.maximum(g["t"], p["t"])
+        return rows
 
     def _span_rows(self, name: int, first: np.ndarray, peer_from: np.ndarray) -> np.ndarray:
         """Span rows named by their first stamp (request, stage, chunk, ring, start);

@@ -50,6 +50,45 @@ def test_compiled_chunk_rows_are_the_reference(seed):
         assert got.tobytes() == want.tobytes(), name
 
 
+@built
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_poll_rows_are_the_reference(seed):
+    rng = np.random.default_rng(50 + seed)
+    builder = stt.SpanBuilder()
+    builder._replicas = rng.integers(-(1 << 40), 1 << 40, 7)
+    P, G = events(rng, 500, 7), events(rng, 800, 7)
+    pi, gi = rng.integers(0, 500, 600), rng.integers(0, 800, 600)
+    want = builder.poll_rows_reference(rowops.take(P, pi), rowops.take(G, gi))
+    got = random_rows(rng, 600, stt.SPAN_DTYPE).copy()
+    stt._spanc.chunk_spans(P, pi, G, gi, builder._replicas, stt.N_POLL, stt._POLL_ROWS, got)
+    assert got.tobytes() == want.tobytes()
+
+
+@built
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_keys_are_the_reference(seed):
+    ev = events(np.random.default_rng(60 + seed), 3000, 5)  # any stage, b, chunk: negative too
+    for field in ("stage", "b"):
+        assert stt._event_keys(ev, field).tolist() == stt._key(ev["req"], ev[field], ev["chunk"]).tolist()
+
+
+def stamps(rng: np.random.Generator, n: int, keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` stamps of ``keys`` distinct keys (repeats, ties in time, times out of order)."""
+    return rng.integers(0, keys, n) * 1000003, rng.integers(0, max(2, n // 3), n)
+
+
+@built
+@pytest.mark.parametrize("seed", range(12))
+def test_compiled_pairing_is_the_reference(seed, monkeypatch):
+    rng = np.random.default_rng(70 + seed)
+    keys = int(rng.choice([3, 50, 10000]))  # few keys: repeats; many: mostly each once
+    (bk, bt), (ek, et) = stamps(rng, int(rng.integers(0, 2000)), keys), stamps(rng, int(rng.integers(0, 2000)), keys)
+    got = stt.match(bk, bt, ek, et)
+    monkeypatch.setattr(stt, "_spanc", None)
+    want = stt.match(bk, bt, ek, et)
+    assert [a.tolist() for a in got] == [a.tolist() for a in want]
+
+
 def random_spans(rng: np.random.Generator, n: int, reqs: int) -> np.ndarray:
     spans = random_rows(rng, n, stt.SPAN_DTYPE).copy()
     spans["name"] = rng.integers(0, len(stt.NAMES), n)
