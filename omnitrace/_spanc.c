@@ -68,55 +68,44 @@ typedef struct {
     int name, v1_from;
 } Chunks;
 
-static int chunk_indexes_ok(const Chunks *c) {
-    for (Py_ssize_t i = 0; i < c->n; i++) {
-        if (c->bi[i] < 0 || c->bi[i] >= c->nb || c->ei[i] < 0 || c->ei[i] >= c->ne) return 0;
-        int32_t ring = GET(int32_t, (c->v1_from == POLL ? c->e + c->ei[i] * EV : c->b + c->bi[i] * EV), 32);
-        if (ring < 0 || ring >= c->nrep) return 0;
-    }
-    return 1;
+/* Row i's begin and end events and its ring (the end's for a poll lag span, else the
+   begin's); 0 where an index or the ring is out of range. */
+static inline int row_events(const Chunks *c, Py_ssize_t i, const char **b, const char **e,
+                             int32_t *ring) {
+    int64_t x = c->bi[i], y = c->ei[i];
+    if (x < 0 || x >= c->nb || y < 0 || y >= c->ne) return 0;
+    *b = c->b + x * EV;
+    *e = c->e + y * EV;
+    *ring = GET(int32_t, c->v1_from == POLL ? *e : *b, 32);
+    return *ring >= 0 && *ring < c->nrep;
 }
 
-/* A poll lag row: from the producer's PUT_END (the "begin") to the consumer's GET_BEGIN
-   (the "end"), which names the span. */
-static void write_poll(const Chunks *c) {
+/* Writes the rows; 0 at the first row out of range (the rows from it on unwritten). */
+static int write_chunks(const Chunks *c) {
+    int poll = c->v1_from == POLL;
     for (Py_ssize_t i = 0; i < c->n; i++) {
-        const char *p = c->b + c->bi[i] * EV, *g = c->e + c->ei[i] * EV;
-        char *r = c->out + i * SPAN;
-        int64_t pt = GET(int64_t, p, 0), gt = GET(int64_t, g, 0);
-        int32_t ring = GET(int32_t, g, 32);
-        memset(r, 0, SPAN);
-        r[0] = (char)c->name;
-        memcpy(r + 5, g + 26, 2);                                 /* stage: the consumer's */
-        memcpy(r + 7, p + 26, 2);                                 /* peer: the producer's */
-        PUT(int16_t, r, 9, c->replicas[ring]);
-        memcpy(r + 11, g + 16, 4);                                /* req */
-        memcpy(r + 15, g + 20, 4);                                /* chunk */
-        memcpy(r + 19, g + 32, 4);                                /* ring */
-        PUT(int64_t, r, 23, pt);
-        PUT(int64_t, r, 31, gt > pt ? gt : pt);
-    }
-}
-
-static void write_chunks(const Chunks *c) {
-    for (Py_ssize_t i = 0; i < c->n; i++) {
-        const char *b = c->b + c->bi[i] * EV, *e = c->e + c->ei[i] * EV;
+        const char *b, *e;
+        int32_t ring;
+        if (!row_events(c, i, &b, &e, &ring)) return 0;
+        /* a poll lag span is the consumer's (its end's), from the producer's put end */
+        const char *own = poll ? e : b;
         char *r = c->out + i * SPAN;
         int64_t bt = GET(int64_t, b, 0), et = GET(int64_t, e, 0);
-        int32_t ring = GET(int32_t, b, 32);
         memset(r, 0, SPAN);
         r[0] = (char)c->name;
-        memcpy(r + 5, b + 26, 2);                                 /* stage */
-        PUT(int16_t, r, 7, GET(int32_t, e, 28));                  /* peer: the end's b */
+        memcpy(r + 5, own + 26, 2);                               /* stage */
+        if (poll) memcpy(r + 7, b + 26, 2);                       /* peer: the producer's stage */
+        else PUT(int16_t, r, 7, GET(int32_t, e, 28));             /* peer: the end's b */
         PUT(int16_t, r, 9, c->replicas[ring]);
-        memcpy(r + 11, b + 16, 4);                                /* req */
-        memcpy(r + 15, b + 20, 4);                                /* chunk */
-        memcpy(r + 19, b + 32, 4);                                /* ring */
+        memcpy(r + 11, own + 16, 4);                              /* req */
+        memcpy(r + 15, own + 20, 4);                              /* chunk */
+        memcpy(r + 19, own + 32, 4);                              /* ring */
         PUT(int64_t, r, 23, bt);
         PUT(int64_t, r, 31, et > bt ? et : bt);
         if (c->v1_from == 1) memcpy(r + 39, b + 8, 8);
         else if (c->v1_from == 2) memcpy(r + 39, e + 8, 8);
     }
+    return 1;
 }
 
 static PyObject *chunk_spans(PyObject *self, PyObject *args) {
@@ -143,9 +132,7 @@ static PyObject *chunk_spans(PyObject *self, PyObject *args) {
     c.replicas = v[4].buf; c.out = v[5].buf; c.n = nbi;
     int fine;
     Py_BEGIN_ALLOW_THREADS
-    fine = chunk_indexes_ok(&c);
-    if (fine && c.v1_from == POLL) write_poll(&c);
-    else if (fine) write_chunks(&c);
+    fine = write_chunks(&c);
     Py_END_ALLOW_THREADS
     if (!fine) {
         PyErr_SetString(PyExc_IndexError, "chunk_spans: an index or ring out of range");
