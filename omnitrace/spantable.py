@@ -461,8 +461,8 @@ class _Stage:
 
 class _Req:
     __slots__ = ("arrive", "end", "first_text", "first_audio", "prompt", "max_tokens",
-                 "status", "ring", "replica", "stages", "done", "complete_at", "last_seen",
-                 "marks", "trace_hi")
+                 "status", "ring", "replica", "stages", "unfinished", "done", "complete_at",
+                 "last_seen", "marks", "trace_hi")
 
     def __init__(self) -> None:
         self.arrive = self.end = self.first_text = self.first_audio = None
@@ -471,6 +471,7 @@ class _Req:
         self.ring = -1
         self.replica = 0
         self.stages: dict[tuple[int, int], _Stage] = {}
+        self.unfinished = 0  # stages without a finish yet (a count: each FINISH asks)
         self.done = False
         self.complete_at: float | None = None
         self.last_seen = 0.0
@@ -606,6 +607,7 @@ class SpanBuilder:
                 sg = st.stages.get((stage, replica))
                 if sg is None:
                     sg = st.stages[(stage, replica)] = _Stage(ring)
+                    st.unfinished += 1
                 if t > sg.last:
                     sg.last = t
                 if kind == _ADD:
@@ -619,6 +621,8 @@ class SpanBuilder:
                         sg.sched = t
                         self._queue_row(req, stage, replica, sg, R_NONE)
                 elif kind == _FINISH:
+                    if sg.finish is None:
+                        st.unfinished -= 1
                     sg.finish, sg.status = t, a
                     self._stage_row(req, stage, replica, sg, R_NONE)
                 if kind == _FINISH and self._complete(st):
@@ -686,6 +690,7 @@ class SpanBuilder:
             sg = st.stages.get((stage, rep))
             if sg is None:
                 sg = st.stages[(stage, rep)] = _Stage(ring)
+                st.unfinished += 1
             if t > sg.last:
                 sg.last = t
             sg.emits.append(rows[i:j])
@@ -707,7 +712,7 @@ class SpanBuilder:
                 return False
         elif not st.stages:
             return False
-        return all(sg.finish is not None for sg in st.stages.values())
+        return st.unfinished == 0
 
     def _request_row(self, req: int, st: _Req, reason: int) -> None:
         if st.done or (st.arrive is None and reason == R_NONE):
