@@ -390,6 +390,11 @@ def pair_reference(bk: np.ndarray, bo: np.ndarray, ek: np.ndarray, eo: np.ndarra
     return bo[order[pos]], eo[order[pos + begins[owner]] - nb]
 
 
+def _joined(waiting: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Stamps still waiting for a partner, then a feed's new ones (no copy where none wait)."""
+    return rowops.concat((waiting, new), EVENT_DTYPE) if len(waiting) else new
+
+
 class _Pool:
     """Unpaired stamps of one pair kind (begins and ends), carried between feeds."""
 
@@ -765,8 +770,7 @@ class SpanBuilder:
         matched = []  # (name, begins, their indexes, ends, theirs)
         for (name, _, _), (b_new, e_new) in zip(_PAIRS, p.pairs):
             pool = self._pools[name]
-            B = rowops.concat((pool.begins, b_new), EVENT_DTYPE) if len(pool.begins) else b_new
-            En = rowops.concat((pool.ends, e_new), EVENT_DTYPE) if len(pool.ends) else e_new
+            B, En = _joined(pool.begins, b_new), _joined(pool.ends, e_new)
             bi, ei = match(_event_keys(B), B["t"], _event_keys(En), En["t"])
             if len(bi):
                 matched.append((name, B, bi, En, ei))
@@ -775,8 +779,8 @@ class SpanBuilder:
         # poll lag: producer PUT_END (request, stage, chunk) -> consumer GET_BEGIN
         # (request, b = producer stage, chunk)
         pool = self._poll
-        P = rowops.concat((pool.begins, p.pairs[_PUT][1]), EVENT_DTYPE)
-        G = rowops.concat((pool.ends, p.gets), EVENT_DTYPE)
+        P = _joined(pool.begins, p.pairs[_PUT][1])
+        G = _joined(pool.ends, p.gets)
         pi, gi = match(_event_keys(P), P["t"], _event_keys(G, "b"), G["t"])
         pool.begins = rowops.delete(P, pi)
         pool.ends = rowops.delete(G, gi)
