@@ -16,8 +16,8 @@
        already in (key, time) order: bk/ek their keys, bo/eo their indexes.
    report_split(spans, skip, first_audio, first_start, small, early, snap, fifo, xfer, bad)
        analyze.tables.ReportTables' split of one feed's spans (reference:
-       tables.split_reference) into the tables' free tails; returns the rows written to each
-       and the skipped count.
+       tables.split_reference) into the tables' free tails (early rows: EARLY_DTYPE, "R");
+       returns the rows written to each and the skipped count.
 
    Byte buffers; the row layouts are those LAYOUT names (the Python side compares it with
    its dtypes and uses the references where they differ). The GIL is released while the
@@ -31,9 +31,10 @@
     "S83:name0,reason1,error2,status3,stage5,peer7,replica9,req11,chunk15,ring19,start23," \
     "end31,v139,v247,t155,t263,by071,by175,by279;" \
     "P14:req0,stage4,dur6;F26:req0,stage4,ahead6,dur10,blocked18;" \
-    "X25:req0,put4,producer5,consumer7,dur9,bytes17;I6:req0,name4,reason5"
+    "X25:req0,put4,producer5,consumer7,dur9,bytes17;I6:req0,name4,reason5;" \
+    "R48:name0,reason1,stage2,peer4,replica6,req8,chunk12,start16,end24,v132,v240"
 
-enum { EV = 36, SPAN = 83, SNAP = 14, FIFO = 26, XFER = 25, BAD = 6 };
+enum { EV = 36, SPAN = 83, SNAP = 14, FIFO = 26, XFER = 25, BAD = 6, EARLY = 48 };
 /* span names (spantable.NAMES) the split reads */
 enum { N_SNAPSHOT = 3, N_FIFO = 4, N_PUT = 6, N_GET = 7 };
 
@@ -274,7 +275,12 @@ static void split_rows(Split *s) {
         }
         if (start < s->first[req]) s->first[req] = start;
         int64_t t = s->fa[req];
-        if (!gone && (t == 0 || start <= t)) memcpy(s->early + s->counts[1]++ * SPAN, r, SPAN);
+        if (!gone && (t == 0 || start <= t)) {  /* its columns the readers read */
+            char *o = s->early + s->counts[1]++ * EARLY;
+            o[0] = r[0]; o[1] = r[1];
+            memcpy(o + 2, r + 5, 14);                             /* stage .. chunk */
+            memcpy(o + 16, r + 23, 32);                           /* start .. v2 */
+        }
     }
 }
 
@@ -286,7 +292,7 @@ static PyObject *report_split(PyObject *self, PyObject *args) {
         return NULL;
     static const char *names[NB] = {"spans", "skip", "first_audio", "first_start", "small",
                                     "early", "snap", "fifo", "xfer", "bad"};
-    static const Py_ssize_t sizes[NB] = {SPAN, 1, 8, 8, SPAN, SPAN, SNAP, FIFO, XFER, BAD};
+    static const Py_ssize_t sizes[NB] = {SPAN, 1, 8, 8, SPAN, EARLY, SNAP, FIFO, XFER, BAD};
     Py_buffer v[NB];
     Py_ssize_t rows[NB];
     Split s;

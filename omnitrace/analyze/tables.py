@@ -12,14 +12,15 @@ Of each feed the report keeps:
   sender in the order closed (time order): the head-of-line rule's busy intervals;
 * ``early``: chunk spans of measured requests that may have begun before their request's
   first audio packet -- what the attribution walk, the head-of-line waits and the
-  waterfalls read (~5% of the chunk spans at c=32), whole; a row whose request has not
-  reached its first packet yet is kept, and the exact cut (start <= first packet) is made
-  at the end;
+  waterfalls read (~5% of the chunk spans at c=32; 19% in the synthetic c=32 runs), the
+  columns they read (:data:`EARLY_DTYPE`, 48 of a span row's 83 bytes); a row whose
+  request has not reached its first packet yet is kept, and the exact cut (start <= first
+  packet) is made at the end;
 * ``emits``: the emit/API-mark events up to the first packet (the walk reads the first).
 
 Memory (measured at c=32): 0.31 figure rows and 0.12 sender tasks per event, ~9 bytes per
-event in all (150M events, about an hour: ~1.4 GB), plus the early rows (~2 bytes per
-event); the tables grow without copies (:class:`Growing`).
+event in all (150M events, about an hour: ~1.4 GB), plus the early rows (~1 byte per event
+at c=32; ~4 in the synthetic runs); the tables grow without copies (:class:`Growing`).
 """
 from __future__ import annotations
 
@@ -39,8 +40,13 @@ FIFO_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("ahead", "<i4"), ("dur
 TRANSFER_DTYPE = np.dtype([("req", "<u4"), ("put", "?"), ("producer", "<i2"), ("consumer", "<i2"),
                            ("dur", "<i8"), ("bytes", "<i8")])
 INCOMPLETE_DTYPE = np.dtype([("req", "<u4"), ("name", "i1"), ("reason", "i1")])
+# An early chunk span: the span row's columns its readers read (by name; the walk's span
+# objects are made of whole rows, :func:`span_rows`). Of the rest none is read (ring) or
+# it is 0 in the report (error, status, t1, t2; by0..by2: its builder names no culprits).
+EARLY_DTYPE = np.dtype([(n, stt.SPAN_DTYPE[n]) for n in (
+    "name", "reason", "stage", "peer", "replica", "req", "chunk", "start", "end", "v1", "v2")])
 _spanc = rowops.compiled("_spanc", S=stt.SPAN_DTYPE, P=SNAPSHOT_DTYPE, F=FIFO_DTYPE,
-                         X=TRANSFER_DTYPE, I=INCOMPLETE_DTYPE)
+                         X=TRANSFER_DTYPE, I=INCOMPLETE_DTYPE, R=EARLY_DTYPE)
 _NONE = np.iinfo(np.int64).max
 
 
@@ -136,8 +142,27 @@ def split_reference(spans: np.ndarray, skip: np.ndarray, first_audio: np.ndarray
     figures = figure_rows(C)
     first_starts(C, first_start)
     t = first_audio[req[chunk]]
-    early = rowops.select(C, ~gone[chunk] & ((t == 0) | (C["start"] <= t)))
+    early = early_rows(rowops.select(C, ~gone[chunk] & ((t == 0) | (C["start"] <= t))))
     return (small, early, *figures, int(gone.sum()))
+
+
+def early_rows(spans: np.ndarray) -> np.ndarray:
+    """Span rows (``spantable.SPAN_DTYPE``) as early rows (:data:`EARLY_DTYPE`)."""
+    out = np.empty(len(spans), EARLY_DTYPE)
+    for n in EARLY_DTYPE.names:
+        out[n] = spans[n]
+    return out
+
+
+def span_rows(early: np.ndarray) -> np.ndarray:
+    """Early rows as span rows (``spantable.SPAN_DTYPE``: the other columns 0), for what
+    reads whole rows; span rows as they are."""
+    if early.dtype == stt.SPAN_DTYPE:
+        return early
+    out = np.zeros(len(early), stt.SPAN_DTYPE)
+    for n in early.dtype.names:
+        out[n] = early[n]
+    return out
 
 
 def first_starts(spans: np.ndarray, into: np.ndarray) -> None:
@@ -156,7 +181,7 @@ class ReportTables:
         self._skip = skip
         self._warmup: _Warmup | None = None
         self.small = Growing(stt.SPAN_DTYPE)
-        self.early = Growing(stt.SPAN_DTYPE)
+        self.early = Growing(EARLY_DTYPE)
         self.emits = Growing(stt.EMIT_DTYPE)
         self.figures = [Growing(d) for d in (SNAPSHOT_DTYPE, FIFO_DTYPE, TRANSFER_DTYPE,
                                              INCOMPLETE_DTYPE)]

@@ -115,7 +115,7 @@ def test_compiled_split_is_the_reference(seed):
     skip, first_audio, first_start = split_inputs(rng, reqs)
     want_first, got_first = first_start.copy(), first_start.copy()
     *want, want_skipped = tables.split_reference(spans, skip, first_audio, want_first)
-    dtypes = (stt.SPAN_DTYPE, stt.SPAN_DTYPE, tables.SNAPSHOT_DTYPE, tables.FIFO_DTYPE,
+    dtypes = (stt.SPAN_DTYPE, tables.EARLY_DTYPE, tables.SNAPSHOT_DTYPE, tables.FIFO_DTYPE,
               tables.TRANSFER_DTYPE, tables.INCOMPLETE_DTYPE)
     outs = [np.zeros(n, d) for d in dtypes]
     *counts, skipped = stt._spanc.report_split(spans, skip, first_audio, got_first, *outs)
@@ -140,7 +140,7 @@ def test_compiled_passes_refuse_bad_input():
         stt._spanc.chunk_spans(B, np.arange(5), B, np.arange(5), reps, stt.N_PUT, 2, out)
     spans = random_spans(rng, 4, 5)
     skip, fa, first = split_inputs(rng, 4)
-    outs = [np.zeros(4, d) for d in (stt.SPAN_DTYPE, stt.SPAN_DTYPE, tables.SNAPSHOT_DTYPE,
+    outs = [np.zeros(4, d) for d in (stt.SPAN_DTYPE, tables.EARLY_DTYPE, tables.SNAPSHOT_DTYPE,
                                      tables.FIFO_DTYPE, tables.TRANSFER_DTYPE, tables.INCOMPLETE_DTYPE)]
     spans["req"] = 4  # past the flags
     with pytest.raises(IndexError):
@@ -167,3 +167,16 @@ def test_a_built_span_pass_imports():
     files = [p for suffix in importlib.machinery.EXTENSION_SUFFIXES for p in here.glob("_spanc" + suffix)]
     if files or record._ringc is not None:
         assert stt._spanc is not None and tables._spanc is not None, files
+
+
+def test_early_rows_are_chunk_span_rows_narrowed():
+    """What the report keeps of an early chunk span gives the whole row back: its other
+    columns are unread (ring) or 0 in the report's rows (no error, status, request-span
+    times or culprits)."""
+    rows = random_spans(np.random.default_rng(3), 500, 50)
+    for col in ("error", "status", "ring", "t1", "t2", "by0", "by1", "by2"):
+        rows[col] = 0
+    early = tables.early_rows(rows)
+    assert early.dtype.itemsize == 48
+    assert tables.span_rows(early).tobytes() == rows.tobytes()
+    assert tables.span_rows(rows) is rows
