@@ -33,7 +33,10 @@ def _void(a: np.ndarray) -> np.ndarray:
     void = _VOIDS.get(size)
     if void is None:
         void = _VOIDS[size] = np.dtype((np.void, size))
-    return np.ndarray(a.shape, void, a)
+    try:
+        return np.ndarray(a.shape, void, a)
+    except (ValueError, TypeError, BufferError):  # a dtype the buffer protocol cannot name
+        return a.view(void)
 
 
 def take(a: np.ndarray, idx: np.ndarray) -> np.ndarray:

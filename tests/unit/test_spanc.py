@@ -180,3 +180,20 @@ def test_early_rows_are_chunk_span_rows_narrowed():
     assert early.dtype.itemsize == 48
     assert tables.span_rows(early).tobytes() == rows.tobytes()
     assert tables.span_rows(rows) is rows
+
+
+def test_row_operations_on_any_row_type():
+    """rowops' opaque-row view over the rows' buffer, and a view where the buffer protocol
+    cannot name a field's type (datetime64): the same rows either way."""
+    for dtype in (stt.SPAN_DTYPE, np.dtype([("t", "M8[ns]"), ("x", "<i4")])):
+        rows = random_rows(np.random.default_rng(9), 40, dtype)
+        idx = np.array([5, 0, 39, 5])
+        assert rowops.take(rows, idx).tobytes() == b"".join(rows[i:i + 1].tobytes() for i in idx)
+        mask = np.arange(40) % 3 == 0
+        assert rowops.select(rows[1:], mask[1:]).tobytes() == rows[1:][mask[1:]].tobytes()
+        assert rowops.concat((rows[:3], rows[10:12]), dtype).tobytes() == rows[[0, 1, 2, 10, 11]].tobytes()
+        grow = rowops.Growing(dtype)
+        grow.append(rows[:7])
+        grow.spare(5)[:2] = rows[20:22]
+        grow.added(2)
+        assert grow.view().tobytes() == rows[[0, 1, 2, 3, 4, 5, 6, 20, 21]].tobytes()
