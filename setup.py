@@ -1,9 +1,10 @@
 """The compiled parts and the package layout; everything else is in pyproject.toml. The
 compiled parts: the ring writer (omnitrace/_ringc.c), the FIFO culprit ranking
-(omnitrace/_intervalsc.c) and the event log's feed preparation (omnitrace/_decodec.c).
-optional=True: where no C compiler is, the install goes on and omnitrace.record uses its
-Python writer, omnitrace.intervals its numpy ranking, spantable and eventlog their numpy
-steps (the references the compiled ones are tested against).
+(omnitrace/_intervalsc.c), the span load's row passes (omnitrace/_spanc.c) and the event
+log's feed preparation (omnitrace/_decodec.c). optional=True: where no C compiler is, the
+install goes on and omnitrace.record uses its Python writer, omnitrace.intervals its numpy
+ranking, spantable, eventlog and analyze.tables their numpy steps (the references the
+compiled ones are tested against).
 
 The hook definitions live at the top of the repository (``patches/``: per target and
 version, apart from the code they instrument with) and install as ``omnitrace.patches``
@@ -15,4 +16,4 @@ setup(packages=find_packages(include=["omnitrace", "omnitrace.*"])
       package_dir={"omnitrace.patches": "patches"},
       ext_modules=[Extension(f"omnitrace.{name}", [f"omnitrace/{name}.c"], optional=True,
                              extra_compile_args=["-O2"])
-                   for name in ("_ringc", "_intervalsc", "_decodec")])
+                   for name in ("_ringc", "_intervalsc", "_spanc", "_decodec")])

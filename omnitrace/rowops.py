@@ -13,16 +13,30 @@ the segment reader) use these, not ``a[idx]`` / ``np.concatenate`` on records.
 """
 from __future__ import annotations
 
+import importlib
 import mmap
+from types import ModuleType
 from typing import Sequence
 
 import numpy as np
 
 
+_VOIDS: dict[int, np.dtype] = {}  # opaque item dtype by row size (making one costs ~2 us)
+
+
 def _void(a: np.ndarray) -> np.ndarray:
+    # over ``a``'s buffer, not ``a.view``: a view of rows with fields checks them in
+    # Python (~1 us; a feed's emits are thousands of small parts)
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
-    return a.view(np.dtype((np.void, a.dtype.itemsize)))
+    size = a.dtype.itemsize
+    void = _VOIDS.get(size)
+    if void is None:
+        void = _VOIDS[size] = np.dtype((np.void, size))
+    try:
+        return np.ndarray(a.shape, void, a)
+    except (ValueError, TypeError, BufferError):  # a dtype the buffer protocol cannot name
+        return a.view(void)
 
 
 def take(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -75,6 +89,19 @@ def distinct(values: np.ndarray, few: int = 8) -> list[int]:
     return sorted(out)
 
 
+def compiled(name: str, **layouts: np.dtype) -> ModuleType | None:
+    """The compiled module ``omnitrace.<name>`` that walks rows of these dtypes, where it is
+    built and its ``LAYOUT`` (``code itemsize:field offset,...`` parts, ``;``-joined) names
+    each of them as ``code``; else None, and the caller uses its numpy reference."""
+    try:
+        mod = importlib.import_module(f"omnitrace.{name}")
+    except ImportError:
+        return None
+    want = {f"{code}{d.itemsize}:" + ",".join(f"{f}{d.fields[f][1]}" for f in d.names)
+            for code, d in layouts.items()}
+    return mod if want <= set(getattr(mod, "LAYOUT", "").split(";")) else None
+
+
 class Growing:
     """An array appended to in place; ``view()`` is its filled part.
 
@@ -100,15 +127,24 @@ class Growing:
         k = len(rows)
         if not k:
             return
-        if self.n + k > len(self._buf):
-            grown = np.empty(max(2 * len(self._buf), self.n + k, 1024), self.dtype)
-            grown[:self.n] = self._buf[:self.n]
-            self._buf = grown
-        assign(self._buf, self.n, rows)
+        _void(self.spare(k))[:] = _void(rows)
         self.n += k
 
     def view(self) -> np.ndarray:
         return self._buf[:self.n]
+
+    def spare(self, k: int) -> np.ndarray:
+        """Room for ``k`` more rows past ``view()``, to be written in place and then
+        counted in (:meth:`added`)."""
+        if self.n + k > len(self._buf):
+            grown = np.empty(max(2 * len(self._buf), self.n + k, 1024), self.dtype)
+            grown[:self.n] = self._buf[:self.n]
+            self._buf = grown
+        return self._buf[self.n:self.n + k]
+
+    def added(self, k: int) -> None:
+        """Count in ``k`` rows written into :meth:`spare`."""
+        self.n += k
 
     def keep(self, mask: np.ndarray, block: int = 1 << 20) -> np.ndarray:
         """Keep the rows of ``mask`` (over ``view()``), in order, in place; their view. A

@@ -157,6 +157,11 @@ _DEQUEUE, _PROCESS_END, _PUT_END = (int(k) for k in (E.FIFO_DEQUEUE, E.PROCESS_E
 SENDER_LATE_S = 10.0
 SENDER_CAP = 1 << 20
 CULPRIT_COLUMNS = ("by0", "by1", "by2")  # a FIFO span's top culprits
+# where a chunk span's v1 comes from, by name (chunk_rows_reference): 1 its begin's ``a``,
+# 0 nowhere, else (2) its end's ``a``
+_V1_FROM = {N_FIFO: 1, N_WAIT: 0}
+_POLL_ROWS = 3  # chunk_spans' v1_from of poll lag rows (poll_rows_reference)
+_spanc = rowops.compiled("_spanc", E=EVENT_DTYPE, S=SPAN_DTYPE)
 
 
 def group_reference(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
@@ -338,6 +343,15 @@ def _key(req: np.ndarray, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:
             | (chunk.astype(np.int64) + 1))
 
 
+def _event_keys(ev: np.ndarray, stage: str = "stage") -> np.ndarray:
+    """:func:`_key` of events' (request, ``ev[stage]``, chunk); compiled where built."""
+    if _spanc is None or not len(ev):
+        return _key(ev["req"], ev[stage], ev["chunk"])
+    out = np.empty(len(ev), np.int64)
+    _spanc.event_keys(np.ascontiguousarray(ev), stage == "b", out)
+    return out
+
+
 def sender_tasks(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """THE sender rule, over one sender's events in time order (FIFO_DEQUEUE, PROCESS_END,
     PUT_END; others are ignored): a task occupies the sender from its dequeue to its own
@@ -428,27 +442,40 @@ def _own_process_end(seq: np.ndarray, deq: np.ndarray) -> np.ndarray:
 def match(bkey: np.ndarray, bt: np.ndarray, ekey: np.ndarray, et: np.ndarray
           ) -> tuple[np.ndarray, np.ndarray]:
     """Pair the k-th begin of each key (by time) with the k-th end of that key.
-    Returns index arrays (into the inputs) of the matched begins and their ends."""
-    nb = len(bkey)
-    if not nb or not len(ekey):
+    Returns index arrays (into the inputs) of the matched begins and their ends, in
+    (key, k) order; compiled where built (the same pairs as :func:`pair_reference`)."""
+    if not len(bkey) or not len(ekey):
         return np.empty(0, np.int64), np.empty(0, np.int64)
+    (bo, bk), (eo, ek) = _by_key_then_time(bkey, bt), _by_key_then_time(ekey, et)
+    if _spanc is None:
+        return pair_reference(bk, bo, ek, eo)
+    n = min(len(bk), len(ek))
+    bi, ei = np.empty(n, np.int64), np.empty(n, np.int64)
+    n = _spanc.pair_sorted(bk, bo.astype(np.int64, copy=False), ek, eo.astype(np.int64, copy=False), bi, ei)
+    return bi[:n], ei[:n]
 
-    def by_key_then_time(key: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # one stable sort by key: a repeated key's stamps stay in arrival order, which is
-        # almost always their time order already (one ring records them); only where it
-        # is not does time break the ties (lexsort: the same order, at more cost).
-        # Returns the order and the keys in it.
-        order = np.argsort(key, kind="stable")
-        k = key[order]
-        tie = k[1:] == k[:-1]
-        if tie.any():
-            ts = t[order]
-            if (tie & (ts[1:] < ts[:-1])).any():
-                order = np.lexsort((t, key))
-                k = key[order]
-        return order, k
 
-    (bo, bk), (eo, ek) = by_key_then_time(bkey, bt), by_key_then_time(ekey, et)
+def _by_key_then_time(key: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The stamps' order by key, then time, then arrival; and the keys in it. One stable
+    sort by key: a repeated key's stamps stay in arrival order, which is almost always
+    their time order already (one ring records them); only where it is not does time
+    break the ties (lexsort: the same order, at more cost)."""
+    order = np.argsort(key, kind="stable")
+    k = key[order]
+    tie = k[1:] == k[:-1]
+    if tie.any():
+        ts = t[order]
+        if (tie & (ts[1:] < ts[:-1])).any():
+            order = np.lexsort((t, key))
+            k = key[order]
+    return order, k
+
+
+def pair_reference(bk: np.ndarray, bo: np.ndarray, ek: np.ndarray, eo: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`match`'s pairing of begins and ends in (key, time) order (``bk``/``ek``: their
+    keys, ``bo``/``eo``: their indexes), in numpy: ``_spanc.pair_sorted`` follows it."""
+    nb = len(bk)
     if (bk[1:] != bk[:-1]).all():  # every begin key once: the first end of the key, if any
         lo = np.searchsorted(ek, bk, "left")
         ok = ek[np.minimum(lo, len(ek) - 1)] == bk
@@ -467,6 +494,11 @@ def match(bkey: np.ndarray, bt: np.ndarray, ekey: np.ndarray, et: np.ndarray
     ends = np.diff(np.append(starts, len(k))) - begins
     owner, pos = intervals.expand_ranges(starts, starts + np.minimum(begins, ends))
     return bo[order[pos]], eo[order[pos + begins[owner]] - nb]
+
+
+def _joined(waiting: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Stamps still waiting for a partner, then a feed's new ones (no copy where none wait)."""
+    return rowops.concat((waiting, new), EVENT_DTYPE) if len(waiting) else new
 
 
 class _Pool:
@@ -540,8 +572,8 @@ class _Stage:
 
 class _Req:
     __slots__ = ("arrive", "end", "first_text", "first_audio", "prompt", "max_tokens",
-                 "status", "ring", "replica", "stages", "done", "complete_at", "last_seen",
-                 "marks", "trace_hi")
+                 "status", "ring", "replica", "stages", "unfinished", "done", "complete_at",
+                 "last_seen", "marks", "trace_hi")
 
     def __init__(self) -> None:
         self.arrive = self.end = self.first_text = self.first_audio = None
@@ -550,6 +582,7 @@ class _Req:
         self.ring = -1
         self.replica = 0
         self.stages: dict[tuple[int, int], _Stage] = {}
+        self.unfinished = 0  # stages without a finish yet (a count: each FINISH asks)
         self.done = False
         self.complete_at: float | None = None
         self.last_seen = 0.0
@@ -643,11 +676,10 @@ class SpanBuilder:
             self._request_events(p.small, now, latencies, arrivals, ends, contexts)
         if p.reqs and self.reqs:
             self._seen(p.reqs, now)
-        parts = self._pair_chunks(p)  # one copy into the feed's rows, not two
+        spans = self._pair_chunks(p, len(self._rows))  # written in place: no concatenation
         if self._rows:
-            parts.append(np.array(self._rows, SPAN_DTYPE))
+            rowops.assign(spans, len(spans) - len(self._rows), np.array(self._rows, SPAN_DTYPE))
             self._rows = []
-        spans = rowops.concat(parts, SPAN_DTYPE)
         emits = rowops.concat(self._emits, EMIT_DTYPE)
         self._emits = []
         self._count(spans)
@@ -686,6 +718,7 @@ class SpanBuilder:
                 sg = st.stages.get((stage, replica))
                 if sg is None:
                     sg = st.stages[(stage, replica)] = _Stage(ring)
+                    st.unfinished += 1
                 if t > sg.last:
                     sg.last = t
                 if kind == _ADD:
@@ -699,6 +732,8 @@ class SpanBuilder:
                         sg.sched = t
                         self._queue_row(req, stage, replica, sg, R_NONE)
                 elif kind == _FINISH:
+                    if sg.finish is None:
+                        st.unfinished -= 1
                     sg.finish, sg.status = t, a
                     self._stage_row(req, stage, replica, sg, R_NONE)
                 if kind == _FINISH and self._complete(st):
@@ -766,6 +801,7 @@ class SpanBuilder:
             sg = st.stages.get((stage, rep))
             if sg is None:
                 sg = st.stages[(stage, rep)] = _Stage(ring)
+                st.unfinished += 1
             if t > sg.last:
                 sg.last = t
             sg.emits.append(rows[i:j])
@@ -787,7 +823,7 @@ class SpanBuilder:
                 return False
         elif not st.stages:
             return False
-        return all(sg.finish is not None for sg in st.stages.values())
+        return st.unfinished == 0
 
     def _request_row(self, req: int, st: _Req, reason: int) -> None:
         if st.done or (st.arrive is None and reason == R_NONE):
@@ -833,39 +869,58 @@ class SpanBuilder:
         return reason
 
     # ------------------------------------------------------------------ chunks
-    def _pair_chunks(self, p: Prepared) -> list[np.ndarray]:
+    def _pair_chunks(self, p: Prepared, after: int) -> np.ndarray:
+        """The feed's chunk spans, then room for ``after`` more rows (the request and stage
+        spans): every pair kind matched first, so that each writes its rows in place."""
         self._add_busy(self._tasks.close(p.senders, self._pids) if p.closed is None else p.closed)
-        out = []
+        matched = []  # (name, begins, their indexes, ends, theirs)
         for (name, _, _), (b_new, e_new) in zip(_PAIRS, p.pairs):
             pool = self._pools[name]
-            B = rowops.concat((pool.begins, b_new), EVENT_DTYPE) if len(pool.begins) else b_new
-            En = rowops.concat((pool.ends, e_new), EVENT_DTYPE) if len(pool.ends) else e_new
-            bi, ei = match(_key(B["req"], B["stage"], B["chunk"]), B["t"],
-                           _key(En["req"], En["stage"], En["chunk"]), En["t"])
+            B, En = _joined(pool.begins, b_new), _joined(pool.ends, e_new)
+            bi, ei = match(_event_keys(B), B["t"], _event_keys(En), En["t"])
             if len(bi):
-                out.append(self._chunk_rows(name, rowops.take(B, bi), rowops.take(En, ei)))
+                matched.append((name, B, bi, En, ei))
             pool.begins = rowops.delete(B, bi)
             pool.ends = rowops.delete(En, ei)
-        self._trim_senders()
         # poll lag: producer PUT_END (request, stage, chunk) -> consumer GET_BEGIN
         # (request, b = producer stage, chunk)
         pool = self._poll
-        P = rowops.concat((pool.begins, p.pairs[_PUT][1]), EVENT_DTYPE)
-        G = rowops.concat((pool.ends, p.gets), EVENT_DTYPE)
-        pi, gi = match(_key(P["req"], P["stage"], P["chunk"]), P["t"],
-                       _key(G["req"], G["b"], G["chunk"]), G["t"])
-        if len(pi):
-            p, g = rowops.take(P, pi), rowops.take(G, gi)
-            rows = np.zeros(len(pi), SPAN_DTYPE)
-            rows["name"] = N_POLL
-            rows["stage"], rows["peer"], rows["chunk"] = g["stage"], p["stage"], g["chunk"]
-            rows["replica"] = self._replicas[g["ring"]]
-            rows["req"], rows["ring"] = g["req"], g["ring"]
-            rows["start"], rows["end"] = p["t"], np.maximum(g["t"], p["t"])
-            out.append(rows)
+        P = _joined(pool.begins, p.pairs[_PUT][1])
+        G = _joined(pool.ends, p.gets)
+        pi, gi = match(_event_keys(P), P["t"], _event_keys(G, "b"), G["t"])
         pool.begins = rowops.delete(P, pi)
         pool.ends = rowops.delete(G, gi)
+        out = np.empty(sum(len(m[2]) for m in matched) + len(pi) + after, SPAN_DTYPE)
+        lo = 0
+        for name, B, bi, En, ei in matched:
+            self._chunk_rows(out[lo:lo + len(bi)], name, B, bi, En, ei)
+            lo += len(bi)
+        self._trim_senders()
+        if len(pi):
+            self._poll_rows(out[lo:lo + len(pi)], P, pi, G, gi)
         return out
+
+    def _poll_rows(self, rows: np.ndarray, P: np.ndarray, pi: np.ndarray, G: np.ndarray,
+                   gi: np.ndarray) -> None:
+        """Poll lag rows, in place: from the producer's PUT_END ``P[pi[i]]`` to the
+        GET_BEGIN ``G[gi[i]]``; compiled where built."""
+        if _spanc is None:
+            rowops.assign(rows, 0, self.poll_rows_reference(rowops.take(P, pi), rowops.take(G, gi)))
+        else:
+            _spanc.chunk_spans(np.ascontiguousarray(P), pi.astype(np.int64, copy=False),
+                               np.ascontiguousarray(G), gi.astype(np.int64, copy=False),
+                               self._replicas, N_POLL, _POLL_ROWS, rows)
+
+    def poll_rows_reference(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """Poll lag rows from the producer's PUT_ENDs ``p`` to their GET_BEGINs ``g``: the
+        rule ``_spanc.chunk_spans`` follows (``_POLL_ROWS``)."""
+        rows = np.zeros(len(p), SPAN_DTYPE)
+        rows["name"] = N_POLL
+        rows["stage"], rows["peer"], rows["chunk"] = g["stage"], p["stage"], g["chunk"]
+        rows["replica"] = self._replicas[g["ring"]]
+        rows["req"], rows["ring"] = g["req"], g["ring"]
+        rows["start"], rows["end"] = p["t"], np.maximum(g["t"], p["t"])
+        return rows
 
     def _span_rows(self, name: int, first: np.ndarray, peer_from: np.ndarray) -> np.ndarray:
         """Span rows named by their first stamp (request, stage, chunk, ring, start);
@@ -879,12 +934,26 @@ class SpanBuilder:
         rows["start"] = first["t"]
         return rows
 
-    def _chunk_rows(self, name: int, b: np.ndarray, e: np.ndarray) -> np.ndarray:
+    def _chunk_rows(self, rows: np.ndarray, name: int, B: np.ndarray, bi: np.ndarray,
+                    En: np.ndarray, ei: np.ndarray) -> None:
+        """Spans of pair kind ``name``, in place: begin ``B[bi[i]]`` with end ``En[ei[i]]``;
+        compiled where built (the same rows as :meth:`chunk_rows_reference`)."""
+        if _spanc is None:
+            rowops.assign(rows, 0, self.chunk_rows_reference(name, rowops.take(B, bi), rowops.take(En, ei)))
+        else:
+            bi, ei = np.ascontiguousarray(bi, np.int64), np.ascontiguousarray(ei, np.int64)
+            _spanc.chunk_spans(np.ascontiguousarray(B), bi, np.ascontiguousarray(En), ei,
+                               self._replicas, name, _V1_FROM.get(name, 2), rows)
+        if name == N_FIFO:
+            self._blocked(rows, self._pids[B["ring"][bi]])
+
+    def chunk_rows_reference(self, name: int, b: np.ndarray, e: np.ndarray) -> np.ndarray:
+        """Spans of pair kind ``name`` from begins ``b`` and their ends ``e`` (blocked_ns
+        not yet filled in): the rule ``_spanc.chunk_spans`` follows."""
         rows = self._span_rows(name, b, e)
         rows["end"] = np.maximum(e["t"], b["t"])
         if name == N_FIFO:
             rows[AHEAD] = b["a"]
-            self._blocked(rows, self._pids[b["ring"]])
         elif name == N_SNAPSHOT:
             rows[STRATEGY] = e["a"]
         elif name != N_WAIT:

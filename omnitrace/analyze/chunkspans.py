@@ -15,6 +15,7 @@ import numpy as np
 from omnitrace import intervals, rowops
 from omnitrace import spantable as stt
 from omnitrace.analyze.run import Run
+from omnitrace.analyze.tables import span_rows
 from omnitrace.rules.span import Span
 from omnitrace.rules.spanobjects import chunk_span, chunk_spans
 
@@ -63,7 +64,7 @@ class _BatchChunks:
         order = np.lexsort((key, group))  # stable: a key's rows stay in table order
         # the rows in index order (a ready wait_schedule row twice: consumer and scheduled
         # index): a key's rows are a slice, no gather per lookup
-        self.keys, self.rows = key[order].tolist(), rowops.take(rows, rowno[order])
+        self.keys, self.rows = key[order].tolist(), span_rows(rowops.take(rows, rowno[order]))
         self.bounds = np.searchsorted(group[order], np.arange(3 * len(counts) + 1)).tolist()
 
     def spans(self, request: int, which: int, code: int) -> list[Span]:
@@ -151,5 +152,5 @@ def request_spans(run: Run) -> dict:
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
     known = np.array([r in reqs for r in run.chunk_requests], bool)
     rows = rowops.select(early, known[early["req"].astype(np.int64)])
-    at.index_requests(chunk_spans(rows, run.chunk_requests), reqs)
+    at.index_requests(chunk_spans(span_rows(rows), run.chunk_requests), reqs)
     return reqs

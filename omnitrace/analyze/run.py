@@ -36,7 +36,7 @@ class Run:
     # the senders' busy intervals, per (stage, replica) (headofline.Busy; warm-up tasks
     # included: they can block a measured request in a FIFO)
     busy: dict = field(default_factory=dict)
-    # chunk spans that began before their request's first packet, whole (SPAN_DTYPE; warm-up
+    # chunk spans that began before their request's first packet (tables.EARLY_DTYPE; warm-up
     # requests left out): the walk, the head-of-line waits and the waterfalls read them
     early: np.ndarray | None = None
     chunk_requests: list[str] = field(default_factory=lambda: [""])

@@ -53,7 +53,7 @@ def _add_tables(run: Run, acc: tables.ReportTables, requests: list[str], rings: 
 
 def add_chunks(run: Run, figures: tables.ChunkFigures, early, busy: dict,
                requests: list[str]) -> None:
-    """Append a run directory's figure tables, early chunk rows (``spantable.SPAN_DTYPE``)
+    """Append a run directory's figure tables, early chunk rows (``tables.EARLY_DTYPE``)
     and senders' busy intervals to ``run.figures`` / ``run.early`` / ``run.busy``, their
     request ids re-numbered into ``run.chunk_requests`` (several run directories merge into
     one table; a (stage, replica) present in two keeps one timeline)."""

@@ -12,14 +12,15 @@ Of each feed the report keeps:
   sender in the order closed (time order): the head-of-line rule's busy intervals;
 * ``early``: chunk spans of measured requests that may have begun before their request's
   first audio packet -- what the attribution walk, the head-of-line waits and the
-  waterfalls read (~5% of the chunk spans at c=32), whole; a row whose request has not
-  reached its first packet yet is kept, and the exact cut (start <= first packet) is made
-  at the end;
+  waterfalls read (~5% of the chunk spans at c=32; 19% in the synthetic c=32 runs), the
+  columns they read (:data:`EARLY_DTYPE`, 48 of a span row's 83 bytes); a row whose
+  request has not reached its first packet yet is kept, and the exact cut (start <= first
+  packet) is made at the end;
 * ``emits``: the emit/API-mark events up to the first packet (the walk reads the first).
 
 Memory (measured at c=32): 0.31 figure rows and 0.12 sender tasks per event, ~9 bytes per
-event in all (150M events, about an hour: ~1.4 GB), plus the early rows (~2 bytes per
-event); the tables grow without copies (:class:`Growing`).
+event in all (150M events, about an hour: ~1.4 GB), plus the early rows (~1 byte per event
+at c=32; ~4 in the synthetic runs); the tables grow without copies (:class:`Growing`).
 """
 from __future__ import annotations
 
@@ -39,6 +40,13 @@ FIFO_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("ahead", "<i4"), ("dur
 TRANSFER_DTYPE = np.dtype([("req", "<u4"), ("put", "?"), ("producer", "<i2"), ("consumer", "<i2"),
                            ("dur", "<i8"), ("bytes", "<i8")])
 INCOMPLETE_DTYPE = np.dtype([("req", "<u4"), ("name", "i1"), ("reason", "i1")])
+# An early chunk span: the span row's columns its readers read (by name; the walk's span
+# objects are made of whole rows, :func:`span_rows`). Of the rest none is read (ring) or
+# it is 0 in the report (error, status, t1, t2; by0..by2: its builder names no culprits).
+EARLY_DTYPE = np.dtype([(n, stt.SPAN_DTYPE[n]) for n in (
+    "name", "reason", "stage", "peer", "replica", "req", "chunk", "start", "end", "v1", "v2")])
+_spanc = rowops.compiled("_spanc", S=stt.SPAN_DTYPE, P=SNAPSHOT_DTYPE, F=FIFO_DTYPE,
+                         X=TRANSFER_DTYPE, I=INCOMPLETE_DTYPE, R=EARLY_DTYPE)
 _NONE = np.iinfo(np.int64).max
 
 
@@ -119,6 +127,44 @@ def figure_rows(spans: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     return snap, fifo, xfer, bad
 
 
+def split_reference(spans: np.ndarray, skip: np.ndarray, first_audio: np.ndarray,
+                    first_start: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One feed's spans split as the report keeps them (``_spanc.report_split`` follows this):
+    (small rows -- request, stage, queue spans not skipped --, early chunk rows, the
+    figure tables' rows (snapshot, FIFO, put/get, incomplete), how many spans were
+    skipped); ``first_start`` updated in place. ``skip``: per request id, warm-up;
+    ``first_audio``: per request id, its first audio packet (0: unknown yet)."""
+    req = spans["req"].astype(np.int64)
+    gone = skip[req]
+    chunk = spans["name"] >= stt.N_SNAPSHOT
+    small = rowops.select(spans, ~chunk & ~gone)
+    C = rowops.select(spans, chunk)
+    figures = figure_rows(C)
+    first_starts(C, first_start)
+    t = first_audio[req[chunk]]
+    early = early_rows(rowops.select(C, ~gone[chunk] & ((t == 0) | (C["start"] <= t))))
+    return (small, early, *figures, int(gone.sum()))
+
+
+def early_rows(spans: np.ndarray) -> np.ndarray:
+    """Span rows (``spantable.SPAN_DTYPE``) as early rows (:data:`EARLY_DTYPE`)."""
+    out = np.empty(len(spans), EARLY_DTYPE)
+    for n in EARLY_DTYPE.names:
+        out[n] = spans[n]
+    return out
+
+
+def span_rows(early: np.ndarray) -> np.ndarray:
+    """Early rows as span rows (``spantable.SPAN_DTYPE``: the other columns 0), for what
+    reads whole rows; span rows as they are."""
+    if early.dtype == stt.SPAN_DTYPE:
+        return early
+    out = np.zeros(len(early), stt.SPAN_DTYPE)
+    for n in early.dtype.names:
+        out[n] = early[n]
+    return out
+
+
 def first_starts(spans: np.ndarray, into: np.ndarray) -> None:
     """``into[req] = min(into[req], start)`` over chunk span rows, in place."""
     np.minimum.at(into, spans["req"].astype(np.int64), np.ascontiguousarray(spans["start"]))
@@ -135,7 +181,7 @@ class ReportTables:
         self._skip = skip
         self._warmup: _Warmup | None = None
         self.small = Growing(stt.SPAN_DTYPE)
-        self.early = Growing(stt.SPAN_DTYPE)
+        self.early = Growing(EARLY_DTYPE)
         self.emits = Growing(stt.EMIT_DTYPE)
         self.figures = [Growing(d) for d in (SNAPSHOT_DTYPE, FIFO_DTYPE, TRANSFER_DTYPE,
                                              INCOMPLETE_DTYPE)]
@@ -173,21 +219,11 @@ class ReportTables:
         for kind, req, _replica, _seconds, t in feed.latencies:
             if kind == cv.Ev.REQUEST_FIRST_AUDIO:
                 fa[req] = t
-        roots = spans[spans["name"] == stt.N_REQUEST]
+        roots = rowops.select(spans, spans["name"] == stt.N_REQUEST)
         if len(roots):  # the request's own account is final
             fa[roots["req"].astype(np.int64)] = np.where(roots[stt.FIRST_AUDIO] > 0, roots[stt.FIRST_AUDIO], -1)
         self.rows += len(spans)
-        req = spans["req"].astype(np.int64)
-        gone = skip[req]
-        self.skipped += int(gone.sum())
-        chunk = spans["name"] >= stt.N_SNAPSHOT
-        self.small.append(rowops.select(spans, ~chunk & ~gone))
-        C = rowops.select(spans, chunk)
-        for table, rows in zip(self.figures, figure_rows(C)):
-            table.append(rows)
-        first_starts(C, self.first_start)
-        t = fa[req[chunk]]
-        self.early.append(rowops.select(C, ~gone[chunk] & ((t == 0) | (C["start"] <= t))))
+        self.skipped += self._split(spans, skip)
         t = fa[emits["req"].astype(np.int64)]
         self.emits.append(rowops.select(emits, (t == 0) | (emits["t"] <= t)))
         for pid, stage, *cols in feed.busy:
@@ -196,6 +232,22 @@ class ReportTables:
                 grow = self.busy[(pid, stage)] = (Growing(np.int64), Growing(np.int64), Growing(np.uint32))
             for g, c in zip(grow, cols):
                 g.append(c)
+
+    def _split(self, spans: np.ndarray, skip: np.ndarray) -> int:
+        """One feed's spans into the tables (:func:`split_reference`'s rule; compiled where
+        built, written straight into the tables); how many were skipped (warm-up)."""
+        outs = (self.small, self.early, *self.figures)
+        if _spanc is None:
+            *rows, skipped = split_reference(spans, skip, self.first_audio, self.first_start)
+            for table, r in zip(outs, rows):
+                table.append(r)
+            return skipped
+        *counts, skipped = _spanc.report_split(
+            np.ascontiguousarray(spans), np.ascontiguousarray(skip), self.first_audio,
+            self.first_start, *(t.spare(len(spans)) for t in outs))
+        for table, n in zip(outs, counts):
+            table.added(n)
+        return skipped
 
     def finish(self, replica_of: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                           ChunkFigures, Busy]:

@@ -24,9 +24,8 @@ def _account(built: tuple[spanload.Loaded, tables.ReportTables], blank_culprits:
     small, early, emits, figures, busy = acc.finish(
         {int(r.get("pid", 0)): int(r.get("replica", 0)) for r in log.rings.values()})
     if blank_culprits:
-        small, early = small.copy(), early.copy()
-        for rows in (small, early):
-            rows["by0"] = rows["by1"] = rows["by2"] = 0
+        small = small.copy()
+        small["by0"] = small["by1"] = small["by2"] = 0  # early rows have no culprit columns
     arrays = [small, early, emits, *figures.tables(), figures.first_start]
     return {"tables": [a.tobytes() for a in arrays],
             "busy": sorted((k, tuple(c.tobytes() for c in cols)) for k, cols in busy.items()),
