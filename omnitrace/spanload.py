@@ -89,10 +89,13 @@ class Sink(Protocol):
     ``culprits``: it reads FIFO spans' ``blocked_by`` (by0..by2), which the builder ranks
     only when some sink does (a sort over every overlap). ``steps``: it reads
     ``Loaded.steps`` and ``Loaded.ring_kinds``, which the load collects only then (~10 ns
-    per event)."""
+    per event). ``chunks`` (True where a sink does not say): it reads chunk spans or
+    ``Feed.busy``; a load whose sinks all read neither pairs no chunk stamps (at 150M
+    events, most of the load's work)."""
 
     culprits: bool
     steps: bool
+    chunks: bool
 
     def feed(self, feed: stt.Feed, part: Part) -> None: ...
 
@@ -115,16 +118,18 @@ def load(path: str, sinks: list[Sink], helper: bool | None = None) -> Loaded | N
         return None
     if helper is None:
         helper = helper_pays(path)
+    steps, chunks = _wants(sinks, "steps", False), _wants(sinks, "chunks", True)
     if helper:
         try:
-            return _load_beside(path, sinks, _wants_steps(sinks))
+            return _load_beside(path, sinks, steps, chunks)
         except HelperFailed:
             pass
-    return _load_here(path, sinks, _wants_steps(sinks))
+    return _load_here(path, sinks, steps, chunks)
 
 
-def _wants_steps(sinks: list[Sink]) -> bool:
-    return any(getattr(s, "steps", False) for s in sinks)
+def _wants(sinks: list[Sink], what: str, unsaid: bool) -> bool:
+    """Whether some sink reads ``what`` (``Sink``'s flags; ``unsaid``: a sink that does not say)."""
+    return any(getattr(s, what, unsaid) for s in sinks)
 
 
 def helper_pays(path: str) -> bool:
@@ -180,19 +185,19 @@ class _Reading:
         return self.seen
 
 
-def _load_here(path: str, sinks: list[Sink], steps: bool) -> Loaded:
+def _load_here(path: str, sinks: list[Sink], steps: bool, chunks: bool) -> Loaded:
     reading = _Reading(path, steps)
     strings = reading.log.requests.strings
 
     def prepared() -> Iterator[tuple[list[stt.Prepared], Part]]:
         for feeds, rings in reading.parts():  # made ready on the reader thread
-            yield [stt.Prepared(f) for f in feeds], Part(rings, strings)
+            yield [stt.Prepared(f, chunks) for f in feeds], Part(rings, strings)
 
     return _feed(prepared(), sinks, reading.done)
 
 
-def _load_beside(path: str, sinks: list[Sink], steps: bool) -> Loaded:
-    helper = _Helper(path, steps)
+def _load_beside(path: str, sinks: list[Sink], steps: bool, chunks: bool) -> Loaded:
+    helper = _Helper(path, steps, chunks)
     try:
         strings: list[str] = []
         final: list[Loaded] = []
@@ -218,7 +223,7 @@ def _feed(parts: Iterator[tuple[list[stt.Prepared], Part]], sinks: list[Sink],
     """The pipeline: ``parts`` made on a thread, built here, handed to the sinks on another
     thread; ``final()``: what the load saw, once every part is read (the final rings and
     the writers that died)."""
-    builder = stt.SpanBuilder({}, culprits=any(getattr(s, "culprits", False) for s in sinks))
+    builder = stt.SpanBuilder({}, culprits=_wants(sinks, "culprits", False))
 
     def to_sinks(feed: stt.Feed, part: Part) -> None:
         for s in sinks:
@@ -247,11 +252,11 @@ class _Helper:
     followed by each feed's arrays, then ``("end", Loaded)``; or ``("error", message)``
     (a corrupt log) or ``("failed", message)``."""
 
-    def __init__(self, path: str, steps: bool) -> None:
+    def __init__(self, path: str, steps: bool, chunks: bool) -> None:
         rfd, wfd = os.pipe()
         try:
             self._proc = mp.get_context("fork").Process(
-                target=_helper_main, args=(path, steps, rfd, wfd), daemon=True, name="omnitrace-load-decoder")
+                target=_helper_main, args=(path, steps, chunks, rfd, wfd), daemon=True, name="omnitrace-load-decoder")
             self._proc.start()
         except OSError as exc:  # no fork (process limit, memory)
             os.close(rfd)
@@ -285,7 +290,7 @@ class _Helper:
             self._proc.join()
 
 
-def _helper_main(path: str, steps: bool, rfd: int, wfd: int) -> None:
+def _helper_main(path: str, steps: bool, chunks: bool, rfd: int, wfd: int) -> None:
     # Ctrl-C is the reader's to handle: it closes the pipe, and the helper leaves on EPIPE
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.close(rfd)
@@ -296,7 +301,7 @@ def _helper_main(path: str, steps: bool, rfd: int, wfd: int) -> None:
         tasks = stt.SenderTasks()  # the sender rule here: the builder gets the closed tasks
         sent = 0
         for feeds, rings in reading.parts():
-            prepared = [stt.Prepared(f) for f in feeds]
+            prepared = [stt.Prepared(f, chunks) for f in feeds]
             top = max([p.max_ring for p in prepared] + list(rings), default=-1) + 1
             pids = stt.ring_column(rings, top, "pid")  # as the builder's, given these rings
             for p in prepared:

@@ -230,20 +230,26 @@ class Prepared:
     __slots__ = ("events", "max_ring", "unknown", "steps", "emitted", "small", "senders", "reqs",
                  "latest", "pairs", "gets", "closed")
 
-    def __init__(self, ev: np.ndarray) -> None:
+    def __init__(self, ev: np.ndarray, chunks: bool = True) -> None:
+        """``chunks``: make the chunk spans' and the senders' stamps ready; without them the
+        builder makes request, stage and queue spans only, and the same ones (a request's
+        latest event, where an incomplete one ends, is still taken over all its events)."""
         self.events = len(ev)
         rows, pos, starts, self.unknown, self.steps, self.max_ring = _group(ev)
         by = _ByKind(rows, pos, starts)
         ev = by.ev  # in kind order: what is read of it below does not depend on the order
         self.emitted = by.kind(E.STAGE_EMIT)
         self.small = by.in_time_order((E.REQUEST_ARRIVE, E.STAGE_FINISH))
-        self.senders = by.in_time_order(*((k, k) for k in _SENDER_KINDS))
         # the distinct requests, and each one's latest event: (ids, times)
         self.reqs, self.latest = _requests(ev)
-        # each pair kind's begins and ends sorted by key (arrival order within a key): the
-        # builder's match then sorts the stamps it carries and these as sorted runs (a merge)
-        self.pairs = [(_by_key(by.kind(b), "stage"), _by_key(by.kind(e), "stage")) for _, b, e in _PAIRS]
-        self.gets = _by_key(by.kind(E.GET_BEGIN), "b")  # the poll lag's ends, by producer
+        self.senders, self.gets = _EMPTY_EV, _EMPTY_EV
+        self.pairs = [(_EMPTY_EV, _EMPTY_EV)] * len(_PAIRS)
+        if chunks:
+            self.senders = by.in_time_order(*((k, k) for k in _SENDER_KINDS))
+            # each pair kind's begins and ends sorted by key (arrival order within a key): the
+            # builder's match then sorts the stamps it carries and these as sorted runs (a merge)
+            self.pairs = [(_by_key(by.kind(b), "stage"), _by_key(by.kind(e), "stage")) for _, b, e in _PAIRS]
+            self.gets = _by_key(by.kind(E.GET_BEGIN), "b")  # the poll lag's ends, by producer
         # the sender tasks ``senders`` close, where a SenderTasks outside the builder has
         # taken them (the report's helper process); None: the builder takes them
         self.closed: Closed | None = None

@@ -57,6 +57,8 @@ class TablesSink:
         self.wanted = LOADED if wanted is None else LOADED & set(wanted)
         # blocked_by costs the builder a ranking of every overlap: only when it is read
         self.culprits = "fifo_tasks" in self.wanted
+        # the chunk stamps are most of a load's work: paired only when a table reads them
+        self.chunks = bool(self.wanted & (set(CHUNK_TABLES) | {"senders", "sender_tasks"}))
         self._chunks = {n: Growing(CHUNK_DTYPE) for n in CHUNK_TABLES if n in self.wanted}
         self._small = Growing(stt.SPAN_DTYPE)
         self._emits = Growing(stt.EMIT_DTYPE)

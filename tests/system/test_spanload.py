@@ -138,3 +138,37 @@ def test_sinks_of_one_load_get_what_each_gets_alone(real_run, many_parts):
     assert _index_bytes(index.index(loaded)) == _index_bytes(want_index.index(want_index_of))
     assert len(spans) > 1000 and _otlp_rows(spans) == _otlp_rows(want_spans)
     assert any(s.attrs.get("omni.fifo.blocked_by") for s in spans)  # culprits ranked for the export
+
+
+REQUEST_TABLES = {"requests", "stage_visits", "emits", "api_marks"}
+
+
+class _Names:
+    """A sink that reads no chunk spans and notes the span names it was fed."""
+
+    chunks = False
+
+    def __init__(self) -> None:
+        self.names: set[int] = set()
+
+    def feed(self, feed: stt.Feed, part: spanload.Part) -> None:
+        self.names |= set(feed.spans["name"].tolist())
+
+
+@pytest.mark.parametrize("helper", [False, True])
+def test_a_load_for_request_tables_pairs_no_chunks_and_gives_the_same_tables(real_run, many_parts, helper):
+    from omnitrace.tables.build import TablesSink
+
+    def tables_of(sink, helper: bool) -> dict:
+        loaded = spanload.load(real_run, [sink], helper=helper)
+        return sink.finish(loaded.log.rings, list(loaded.log.requests.strings))
+
+    names, sink = _Names(), TablesSink(REQUEST_TABLES)
+    assert not sink.chunks and TablesSink({"requests", "fifo_tasks"}).chunks
+    got = tables_of(sink, helper)
+    spanload.load(real_run, [names, TablesSink(REQUEST_TABLES)], helper=helper)
+    assert names.names == {stt.N_REQUEST, stt.N_STAGE, stt.N_QUEUE}  # no chunk span was built
+    want = tables_of(TablesSink(), helper=False)
+    assert got.keys() == REQUEST_TABLES and got["requests"].num_rows > 10
+    for name in REQUEST_TABLES:
+        assert got[name].equals(want[name]), name

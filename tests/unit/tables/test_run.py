@@ -14,6 +14,7 @@ from omnitrace import keys
 from omnitrace.conventions import Ev
 from omnitrace.tables import run as tables_run
 from omnitrace.tables import schema
+from tests.support import event_fixture as ef
 from tests.support import golden_inputs as gi
 
 US = 1000
@@ -155,3 +156,19 @@ def test_docs_list_every_table_and_column_as_the_schema_does():
         text = f.read()
     start = text.index("\n", text.index("<!-- generated from omnitrace/tables/schema.py")) + 1
     assert text[start:text.index("<!-- end of the generated reference -->")] == schema.markdown()
+
+
+
+def test_request_tables_alone_are_those_of_the_whole_load(tmp_path):
+    """A load for request tables only pairs no chunk stamps; a request still open ends at
+    its last event of any kind, here a chunk event."""
+    script = [e for e in ef.three_stage_events("r1")
+              if e[2] == "r1" and e[-1] <= 350]  # up to code2wav's chunk scheduled: open
+    d = ef.write_event_run(str(tmp_path / "run"), script)
+    alone = tables_run.load(d, {"requests", "stage_visits"}).tables
+    whole = tables_run.load(d).tables
+    assert alone["requests"].equals(whole["requests"]) and alone["stage_visits"].equals(whole["stage_visits"])
+    last = max(script, key=lambda e: e[-1])
+    assert last[1] == Ev.CHUNK_SCHEDULED
+    row = alone["requests"].to_pylist()[0]
+    assert (row["incomplete"], row["last_ns"] - row["arrival_ns"]) == ("run-ended", last[-1] * US)
