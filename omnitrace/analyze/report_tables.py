@@ -76,7 +76,7 @@ def load_runs(run_dirs: Sequence[str], wanted: Iterable[str] | None = None) -> L
         paths = combine.distinct(run_dirs)
     except combine.SameRunTwice as exc:
         raise tables_run.TablesError(str(exc)) from None
-    each = [load(p, wanted | combine.KEY_TABLES) for p in paths]
+    each = [load(p, combine.with_key_tables(wanted)) for p in paths]
     made = combine.combine(paths, [one.tables for one in each], wanted)
     notes = [f"{p}: {n}" if len(paths) > 1 else n for p, one in zip(paths, each) for n in one.notes]
     return Loaded({n: t for n, t in made.items() if n in wanted}, notes)

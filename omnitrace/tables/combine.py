@@ -17,11 +17,17 @@ from omnitrace.tables import cache
 from omnitrace.tables.schema import TABLES, arrow_table
 
 KEYS = ("request_id", "thread_id", "sender_id")  # numbered per run from 0 (schema's ids)
-# the tables that hold every id of their key: combined with whatever else is asked for, so
-# a run's ids are numbered on by the same amount in every load (a shell loads tables as
-# its queries need them)
-KEY_TABLES = frozenset({"requests", "threads", "senders"})
+# the table that holds every id of its key: loaded with any table that refers to the key,
+# so a run's ids are numbered on by the same amount in every load (a shell loads tables as
+# its queries need them); a key no wanted table holds needs none (senders would cost the
+# load its chunk pairing)
+KEY_TABLE = {"request_id": "requests", "thread_id": "threads", "sender_id": "senders"}
 
+
+def with_key_tables(wanted: set[str]) -> set[str]:
+    """``wanted`` and the key tables of the ids its tables hold."""
+    held = {c.name for n in wanted if n in TABLES for c in TABLES[n].columns}
+    return wanted | {KEY_TABLE[k] for k in KEYS if k in held}
 
 class SameRunTwice(ValueError):
     """One run directory given twice (its rows would count twice)."""

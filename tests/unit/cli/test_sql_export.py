@@ -94,6 +94,25 @@ def test_a_run_ids_are_numbered_on_alike_whichever_tables_a_load_makes():
     assert alone.column("request_id").equals(with_requests["stage_visits"].column("request_id"))
 
 
+
+def test_a_load_takes_only_the_key_tables_its_ids_need_and_later_loads_join_it():
+    """Requests alone need no senders (whose ids come from the chunk pairing): a later load
+    of FIFO tasks still joins the requests loaded before, and its own senders."""
+    from omnitrace.analyze import report_tables
+    from omnitrace.tables import combine
+    assert combine.with_key_tables({"requests"}) == {"requests", "threads"}
+    assert "senders" in combine.with_key_tables({"fifo_tasks"})
+    requests = report_tables.load_runs([WORKED, HOL], {"requests"}).tables["requests"]
+    later = report_tables.load_runs([WORKED, HOL], {"fifo_tasks", "senders"}).tables
+    fifo, senders = later["fifo_tasks"], later["senders"]
+    by_id = dict(zip(requests.column("request_id").to_pylist(), zip(requests.column("run").to_pylist(),
+                                                                    requests.column("request").to_pylist())))
+    assert fifo.num_rows and set(fifo.column("request_id").to_pylist()) <= set(by_id)
+    assert {by_id[r][0] for r in fifo.column("request_id").to_pylist()} == {0, 1}
+    assert [by_id[r][0] for r in fifo.column("request_id").to_pylist()] == fifo.column("run").to_pylist()
+    sender_run = dict(zip(senders.column("sender_id").to_pylist(), senders.column("run").to_pylist()))
+    assert [sender_run[s] for s in fifo.column("sender_id").to_pylist()] == fifo.column("run").to_pylist()
+
 def test_without_a_query_the_shell_answers_each_statement(capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO("SELECT count(*) AS n\n  FROM requests;\n.tables\n"
                                                  "SELECT 2 AS two;\n"))
