@@ -113,17 +113,23 @@ static Py_ssize_t run(Job *job) {
 static const char *const NAMES[N_BUFFERS] = {
     "starts", "ends", "owners", "q0", "q1", "qowner", "lo", "hi", "out_q", "out_first", "out_rank"};
 
-static int get_int64(PyObject *obj, Py_buffer *view, const char *name, int writable) {
+static int get_array(PyObject *obj, Py_buffer *view, const char *name, int writable, char kind) {
     int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, view, flags) < 0) return -1;
     const char *f = view->format;
     if (f[0] == '<' || f[0] == '=' || f[0] == '@') f++;
-    if (view->itemsize != 8 || view->ndim != 1 || !(strcmp(f, "q") == 0 || strcmp(f, "l") == 0)) {
+    int ok = kind == 'd' ? strcmp(f, "d") == 0 : (strcmp(f, "q") == 0 || strcmp(f, "l") == 0);
+    if (view->itemsize != 8 || view->ndim != 1 || !ok) {
         PyBuffer_Release(view);
-        PyErr_Format(PyExc_TypeError, "%s: a 1-d C-contiguous int64 array is needed", name);
+        PyErr_Format(PyExc_TypeError, "%s: a 1-d C-contiguous %s array is needed", name,
+                     kind == 'd' ? "float64" : "int64");
         return -1;
     }
     return 0;
+}
+
+static int get_int64(PyObject *obj, Py_buffer *view, const char *name, int writable) {
+    return get_array(obj, view, name, writable, 'q');
 }
 
 /* Lengths agree, every wait's [lo, hi) lies in the tasks, the outputs hold every row;
@@ -207,15 +213,246 @@ static PyObject *rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return n < 0 ? NULL : PyLong_FromSsize_t(n);
 }
 
+/* ---- The head-of-line pair figures: intervals.blocked_pairs_reference in C.
+
+   pairs(vi, culprit, start, end, sender, task, wall, chunk, p_victim, p_culprit, p_wall,
+         p_chunk, p_tasks) -> number of pairs
+   Pieces (vi < len(wall), culprit, [start, end), sender, task) are the overlaps of the
+   victims' critical-path waits with other requests' sender tasks. Per victim: wall (the
+   union of its pieces, float64), chunk (their summed length); per (victim, culprit)
+   pair, by victim then culprit: its share of the union (each moment split evenly among
+   the culprits active then, an owner's overlapping pieces merged first), its summed
+   length, its distinct (sender, task)s. The shares are the reference's floats bit for
+   bit: one running integral over the whole call's edges (victims in index order, each
+   victim's edges in time order; a zero-length step adds 0.0 and so changes nothing,
+   whatever the order of tied edges), a share the integral's difference between its
+   interval's edges, a pair's shares added in start order from 0.0. The pair outputs
+   must hold one row per piece. */
+typedef struct { int64_t culprit, start, end, sender, task; } Piece;
+typedef struct { int64_t t; int64_t d, merged; } Edge;       /* d: +1 start, -1 end */
+typedef struct { int64_t sender, task; } Task;
+typedef struct { int64_t pair, start, end; double f0, f1; } Merged;
+
+/* A stable bottom-up merge sort of n items of `type` by `less`, with scratch `tmp`. */
+#define MERGE_SORT(name, type, less)                                                     \
+    static void name(type *a, type *tmp, Py_ssize_t n) {                                 \
+        for (Py_ssize_t w = 1; w < n; w *= 2) {                                          \
+            for (Py_ssize_t lo = 0; lo < n; lo += 2 * w) {                               \
+                Py_ssize_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n; \
+                Py_ssize_t i = lo, j = mid, k = lo;                                      \
+                while (i < mid && j < hi) tmp[k++] = less(&a[j], &a[i]) ? a[j++] : a[i++]; \
+                while (i < mid) tmp[k++] = a[i++];                                       \
+                while (j < hi) tmp[k++] = a[j++];                                        \
+            }                                                                            \
+            memcpy(a, tmp, (size_t)n * sizeof(type));                                   \
+        }                                                                                \
+    }
+#define PIECE_LESS(x, y) ((x)->culprit < (y)->culprit || ((x)->culprit == (y)->culprit && (x)->start < (y)->start))
+#define EDGE_LESS(x, y) ((x)->t < (y)->t || ((x)->t == (y)->t && (x)->d < (y)->d))
+#define TASK_LESS(x, y) ((x)->sender < (y)->sender || ((x)->sender == (y)->sender && (x)->task < (y)->task))
+MERGE_SORT(sort_pieces, Piece, PIECE_LESS)
+MERGE_SORT(sort_edges, Edge, EDGE_LESS)
+MERGE_SORT(sort_tasks, Task, TASK_LESS)
+
+typedef struct {
+    const int64_t *vi, *culprit, *start, *end, *sender, *task;
+    double *wall, *p_wall;
+    int64_t *chunk, *p_victim, *p_culprit, *p_chunk, *p_tasks;
+    Py_ssize_t n, nv;
+    Py_ssize_t *lo;       /* victim v's pieces: order[lo[v]:lo[v + 1]] */
+    Py_ssize_t *order;
+    Piece *pieces, *piece_tmp;
+    Task *tasks, *task_tmp;
+    Merged *merged;
+    Edge *edges, *edge_tmp;
+    double F;             /* the running integral of 1 / active culprits, over the call */
+} PairJob;
+
+static Py_ssize_t distinct_tasks(PairJob *job, const Piece *p, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) job->tasks[i] = (Task){p[i].sender, p[i].task};
+    sort_tasks(job->tasks, job->task_tmp, n);
+    Py_ssize_t d = n > 0;
+    for (Py_ssize_t i = 1; i < n; i++) d += TASK_LESS(&job->tasks[i - 1], &job->tasks[i]);
+    return d;
+}
+
+/* Victim v's pairs from `row` on and its culprits' merged intervals; returns the pairs. */
+static Py_ssize_t victim_pairs(PairJob *job, int64_t v, Py_ssize_t np_, Py_ssize_t row, Py_ssize_t *nm) {
+    Piece *p = job->pieces;
+    Py_ssize_t a = 0, m = 0, pairs = 0;
+    while (a < np_) {
+        Py_ssize_t b = a;
+        int64_t sum = 0, s = p[a].start, reach = p[a].end;
+        for (; b < np_ && p[b].culprit == p[a].culprit; b++) {
+            sum += p[b].end - p[b].start;
+            if (b > a && p[b].start > reach) {
+                job->merged[m++] = (Merged){row + pairs, s, reach, 0.0, 0.0};
+                s = p[b].start;
+            }
+            if (p[b].end > reach) reach = p[b].end;  /* a new run's too: its start > reach */
+        }
+        job->merged[m++] = (Merged){row + pairs, s, reach, 0.0, 0.0};
+        job->p_victim[row + pairs] = v;
+        job->p_culprit[row + pairs] = p[a].culprit;
+        job->p_chunk[row + pairs] = sum;
+        job->p_tasks[row + pairs] = distinct_tasks(job, &p[a], b - a);
+        job->p_wall[row + pairs] = 0.0;
+        pairs++;
+        a = b;
+    }
+    *nm = m;
+    return pairs;
+}
+
+/* Sweep the merged intervals' edges in time order: the union into wall[v], each merged
+   interval's integral at its edges. */
+static void sweep(PairJob *job, int64_t v, Py_ssize_t m) {
+    Edge *e = job->edges;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        e[2 * i] = (Edge){job->merged[i].start, 1, i};
+        e[2 * i + 1] = (Edge){job->merged[i].end, -1, i};
+    }
+    sort_edges(e, job->edge_tmp, 2 * m);
+    int64_t active = 0;
+    double wall = 0.0;
+    for (Py_ssize_t k = 0; k < 2 * m; k++) {
+        Merged *g = &job->merged[e[k].merged];
+        if (e[k].d > 0) g->f0 = job->F; else g->f1 = job->F;
+        active += e[k].d;
+        int64_t len = (k + 1 < 2 * m && active != 0) ? e[k + 1].t - e[k].t : 0;
+        wall += (double)len;
+        job->F += active > 0 ? (double)len / (double)active : 0.0;
+    }
+    job->wall[v] = wall;
+}
+
+static Py_ssize_t run_pairs(PairJob *job) {
+    Py_ssize_t row = 0;
+    for (int64_t v = 0; v < job->nv; v++) {
+        Py_ssize_t np_ = job->lo[v + 1] - job->lo[v], m = 0;
+        int64_t chunk = 0;
+        for (Py_ssize_t i = 0; i < np_; i++) {
+            Py_ssize_t r = job->order[job->lo[v] + i];
+            job->pieces[i] = (Piece){job->culprit[r], job->start[r], job->end[r], job->sender[r], job->task[r]};
+            chunk += job->end[r] - job->start[r];
+        }
+        job->chunk[v] = chunk;
+        job->wall[v] = 0.0;
+        if (!np_) continue;
+        sort_pieces(job->pieces, job->piece_tmp, np_);
+        Py_ssize_t pairs = victim_pairs(job, v, np_, row, &m);
+        sweep(job, v, m);
+        for (Py_ssize_t i = 0; i < m; i++)   /* in start order per pair, as the reference adds */
+            job->p_wall[job->merged[i].pair] += job->merged[i].f1 - job->merged[i].f0;
+        row += pairs;
+    }
+    return row;
+}
+
+#define N_PAIR_BUFFERS 13
+static const char *const PAIR_NAMES[N_PAIR_BUFFERS] = {
+    "vi", "culprit", "start", "end", "sender", "task", "wall", "chunk", "p_victim", "p_culprit",
+    "p_wall", "p_chunk", "p_tasks"};
+
+/* Lengths agree, every vi indexes wall; then victim v's pieces bucketed (stably) into
+   job->order[job->lo[v]:job->lo[v + 1]]; the most pieces of one victim into *widest. */
+static int bucket_pieces(PairJob *job, Py_buffer *v, Py_ssize_t *widest) {
+    job->n = v[0].shape[0];
+    job->nv = v[6].shape[0];
+    for (int b = 1; b < N_PAIR_BUFFERS; b++) {
+        Py_ssize_t want = b == 6 || b == 7 ? job->nv : job->n;
+        if (b < 6 ? v[b].shape[0] != want : v[b].shape[0] < want) {
+            PyErr_Format(PyExc_ValueError, "%s: %s %zd entries", PAIR_NAMES[b],
+                         b < 6 ? "not one per piece:" : "room for", want);
+            return -1;
+        }
+    }
+    job->lo = PyMem_RawCalloc((size_t)job->nv + 2, sizeof(Py_ssize_t));
+    job->order = PyMem_RawMalloc(((size_t)job->n + 1) * sizeof(Py_ssize_t));
+    if (job->lo == NULL || job->order == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < job->n; i++) {
+        if (job->vi[i] < 0 || job->vi[i] >= job->nv) {
+            PyErr_SetString(PyExc_IndexError, "a piece's victim index is out of bounds");
+            return -1;
+        }
+        job->lo[job->vi[i] + 2]++;
+    }
+    Py_ssize_t wide = 0;
+    for (Py_ssize_t g = 0; g < job->nv; g++) {
+        if (job->lo[g + 2] > wide) wide = job->lo[g + 2];
+        job->lo[g + 2] += job->lo[g + 1];
+    }
+    for (Py_ssize_t i = 0; i < job->n; i++) job->order[job->lo[job->vi[i] + 1]++] = i;
+    *widest = wide;
+    return 0;
+}
+
+static void free_pairs(PairJob *job) {
+    void *bufs[] = {job->lo, job->order, job->pieces, job->piece_tmp, job->tasks, job->task_tmp,
+                    job->merged, job->edges, job->edge_tmp};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) PyMem_RawFree(bufs[i]);
+}
+
+static Py_ssize_t pairs_in(PairJob *job, Py_buffer *v) {
+    job->vi = v[0].buf; job->culprit = v[1].buf; job->start = v[2].buf; job->end = v[3].buf;
+    job->sender = v[4].buf; job->task = v[5].buf; job->wall = v[6].buf; job->chunk = v[7].buf;
+    job->p_victim = v[8].buf; job->p_culprit = v[9].buf; job->p_wall = v[10].buf;
+    job->p_chunk = v[11].buf; job->p_tasks = v[12].buf;
+    Py_ssize_t widest = 0, n = -1;
+    if (bucket_pieces(job, v, &widest) == 0) {
+        size_t w = (size_t)widest + 1;
+        job->pieces = PyMem_RawMalloc(w * sizeof(Piece));
+        job->piece_tmp = PyMem_RawMalloc(w * sizeof(Piece));
+        job->tasks = PyMem_RawMalloc(w * sizeof(Task));
+        job->task_tmp = PyMem_RawMalloc(w * sizeof(Task));
+        job->merged = PyMem_RawMalloc(w * sizeof(Merged));
+        job->edges = PyMem_RawMalloc(2 * w * sizeof(Edge));
+        job->edge_tmp = PyMem_RawMalloc(2 * w * sizeof(Edge));
+        if (!job->pieces || !job->piece_tmp || !job->tasks || !job->task_tmp || !job->merged
+            || !job->edges || !job->edge_tmp) {
+            PyErr_NoMemory();
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            n = run_pairs(job);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    free_pairs(job);
+    return n;
+}
+
+static PyObject *pairs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != N_PAIR_BUFFERS) {
+        PyErr_Format(PyExc_TypeError, "pairs() takes %d arguments", N_PAIR_BUFFERS);
+        return NULL;
+    }
+    PairJob job = {0};
+    Py_buffer v[N_PAIR_BUFFERS];
+    int got = 0;
+    Py_ssize_t n = -1;
+    for (; got < N_PAIR_BUFFERS; got++)
+        if (get_array(args[got], &v[got], PAIR_NAMES[got], got >= 6, got == 6 || got == 10 ? 'd' : 'q') < 0)
+            break;
+    if (got == N_PAIR_BUFFERS) n = pairs_in(&job, v);
+    while (got > 0) PyBuffer_Release(&v[--got]);
+    return n < 0 ? NULL : PyLong_FromSsize_t(n);
+}
+
 static PyMethodDef methods[] = {
     {"rank", (PyCFunction)(void (*)(void))rank, METH_FASTCALL,
      "rank(starts, ends, owners, q0, q1, qowner, lo, hi, k, out_q, out_first, out_rank) -> rows"},
+    {"pairs", (PyCFunction)(void (*)(void))pairs, METH_FASTCALL,
+     "pairs(vi, culprit, start, end, sender, task, wall, chunk, p_victim, p_culprit, p_wall, p_chunk, "
+     "p_tasks) -> pairs"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef intervalsc_module = {
     PyModuleDef_HEAD_INIT, "omnitrace._intervalsc",
-    "The compiled FIFO culprit ranking (see intervals.py).", -1, methods,
+    "The compiled FIFO culprit ranking and head-of-line pair figures (see intervals.py).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__intervalsc(void) { return PyModule_Create(&intervalsc_module); }

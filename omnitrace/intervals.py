@@ -190,6 +190,53 @@ def _ranked(part: np.ndarray, q: np.ndarray, iv: np.ndarray, lo: np.ndarray, hi:
     return part[gq[top]], gc[top], rank[top]
 
 
+def pair_figures(vi: np.ndarray, culprit: np.ndarray, start: np.ndarray, end: np.ndarray,
+                 sender: np.ndarray, task: np.ndarray, victims: int) -> tuple[np.ndarray, ...]:
+    """The head-of-line figures of blocked pieces (each a victim's critical-path wait
+    overlapping a ``task`` of another request ``culprit`` on ``sender``: [start, end)):
+    per victim index below ``victims`` its union (float) and summed length; per (victim,
+    culprit), by victim then culprit, the two, its share of the union (:func:`union_shares`)
+    and its distinct (sender, task)s: (wall, chunk, victim, culprit, pair_wall, pair_chunk,
+    pair_tasks). Compiled where built, else :func:`pair_figures_reference`."""
+    if _intervalsc is None:
+        return pair_figures_reference(vi, culprit, start, end, sender, task, victims)
+    n = len(vi)
+    wall, chunk = np.zeros(victims), np.zeros(victims, np.int64)
+    p_victim, p_culprit, p_chunk, p_tasks = (np.empty(n, np.int64) for _ in range(4))
+    p_wall = np.empty(n)
+    cols = [np.ascontiguousarray(a, np.int64) for a in (vi, culprit, start, end, sender, task)]
+    k = _intervalsc.pairs(*cols, wall, chunk, p_victim, p_culprit, p_wall, p_chunk, p_tasks)
+    return wall, chunk, p_victim[:k], p_culprit[:k], p_wall[:k], p_chunk[:k], p_tasks[:k]
+
+
+def pair_figures_reference(vi: np.ndarray, culprit: np.ndarray, start: np.ndarray, end: np.ndarray,
+                           sender: np.ndarray, task: np.ndarray, victims: int) -> tuple[np.ndarray, ...]:
+    """:func:`pair_figures` in numpy, the reference ``_intervalsc.c`` follows."""
+    vi, culprit = np.asarray(vi, np.int64), np.asarray(culprit, np.int64)
+    wall = np.zeros(victims)
+    none = np.zeros(0, np.int64)
+    if not len(vi):
+        return wall, np.zeros(victims, np.int64), none, none, np.zeros(0), none, none
+    dur = end - start
+    chunk = np.bincount(vi, weights=dur, minlength=victims).astype(np.int64)
+    # per (victim, culprit): overlap sum and distinct sender tasks
+    pairs, inv = np.unique((vi << 32) | culprit, return_inverse=True)
+    pair_chunk = np.bincount(inv, weights=dur, minlength=len(pairs)).astype(np.int64)
+    # distinct (pair, sender, task) triples: a task may block several chunks (by a lexsort:
+    # a row-wise np.unique took 0.75 s of this phase's 2.4 s on 10M events)
+    o = np.lexsort((task, sender, inv))
+    i, snd, tsk = inv[o], sender[o], task[o]
+    new = np.ones(len(o), bool)
+    new[1:] = (i[1:] != i[:-1]) | (snd[1:] != snd[:-1]) | (tsk[1:] != tsk[:-1])
+    pair_tasks = np.bincount(i[new], minlength=len(pairs))
+    union, m_victim, m_culprit, shares = union_shares(vi, culprit, start, end)
+    pair_wall = np.bincount(np.searchsorted(pairs, (m_victim << 32) | m_culprit), weights=shares,
+                            minlength=len(pairs))
+    wall[:len(union)] = union
+    wall[chunk == 0] = 0.0
+    return wall, chunk, pairs >> 32, pairs & 0xFFFFFFFF, pair_wall, pair_chunk, pair_tasks
+
+
 def union_shares(group: np.ndarray, owner: np.ndarray, start: np.ndarray, end: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per group (a victim), the union length of its intervals, and per (group, owner) its

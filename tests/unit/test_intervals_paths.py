@@ -132,3 +132,44 @@ def test_a_built_ranking_imports():
     files = [p for suffix in importlib.machinery.EXTENSION_SUFFIXES for p in here.glob("_intervalsc" + suffix)]
     if files or record._ringc is not None:
         assert intervals._intervalsc is not None, files
+
+
+def blocked_pieces(seed: int) -> tuple[tuple[np.ndarray, ...], int]:
+    """Random head-of-line pieces: victims without any, culprits with several pieces
+    (nested, touching, repeated, zero-length), tasks shared by pieces, times tied and far
+    apart; or none at all."""
+    rng = np.random.default_rng(seed)
+    victims = int(rng.integers(1, 40))
+    n = 0 if seed % 7 == 0 else int(rng.integers(1, 3000))
+    span = int(rng.choice([20, 1000, 10**12]))
+    start = rng.integers(0, span, n)
+    end = start + rng.integers(0, max(span // 10, 2), n) * (rng.random(n) > 0.05)  # some 0 long
+    vi = rng.integers(0, victims, n)
+    culprit = rng.choice(owner_set(rng, int(rng.integers(1, 30))), n)
+    sender = rng.integers(0, 3, n)
+    task = rng.integers(0, 1 + n // 4, n)
+    dtype = np.uint32 if seed % 2 else np.int64  # the span builder's request ids are uint32
+    return (vi, culprit.astype(dtype), start, end, sender, task), victims
+
+
+@built
+@pytest.mark.parametrize("seed", range(60))
+def test_compiled_pair_figures_are_the_reference_bit_for_bit(seed):
+    """Shares are floats summed along one running integral: equal bit for bit, not close."""
+    args, victims = blocked_pieces(seed)
+    want = intervals.pair_figures_reference(*args, victims)
+    got = intervals.pair_figures(*args, victims)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert g.tobytes() == w.tobytes(), seed
+
+
+@built
+def test_compiled_pair_figures_refuse_bad_buffers():
+    z, f = np.zeros(2, np.int64), np.zeros(2)
+    with pytest.raises(TypeError):
+        intervals._intervalsc.pairs(z, z, z, z, z, z, z, z, z, z, f, z, z)  # wall must be float64
+    with pytest.raises(IndexError):
+        intervals._intervalsc.pairs(z + 2, z, z, z, z, z, f, z, z, z, f, z, z)
+    with pytest.raises(ValueError):
+        intervals._intervalsc.pairs(z, z, z, z, z, z, f, z, z[:1], z, f, z, z)
