@@ -227,6 +227,37 @@ class _RowContext:
 
 
 @dataclass
+class _Totals:
+    """Each attributed request's time per (stage, category) as columns: the request's
+    place among the walk's rows, the stage, the category (its index in ``at.CATEGORIES``)
+    and the ns (an hour's run: ~15M; as a dict per request they were most of the
+    aggregate's time and of the child's pickled result)."""
+
+    row: np.ndarray
+    stage: np.ndarray
+    cat: np.ndarray
+    ns: np.ndarray
+
+    @staticmethod
+    def of(*cols: Any) -> "_Totals":
+        return _Totals(*(np.asarray(c, np.int64) for c in cols))
+
+    @staticmethod
+    def of_dicts(totals: list[dict[tuple[int, str], int]]) -> "_Totals":
+        """From ``Attribution.totals`` of each row in turn."""
+        items = [(i, s, CAT_INDEX[c], v) for i, t in enumerate(totals) for (s, c), v in t.items()]
+        return _Totals.of(*(zip(*items) if items else ((), (), (), ())))
+
+    def then(self, rows: int, later: "_Totals") -> "_Totals":
+        """These, then ``later`` (its rows after these ``rows``)."""
+        return _Totals(np.concatenate((self.row, later.row + rows)),
+                       *(np.concatenate((getattr(self, f), getattr(later, f))) for f in ("stage", "cat", "ns")))
+
+
+CAT_INDEX = {c: i for i, c in enumerate(at.CATEGORIES)}
+
+
+@dataclass
 class _Walked:
     """The walk of some requests, as the report reads it: per attributed request (in walk
     order) its report row, TTFP and category totals; the attributions that may get a
@@ -235,7 +266,7 @@ class _Walked:
 
     rows: list[dict[str, Any]]
     ttfp_ns: list[int]
-    totals: list[dict[tuple[int, str], int]]
+    totals: _Totals
     kept: list[at.Attribution]
     none: list[str]
     hp: headofline.Pairs
@@ -243,9 +274,9 @@ class _Walked:
 
     def extend(self, later: "_Walked") -> None:
         """Append the walk of the requests after these."""
+        self.totals = self.totals.then(len(self.rows), later.totals)
         self.rows += later.rows
         self.ttfp_ns += later.ttfp_ns
-        self.totals += later.totals
         self.kept += later.kept
         self.none += later.none
         self.hp = headofline.joined([self.hp, later.hp])
@@ -323,7 +354,7 @@ def _walk_parts(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx
     ttfp: list[int] = []
     attribution: list[Callable[[], at.Attribution]] = []
     for part, chunks, counts in chunk_rows(run, rids, WALK_BATCH):
-        w = _Walked([], [], [], [], [], headofline.Pairs.unblocked(0), [])
+        w = _Walked([], [], _Totals.of((), (), (), ()), [], [], headofline.Pairs.unblocked(0), [])
         if walk.fits(chunks):
             wk = walk.walk(part, [walk.inputs(reqs[r]) for r in part], chunks,
                            np.repeat(np.arange(len(part)), counts))
@@ -335,6 +366,7 @@ def _walk_parts(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx
             w.ttfp_ns = (wk.ttfp - wk.arrival)[ok].tolist()
             w.rows, w.totals = _batch_rows(wk, ok, ctx)
         else:
+            totals = []
             for r in attach_chunks(run, reqs, part, chunks, counts):
                 a = at.attribute(r)
                 if a is None:
@@ -343,10 +375,11 @@ def _walk_parts(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx
                 found.append((a.rid, a.arrival, a.ttfp, a.hops))
                 attribution.append(lambda a=a: a)
                 tot = a.totals()
-                w.totals.append(tot)
+                totals.append(tot)
                 w.ttfp_ns.append(a.ttfp_ns)
                 w.rows.append(_request_row(a, tot, ctx.bench_rows.get(a.rid, {}).get("ttfp_s"), ctx.label,
                                            ctx.per_request_segments))
+            w.totals = _Totals.of_dicts(totals)
         ttfp += w.ttfp_ns
         yield w
     # the slowest (stable order) and those asked for: the whole report's waterfalls are
@@ -356,15 +389,13 @@ def _walk_parts(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx
     # the victims' waits are among the chunk spans begun before their first packet
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
     victims = _victims(run, found)
-    yield _Walked([], [], [], [attribution[k]() for k in sorted(kept)], [],
+    yield _Walked([], [], _Totals.of((), (), (), ()), [attribution[k]() for k in sorted(kept)], [],
                   headofline.blocked_pairs(victims, early, run.busy), [v.req for v in victims])
 
 
-def _batch_rows(wk: walk.Walked, ok: list[int], ctx: _RowContext
-                ) -> tuple[list[dict[str, Any]], list[dict[tuple[int, str], int]]]:
+def _batch_rows(wk: walk.Walked, ok: list[int], ctx: _RowContext) -> tuple[list[dict[str, Any]], _Totals]:
     """:func:`_request_row` and ``Attribution.totals`` of the attributed requests ``ok``
     of a batch walk, from its arrays (no Segment object per segment)."""
-    label = ctx.label
     n = len(wk.rids)
     req = np.repeat(np.arange(n), np.diff(wk.seg_lo))
     dur = wk.seg_end - wk.seg_start
@@ -374,30 +405,45 @@ def _batch_rows(wk: walk.Walked, ok: list[int], ctx: _RowContext
     head = np.ones(len(o), bool)
     head[1:] = (g_req[1:] != g_req[:-1]) | (g_stage[1:] != g_stage[:-1]) | (g_cat[1:] != g_cat[:-1])
     lo = np.flatnonzero(head)
-    sums = np.add.reduceat(dur[o], lo).tolist() if len(lo) else []
-    keys = list(zip(g_stage[lo].tolist(), [at.CATEGORIES[c] for c in g_cat[lo].tolist()]))
-    names = [f"{label(s)}/{c}" for s, c in keys]
-    ms = (np.array(sums, np.int64) * NS_TO_MS).tolist()
+    sums = np.add.reduceat(dur[o], lo) if len(lo) else np.zeros(0, np.int64)
+    names = _objects(g_stage[lo] * len(at.CATEGORIES) + g_cat[lo],
+                     lambda k: f"{ctx.label(k // len(at.CATEGORIES))}/{at.CATEGORIES[k % len(at.CATEGORIES)]}")
+    ms = (sums * NS_TO_MS).tolist()
     g_lo = np.searchsorted(g_req[lo], np.arange(n + 1)).tolist()
+    cum = np.concatenate(([0], np.cumsum(dur)))
+    sum_ns = (cum[wk.seg_lo[1:]] - cum[wk.seg_lo[:-1]]).tolist()
     ttfp = (wk.ttfp - wk.arrival).tolist()
-    if ctx.per_request_segments:
-        s_lo = wk.seg_lo.tolist()
-        segs = list(zip(((wk.seg_start - wk.arrival[req]) * NS_TO_MS).tolist(), (dur * NS_TO_MS).tolist(),
-                        [label(s) for s in wk.seg_stage.tolist()],
-                        [at.CATEGORIES[c] for c in wk.seg_cat.tolist()],
-                        [walk.DETAILS[d] for d in wk.seg_detail.tolist()]))
-    rows, totals = [], []
+    segs = _segment_lists(wk, req, dur, ctx.label) if ctx.per_request_segments else None
+    s_lo = wk.seg_lo.tolist()
+    rows = []
     for i in ok:
         a, b = g_lo[i], g_lo[i + 1]
-        tot = dict(zip(keys[a:b], sums[a:b]))
-        totals.append(tot)
         rid = wk.rids[i]
-        row = _row(rid, ttfp[i], ctx.bench_rows.get(rid, {}).get("ttfp_s"), sum(sums[a:b]),
+        row = _row(rid, ttfp[i], ctx.bench_rows.get(rid, {}).get("ttfp_s"), sum_ns[i],
                    dict(zip(names[a:b], ms[a:b])), wk.hops[i], wk.missing[i], wk.stale[i])
-        if ctx.per_request_segments:
-            row["segments"] = [list(x) for x in segs[s_lo[i]:s_lo[i + 1]]]
+        if segs is not None:
+            row["segments"] = segs[s_lo[i]:s_lo[i + 1]]
         rows.append(row)
-    return rows, totals
+    # the totals of the rows (``ok``'s places), by row
+    place = np.full(n, -1, np.int64)
+    place[ok] = np.arange(len(ok))
+    mine = place[g_req[lo]] >= 0
+    return rows, _Totals.of(place[g_req[lo]][mine], g_stage[lo][mine], g_cat[lo][mine], sums[mine])
+
+
+def _objects(codes: np.ndarray, make: Callable[[int], Any]) -> list[Any]:
+    """``make(code)`` of each code, made once per distinct code."""
+    uniq, inv = np.unique(codes, return_inverse=True)
+    return np.array([make(c) for c in uniq.tolist()] + [None], object)[:-1][inv].tolist()
+
+
+def _segment_lists(wk: walk.Walked, req: np.ndarray, dur: np.ndarray, label: Callable[[int], str]
+                   ) -> list[list[Any]]:
+    """Every segment of a batch walk as its row's list [start ms after arrival, ms, stage,
+    category, detail] (:func:`_segments`)."""
+    return list(map(list, zip(((wk.seg_start - wk.arrival[req]) * NS_TO_MS).tolist(), (dur * NS_TO_MS).tolist(),
+                              _objects(wk.seg_stage, label), _objects(wk.seg_cat, at.CATEGORIES.__getitem__),
+                              _objects(wk.seg_detail, walk.DETAILS.__getitem__))))
 
 
 # each category's place in name order (a row lists its categories sorted by (stage, name))
@@ -452,14 +498,22 @@ def _stage_names(reqs: dict[str, at.RequestSpans]) -> dict[int, str]:
 def _aggregate(w: _Walked, label: Callable[[int], str]) -> list[dict[str, Any]]:
     """Per stage and category over the attributed requests, zeros included so the means
     add up to the mean TTFP."""
-    totals = w.totals
-    keys = sorted({k for t in totals for k in t}, key=lambda k: (k[0] if k[0] >= 0 else 99,
-                                                                 at.CATEGORIES.index(k[1])))
+    t, n = w.totals, len(w.ttfp_ns)
+    width = len(at.CATEGORIES)
+    codes, inv = np.unique(t.stage * width + t.cat, return_inverse=True)
+    order = np.argsort(inv, kind="stable")
+    lo = np.searchsorted(inv[order], np.arange(len(codes) + 1)).tolist()
+    keys = sorted(range(len(codes)), key=lambda j: (int(codes[j] // width) if codes[j] >= 0 else 99,
+                                                    int(codes[j] % width)))
     mean_ttfp = sum(w.ttfp_ns) / len(w.ttfp_ns) if w.ttfp_ns else 0.0
     agg = []
-    for k in keys:
-        s = summary([t.get(k, 0) for t in totals], NS_TO_MS)
-        agg.append({"stage": label(k[0]), "stage_id": k[0], "category": k[1],
+    for j in keys:
+        stage, cat = int(codes[j] // width), at.CATEGORIES[int(codes[j] % width)]
+        values = np.zeros(n)  # a row without the key: 0
+        mine = order[lo[j]:lo[j + 1]]
+        values[t.row[mine]] = t.ns[mine]
+        s = summary(values, NS_TO_MS)
+        agg.append({"stage": label(stage), "stage_id": stage, "category": cat,
                     "mean_ms": s["mean"], "p50_ms": s["p50"], "p99_ms": s["p99"],
                     "share": (s["mean"] / (mean_ttfp * NS_TO_MS)) if mean_ttfp else 0.0})
     return agg
