@@ -1,6 +1,7 @@
 """Transform: a loaded run -> one JSON-able report dict (console, --json and HTML read it)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 from dataclasses import dataclass
@@ -224,6 +225,7 @@ class _RowContext:
     per_request_segments: bool
     waterfalls: int
     waterfall_ids: set[str]
+    fifo: tuple[np.ndarray, np.ndarray] | None = None  # headofline.fifo_by_hop of the early rows
 
 
 @dataclass
@@ -390,7 +392,7 @@ def _walk_parts(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
     victims = _victims(run, found)
     yield _Walked([], [], _Totals.of((), (), (), ()), [attribution[k]() for k in sorted(kept)], [],
-                  headofline.blocked_pairs(victims, early, run.busy), [v.req for v in victims])
+                  headofline.blocked_pairs(victims, early, run.busy, ctx.fifo), [v.req for v in victims])
 
 
 def _batch_rows(wk: walk.Walked, ok: list[int], ctx: _RowContext) -> tuple[list[dict[str, Any]], _Totals]:
@@ -559,6 +561,7 @@ def _waterfalls(run: Run, reqs: dict[str, at.RequestSpans], w: _Walked, requests
     by_rid = {a.rid: a for a in w.kept}
     wfs = []
     row_of = {r["id"]: r for r in requests[:n_waterfalls]} if not per_request_segments else {}
+    rows_of = _early_rows(early, [cidx[rid] for rid in wf_ids if rid in by_rid and rid in cidx])
     for rid in dict.fromkeys(wf_ids):
         a = by_rid.get(rid)
         if a is None:
@@ -567,13 +570,21 @@ def _waterfalls(run: Run, reqs: dict[str, at.RequestSpans], w: _Walked, requests
         if rid in row_of:  # the HTML draws the critical paths of the rows that have them
             row_of[rid]["segments"] = _segments(a, label)
         i = cidx.get(rid, -1)
-        # its rows in time order (not feed order: the same whatever the segments); picked
-        # out first: sorting all the early rows for ten requests took seconds on a long run
-        mine = rowops.select(early, early["req"] == i) if i >= 0 else early[:0]
+        # its rows in time order (not feed order: the same whatever the segments)
+        mine = rows_of.get(i, early[:0])
         mine = rowops.take(mine, np.lexsort((mine["chunk"], mine["stage"], mine["name"], mine["start"])))
         wfs.append(waterfall.build(a, reqs[rid], mine, run.busy, run.chunk_requests, label, i))
 
     return wfs
+
+
+def _early_rows(early: np.ndarray, wanted: list[int]) -> dict[int, np.ndarray]:
+    """The early rows of each request index ``wanted``, in table order, picked out by one
+    pass over the table (a pass per request took seconds on a long run; sorting them all, more)."""
+    if not wanted:
+        return {}
+    mine = rowops.select(early, np.isin(early["req"], wanted, kind="table"))
+    return {i: rowops.select(mine, mine["req"] == i) for i in set(wanted)}
 
 
 def _failures(run: Run, reqs: dict[str, at.RequestSpans], measured: set[str], bench_rows: dict[str, Any],
@@ -623,6 +634,8 @@ def _walk_and_figures(run: Run, reqs: dict[str, at.RequestSpans], walked: list[s
     figures and walks the first ones (the child never reads the figure tables: its copy
     lets go of them at once; ``consume``: so does this process once it has the figures)."""
     k = _walk_here(len(walked), sum(len(t) for t in run.figures.tables()) if run.figures else 0)
+    if k < len(walked) and run.early is not None:  # made once, for both processes
+        ctx = dataclasses.replace(ctx, fifo=headofline.fifo_by_hop(run.early))
     later = (Beside(_walk_packed, run, reqs, walked[k:], ctx, parts=True,
                     release=functools.partial(_no_figures, run)) if k < len(walked) else None)
     # ---- components: FIFO, snapshot, transfer over all chunks of measured requests

@@ -103,7 +103,7 @@ def _hop_key(req: np.ndarray, producer: np.ndarray, consumer: np.ndarray) -> np.
             | (consumer.astype(np.int64) + 1))
 
 
-def _fifo_by_hop(chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def fifo_by_hop(chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The complete FIFO rows of ``chunks`` (columns the waits read) sorted by their
     (request, producer, consumer) key, and the keys: made once for every victim batch."""
     fifo = rowops.select(chunks, (chunks["reason"] == 0) & (chunks["name"] == stt.N_FIFO))
@@ -118,7 +118,7 @@ def _fifo_by_hop(chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _critical_waits(victims: list[Victim], fifo: np.ndarray, key: np.ndarray) -> dict[str, np.ndarray]:
     """The FIFO waits of every victim's critical-path chunks, clipped to [arrival, first
     packet]: columns vi (victim index), prod, replica, w0, w1 (``fifo``, ``key``: from
-    :func:`_fifo_by_hop`)."""
+    :func:`fifo_by_hop`)."""
     hops = np.array([(i, v.req, p, c, g, v.arrival, v.first_packet)
                      for i, v in enumerate(victims) for p, c, g in v.hops], np.int64).reshape(-1, 7)
     hkey = _hop_key(hops[:, 1], hops[:, 2], hops[:, 3])
@@ -178,12 +178,14 @@ class Pairs:
 VICTIM_BATCH = 2048  # victims computed at once: their (wait, task) overlaps are the temporaries
 
 
-def blocked_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy) -> Pairs:
+def blocked_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy,
+                  fifo: tuple[np.ndarray, np.ndarray] | None = None) -> Pairs:
     """Wall-time head-of-line blocking of each victim (see the module doc), vectorised
     over a batch of victims at a time (tests/support/hol_reference.py is the per-victim loop it is
     tested against); victims are independent, so batches only bound the memory. ``busy``:
-    the senders' tasks as the span builder closed them (``Feed.busy``)."""
-    fifo = _fifo_by_hop(chunks)
+    the senders' tasks as the span builder closed them (``Feed.busy``); ``fifo``: the
+    :func:`fifo_by_hop` of ``chunks`` where the caller made it already (once for two processes)."""
+    fifo = fifo_by_hop(chunks) if fifo is None else fifo
     return joined([_batch_pairs(victims[i:i + VICTIM_BATCH], fifo, busy)
                    for i in range(0, max(len(victims), 1), VICTIM_BATCH)])
 

@@ -55,7 +55,7 @@ class _Latest:
     group sorted by end, ties in table order (a Python ``max`` keeps the first)."""
 
     def __init__(self, code: np.ndarray, end: np.ndarray, rowno: np.ndarray) -> None:
-        order = np.lexsort((rowno, end, code))
+        order = np.lexsort((end, code))  # stable: ties stay in table order (rowno ascends)
         self.rowno, code, end = rowno[order], code[order], end[order]
         self.end = end
         head = np.ones(len(code), bool)
