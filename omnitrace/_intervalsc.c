@@ -233,19 +233,31 @@ typedef struct { int64_t t; int64_t d, merged; } Edge;       /* d: +1 start, -1 
 typedef struct { int64_t sender, task; } Task;
 typedef struct { int64_t pair, start, end; double f0, f1; } Merged;
 
-/* A stable bottom-up merge sort of n items of `type` by `less`, with scratch `tmp`. */
+/* A stable sort of n items of `type` by `less`, with scratch `tmp`: insertion sort of
+   runs of 16, then bottom-up merges. */
 #define MERGE_SORT(name, type, less)                                                     \
     static void name(type *a, type *tmp, Py_ssize_t n) {                                 \
-        for (Py_ssize_t w = 1; w < n; w *= 2) {                                          \
+        for (Py_ssize_t lo = 0; lo < n; lo += 16) {                                      \
+            Py_ssize_t hi = lo + 16 < n ? lo + 16 : n;                                   \
+            for (Py_ssize_t i = lo + 1; i < hi; i++) {                                   \
+                type x = a[i];                                                           \
+                Py_ssize_t j = i;                                                        \
+                for (; j > lo && less(&x, &a[j - 1]); j--) a[j] = a[j - 1];              \
+                a[j] = x;                                                                \
+            }                                                                            \
+        }                                                                                \
+        type *src = a, *dst = tmp;                                                       \
+        for (Py_ssize_t w = 16; w < n; w *= 2) {                                         \
             for (Py_ssize_t lo = 0; lo < n; lo += 2 * w) {                               \
                 Py_ssize_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n; \
                 Py_ssize_t i = lo, j = mid, k = lo;                                      \
-                while (i < mid && j < hi) tmp[k++] = less(&a[j], &a[i]) ? a[j++] : a[i++]; \
-                while (i < mid) tmp[k++] = a[i++];                                       \
-                while (j < hi) tmp[k++] = a[j++];                                        \
+                while (i < mid && j < hi) dst[k++] = less(&src[j], &src[i]) ? src[j++] : src[i++]; \
+                while (i < mid) dst[k++] = src[i++];                                     \
+                while (j < hi) dst[k++] = src[j++];                                      \
             }                                                                            \
-            memcpy(a, tmp, (size_t)n * sizeof(type));                                   \
+            type *t = src; src = dst; dst = t;                                           \
         }                                                                                \
+        if (src != a) memcpy(a, src, (size_t)n * sizeof(type));                          \
     }
 #define PIECE_LESS(x, y) ((x)->culprit < (y)->culprit || ((x)->culprit == (y)->culprit && (x)->start < (y)->start))
 #define EDGE_LESS(x, y) ((x)->t < (y)->t || ((x)->t == (y)->t && (x)->d < (y)->d))
