@@ -453,9 +453,84 @@ static PyObject *pairs(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     return n < 0 ? NULL : PyLong_FromSsize_t(n);
 }
 
+/* ---- Overlap pieces: intervals.other_pieces (its numpy _pieces_in) in C.
+
+   pieces(starts, ends, owners, q0, q1, qowner, lo, hi, out_q, out_iv, out_lo, out_hi) -> n
+   Query i walks intervals [lo[i], hi[i]) and writes each overlap of positive length with
+   an interval of another owner: (i, interval index, overlap start, overlap end), queries in
+   index order, intervals in order. The outputs must hold sum(hi - lo) rows. */
+static Py_ssize_t run_pieces(const int64_t *const *in, int64_t *const *out, Py_ssize_t nq) {
+    const int64_t *starts = in[0], *ends = in[1], *owners = in[2], *q0 = in[3], *q1 = in[4],
+                  *qowner = in[5], *lo = in[6], *hi = in[7];
+    Py_ssize_t w = 0;
+    for (Py_ssize_t i = 0; i < nq; i++) {
+        int64_t a0 = q0[i], b0 = q1[i], me = qowner[i];
+        for (int64_t j = lo[i]; j < hi[i]; j++) {
+            int64_t a = starts[j] > a0 ? starts[j] : a0, b = ends[j] < b0 ? ends[j] : b0;
+            if (b <= a || owners[j] == me) continue;
+            out[0][w] = i; out[1][w] = j; out[2][w] = a; out[3][w] = b;
+            w++;
+        }
+    }
+    return w;
+}
+
+static const char *const PIECE_NAMES[12] = {
+    "starts", "ends", "owners", "q0", "q1", "qowner", "lo", "hi", "out_q", "out_iv", "out_lo", "out_hi"};
+
+/* Lengths agree, every [lo, hi) lies in the intervals, the outputs hold every row. */
+static int check_pieces(Py_buffer *v) {
+    Py_ssize_t nt = v[0].shape[0], nq = v[3].shape[0], rows = 0;
+    const int64_t *lo = v[6].buf, *hi = v[7].buf;
+    for (int b = 1; b < 8; b++)
+        if (v[b].shape[0] != (b < 3 ? nt : nq)) {
+            PyErr_Format(PyExc_ValueError, "%s: not one entry per %s", PIECE_NAMES[b], b < 3 ? "interval" : "query");
+            return -1;
+        }
+    for (Py_ssize_t i = 0; i < nq; i++) {
+        if (hi[i] <= lo[i]) continue;
+        if (lo[i] < 0 || hi[i] > nt) {
+            PyErr_SetString(PyExc_IndexError, "a query's interval range [lo, hi) is out of bounds");
+            return -1;
+        }
+        rows += hi[i] - lo[i];
+    }
+    for (int b = 8; b < 12; b++)
+        if (v[b].shape[0] < rows) {
+            PyErr_Format(PyExc_ValueError, "%s: room for %zd rows is needed", PIECE_NAMES[b], rows);
+            return -1;
+        }
+    return 0;
+}
+
+static PyObject *pieces(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "pieces() takes 12 arguments");
+        return NULL;
+    }
+    Py_buffer v[12];
+    int got = 0;
+    Py_ssize_t n = -1;
+    for (; got < 12; got++)
+        if (get_int64(args[got], &v[got], PIECE_NAMES[got], got >= 8) < 0) break;
+    if (got == 12 && check_pieces(v) == 0) {
+        const int64_t *in[8];
+        int64_t *out[4];
+        for (int b = 0; b < 8; b++) in[b] = v[b].buf;
+        for (int b = 0; b < 4; b++) out[b] = v[8 + b].buf;
+        Py_BEGIN_ALLOW_THREADS
+        n = run_pieces(in, out, v[3].shape[0]);
+        Py_END_ALLOW_THREADS
+    }
+    while (got > 0) PyBuffer_Release(&v[--got]);
+    return n < 0 ? NULL : PyLong_FromSsize_t(n);
+}
+
 static PyMethodDef methods[] = {
     {"rank", (PyCFunction)(void (*)(void))rank, METH_FASTCALL,
      "rank(starts, ends, owners, q0, q1, qowner, lo, hi, k, out_q, out_first, out_rank) -> rows"},
+    {"pieces", (PyCFunction)(void (*)(void))pieces, METH_FASTCALL,
+     "pieces(starts, ends, owners, q0, q1, qowner, lo, hi, out_q, out_iv, out_lo, out_hi) -> rows"},
     {"pairs", (PyCFunction)(void (*)(void))pairs, METH_FASTCALL,
      "pairs(vi, culprit, start, end, sender, task, wall, chunk, p_victim, p_culprit, p_wall, p_chunk, "
      "p_tasks) -> pairs"},

@@ -53,7 +53,34 @@ def other_pieces(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: n
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each overlap of a query with an interval of another owner, of positive length:
     (query index, interval index, overlap start, overlap end), by query then interval."""
-    return _pieces_in(starts, ends, owners, q0, q1, qowner, *_candidates(starts, ends, q0, q1))
+    first, stop = _candidates(starts, ends, q0, q1)
+    if _intervalsc is None or not _int64_safe(starts, ends, owners, q0, q1, qowner):
+        return _pieces_in(starts, ends, owners, q0, q1, qowner, first, stop)
+    return _pieces_compiled(starts, ends, owners, q0, q1, qowner, first, stop)
+
+
+def _int64_safe(*arrays: np.ndarray) -> bool:
+    """Whether every array's values are integers an int64 holds (the compiled kernels' input)."""
+    return all(a.dtype.kind in "iu" and (a.dtype.kind == "i" or a.dtype.itemsize < 8) for a in arrays)
+
+
+def _pieces_compiled(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.ndarray,
+                     q1: np.ndarray, qowner: np.ndarray, first: np.ndarray, stop: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_pieces_in` by ``_intervalsc.pieces`` (one pass over each query's candidates,
+    no temporaries per candidate); only the intervals some query may overlap are handed over."""
+    some = stop > first
+    rows = int((stop - first)[some].sum())
+    out = [np.empty(rows, np.int64) for _ in range(4)]
+    if rows:
+        i0, i1 = int(first[some].min()), int(stop[some].max())
+        as64 = [np.ascontiguousarray(a, np.int64) for a in (starts[i0:i1], ends[i0:i1], owners[i0:i1],
+                                                           q0, q1, qowner, first - i0, stop - i0)]
+        n = _intervalsc.pieces(*as64, *out)
+        out = [c[:n] for c in out]
+        out[1] += i0
+    piece_dtype = np.result_type(starts.dtype, q0.dtype)  # np.maximum's in the reference
+    return out[0], out[1], out[2].astype(piece_dtype, copy=False), out[3].astype(piece_dtype, copy=False)
 
 
 def _pieces_in(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.ndarray,

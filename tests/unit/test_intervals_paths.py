@@ -173,3 +173,35 @@ def test_compiled_pair_figures_refuse_bad_buffers():
         intervals._intervalsc.pairs(z + 2, z, z, z, z, z, f, z, z, z, f, z, z)
     with pytest.raises(ValueError):
         intervals._intervalsc.pairs(z, z, z, z, z, z, f, z, z[:1], z, f, z, z)
+
+
+@built
+@pytest.mark.parametrize("seed", range(60))
+def test_compiled_pieces_are_the_reference(seed):
+    """other_pieces, compiled, gives the numpy pieces (same rows, order and dtypes)."""
+    kind, (s, e, o, q0, q1, qo) = shape(seed)
+    want = intervals._pieces_in(s, e, o, q0, q1, qo, *intervals._candidates(s, e, q0, q1))
+    assert_same(intervals.other_pieces(s, e, o, q0, q1, qo), want, kind)
+    # the waits' owners as int64 against uint32 tasks' (the head-of-line rule's mix)
+    qo = qo.astype(np.int64)
+    want = intervals._pieces_in(s, e, o, q0, q1, qo, *intervals._candidates(s, e, q0, q1))
+    assert_same(intervals.other_pieces(s, e, o, q0, q1, qo), want, kind)
+
+
+@built
+def test_compiled_pieces_refuse_bad_buffers():
+    z = np.zeros(2, np.int64)
+    out = np.zeros(4, np.int64)
+    with pytest.raises(TypeError):
+        intervals._intervalsc.pieces(z.astype(np.int32), z, z, z, z, z, z, z, out, out, out, out)
+    with pytest.raises(IndexError):
+        intervals._intervalsc.pieces(z, z, z, z, z, z, z, z + 5, out, out, out, out)
+    with pytest.raises(ValueError):
+        intervals._intervalsc.pieces(z, z, z, z, z, z, z, z + 2, out[:1], out, out, out)
+
+
+def test_pieces_of_floats_stay_numpy():
+    """Times that are not integers (or uint64) never reach the int64 kernel."""
+    s, e, o = np.array([0.5, 2.0]), np.array([1.5, 3.0]), np.array([1, 2])
+    got = intervals.other_pieces(s, e, o, np.array([0.0]), np.array([2.5]), np.array([3]))
+    assert [c.tolist() for c in got] == [[0, 0], [0, 1], [0.5, 2.0], [1.5, 2.5]]
