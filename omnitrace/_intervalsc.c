@@ -526,11 +526,85 @@ static PyObject *pieces(PyObject *module, PyObject *const *args, Py_ssize_t narg
     return n < 0 ? NULL : PyLong_FromSsize_t(n);
 }
 
+/* ---- The walk's latest-span lookups: rules/walk.py _Latest.by (numpy) in C.
+
+   latest(groups, lo, end, rowno, code, t, fallback, out) -> None
+   Spans sorted by (group code, end, table order): group g's are [lo[g], lo[g + 1]), codes
+   `groups` ascending. Per query: the row number of the latest span of its code's group
+   ending by t[i] (among equal ends the first), -1 where none; with `fallback`, where none
+   ends by t[i], the latest of the group; -1 where the code has no group. */
+static Py_ssize_t upper_bound(const int64_t *a, Py_ssize_t lo, Py_ssize_t hi, int64_t x) {
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (a[mid] <= x) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static Py_ssize_t lower_bound(const int64_t *a, Py_ssize_t lo, Py_ssize_t hi, int64_t x) {
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (a[mid] < x) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static void run_latest(const int64_t *const *in, Py_ssize_t ng, Py_ssize_t nq, int fallback, int64_t *out) {
+    const int64_t *groups = in[0], *lo = in[1], *end = in[2], *rowno = in[3], *code = in[4], *t = in[5];
+    for (Py_ssize_t i = 0; i < nq; i++) {
+        Py_ssize_t g = lower_bound(groups, 0, ng, code[i]);
+        out[i] = -1;
+        if (g >= ng || groups[g] != code[i]) continue;
+        Py_ssize_t a = lo[g], b = lo[g + 1], p = upper_bound(end, a, b, t[i]) - 1;
+        if (p < a) {
+            if (!fallback) continue;
+            p = b - 1;
+        }
+        out[i] = rowno[lower_bound(end, a, p, end[p])];
+    }
+}
+
+static PyObject *latest(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *const names[8] = {"groups", "lo", "end", "rowno", "code", "t", "fallback", "out"};
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "latest() takes 8 arguments");
+        return NULL;
+    }
+    int fallback = PyObject_IsTrue(args[6]);
+    if (fallback < 0) return NULL;
+    Py_buffer v[7];
+    int got = 0, ok = 0;
+    for (; got < 7; got++)
+        if (get_int64(args[got < 6 ? got : 7], &v[got], names[got < 6 ? got : 7], got == 6) < 0) break;
+    if (got == 7) {
+        Py_ssize_t ng = v[0].shape[0], nrows = v[2].shape[0], nq = v[4].shape[0];
+        const int64_t *lo = v[1].buf;
+        ok = v[1].shape[0] == ng + 1 && v[3].shape[0] == nrows && v[5].shape[0] == nq && v[6].shape[0] == nq;
+        for (Py_ssize_t g = 0; ok && g < ng; g++)
+            ok = lo[g] >= 0 && lo[g] < lo[g + 1] && lo[g + 1] <= nrows;
+        if (!ok) {
+            PyErr_SetString(PyExc_ValueError, "latest(): lo must bound non-empty groups of the rows, "
+                            "rowno match end, t and out match code");
+        } else {
+            const int64_t *in[6];
+            for (int b = 0; b < 6; b++) in[b] = v[b].buf;
+            Py_BEGIN_ALLOW_THREADS
+            run_latest(in, ng, nq, fallback, v[6].buf);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    while (got > 0) PyBuffer_Release(&v[--got]);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"rank", (PyCFunction)(void (*)(void))rank, METH_FASTCALL,
      "rank(starts, ends, owners, q0, q1, qowner, lo, hi, k, out_q, out_first, out_rank) -> rows"},
     {"pieces", (PyCFunction)(void (*)(void))pieces, METH_FASTCALL,
      "pieces(starts, ends, owners, q0, q1, qowner, lo, hi, out_q, out_iv, out_lo, out_hi) -> rows"},
+    {"latest", (PyCFunction)(void (*)(void))latest, METH_FASTCALL,
+     "latest(groups, lo, end, rowno, code, t, fallback, out) -> None"},
     {"pairs", (PyCFunction)(void (*)(void))pairs, METH_FASTCALL,
      "pairs(vi, culprit, start, end, sender, task, wall, chunk, p_victim, p_culprit, p_wall, p_chunk, "
      "p_tasks) -> pairs"},

@@ -23,6 +23,11 @@ from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.rules import attribution as at
 
+try:  # the latest-span lookups compiled (omnitrace/_intervalsc.c), where built
+    from omnitrace import _intervalsc
+except ImportError:
+    _intervalsc = None
+
 CAT = {c: i for i, c in enumerate(at.CATEGORIES)}
 DETAILS = ("", "gap", "inbox", "submit", "unwalked", "overlap")
 _GAP, _INBOX, _SUBMIT, _UNWALKED, _OVERLAP = 1, 2, 3, 4, 5
@@ -52,7 +57,9 @@ def _code(req: np.ndarray, a: np.ndarray, b: np.ndarray, chunk: np.ndarray) -> n
 
 class _Latest:
     """Spans grouped by an int64 code, for "the latest span ending by t" lookups: per
-    group sorted by end, ties in table order (a Python ``max`` keeps the first)."""
+    group sorted by end, ties in table order (a Python ``max`` keeps the first). The
+    lookups are ``_intervalsc.latest`` where built (a binary search per query in its
+    group), else :meth:`by_reference` (numpy, the one the compiled one is tested against)."""
 
     def __init__(self, code: np.ndarray, end: np.ndarray, rowno: np.ndarray) -> None:
         order = np.lexsort((end, code))  # stable: ties stay in table order (rowno ascends)
@@ -62,13 +69,18 @@ class _Latest:
         head[1:] = code[1:] != code[:-1]
         self.groups = code[head]
         self.lo = np.append(np.flatnonzero(head), len(code))
-        gid = np.cumsum(head) - 1
-        # (group, rank of end) as one sorted int64: one searchsorted finds the latest end
-        # <= t in any group (ranks among all ends, ties alike: exact whatever the times;
-        # end <= t exactly when rank(end) < #ends <= t)
-        self.ends = np.sort(end)
-        self.width = len(self.ends) + 1
-        self.comp = gid * self.width + np.searchsorted(self.ends, end) + 1
+        self._head = head
+        self.comp = self.ends = None
+
+    def _ranked(self) -> None:
+        """(group, rank of end) as one sorted int64 (``comp``): one searchsorted finds the
+        latest end <= t in any group (ranks among all ends, ties alike: exact whatever
+        the times; end <= t exactly when rank(end) < #ends <= t). Made for the reference
+        lookups only."""
+        if self.comp is None:
+            self.ends = np.sort(self.end)
+            self.width = len(self.ends) + 1
+            self.comp = (np.cumsum(self._head) - 1) * self.width + np.searchsorted(self.ends, self.end) + 1
 
     def _group(self, code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Each code's group, its rows [lo, hi), whether it has any (some groups)."""
@@ -82,9 +94,21 @@ class _Latest:
         """Row numbers (-1: none) of the latest span of each group ending by ``t``; with
         ``fallback`` the reference's ``_latest``: if none ends by ``t``, the latest of all
         (so a group of one gives that one)."""
+        if _intervalsc is None or not len(self.groups) or not len(code):
+            return self.by_reference(code, t, fallback)
+        out = np.empty(len(code), np.int64)
+        i8 = np.int64
+        _intervalsc.latest(self.groups, self.lo, np.ascontiguousarray(self.end, i8), self.rowno,
+                           np.ascontiguousarray(code, i8), np.ascontiguousarray(np.broadcast_to(t, len(code)), i8),
+                           fallback, out)
+        return out
+
+    def by_reference(self, code: np.ndarray, t: np.ndarray, fallback: bool = True) -> np.ndarray:
+        """:meth:`by` in numpy."""
         out = np.full(len(code), _NONE, np.int64)
         if not len(self.groups) or not len(code):
             return out
+        self._ranked()
         g, lo, hi, found = self._group(code)
         q = g * self.width + np.searchsorted(self.ends, t, "right")
         p = np.searchsorted(self.comp, q, "right") - 1
