@@ -324,12 +324,13 @@ def _request_row(a: at.Attribution, tot: dict[tuple[int, str], int], client: Any
     return row
 
 
-def _segments(a: at.Attribution, label: Callable[[int], str]) -> list[list[Any]]:
-    """A request row's critical path: [start ms after arrival, ms, stage, category, detail]."""
+def _segments(a: at.Attribution, label: Callable[[int], str]) -> list[tuple[Any, ...]]:
+    """A request row's critical path: (start ms after arrival, ms, stage, category, detail),
+    each a JSON array (tuples: an hour's run has millions, made, pickled and read back)."""
     arrival = a.arrival
     # (end - start): g.dur, without a property call per segment
-    return [[(g.start - arrival) * NS_TO_MS, (g.end - g.start) * NS_TO_MS, label(g.stage),
-             g.category, g.detail] for g in a.segments]
+    return [((g.start - arrival) * NS_TO_MS, (g.end - g.start) * NS_TO_MS, label(g.stage),
+             g.category, g.detail) for g in a.segments]
 
 
 WALK_BATCH = 8192  # requests walked at once (rules/walk.py: fewer than 2^16)
@@ -434,18 +435,26 @@ def _batch_rows(wk: walk.Walked, ok: list[int], ctx: _RowContext) -> tuple[list[
 
 
 def _objects(codes: np.ndarray, make: Callable[[int], Any]) -> list[Any]:
-    """``make(code)`` of each code, made once per distinct code."""
-    uniq, inv = np.unique(codes, return_inverse=True)
-    return np.array([make(c) for c in uniq.tolist()] + [None], object)[:-1][inv].tolist()
+    """``make(code)`` of each code, made once per distinct code (codes in a small range:
+    one per code of the range, a lookup table; else per distinct code, by a sort)."""
+    if not len(codes):
+        return []
+    lo, hi = int(codes.min()), int(codes.max())
+    if hi - lo < 1 << 16:
+        made, at_ = [make(c) for c in range(lo, hi + 1)], codes.astype(np.int64) - lo
+    else:
+        uniq, at_ = np.unique(codes, return_inverse=True)
+        made = [make(c) for c in uniq.tolist()]
+    return np.array(made + [None], object)[:-1][at_].tolist()
 
 
 def _segment_lists(wk: walk.Walked, req: np.ndarray, dur: np.ndarray, label: Callable[[int], str]
-                   ) -> list[list[Any]]:
-    """Every segment of a batch walk as its row's list [start ms after arrival, ms, stage,
-    category, detail] (:func:`_segments`)."""
-    return list(map(list, zip(((wk.seg_start - wk.arrival[req]) * NS_TO_MS).tolist(), (dur * NS_TO_MS).tolist(),
-                              _objects(wk.seg_stage, label), _objects(wk.seg_cat, at.CATEGORIES.__getitem__),
-                              _objects(wk.seg_detail, walk.DETAILS.__getitem__))))
+                   ) -> list[tuple[Any, ...]]:
+    """Every segment of a batch walk as its row's (start ms after arrival, ms, stage,
+    category, detail) (:func:`_segments`)."""
+    return list(zip(((wk.seg_start - wk.arrival[req]) * NS_TO_MS).tolist(), (dur * NS_TO_MS).tolist(),
+                    _objects(wk.seg_stage, label), _objects(wk.seg_cat, at.CATEGORIES.__getitem__),
+                    _objects(wk.seg_detail, walk.DETAILS.__getitem__)))
 
 
 # each category's place in name order (a row lists its categories sorted by (stage, name))
