@@ -55,6 +55,21 @@ def _code(req: np.ndarray, a: np.ndarray, b: np.ndarray, chunk: np.ndarray) -> n
             | (np.asarray(chunk, i8) + 1))
 
 
+def _by_code_then_end(code: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """``np.lexsort((end, code))`` (ties in table order): a stable sort by code, then only
+    the groups whose ends are not in table order already re-sorted by end (most groups are
+    one span, or spans in time order: a full sort by end cost as much as the rest)."""
+    order = np.argsort(code, kind="stable")
+    c, e = code[order], end[order]
+    same = c[1:] == c[:-1]
+    bad = same & (e[1:] < e[:-1])
+    if bad.any():
+        gid = np.cumsum(np.concatenate(([True], ~same)))
+        rows = np.flatnonzero(np.isin(gid, gid[1:][bad]))  # contiguous per group, in order
+        order[rows] = order[rows][np.lexsort((e[rows], c[rows]))]
+    return order
+
+
 class _Latest:
     """Spans grouped by an int64 code, for "the latest span ending by t" lookups: per
     group sorted by end, ties in table order (a Python ``max`` keeps the first). The
@@ -62,7 +77,7 @@ class _Latest:
     group), else :meth:`by_reference` (numpy, the one the compiled one is tested against)."""
 
     def __init__(self, code: np.ndarray, end: np.ndarray, rowno: np.ndarray) -> None:
-        order = np.lexsort((end, code))  # stable: ties stay in table order (rowno ascends)
+        order = _by_code_then_end(code, end)
         self.rowno, code, end = rowno[order], code[order], end[order]
         self.end = end
         head = np.ones(len(code), bool)

@@ -51,3 +51,13 @@ def test_compiled_latest_refuses_bad_groups():
         walk._intervalsc.latest(z[:1], np.array([0, 5]), z, z, z, z, True, z.copy())
     with pytest.raises(TypeError):
         walk._intervalsc.latest(z[:1], np.array([0, 2]), z.astype(np.int32), z, z, z, True, z.copy())
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_sort_by_code_then_end_is_lexsort(seed):
+    """Groups in time order, groups out of it, ties of end within a group (table order kept)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 3000))
+    code = rng.integers(0, int(rng.integers(1, 400)), n) << 33
+    end = np.sort(rng.integers(0, 50, n)) if seed % 3 == 0 else rng.integers(0, int(rng.choice([3, 10**9])), n)
+    assert walk._by_code_then_end(code, end).tolist() == np.lexsort((end, code)).tolist()
