@@ -480,11 +480,12 @@ def _unpacked(w: _Walked) -> _Walked:
     return w
 
 
-# Seconds per request walked (with its report row and head-of-line pairs; about half of it
-# the head-of-line pairs) and per figure-table row summarised (measured on a 2-core VM, an
-# hour's run, both processes busy): their ratio splits the work so that this process
+# Seconds per request walked (with its report row and head-of-line pairs) and per
+# figure-table row summarised (measured on a 2-core VM, an hour's run, both processes busy;
+# the walk's halved since, with the compiled head-of-line figures and span lookups, as
+# measured on a 49M-event run): their ratio splits the work so that this process
 # (figures, then its share of the walk) and the child finish together.
-WALK_S, FIGURE_ROW_S = 4.0e-4, 1.3e-7
+WALK_S, FIGURE_ROW_S = 2.0e-4, 1.3e-7
 
 
 def _walk_here(requests: int, figure_rows: int) -> int:

@@ -70,6 +70,16 @@ def _by_code_then_end(code: np.ndarray, end: np.ndarray) -> np.ndarray:
     return order
 
 
+def _codes_both_ways(req: np.ndarray, a: np.ndarray, b: np.ndarray, chunk: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """``_code(req, a, b, chunk)`` and ``_code(req, b, a, chunk)``, sharing their request
+    and chunk bits."""
+    i8 = np.int64
+    base = (np.asarray(req, i8) << 47) | (np.asarray(chunk, i8) + 1)
+    a1, b1 = np.asarray(a, i8) + 1, np.asarray(b, i8) + 1
+    return base | (a1 << 39) | (b1 << 31), base | (b1 << 39) | (a1 << 31)
+
+
 class _Latest:
     """Spans grouped by an int64 code, for "the latest span ending by t" lookups: per
     group sorted by end, ties in table order (a Python ``max`` keeps the first). The
@@ -288,8 +298,7 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
 
     stage, peer, chunk = rows["stage"], rows["peer"], rows["chunk"]
     start, end = rows["start"], rows["end"]
-    prod_code = _code(owner, stage, peer, chunk)
-    cons_code = _code(owner, peer, stage, chunk)
+    prod_code, cons_code = _codes_both_ways(owner, stage, peer, chunk)
 
     sched, get, put, fifo, snap, proc, made = _indexes(rows, owner, prod_code, cons_code)
 

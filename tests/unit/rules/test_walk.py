@@ -61,3 +61,12 @@ def test_sort_by_code_then_end_is_lexsort(seed):
     code = rng.integers(0, int(rng.integers(1, 400)), n) << 33
     end = np.sort(rng.integers(0, 50, n)) if seed % 3 == 0 else rng.integers(0, int(rng.choice([3, 10**9])), n)
     assert walk._by_code_then_end(code, end).tolist() == np.lexsort((end, code)).tolist()
+
+
+def test_codes_both_ways_are_two_codes():
+    rng = np.random.default_rng(3)
+    req, a, b = rng.integers(0, 1 << 16, 500), rng.integers(-1, 255, 500), rng.integers(-1, 255, 500)
+    chunk = rng.integers(-1, (1 << 31) - 1, 500)
+    p, c = walk._codes_both_ways(req, a, b, chunk)
+    assert p.tolist() == walk._code(req, a, b, chunk).tolist()
+    assert c.tolist() == walk._code(req, b, a, chunk).tolist()
