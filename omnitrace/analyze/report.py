@@ -535,30 +535,44 @@ def _head_of_line(run: Run, w: _Walked, requests: list[dict[str, Any]]
                   ) -> tuple[list[dict[str, Any]], int, list[dict[str, Any]]]:
     """The largest (victim, culprit) pairs as rows, how many pairs there are, the victims."""
     hp = w.hp
-    hol_rows, hol_victims = [], []
     ttfp_of = {r["id"]: r["ttfp_ms"] for r in requests}
-    for i in np.flatnonzero(hp.wall > 0).tolist():
-        vid = run.chunk_requests[w.victim_req[i]]
-        hol_victims.append({"victim": vid, "ttfp_ms": ttfp_of[vid], "blocked_ms": float(hp.wall[i]) * NS_TO_MS,
-                            "chunk_time_sum_ms": int(hp.chunk_ns[i]) * NS_TO_MS,
-                            "culprits": int(hp.culprits[i])})
-    # the largest pairs (by blocked ms, then victim and culprit id) become rows: a long run
-    # has millions of pairs
-    hol_pairs = len(hp.victim)
-    if hol_pairs:
-        rank = np.empty(len(run.chunk_requests), np.int64)  # ids' string order
-        rank[np.argsort(np.array(run.chunk_requests), kind="stable")] = np.arange(len(rank))
-        vreq = np.array(w.victim_req, np.int64)[hp.victim]
-        top = np.lexsort((rank[hp.culprit], rank[vreq], -(hp.pair_wall * NS_TO_MS)))[:MAX_HOL_PAIRS]
-        for j in top.tolist():
-            vid = run.chunk_requests[int(vreq[j])]
-            hol_rows.append({"victim": vid, "culprit": run.chunk_requests[int(hp.culprit[j])],
-                             "blocked_ms": float(hp.pair_wall[j]) * NS_TO_MS,
-                             "chunk_time_sum_ms": int(hp.pair_chunk[j]) * NS_TO_MS,
-                             "tasks": int(hp.pair_tasks[j]), "victim_ttfp_ms": ttfp_of[vid]})
+    blocked = np.flatnonzero(hp.wall > 0)
+    ids = [run.chunk_requests[i] for i in np.array(w.victim_req, np.int64)[blocked].tolist()]
+    hol_victims = [{"victim": vid, "ttfp_ms": ttfp_of[vid], "blocked_ms": ms, "chunk_time_sum_ms": sum_ms,
+                    "culprits": n}
+                   for vid, ms, sum_ms, n in zip(ids, (hp.wall[blocked] * NS_TO_MS).tolist(),
+                                                 (hp.chunk_ns[blocked] * NS_TO_MS).tolist(),
+                                                 hp.culprits[blocked].tolist())]
     hol_victims.sort(key=lambda r: (-r["blocked_ms"], r["victim"]))
+    hol_pairs = len(hp.victim)
+    return _top_pairs(run, w, ttfp_of) if hol_pairs else [], hol_pairs, hol_victims
 
-    return hol_rows, hol_pairs, hol_victims
+
+def _top_pairs(run: Run, w: _Walked, ttfp_of: dict[str, float]) -> list[dict[str, Any]]:
+    """The largest (victim, culprit) pairs (by blocked ms, then victim and culprit id) as
+    rows: a long run has millions of pairs, so only those that may rank among the first
+    MAX_HOL_PAIRS by blocked ms are sorted, and only their ids ranked."""
+    hp = w.hp
+    key = -(hp.pair_wall * NS_TO_MS)
+    if len(key) > MAX_HOL_PAIRS:
+        cand = np.flatnonzero(key <= np.partition(key, MAX_HOL_PAIRS - 1)[MAX_HOL_PAIRS - 1])
+    else:
+        cand = np.arange(len(key))
+    vreq = np.array(w.victim_req, np.int64)[hp.victim[cand]]
+    culprit = hp.culprit[cand].astype(np.int64)
+    idx = np.unique(np.concatenate((vreq, culprit)))  # the ids' string order among these
+    names = [run.chunk_requests[i] for i in idx.tolist()]
+    rank = np.empty(len(idx), np.int64)
+    rank[sorted(range(len(idx)), key=names.__getitem__)] = np.arange(len(idx))
+    top = np.lexsort((rank[np.searchsorted(idx, culprit)], rank[np.searchsorted(idx, vreq)], key[cand]))
+    rows = []
+    for j in top[:MAX_HOL_PAIRS].tolist():
+        vid, p = run.chunk_requests[int(vreq[j])], int(cand[j])
+        rows.append({"victim": vid, "culprit": run.chunk_requests[int(culprit[j])],
+                     "blocked_ms": float(hp.pair_wall[p]) * NS_TO_MS,
+                     "chunk_time_sum_ms": int(hp.pair_chunk[p]) * NS_TO_MS,
+                     "tasks": int(hp.pair_tasks[p]), "victim_ttfp_ms": ttfp_of[vid]})
+    return rows
 
 
 def _waterfalls(run: Run, reqs: dict[str, at.RequestSpans], w: _Walked, requests: list[dict[str, Any]],
