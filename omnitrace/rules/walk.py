@@ -361,16 +361,17 @@ def _indexes(rows: np.ndarray, owner: np.ndarray, prod_code: np.ndarray, cons_co
     """The latest-by-time indexes the walk looks spans up in: the consumer's ready-to-
     scheduled waits (by request and stage), gets, puts (the latest BEGUN by a time), FIFO
     waits, snapshots, payload builds, and the builds that made a chunk."""
-    name, rowno, end = rows["name"], np.arange(len(rows)), rows["end"]
+    name, end = rows["name"], np.ascontiguousarray(rows["end"])
 
     def index(sel: np.ndarray, code: np.ndarray, by: np.ndarray = end) -> _Latest:
-        return _Latest(code[sel], by[sel], rowno[sel])
+        rowno = np.flatnonzero(sel)
+        return _Latest(code[rowno], by[rowno], rowno)
 
-    none = np.full(len(rows), -1)
-    ready = (name == stt.N_WAIT) & (rows["reason"] == 0)
-    return (index(ready, _code(owner, rows["stage"], none, none)), index(name == stt.N_GET, cons_code),
-            index(name == stt.N_PUT, prod_code, by=rows["start"]), index(name == stt.N_FIFO, prod_code),
-            index(name == stt.N_SNAPSHOT, prod_code), index(name == stt.N_PROCESS, prod_code),
+    ready = np.flatnonzero((name == stt.N_WAIT) & (rows["reason"] == 0))
+    return (_Latest(_code(owner[ready], rows["stage"][ready], -1, -1), end[ready], ready),
+            index(name == stt.N_GET, cons_code), index(name == stt.N_PUT, prod_code, by=rows["start"]),
+            index(name == stt.N_FIFO, prod_code), index(name == stt.N_SNAPSHOT, prod_code),
+            index(name == stt.N_PROCESS, prod_code),
             index((name == stt.N_PROCESS) & (rows[stt.BYTES] > 0), prod_code))
 
 
