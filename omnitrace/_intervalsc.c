@@ -1,4 +1,10 @@
-/* The compiled FIFO culprit ranking: omnitrace.intervals.top_others in C.
+/* The compiled interval kernels, each the C twin of a numpy reference kept beside its
+   caller and tested equal to it on random inputs (tests/unit/test_intervals_paths.py,
+   tests/unit/rules/test_walk.py): rank (the FIFO culprit ranking, below), pieces
+   (intervals.other_pieces), pairs (intervals.pair_figures: the head-of-line figures) and
+   latest (rules/walk.py's latest-span lookups). Each section states its contract.
+
+   The FIFO culprit ranking: omnitrace.intervals.top_others in C.
 
    intervals.py owns the rule and states it; top_others_reference there (numpy: every
    (wait, task) overlap enumerated, then two lexsorts and a reduceat) is the reference this
@@ -263,8 +269,29 @@ typedef struct { int64_t pair, start, end; double f0, f1; } Merged;
 #define EDGE_LESS(x, y) ((x)->t < (y)->t || ((x)->t == (y)->t && (x)->d < (y)->d))
 #define TASK_LESS(x, y) ((x)->sender < (y)->sender || ((x)->sender == (y)->sender && (x)->task < (y)->task))
 MERGE_SORT(sort_pieces, Piece, PIECE_LESS)
-MERGE_SORT(sort_edges, Edge, EDGE_LESS)
 MERGE_SORT(sort_tasks, Task, TASK_LESS)
+
+/* Merge the nruns runs of edges a[bounds[r]:bounds[r + 1]], each in time order, into one
+   (bottom-up, pairs of neighbours; bounds is overwritten). */
+static void merge_runs(Edge *a, Edge *tmp, Py_ssize_t *bounds, Py_ssize_t nruns) {
+    Py_ssize_t total = bounds[nruns];
+    Edge *src = a, *dst = tmp;
+    while (nruns > 1) {
+        Py_ssize_t out = 0;
+        for (Py_ssize_t r = 0; r < nruns; r += 2) {
+            Py_ssize_t lo = bounds[r], mid = r + 1 < nruns ? bounds[r + 1] : total;
+            Py_ssize_t hi = r + 2 < nruns ? bounds[r + 2] : total, i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) dst[k++] = EDGE_LESS(&src[j], &src[i]) ? src[j++] : src[i++];
+            while (i < mid) dst[k++] = src[i++];
+            while (j < hi) dst[k++] = src[j++];
+            bounds[out++] = lo;
+        }
+        bounds[out] = total;
+        nruns = out;
+        Edge *t = src; src = dst; dst = t;
+    }
+    if (src != a) memcpy(a, src, (size_t)total * sizeof(Edge));
+}
 
 typedef struct {
     const int64_t *vi, *culprit, *start, *end, *sender, *task;
@@ -277,6 +304,7 @@ typedef struct {
     Task *tasks, *task_tmp;
     Merged *merged;
     Edge *edges, *edge_tmp;
+    Py_ssize_t *runs;     /* each pair's first merged interval: its edges are one time-sorted run */
     double F;             /* the running integral of 1 / active culprits, over the call */
 } PairJob;
 
@@ -293,6 +321,7 @@ static Py_ssize_t victim_pairs(PairJob *job, int64_t v, Py_ssize_t np_, Py_ssize
     Piece *p = job->pieces;
     Py_ssize_t a = 0, m = 0, pairs = 0;
     while (a < np_) {
+        job->runs[pairs] = 2 * m;
         Py_ssize_t b = a;
         int64_t sum = 0, s = p[a].start, reach = p[a].end;
         for (; b < np_ && p[b].culprit == p[a].culprit; b++) {
@@ -312,19 +341,21 @@ static Py_ssize_t victim_pairs(PairJob *job, int64_t v, Py_ssize_t np_, Py_ssize
         pairs++;
         a = b;
     }
+    job->runs[pairs] = 2 * m;
     *nm = m;
     return pairs;
 }
 
 /* Sweep the merged intervals' edges in time order: the union into wall[v], each merged
-   interval's integral at its edges. */
-static void sweep(PairJob *job, int64_t v, Py_ssize_t m) {
+   interval's integral at its edges. A pair's merged intervals are disjoint and in start
+   order, so its edges are in time order already: the pairs' runs are merged. */
+static void sweep(PairJob *job, int64_t v, Py_ssize_t m, Py_ssize_t pairs) {
     Edge *e = job->edges;
     for (Py_ssize_t i = 0; i < m; i++) {
         e[2 * i] = (Edge){job->merged[i].start, 1, i};
         e[2 * i + 1] = (Edge){job->merged[i].end, -1, i};
     }
-    sort_edges(e, job->edge_tmp, 2 * m);
+    merge_runs(e, job->edge_tmp, job->runs, pairs);
     int64_t active = 0;
     double wall = 0.0;
     for (Py_ssize_t k = 0; k < 2 * m; k++) {
@@ -353,7 +384,7 @@ static Py_ssize_t run_pairs(PairJob *job) {
         if (!np_) continue;
         sort_pieces(job->pieces, job->piece_tmp, np_);
         Py_ssize_t pairs = victim_pairs(job, v, np_, row, &m);
-        sweep(job, v, m);
+        sweep(job, v, m, pairs);
         for (Py_ssize_t i = 0; i < m; i++)   /* in start order per pair, as the reference adds */
             job->p_wall[job->merged[i].pair] += job->merged[i].f1 - job->merged[i].f0;
         row += pairs;
@@ -404,7 +435,7 @@ static int bucket_pieces(PairJob *job, Py_buffer *v, Py_ssize_t *widest) {
 
 static void free_pairs(PairJob *job) {
     void *bufs[] = {job->lo, job->order, job->pieces, job->piece_tmp, job->tasks, job->task_tmp,
-                    job->merged, job->edges, job->edge_tmp};
+                    job->merged, job->edges, job->edge_tmp, job->runs};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) PyMem_RawFree(bufs[i]);
 }
 
@@ -423,8 +454,9 @@ static Py_ssize_t pairs_in(PairJob *job, Py_buffer *v) {
         job->merged = PyMem_RawMalloc(w * sizeof(Merged));
         job->edges = PyMem_RawMalloc(2 * w * sizeof(Edge));
         job->edge_tmp = PyMem_RawMalloc(2 * w * sizeof(Edge));
+        job->runs = PyMem_RawMalloc((w + 1) * sizeof(Py_ssize_t));
         if (!job->pieces || !job->piece_tmp || !job->tasks || !job->task_tmp || !job->merged
-            || !job->edges || !job->edge_tmp) {
+            || !job->edges || !job->edge_tmp || !job->runs) {
             PyErr_NoMemory();
         } else {
             Py_BEGIN_ALLOW_THREADS

@@ -13,10 +13,11 @@ start with their ends ascending too (a sender's tasks are disjoint); queries (``
 ``q1``, ``qowner``) are in any order. The report's head-of-line wall time then takes the
 union of each victim's blocked pieces, split among the culprits active at each moment
 (:func:`union_shares`). Everything is vectorised (searchsorted, cumsum): the report runs
-it over millions of spans. The culprit ranking alone has a compiled twin,
-``omnitrace/_intervalsc.c`` (built at install where a C compiler is; tested to rank the
-same), which :func:`top_others` uses when it is there; :func:`top_others_reference` is the
-numpy ranking it follows.
+it over millions of spans. The culprit ranking, the overlap pieces and the head-of-line
+pair figures have compiled twins in ``omnitrace/_intervalsc.c`` (built at install where a C
+compiler is; tested to give the same arrays, the figures' floats bit for bit), used when
+they are there: :func:`top_others_reference`, :func:`_pieces_in` and
+:func:`pair_figures_reference` are the numpy they follow.
 """
 from __future__ import annotations
 
