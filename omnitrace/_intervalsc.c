@@ -1,8 +1,9 @@
 /* The compiled interval kernels, each the C twin of a numpy reference kept beside its
    caller and tested equal to it on random inputs (tests/unit/test_intervals_paths.py,
    tests/unit/rules/test_walk.py): rank (the FIFO culprit ranking, below), pieces
-   (intervals.other_pieces), pairs (intervals.pair_figures: the head-of-line figures) and
-   latest (rules/walk.py's latest-span lookups). Each section states its contract.
+   (intervals.other_pieces), overlap (intervals.other_overlap: the FIFO blocked time), pairs
+   (intervals.pair_figures: the head-of-line figures) and latest (rules/walk.py's
+   latest-span lookups). Each section states its contract.
 
    The FIFO culprit ranking: omnitrace.intervals.top_others in C.
 
@@ -630,11 +631,73 @@ static PyObject *latest(PyObject *module, PyObject *const *args, Py_ssize_t narg
     Py_RETURN_NONE;
 }
 
+/* ---- Blocked time: intervals.other_overlap (numpy prefix sums) in C.
+
+   overlap(starts, ends, owners, q0, q1, qowner, lo, hi, out) -> bool
+   Query i (q0[i] <= q1[i]) walks intervals [lo[i], hi[i]) and writes into out[i] its
+   summed overlap with those of other owners. The reference's prefix sums give that sum
+   only for disjoint intervals in time order: where these are not (an interval ending
+   before it starts or after the next starts), nothing is written and it returns False
+   (the caller keeps the reference's answer). */
+static int disjoint(const int64_t *starts, const int64_t *ends, Py_ssize_t n) {
+    for (Py_ssize_t j = 0; j < n; j++)
+        if (ends[j] < starts[j] || (j + 1 < n && ends[j] > starts[j + 1])) return 0;
+    return 1;
+}
+
+static void run_overlap(const int64_t *const *in, Py_ssize_t nq, int64_t *out) {
+    const int64_t *starts = in[0], *ends = in[1], *owners = in[2], *q0 = in[3], *q1 = in[4],
+                  *qowner = in[5], *lo = in[6], *hi = in[7];
+    for (Py_ssize_t i = 0; i < nq; i++) {
+        int64_t sum = 0, a0 = q0[i], b0 = q1[i], me = qowner[i];
+        for (int64_t j = lo[i]; j < hi[i]; j++) {
+            int64_t a = starts[j] > a0 ? starts[j] : a0, b = ends[j] < b0 ? ends[j] : b0;
+            if (b > a && owners[j] != me) sum += b - a;
+        }
+        out[i] = sum;
+    }
+}
+
+static PyObject *overlap(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "overlap() takes 9 arguments");
+        return NULL;
+    }
+    Py_buffer v[9];
+    int got = 0, ok = -1;
+    for (; got < 9; got++)
+        if (get_int64(args[got], &v[got], got < 8 ? PIECE_NAMES[got] : "out", got == 8) < 0) break;
+    if (got == 9) {
+        Py_ssize_t nt = v[0].shape[0], nq = v[3].shape[0];
+        const int64_t *lo = v[6].buf, *hi = v[7].buf, *q0 = v[3].buf, *q1 = v[4].buf;
+        int shapes = v[1].shape[0] == nt && v[2].shape[0] == nt;
+        for (int b = 4; b < 9; b++) shapes = shapes && v[b].shape[0] == nq;
+        for (Py_ssize_t i = 0; shapes && i < nq; i++)
+            shapes = q0[i] <= q1[i] && (hi[i] <= lo[i] || (lo[i] >= 0 && hi[i] <= nt));
+        if (!shapes) {
+            PyErr_SetString(PyExc_ValueError, "overlap(): one interval per starts/ends/owners row, one "
+                            "query per q0/q1/qowner/lo/hi/out row, q0 <= q1, [lo, hi) within the intervals");
+        } else {
+            const int64_t *in[8];
+            for (int b = 0; b < 8; b++) in[b] = v[b].buf;
+            Py_BEGIN_ALLOW_THREADS
+            ok = disjoint(v[0].buf, v[1].buf, nt);
+            if (ok) run_overlap(in, nq, v[8].buf);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    while (got > 0) PyBuffer_Release(&v[--got]);
+    if (ok < 0) return NULL;
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
     {"rank", (PyCFunction)(void (*)(void))rank, METH_FASTCALL,
      "rank(starts, ends, owners, q0, q1, qowner, lo, hi, k, out_q, out_first, out_rank) -> rows"},
     {"pieces", (PyCFunction)(void (*)(void))pieces, METH_FASTCALL,
      "pieces(starts, ends, owners, q0, q1, qowner, lo, hi, out_q, out_iv, out_lo, out_hi) -> rows"},
+    {"overlap", (PyCFunction)(void (*)(void))overlap, METH_FASTCALL,
+     "overlap(starts, ends, owners, q0, q1, qowner, lo, hi, out) -> whether the intervals are disjoint"},
     {"latest", (PyCFunction)(void (*)(void))latest, METH_FASTCALL,
      "latest(groups, lo, end, rowno, code, t, fallback, out) -> None"},
     {"pairs", (PyCFunction)(void (*)(void))pairs, METH_FASTCALL,

@@ -16,8 +16,8 @@ union of each victim's blocked pieces, split among the culprits active at each m
 it over millions of spans. The culprit ranking, the overlap pieces and the head-of-line
 pair figures have compiled twins in ``omnitrace/_intervalsc.c`` (built at install where a C
 compiler is; tested to give the same arrays, the figures' floats bit for bit), used when
-they are there: :func:`top_others_reference`, :func:`_pieces_in` and
-:func:`pair_figures_reference` are the numpy they follow.
+they are there: :func:`top_others_reference`, :func:`_pieces_in`,
+:func:`other_overlap_reference` and :func:`pair_figures_reference` are the numpy they follow.
 """
 from __future__ import annotations
 
@@ -109,7 +109,8 @@ def other_overlap(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: 
                   q1: np.ndarray, qowner: np.ndarray) -> np.ndarray:
     """Per query, its total overlap with intervals of other owners: all the overlap less
     its own owner's, each from prefix sums (O(log n) per query however many intervals it
-    spans). The intervals must be disjoint."""
+    spans; :func:`other_overlap_reference`), or compiled, each query's candidate intervals
+    summed. The intervals must be disjoint."""
     out = np.zeros(len(q0), np.int64)
     if not len(q0) or not len(starts):
         return out
@@ -120,6 +121,19 @@ def other_overlap(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: 
     if i1 <= i0:
         return out
     starts, ends, owners = starts[i0:i1], ends[i0:i1], owners[i0:i1]
+    if _intervalsc is not None and _int64_safe(starts, ends, owners, q0, q1, qowner) and (q1 >= q0).all():
+        i8 = np.int64
+        as64 = [np.ascontiguousarray(a, i8) for a in (starts, ends, owners, q0, q1, qowner,
+                                                     *_candidates(starts, ends, q0, q1))]
+        if _intervalsc.overlap(*as64, out):  # False: not disjoint, the prefix sums' answer stands
+            return out
+    return other_overlap_reference(starts, ends, owners, q0, q1, qowner)
+
+
+def other_overlap_reference(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.ndarray,
+                            q1: np.ndarray, qowner: np.ndarray) -> np.ndarray:
+    """:func:`other_overlap` by prefix sums (numpy), over intervals that may overlap some
+    query; the compiled ``_intervalsc.overlap`` walks each query's candidates instead."""
     cum = np.concatenate(([0], np.cumsum(ends - starts)))
     total = _before(starts, ends, cum, q1, q1) - _before(starts, ends, cum, q0, q0)
     return total - _own_overlap(starts, ends, owners, q0, q1, qowner)

@@ -205,3 +205,41 @@ def test_pieces_of_floats_stay_numpy():
     s, e, o = np.array([0.5, 2.0]), np.array([1.5, 3.0]), np.array([1, 2])
     got = intervals.other_pieces(s, e, o, np.array([0.0]), np.array([2.5]), np.array([3]))
     assert [c.tolist() for c in got] == [[0, 0], [0, 1], [0.5, 2.0], [1.5, 2.5]]
+
+
+def overlap_numpy(monkeypatch, *args):
+    """other_overlap with the compiled kernels switched off: the prefix sums alone."""
+    with monkeypatch.context() as m:
+        m.setattr(intervals, "_intervalsc", None)
+        return intervals.other_overlap(*args)
+
+
+@built
+@pytest.mark.parametrize("seed", range(60))
+def test_compiled_overlap_is_the_prefix_sums(seed, monkeypatch):
+    """Disjoint tasks (touching, 0 ns long, ties in total): the compiled sums; tasks that
+    overlap or waits that end before they start: the prefix sums' answer, as before."""
+    kind, (s, e, o, q0, q1, qo) = shape(seed)
+    for args in ((s, e, o, q0, q1, qo), (s, e, o, q0, q1, qo.astype(np.int64))):
+        got, want = intervals.other_overlap(*args), overlap_numpy(monkeypatch, *args)
+        assert got.dtype == want.dtype and got.tolist() == want.tolist(), kind
+    if len(s) > 2:  # not disjoint: one task runs into the next
+        e2 = e.copy()
+        e2[len(e2) // 2] = s[-1] + 3
+        args = (s, e2, o, q0, q1, qo)
+        assert intervals.other_overlap(*args).tolist() == overlap_numpy(monkeypatch, *args).tolist()
+    if len(q0):  # a wait ending before it starts
+        args = (s, e, o, q1, q0, qo)
+        assert intervals.other_overlap(*args).tolist() == overlap_numpy(monkeypatch, *args).tolist()
+
+
+@built
+def test_compiled_overlap_refuses_bad_buffers():
+    z = np.zeros(2, np.int64)
+    with pytest.raises(TypeError):
+        intervals._intervalsc.overlap(z.astype(np.int32), z, z, z, z, z, z, z, z.copy())
+    with pytest.raises(ValueError):  # [lo, hi) past the intervals
+        intervals._intervalsc.overlap(z, z, z, z, z, z, z, z + 5, z.copy())
+    with pytest.raises(ValueError):  # q1 < q0
+        intervals._intervalsc.overlap(z, z, z, z + 1, z, z, z, z, z.copy())
+    assert intervals._intervalsc.overlap(z, z + 1, z, z, z, z, z, z, z.copy()) is False  # not disjoint
