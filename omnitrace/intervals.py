@@ -27,6 +27,8 @@ try:
     from omnitrace import _intervalsc
 except ImportError:  # built without a C compiler: the numpy ranking alone
     _intervalsc = None
+if _intervalsc is not None and not all(hasattr(_intervalsc, f) for f in ("rank", "pieces", "overlap", "pairs")):
+    _intervalsc = None  # an extension built before these kernels: numpy until it is rebuilt
 
 # (query, interval) overlaps ranked at once by :func:`top_others_reference`: ~200 MB of temporaries
 # (a deep FIFO makes them quadratic in its depth)

@@ -27,6 +27,8 @@ try:  # the latest-span lookups compiled (omnitrace/_intervalsc.c), where built
     from omnitrace import _intervalsc
 except ImportError:
     _intervalsc = None
+if not hasattr(_intervalsc, "latest"):
+    _intervalsc = None  # none, or built before the lookups: numpy until it is rebuilt
 
 CAT = {c: i for i, c in enumerate(at.CATEGORIES)}
 DETAILS = ("", "gap", "inbox", "submit", "unwalked", "overlap")

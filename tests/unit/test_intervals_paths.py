@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from omnitrace import intervals, record
+from omnitrace.rules import walk
 
 built = pytest.mark.skipif(intervals._intervalsc is None, reason="built without a C compiler")
 
@@ -130,8 +131,8 @@ def test_a_built_ranking_imports():
     mended by `pip install -e .` or `python setup.py build_ext --inplace`."""
     here = Path(intervals.__file__).parent
     files = [p for suffix in importlib.machinery.EXTENSION_SUFFIXES for p in here.glob("_intervalsc" + suffix)]
-    if files or record._ringc is not None:
-        assert intervals._intervalsc is not None, files
+    if files or record._ringc is not None:  # and every kernel is there (not a stale build)
+        assert intervals._intervalsc is not None and walk._intervalsc is not None, files
 
 
 def blocked_pieces(seed: int) -> tuple[tuple[np.ndarray, ...], int]:
