@@ -13,10 +13,11 @@ start with their ends ascending too (a sender's tasks are disjoint); queries (``
 ``q1``, ``qowner``) are in any order. The report's head-of-line wall time then takes the
 union of each victim's blocked pieces, split among the culprits active at each moment
 (:func:`union_shares`). Everything is vectorised (searchsorted, cumsum): the report runs
-it over millions of spans. The culprit ranking alone has a compiled twin,
-``omnitrace/_intervalsc.c`` (built at install where a C compiler is; tested to rank the
-same), which :func:`top_others` uses when it is there; :func:`top_others_reference` is the
-numpy ranking it follows.
+it over millions of spans. The culprit ranking, the overlap pieces and the head-of-line
+pair figures have compiled twins in ``omnitrace/_intervalsc.c`` (built at install where a C
+compiler is; tested to give the same arrays, the figures' floats bit for bit), used when
+they are there: :func:`top_others_reference`, :func:`_pieces_in`,
+:func:`other_overlap_reference` and :func:`pair_figures_reference` are the numpy they follow.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ try:
     from omnitrace import _intervalsc
 except ImportError:  # built without a C compiler: the numpy ranking alone
     _intervalsc = None
+if _intervalsc is not None and not all(hasattr(_intervalsc, f) for f in ("rank", "pieces", "overlap", "pairs")):
+    _intervalsc = None  # an extension built before these kernels: numpy until it is rebuilt
 
 # (query, interval) overlaps ranked at once by :func:`top_others_reference`: ~200 MB of temporaries
 # (a deep FIFO makes them quadratic in its depth)
@@ -53,7 +56,34 @@ def other_pieces(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: n
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each overlap of a query with an interval of another owner, of positive length:
     (query index, interval index, overlap start, overlap end), by query then interval."""
-    return _pieces_in(starts, ends, owners, q0, q1, qowner, *_candidates(starts, ends, q0, q1))
+    first, stop = _candidates(starts, ends, q0, q1)
+    if _intervalsc is None or not _int64_safe(starts, ends, owners, q0, q1, qowner):
+        return _pieces_in(starts, ends, owners, q0, q1, qowner, first, stop)
+    return _pieces_compiled(starts, ends, owners, q0, q1, qowner, first, stop)
+
+
+def _int64_safe(*arrays: np.ndarray) -> bool:
+    """Whether every array's values are integers an int64 holds (the compiled kernels' input)."""
+    return all(a.dtype.kind in "iu" and (a.dtype.kind == "i" or a.dtype.itemsize < 8) for a in arrays)
+
+
+def _pieces_compiled(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.ndarray,
+                     q1: np.ndarray, qowner: np.ndarray, first: np.ndarray, stop: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_pieces_in` by ``_intervalsc.pieces`` (one pass over each query's candidates,
+    no temporaries per candidate); only the intervals some query may overlap are handed over."""
+    some = stop > first
+    rows = int((stop - first)[some].sum())
+    out = [np.empty(rows, np.int64) for _ in range(4)]
+    if rows:
+        i0, i1 = int(first[some].min()), int(stop[some].max())
+        as64 = [np.ascontiguousarray(a, np.int64) for a in (starts[i0:i1], ends[i0:i1], owners[i0:i1],
+                                                           q0, q1, qowner, first - i0, stop - i0)]
+        n = _intervalsc.pieces(*as64, *out)
+        out = [c[:n] for c in out]
+        out[1] += i0
+    piece_dtype = np.result_type(starts.dtype, q0.dtype)  # np.maximum's in the reference
+    return out[0], out[1], out[2].astype(piece_dtype, copy=False), out[3].astype(piece_dtype, copy=False)
 
 
 def _pieces_in(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.ndarray,
@@ -81,7 +111,8 @@ def other_overlap(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: 
                   q1: np.ndarray, qowner: np.ndarray) -> np.ndarray:
     """Per query, its total overlap with intervals of other owners: all the overlap less
     its own owner's, each from prefix sums (O(log n) per query however many intervals it
-    spans). The intervals must be disjoint."""
+    spans; :func:`other_overlap_reference`), or compiled, each query's candidate intervals
+    summed. The intervals must be disjoint."""
     out = np.zeros(len(q0), np.int64)
     if not len(q0) or not len(starts):
         return out
@@ -92,6 +123,19 @@ def other_overlap(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: 
     if i1 <= i0:
         return out
     starts, ends, owners = starts[i0:i1], ends[i0:i1], owners[i0:i1]
+    if _intervalsc is not None and _int64_safe(starts, ends, owners, q0, q1, qowner) and (q1 >= q0).all():
+        i8 = np.int64
+        as64 = [np.ascontiguousarray(a, i8) for a in (starts, ends, owners, q0, q1, qowner,
+                                                     *_candidates(starts, ends, q0, q1))]
+        if _intervalsc.overlap(*as64, out):  # False: not disjoint, the prefix sums' answer stands
+            return out
+    return other_overlap_reference(starts, ends, owners, q0, q1, qowner)
+
+
+def other_overlap_reference(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray, q0: np.ndarray,
+                            q1: np.ndarray, qowner: np.ndarray) -> np.ndarray:
+    """:func:`other_overlap` by prefix sums (numpy), over intervals that may overlap some
+    query; the compiled ``_intervalsc.overlap`` walks each query's candidates instead."""
     cum = np.concatenate(([0], np.cumsum(ends - starts)))
     total = _before(starts, ends, cum, q1, q1) - _before(starts, ends, cum, q0, q0)
     return total - _own_overlap(starts, ends, owners, q0, q1, qowner)
@@ -188,6 +232,53 @@ def _ranked(part: np.ndarray, q: np.ndarray, iv: np.ndarray, lo: np.ndarray, hi:
     rank = np.arange(len(gq)) - np.searchsorted(gq, gq, "left")
     top = rank < k
     return part[gq[top]], gc[top], rank[top]
+
+
+def pair_figures(vi: np.ndarray, culprit: np.ndarray, start: np.ndarray, end: np.ndarray,
+                 sender: np.ndarray, task: np.ndarray, victims: int) -> tuple[np.ndarray, ...]:
+    """The head-of-line figures of blocked pieces (each a victim's critical-path wait
+    overlapping a ``task`` of another request ``culprit`` on ``sender``: [start, end)):
+    per victim index below ``victims`` its union (float) and summed length; per (victim,
+    culprit), by victim then culprit, the two, its share of the union (:func:`union_shares`)
+    and its distinct (sender, task)s: (wall, chunk, victim, culprit, pair_wall, pair_chunk,
+    pair_tasks). Compiled where built, else :func:`pair_figures_reference`."""
+    if _intervalsc is None:
+        return pair_figures_reference(vi, culprit, start, end, sender, task, victims)
+    n = len(vi)
+    wall, chunk = np.zeros(victims), np.zeros(victims, np.int64)
+    p_victim, p_culprit, p_chunk, p_tasks = (np.empty(n, np.int64) for _ in range(4))
+    p_wall = np.empty(n)
+    cols = [np.ascontiguousarray(a, np.int64) for a in (vi, culprit, start, end, sender, task)]
+    k = _intervalsc.pairs(*cols, wall, chunk, p_victim, p_culprit, p_wall, p_chunk, p_tasks)
+    return wall, chunk, p_victim[:k], p_culprit[:k], p_wall[:k], p_chunk[:k], p_tasks[:k]
+
+
+def pair_figures_reference(vi: np.ndarray, culprit: np.ndarray, start: np.ndarray, end: np.ndarray,
+                           sender: np.ndarray, task: np.ndarray, victims: int) -> tuple[np.ndarray, ...]:
+    """:func:`pair_figures` in numpy, the reference ``_intervalsc.c`` follows."""
+    vi, culprit = np.asarray(vi, np.int64), np.asarray(culprit, np.int64)
+    wall = np.zeros(victims)
+    none = np.zeros(0, np.int64)
+    if not len(vi):
+        return wall, np.zeros(victims, np.int64), none, none, np.zeros(0), none, none
+    dur = end - start
+    chunk = np.bincount(vi, weights=dur, minlength=victims).astype(np.int64)
+    # per (victim, culprit): overlap sum and distinct sender tasks
+    pairs, inv = np.unique((vi << 32) | culprit, return_inverse=True)
+    pair_chunk = np.bincount(inv, weights=dur, minlength=len(pairs)).astype(np.int64)
+    # distinct (pair, sender, task) triples: a task may block several chunks (by a lexsort:
+    # a row-wise np.unique took 0.75 s of this phase's 2.4 s on 10M events)
+    o = np.lexsort((task, sender, inv))
+    i, snd, tsk = inv[o], sender[o], task[o]
+    new = np.ones(len(o), bool)
+    new[1:] = (i[1:] != i[:-1]) | (snd[1:] != snd[:-1]) | (tsk[1:] != tsk[:-1])
+    pair_tasks = np.bincount(i[new], minlength=len(pairs))
+    union, m_victim, m_culprit, shares = union_shares(vi, culprit, start, end)
+    pair_wall = np.bincount(np.searchsorted(pairs, (m_victim << 32) | m_culprit), weights=shares,
+                            minlength=len(pairs))
+    wall[:len(union)] = union
+    wall[chunk == 0] = 0.0
+    return wall, chunk, pairs >> 32, pairs & 0xFFFFFFFF, pair_wall, pair_chunk, pair_tasks
 
 
 def union_shares(group: np.ndarray, owner: np.ndarray, start: np.ndarray, end: np.ndarray

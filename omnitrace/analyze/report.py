@@ -1,6 +1,7 @@
 """Transform: a loaded run -> one JSON-able report dict (console, --json and HTML read it)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 from dataclasses import dataclass
@@ -224,6 +225,38 @@ class _RowContext:
     per_request_segments: bool
     waterfalls: int
     waterfall_ids: set[str]
+    fifo: tuple[np.ndarray, np.ndarray] | None = None  # headofline.fifo_by_hop of the early rows
+
+
+@dataclass
+class _Totals:
+    """Each attributed request's time per (stage, category) as columns: the request's
+    place among the walk's rows, the stage, the category (its index in ``at.CATEGORIES``)
+    and the ns (an hour's run: ~15M; as a dict per request they were most of the
+    aggregate's time and of the child's pickled result)."""
+
+    row: np.ndarray
+    stage: np.ndarray
+    cat: np.ndarray
+    ns: np.ndarray
+
+    @staticmethod
+    def of(*cols: Any) -> "_Totals":
+        return _Totals(*(np.asarray(c, np.int64) for c in cols))
+
+    @staticmethod
+    def of_dicts(totals: list[dict[tuple[int, str], int]]) -> "_Totals":
+        """From ``Attribution.totals`` of each row in turn."""
+        items = [(i, s, CAT_INDEX[c], v) for i, t in enumerate(totals) for (s, c), v in t.items()]
+        return _Totals.of(*(zip(*items) if items else ((), (), (), ())))
+
+    def then(self, rows: int, later: "_Totals") -> "_Totals":
+        """These, then ``later`` (its rows after these ``rows``)."""
+        return _Totals(np.concatenate((self.row, later.row + rows)),
+                       *(np.concatenate((getattr(self, f), getattr(later, f))) for f in ("stage", "cat", "ns")))
+
+
+CAT_INDEX = {c: i for i, c in enumerate(at.CATEGORIES)}
 
 
 @dataclass
@@ -235,7 +268,7 @@ class _Walked:
 
     rows: list[dict[str, Any]]
     ttfp_ns: list[int]
-    totals: list[dict[tuple[int, str], int]]
+    totals: _Totals
     kept: list[at.Attribution]
     none: list[str]
     hp: headofline.Pairs
@@ -243,9 +276,9 @@ class _Walked:
 
     def extend(self, later: "_Walked") -> None:
         """Append the walk of the requests after these."""
+        self.totals = self.totals.then(len(self.rows), later.totals)
         self.rows += later.rows
         self.ttfp_ns += later.ttfp_ns
-        self.totals += later.totals
         self.kept += later.kept
         self.none += later.none
         self.hp = headofline.joined([self.hp, later.hp])
@@ -291,12 +324,13 @@ def _request_row(a: at.Attribution, tot: dict[tuple[int, str], int], client: Any
     return row
 
 
-def _segments(a: at.Attribution, label: Callable[[int], str]) -> list[list[Any]]:
-    """A request row's critical path: [start ms after arrival, ms, stage, category, detail]."""
+def _segments(a: at.Attribution, label: Callable[[int], str]) -> list[tuple[Any, ...]]:
+    """A request row's critical path: (start ms after arrival, ms, stage, category, detail),
+    each a JSON array (tuples: an hour's run has millions, made, pickled and read back)."""
     arrival = a.arrival
     # (end - start): g.dur, without a property call per segment
-    return [[(g.start - arrival) * NS_TO_MS, (g.end - g.start) * NS_TO_MS, label(g.stage),
-             g.category, g.detail] for g in a.segments]
+    return [((g.start - arrival) * NS_TO_MS, (g.end - g.start) * NS_TO_MS, label(g.stage),
+             g.category, g.detail) for g in a.segments]
 
 
 WALK_BATCH = 8192  # requests walked at once (rules/walk.py: fewer than 2^16)
@@ -323,7 +357,7 @@ def _walk_parts(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx
     ttfp: list[int] = []
     attribution: list[Callable[[], at.Attribution]] = []
     for part, chunks, counts in chunk_rows(run, rids, WALK_BATCH):
-        w = _Walked([], [], [], [], [], headofline.Pairs.unblocked(0), [])
+        w = _Walked([], [], _Totals.of((), (), (), ()), [], [], headofline.Pairs.unblocked(0), [])
         if walk.fits(chunks):
             wk = walk.walk(part, [walk.inputs(reqs[r]) for r in part], chunks,
                            np.repeat(np.arange(len(part)), counts))
@@ -335,6 +369,7 @@ def _walk_parts(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx
             w.ttfp_ns = (wk.ttfp - wk.arrival)[ok].tolist()
             w.rows, w.totals = _batch_rows(wk, ok, ctx)
         else:
+            totals = []
             for r in attach_chunks(run, reqs, part, chunks, counts):
                 a = at.attribute(r)
                 if a is None:
@@ -343,10 +378,11 @@ def _walk_parts(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx
                 found.append((a.rid, a.arrival, a.ttfp, a.hops))
                 attribution.append(lambda a=a: a)
                 tot = a.totals()
-                w.totals.append(tot)
+                totals.append(tot)
                 w.ttfp_ns.append(a.ttfp_ns)
                 w.rows.append(_request_row(a, tot, ctx.bench_rows.get(a.rid, {}).get("ttfp_s"), ctx.label,
                                            ctx.per_request_segments))
+            w.totals = _Totals.of_dicts(totals)
         ttfp += w.ttfp_ns
         yield w
     # the slowest (stable order) and those asked for: the whole report's waterfalls are
@@ -356,15 +392,13 @@ def _walk_parts(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx
     # the victims' waits are among the chunk spans begun before their first packet
     early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
     victims = _victims(run, found)
-    yield _Walked([], [], [], [attribution[k]() for k in sorted(kept)], [],
-                  headofline.blocked_pairs(victims, early, run.busy), [v.req for v in victims])
+    yield _Walked([], [], _Totals.of((), (), (), ()), [attribution[k]() for k in sorted(kept)], [],
+                  headofline.blocked_pairs(victims, early, run.busy, ctx.fifo), [v.req for v in victims])
 
 
-def _batch_rows(wk: walk.Walked, ok: list[int], ctx: _RowContext
-                ) -> tuple[list[dict[str, Any]], list[dict[tuple[int, str], int]]]:
+def _batch_rows(wk: walk.Walked, ok: list[int], ctx: _RowContext) -> tuple[list[dict[str, Any]], _Totals]:
     """:func:`_request_row` and ``Attribution.totals`` of the attributed requests ``ok``
     of a batch walk, from its arrays (no Segment object per segment)."""
-    label = ctx.label
     n = len(wk.rids)
     req = np.repeat(np.arange(n), np.diff(wk.seg_lo))
     dur = wk.seg_end - wk.seg_start
@@ -374,30 +408,53 @@ def _batch_rows(wk: walk.Walked, ok: list[int], ctx: _RowContext
     head = np.ones(len(o), bool)
     head[1:] = (g_req[1:] != g_req[:-1]) | (g_stage[1:] != g_stage[:-1]) | (g_cat[1:] != g_cat[:-1])
     lo = np.flatnonzero(head)
-    sums = np.add.reduceat(dur[o], lo).tolist() if len(lo) else []
-    keys = list(zip(g_stage[lo].tolist(), [at.CATEGORIES[c] for c in g_cat[lo].tolist()]))
-    names = [f"{label(s)}/{c}" for s, c in keys]
-    ms = (np.array(sums, np.int64) * NS_TO_MS).tolist()
+    sums = np.add.reduceat(dur[o], lo) if len(lo) else np.zeros(0, np.int64)
+    names = _objects(g_stage[lo] * len(at.CATEGORIES) + g_cat[lo],
+                     lambda k: f"{ctx.label(k // len(at.CATEGORIES))}/{at.CATEGORIES[k % len(at.CATEGORIES)]}")
+    ms = (sums * NS_TO_MS).tolist()
     g_lo = np.searchsorted(g_req[lo], np.arange(n + 1)).tolist()
+    cum = np.concatenate(([0], np.cumsum(dur)))
+    sum_ns = (cum[wk.seg_lo[1:]] - cum[wk.seg_lo[:-1]]).tolist()
     ttfp = (wk.ttfp - wk.arrival).tolist()
-    if ctx.per_request_segments:
-        s_lo = wk.seg_lo.tolist()
-        segs = list(zip(((wk.seg_start - wk.arrival[req]) * NS_TO_MS).tolist(), (dur * NS_TO_MS).tolist(),
-                        [label(s) for s in wk.seg_stage.tolist()],
-                        [at.CATEGORIES[c] for c in wk.seg_cat.tolist()],
-                        [walk.DETAILS[d] for d in wk.seg_detail.tolist()]))
-    rows, totals = [], []
+    segs = _segment_lists(wk, req, dur, ctx.label) if ctx.per_request_segments else None
+    s_lo = wk.seg_lo.tolist()
+    rows = []
     for i in ok:
         a, b = g_lo[i], g_lo[i + 1]
-        tot = dict(zip(keys[a:b], sums[a:b]))
-        totals.append(tot)
         rid = wk.rids[i]
-        row = _row(rid, ttfp[i], ctx.bench_rows.get(rid, {}).get("ttfp_s"), sum(sums[a:b]),
+        row = _row(rid, ttfp[i], ctx.bench_rows.get(rid, {}).get("ttfp_s"), sum_ns[i],
                    dict(zip(names[a:b], ms[a:b])), wk.hops[i], wk.missing[i], wk.stale[i])
-        if ctx.per_request_segments:
-            row["segments"] = [list(x) for x in segs[s_lo[i]:s_lo[i + 1]]]
+        if segs is not None:
+            row["segments"] = segs[s_lo[i]:s_lo[i + 1]]
         rows.append(row)
-    return rows, totals
+    # the totals of the rows (``ok``'s places), by row
+    place = np.full(n, -1, np.int64)
+    place[ok] = np.arange(len(ok))
+    mine = place[g_req[lo]] >= 0
+    return rows, _Totals.of(place[g_req[lo]][mine], g_stage[lo][mine], g_cat[lo][mine], sums[mine])
+
+
+def _objects(codes: np.ndarray, make: Callable[[int], Any]) -> list[Any]:
+    """``make(code)`` of each code, made once per distinct code (codes in a small range:
+    one per code of the range, a lookup table; else per distinct code, by a sort)."""
+    if not len(codes):
+        return []
+    lo, hi = int(codes.min()), int(codes.max())
+    if hi - lo < 1 << 16:
+        made, at_ = [make(c) for c in range(lo, hi + 1)], codes.astype(np.int64) - lo
+    else:
+        uniq, at_ = np.unique(codes, return_inverse=True)
+        made = [make(c) for c in uniq.tolist()]
+    return np.array(made + [None], object)[:-1][at_].tolist()
+
+
+def _segment_lists(wk: walk.Walked, req: np.ndarray, dur: np.ndarray, label: Callable[[int], str]
+                   ) -> list[tuple[Any, ...]]:
+    """Every segment of a batch walk as its row's (start ms after arrival, ms, stage,
+    category, detail) (:func:`_segments`)."""
+    return list(zip(((wk.seg_start - wk.arrival[req]) * NS_TO_MS).tolist(), (dur * NS_TO_MS).tolist(),
+                    _objects(wk.seg_stage, label), _objects(wk.seg_cat, at.CATEGORIES.__getitem__),
+                    _objects(wk.seg_detail, walk.DETAILS.__getitem__)))
 
 
 # each category's place in name order (a row lists its categories sorted by (stage, name))
@@ -423,11 +480,12 @@ def _unpacked(w: _Walked) -> _Walked:
     return w
 
 
-# Seconds per request walked (with its report row and head-of-line pairs; about half of it
-# the head-of-line pairs) and per figure-table row summarised (measured on a 2-core VM, an
-# hour's run, both processes busy): their ratio splits the work so that this process
+# Seconds per request walked (with its report row and head-of-line pairs) and per
+# figure-table row summarised (measured on a 2-core VM, an hour's run, both processes busy;
+# the walk's halved since, with the compiled head-of-line figures and span lookups, as
+# measured on a 49M-event run): their ratio splits the work so that this process
 # (figures, then its share of the walk) and the child finish together.
-WALK_S, FIGURE_ROW_S = 4.0e-4, 1.3e-7
+WALK_S, FIGURE_ROW_S = 2.0e-4, 1.3e-7
 
 
 def _walk_here(requests: int, figure_rows: int) -> int:
@@ -452,14 +510,22 @@ def _stage_names(reqs: dict[str, at.RequestSpans]) -> dict[int, str]:
 def _aggregate(w: _Walked, label: Callable[[int], str]) -> list[dict[str, Any]]:
     """Per stage and category over the attributed requests, zeros included so the means
     add up to the mean TTFP."""
-    totals = w.totals
-    keys = sorted({k for t in totals for k in t}, key=lambda k: (k[0] if k[0] >= 0 else 99,
-                                                                 at.CATEGORIES.index(k[1])))
+    t, n = w.totals, len(w.ttfp_ns)
+    width = len(at.CATEGORIES)
+    codes, inv = np.unique(t.stage * width + t.cat, return_inverse=True)
+    order = np.argsort(inv, kind="stable")
+    lo = np.searchsorted(inv[order], np.arange(len(codes) + 1)).tolist()
+    keys = sorted(range(len(codes)), key=lambda j: (int(codes[j] // width) if codes[j] >= 0 else 99,
+                                                    int(codes[j] % width)))
     mean_ttfp = sum(w.ttfp_ns) / len(w.ttfp_ns) if w.ttfp_ns else 0.0
     agg = []
-    for k in keys:
-        s = summary([t.get(k, 0) for t in totals], NS_TO_MS)
-        agg.append({"stage": label(k[0]), "stage_id": k[0], "category": k[1],
+    for j in keys:
+        stage, cat = int(codes[j] // width), at.CATEGORIES[int(codes[j] % width)]
+        values = np.zeros(n)  # a row without the key: 0
+        mine = order[lo[j]:lo[j + 1]]
+        values[t.row[mine]] = t.ns[mine]
+        s = summary(values, NS_TO_MS)
+        agg.append({"stage": label(stage), "stage_id": stage, "category": cat,
                     "mean_ms": s["mean"], "p50_ms": s["p50"], "p99_ms": s["p99"],
                     "share": (s["mean"] / (mean_ttfp * NS_TO_MS)) if mean_ttfp else 0.0})
     return agg
@@ -469,30 +535,44 @@ def _head_of_line(run: Run, w: _Walked, requests: list[dict[str, Any]]
                   ) -> tuple[list[dict[str, Any]], int, list[dict[str, Any]]]:
     """The largest (victim, culprit) pairs as rows, how many pairs there are, the victims."""
     hp = w.hp
-    hol_rows, hol_victims = [], []
     ttfp_of = {r["id"]: r["ttfp_ms"] for r in requests}
-    for i in np.flatnonzero(hp.wall > 0).tolist():
-        vid = run.chunk_requests[w.victim_req[i]]
-        hol_victims.append({"victim": vid, "ttfp_ms": ttfp_of[vid], "blocked_ms": float(hp.wall[i]) * NS_TO_MS,
-                            "chunk_time_sum_ms": int(hp.chunk_ns[i]) * NS_TO_MS,
-                            "culprits": int(hp.culprits[i])})
-    # the largest pairs (by blocked ms, then victim and culprit id) become rows: a long run
-    # has millions of pairs
-    hol_pairs = len(hp.victim)
-    if hol_pairs:
-        rank = np.empty(len(run.chunk_requests), np.int64)  # ids' string order
-        rank[np.argsort(np.array(run.chunk_requests), kind="stable")] = np.arange(len(rank))
-        vreq = np.array(w.victim_req, np.int64)[hp.victim]
-        top = np.lexsort((rank[hp.culprit], rank[vreq], -(hp.pair_wall * NS_TO_MS)))[:MAX_HOL_PAIRS]
-        for j in top.tolist():
-            vid = run.chunk_requests[int(vreq[j])]
-            hol_rows.append({"victim": vid, "culprit": run.chunk_requests[int(hp.culprit[j])],
-                             "blocked_ms": float(hp.pair_wall[j]) * NS_TO_MS,
-                             "chunk_time_sum_ms": int(hp.pair_chunk[j]) * NS_TO_MS,
-                             "tasks": int(hp.pair_tasks[j]), "victim_ttfp_ms": ttfp_of[vid]})
+    blocked = np.flatnonzero(hp.wall > 0)
+    ids = [run.chunk_requests[i] for i in np.array(w.victim_req, np.int64)[blocked].tolist()]
+    hol_victims = [{"victim": vid, "ttfp_ms": ttfp_of[vid], "blocked_ms": ms, "chunk_time_sum_ms": sum_ms,
+                    "culprits": n}
+                   for vid, ms, sum_ms, n in zip(ids, (hp.wall[blocked] * NS_TO_MS).tolist(),
+                                                 (hp.chunk_ns[blocked] * NS_TO_MS).tolist(),
+                                                 hp.culprits[blocked].tolist())]
     hol_victims.sort(key=lambda r: (-r["blocked_ms"], r["victim"]))
+    hol_pairs = len(hp.victim)
+    return _top_pairs(run, w, ttfp_of) if hol_pairs else [], hol_pairs, hol_victims
 
-    return hol_rows, hol_pairs, hol_victims
+
+def _top_pairs(run: Run, w: _Walked, ttfp_of: dict[str, float]) -> list[dict[str, Any]]:
+    """The largest (victim, culprit) pairs (by blocked ms, then victim and culprit id) as
+    rows: a long run has millions of pairs, so only those that may rank among the first
+    MAX_HOL_PAIRS by blocked ms are sorted, and only their ids ranked."""
+    hp = w.hp
+    key = -(hp.pair_wall * NS_TO_MS)
+    if len(key) > MAX_HOL_PAIRS:
+        cand = np.flatnonzero(key <= np.partition(key, MAX_HOL_PAIRS - 1)[MAX_HOL_PAIRS - 1])
+    else:
+        cand = np.arange(len(key))
+    vreq = np.array(w.victim_req, np.int64)[hp.victim[cand]]
+    culprit = hp.culprit[cand].astype(np.int64)
+    idx = np.unique(np.concatenate((vreq, culprit)))  # the ids' string order among these
+    names = [run.chunk_requests[i] for i in idx.tolist()]
+    rank = np.empty(len(idx), np.int64)
+    rank[sorted(range(len(idx)), key=names.__getitem__)] = np.arange(len(idx))
+    top = np.lexsort((rank[np.searchsorted(idx, culprit)], rank[np.searchsorted(idx, vreq)], key[cand]))
+    rows = []
+    for j in top[:MAX_HOL_PAIRS].tolist():
+        vid, p = run.chunk_requests[int(vreq[j])], int(cand[j])
+        rows.append({"victim": vid, "culprit": run.chunk_requests[int(culprit[j])],
+                     "blocked_ms": float(hp.pair_wall[p]) * NS_TO_MS,
+                     "chunk_time_sum_ms": int(hp.pair_chunk[p]) * NS_TO_MS,
+                     "tasks": int(hp.pair_tasks[p]), "victim_ttfp_ms": ttfp_of[vid]})
+    return rows
 
 
 def _waterfalls(run: Run, reqs: dict[str, at.RequestSpans], w: _Walked, requests: list[dict[str, Any]],
@@ -505,6 +585,7 @@ def _waterfalls(run: Run, reqs: dict[str, at.RequestSpans], w: _Walked, requests
     by_rid = {a.rid: a for a in w.kept}
     wfs = []
     row_of = {r["id"]: r for r in requests[:n_waterfalls]} if not per_request_segments else {}
+    rows_of = _early_rows(early, [cidx[rid] for rid in wf_ids if rid in by_rid and rid in cidx])
     for rid in dict.fromkeys(wf_ids):
         a = by_rid.get(rid)
         if a is None:
@@ -513,13 +594,21 @@ def _waterfalls(run: Run, reqs: dict[str, at.RequestSpans], w: _Walked, requests
         if rid in row_of:  # the HTML draws the critical paths of the rows that have them
             row_of[rid]["segments"] = _segments(a, label)
         i = cidx.get(rid, -1)
-        # its rows in time order (not feed order: the same whatever the segments); picked
-        # out first: sorting all the early rows for ten requests took seconds on a long run
-        mine = rowops.select(early, early["req"] == i) if i >= 0 else early[:0]
+        # its rows in time order (not feed order: the same whatever the segments)
+        mine = rows_of.get(i, early[:0])
         mine = rowops.take(mine, np.lexsort((mine["chunk"], mine["stage"], mine["name"], mine["start"])))
         wfs.append(waterfall.build(a, reqs[rid], mine, run.busy, run.chunk_requests, label, i))
 
     return wfs
+
+
+def _early_rows(early: np.ndarray, wanted: list[int]) -> dict[int, np.ndarray]:
+    """The early rows of each request index ``wanted``, in table order, picked out by one
+    pass over the table (a pass per request took seconds on a long run; sorting them all, more)."""
+    if not wanted:
+        return {}
+    mine = rowops.select(early, np.isin(early["req"], wanted, kind="table"))
+    return {i: rowops.select(mine, mine["req"] == i) for i in set(wanted)}
 
 
 def _failures(run: Run, reqs: dict[str, at.RequestSpans], measured: set[str], bench_rows: dict[str, Any],
@@ -569,6 +658,8 @@ def _walk_and_figures(run: Run, reqs: dict[str, at.RequestSpans], walked: list[s
     figures and walks the first ones (the child never reads the figure tables: its copy
     lets go of them at once; ``consume``: so does this process once it has the figures)."""
     k = _walk_here(len(walked), sum(len(t) for t in run.figures.tables()) if run.figures else 0)
+    if k < len(walked) and run.early is not None:  # made once, for both processes
+        ctx = dataclasses.replace(ctx, fifo=headofline.fifo_by_hop(run.early))
     later = (Beside(_walk_packed, run, reqs, walked[k:], ctx, parts=True,
                     release=functools.partial(_no_figures, run)) if k < len(walked) else None)
     # ---- components: FIFO, snapshot, transfer over all chunks of measured requests

@@ -103,16 +103,7 @@ def _hop_key(req: np.ndarray, producer: np.ndarray, consumer: np.ndarray) -> np.
             | (consumer.astype(np.int64) + 1))
 
 
-def _pair_key(victim: np.ndarray, culprit: np.ndarray) -> np.ndarray:
-    """(victim index, culprit request) as one sortable int64 (:func:`_pair_of` inverts it)."""
-    return (victim << 32) | culprit
-
-
-def _pair_of(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return key >> 32, key & 0xFFFFFFFF
-
-
-def _fifo_by_hop(chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def fifo_by_hop(chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The complete FIFO rows of ``chunks`` (columns the waits read) sorted by their
     (request, producer, consumer) key, and the keys: made once for every victim batch."""
     fifo = rowops.select(chunks, (chunks["reason"] == 0) & (chunks["name"] == stt.N_FIFO))
@@ -127,7 +118,7 @@ def _fifo_by_hop(chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _critical_waits(victims: list[Victim], fifo: np.ndarray, key: np.ndarray) -> dict[str, np.ndarray]:
     """The FIFO waits of every victim's critical-path chunks, clipped to [arrival, first
     packet]: columns vi (victim index), prod, replica, w0, w1 (``fifo``, ``key``: from
-    :func:`_fifo_by_hop`)."""
+    :func:`fifo_by_hop`)."""
     hops = np.array([(i, v.req, p, c, g, v.arrival, v.first_packet)
                      for i, v in enumerate(victims) for p, c, g in v.hops], np.int64).reshape(-1, 7)
     hkey = _hop_key(hops[:, 1], hops[:, 2], hops[:, 3])
@@ -187,12 +178,14 @@ class Pairs:
 VICTIM_BATCH = 2048  # victims computed at once: their (wait, task) overlaps are the temporaries
 
 
-def blocked_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy) -> Pairs:
+def blocked_pairs(victims: list[Victim], chunks: np.ndarray, busy: Busy,
+                  fifo: tuple[np.ndarray, np.ndarray] | None = None) -> Pairs:
     """Wall-time head-of-line blocking of each victim (see the module doc), vectorised
     over a batch of victims at a time (tests/support/hol_reference.py is the per-victim loop it is
     tested against); victims are independent, so batches only bound the memory. ``busy``:
-    the senders' tasks as the span builder closed them (``Feed.busy``)."""
-    fifo = _fifo_by_hop(chunks)
+    the senders' tasks as the span builder closed them (``Feed.busy``); ``fifo``: the
+    :func:`fifo_by_hop` of ``chunks`` where the caller made it already (once for two processes)."""
+    fifo = fifo_by_hop(chunks) if fifo is None else fifo
     return joined([_batch_pairs(victims[i:i + VICTIM_BATCH], fifo, busy)
                    for i in range(0, max(len(victims), 1), VICTIM_BATCH)])
 
@@ -216,25 +209,8 @@ def _batch_pairs(victims: list[Victim], fifo: tuple[np.ndarray, np.ndarray], bus
     p = _pieces(_critical_waits(victims, *fifo), busy)
     if not len(p["vi"]):
         return out
-    dur = p["end"] - p["start"]
-    chunk_ns = np.bincount(p["vi"], weights=dur, minlength=nv)
-    # per (victim, culprit): overlap sum and distinct sender tasks
-    pairs, inv = np.unique(_pair_key(p["vi"], p["culprit"]), return_inverse=True)
-    pair_chunk = np.bincount(inv, weights=dur, minlength=len(pairs))
-    # distinct (pair, sender, task) triples: a task may block several chunks (by a lexsort:
-    # a row-wise np.unique took 0.75 s of this phase's 2.4 s on 10M events)
-    o = np.lexsort((p["task"], p["prod"], inv))
-    i, prod, task = inv[o], p["prod"][o], p["task"][o]
-    new = np.ones(len(o), bool)
-    new[1:] = (i[1:] != i[:-1]) | (prod[1:] != prod[:-1]) | (task[1:] != task[:-1])
-    pair_tasks = np.bincount(i[new], minlength=len(pairs))
-    wall, m_victim, m_culprit, shares = intervals.union_shares(p["vi"], p["culprit"], p["start"], p["end"])
-    out.pair_wall = np.bincount(np.searchsorted(pairs, _pair_key(m_victim, m_culprit)), weights=shares,
-                                minlength=len(pairs))
-    out.victim, out.culprit = _pair_of(pairs)
-    out.pair_chunk, out.pair_tasks = pair_chunk.astype(np.int64), pair_tasks
-    out.chunk_ns = chunk_ns.astype(np.int64)
-    out.wall[:len(wall)] = wall
-    out.wall[out.chunk_ns == 0] = 0.0
+    (out.wall, out.chunk_ns, out.victim, out.culprit, out.pair_wall, out.pair_chunk,
+     out.pair_tasks) = intervals.pair_figures(p["vi"], p["culprit"], p["start"], p["end"], p["prod"],
+                                               p["task"], nv)
     out.culprits = np.bincount(out.victim, minlength=nv)
     return out

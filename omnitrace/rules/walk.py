@@ -23,6 +23,13 @@ from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.rules import attribution as at
 
+try:  # the latest-span lookups compiled (omnitrace/_intervalsc.c), where built
+    from omnitrace import _intervalsc
+except ImportError:
+    _intervalsc = None
+if not hasattr(_intervalsc, "latest"):
+    _intervalsc = None  # none, or built before the lookups: numpy until it is rebuilt
+
 CAT = {c: i for i, c in enumerate(at.CATEGORIES)}
 DETAILS = ("", "gap", "inbox", "submit", "unwalked", "overlap")
 _GAP, _INBOX, _SUBMIT, _UNWALKED, _OVERLAP = 1, 2, 3, 4, 5
@@ -50,25 +57,57 @@ def _code(req: np.ndarray, a: np.ndarray, b: np.ndarray, chunk: np.ndarray) -> n
             | (np.asarray(chunk, i8) + 1))
 
 
+def _by_code_then_end(code: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """``np.lexsort((end, code))`` (ties in table order): a stable sort by code, then only
+    the groups whose ends are not in table order already re-sorted by end (most groups are
+    one span, or spans in time order: a full sort by end cost as much as the rest)."""
+    order = np.argsort(code, kind="stable")
+    c, e = code[order], end[order]
+    same = c[1:] == c[:-1]
+    bad = same & (e[1:] < e[:-1])
+    if bad.any():
+        gid = np.cumsum(np.concatenate(([True], ~same)))
+        rows = np.flatnonzero(np.isin(gid, gid[1:][bad]))  # contiguous per group, in order
+        order[rows] = order[rows][np.lexsort((e[rows], c[rows]))]
+    return order
+
+
+def _codes_both_ways(req: np.ndarray, a: np.ndarray, b: np.ndarray, chunk: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """``_code(req, a, b, chunk)`` and ``_code(req, b, a, chunk)``, sharing their request
+    and chunk bits."""
+    i8 = np.int64
+    base = (np.asarray(req, i8) << 47) | (np.asarray(chunk, i8) + 1)
+    a1, b1 = np.asarray(a, i8) + 1, np.asarray(b, i8) + 1
+    return base | (a1 << 39) | (b1 << 31), base | (b1 << 39) | (a1 << 31)
+
+
 class _Latest:
     """Spans grouped by an int64 code, for "the latest span ending by t" lookups: per
-    group sorted by end, ties in table order (a Python ``max`` keeps the first)."""
+    group sorted by end, ties in table order (a Python ``max`` keeps the first). The
+    lookups are ``_intervalsc.latest`` where built (a binary search per query in its
+    group), else :meth:`by_reference` (numpy, the one the compiled one is tested against)."""
 
     def __init__(self, code: np.ndarray, end: np.ndarray, rowno: np.ndarray) -> None:
-        order = np.lexsort((rowno, end, code))
+        order = _by_code_then_end(code, end)
         self.rowno, code, end = rowno[order], code[order], end[order]
         self.end = end
         head = np.ones(len(code), bool)
         head[1:] = code[1:] != code[:-1]
         self.groups = code[head]
         self.lo = np.append(np.flatnonzero(head), len(code))
-        gid = np.cumsum(head) - 1
-        # (group, rank of end) as one sorted int64: one searchsorted finds the latest end
-        # <= t in any group (ranks among all ends, ties alike: exact whatever the times;
-        # end <= t exactly when rank(end) < #ends <= t)
-        self.ends = np.sort(end)
-        self.width = len(self.ends) + 1
-        self.comp = gid * self.width + np.searchsorted(self.ends, end) + 1
+        self._head = head
+        self.comp = self.ends = None
+
+    def _ranked(self) -> None:
+        """(group, rank of end) as one sorted int64 (``comp``): one searchsorted finds the
+        latest end <= t in any group (ranks among all ends, ties alike: exact whatever
+        the times; end <= t exactly when rank(end) < #ends <= t). Made for the reference
+        lookups only."""
+        if self.comp is None:
+            self.ends = np.sort(self.end)
+            self.width = len(self.ends) + 1
+            self.comp = (np.cumsum(self._head) - 1) * self.width + np.searchsorted(self.ends, self.end) + 1
 
     def _group(self, code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Each code's group, its rows [lo, hi), whether it has any (some groups)."""
@@ -82,9 +121,21 @@ class _Latest:
         """Row numbers (-1: none) of the latest span of each group ending by ``t``; with
         ``fallback`` the reference's ``_latest``: if none ends by ``t``, the latest of all
         (so a group of one gives that one)."""
+        if _intervalsc is None or not len(self.groups) or not len(code):
+            return self.by_reference(code, t, fallback)
+        out = np.empty(len(code), np.int64)
+        i8 = np.int64
+        _intervalsc.latest(self.groups, self.lo, np.ascontiguousarray(self.end, i8), self.rowno,
+                           np.ascontiguousarray(code, i8), np.ascontiguousarray(np.broadcast_to(t, len(code)), i8),
+                           fallback, out)
+        return out
+
+    def by_reference(self, code: np.ndarray, t: np.ndarray, fallback: bool = True) -> np.ndarray:
+        """:meth:`by` in numpy."""
         out = np.full(len(code), _NONE, np.int64)
         if not len(self.groups) or not len(code):
             return out
+        self._ranked()
         g, lo, hi, found = self._group(code)
         q = g * self.width + np.searchsorted(self.ends, t, "right")
         p = np.searchsorted(self.comp, q, "right") - 1
@@ -249,8 +300,7 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
 
     stage, peer, chunk = rows["stage"], rows["peer"], rows["chunk"]
     start, end = rows["start"], rows["end"]
-    prod_code = _code(owner, stage, peer, chunk)
-    cons_code = _code(owner, peer, stage, chunk)
+    prod_code, cons_code = _codes_both_ways(owner, stage, peer, chunk)
 
     sched, get, put, fifo, snap, proc, made = _indexes(rows, owner, prod_code, cons_code)
 
@@ -313,16 +363,17 @@ def _indexes(rows: np.ndarray, owner: np.ndarray, prod_code: np.ndarray, cons_co
     """The latest-by-time indexes the walk looks spans up in: the consumer's ready-to-
     scheduled waits (by request and stage), gets, puts (the latest BEGUN by a time), FIFO
     waits, snapshots, payload builds, and the builds that made a chunk."""
-    name, rowno, end = rows["name"], np.arange(len(rows)), rows["end"]
+    name, end = rows["name"], np.ascontiguousarray(rows["end"])
 
     def index(sel: np.ndarray, code: np.ndarray, by: np.ndarray = end) -> _Latest:
-        return _Latest(code[sel], by[sel], rowno[sel])
+        rowno = np.flatnonzero(sel)
+        return _Latest(code[rowno], by[rowno], rowno)
 
-    none = np.full(len(rows), -1)
-    ready = (name == stt.N_WAIT) & (rows["reason"] == 0)
-    return (index(ready, _code(owner, rows["stage"], none, none)), index(name == stt.N_GET, cons_code),
-            index(name == stt.N_PUT, prod_code, by=rows["start"]), index(name == stt.N_FIFO, prod_code),
-            index(name == stt.N_SNAPSHOT, prod_code), index(name == stt.N_PROCESS, prod_code),
+    ready = np.flatnonzero((name == stt.N_WAIT) & (rows["reason"] == 0))
+    return (_Latest(_code(owner[ready], rows["stage"][ready], -1, -1), end[ready], ready),
+            index(name == stt.N_GET, cons_code), index(name == stt.N_PUT, prod_code, by=rows["start"]),
+            index(name == stt.N_FIFO, prod_code), index(name == stt.N_SNAPSHOT, prod_code),
+            index(name == stt.N_PROCESS, prod_code),
             index((name == stt.N_PROCESS) & (rows[stt.BYTES] > 0), prod_code))
 
 

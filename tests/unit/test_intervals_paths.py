@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from omnitrace import intervals, record
+from omnitrace.rules import walk
 
 built = pytest.mark.skipif(intervals._intervalsc is None, reason="built without a C compiler")
 
@@ -130,5 +131,116 @@ def test_a_built_ranking_imports():
     mended by `pip install -e .` or `python setup.py build_ext --inplace`."""
     here = Path(intervals.__file__).parent
     files = [p for suffix in importlib.machinery.EXTENSION_SUFFIXES for p in here.glob("_intervalsc" + suffix)]
-    if files or record._ringc is not None:
-        assert intervals._intervalsc is not None, files
+    if files or record._ringc is not None:  # and every kernel is there (not a stale build)
+        assert intervals._intervalsc is not None and walk._intervalsc is not None, files
+
+
+def blocked_pieces(seed: int) -> tuple[tuple[np.ndarray, ...], int]:
+    """Random head-of-line pieces: victims without any, culprits with several pieces
+    (nested, touching, repeated, zero-length), tasks shared by pieces, times tied and far
+    apart; or none at all."""
+    rng = np.random.default_rng(seed)
+    victims = int(rng.integers(1, 40))
+    n = 0 if seed % 7 == 0 else int(rng.integers(1, 3000))
+    span = int(rng.choice([20, 1000, 10**12]))
+    start = rng.integers(0, span, n)
+    end = start + rng.integers(0, max(span // 10, 2), n) * (rng.random(n) > 0.05)  # some 0 long
+    vi = rng.integers(0, victims, n)
+    culprit = rng.choice(owner_set(rng, int(rng.integers(1, 30))), n)
+    sender = rng.integers(0, 3, n)
+    task = rng.integers(0, 1 + n // 4, n)
+    dtype = np.uint32 if seed % 2 else np.int64  # the span builder's request ids are uint32
+    return (vi, culprit.astype(dtype), start, end, sender, task), victims
+
+
+@built
+@pytest.mark.parametrize("seed", range(60))
+def test_compiled_pair_figures_are_the_reference_bit_for_bit(seed):
+    """Shares are floats summed along one running integral: equal bit for bit, not close."""
+    args, victims = blocked_pieces(seed)
+    want = intervals.pair_figures_reference(*args, victims)
+    got = intervals.pair_figures(*args, victims)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert g.tobytes() == w.tobytes(), seed
+
+
+@built
+def test_compiled_pair_figures_refuse_bad_buffers():
+    z, f = np.zeros(2, np.int64), np.zeros(2)
+    with pytest.raises(TypeError):
+        intervals._intervalsc.pairs(z, z, z, z, z, z, z, z, z, z, f, z, z)  # wall must be float64
+    with pytest.raises(IndexError):
+        intervals._intervalsc.pairs(z + 2, z, z, z, z, z, f, z, z, z, f, z, z)
+    with pytest.raises(ValueError):
+        intervals._intervalsc.pairs(z, z, z, z, z, z, f, z, z[:1], z, f, z, z)
+
+
+@built
+@pytest.mark.parametrize("seed", range(60))
+def test_compiled_pieces_are_the_reference(seed):
+    """other_pieces, compiled, gives the numpy pieces (same rows, order and dtypes)."""
+    kind, (s, e, o, q0, q1, qo) = shape(seed)
+    want = intervals._pieces_in(s, e, o, q0, q1, qo, *intervals._candidates(s, e, q0, q1))
+    assert_same(intervals.other_pieces(s, e, o, q0, q1, qo), want, kind)
+    # the waits' owners as int64 against uint32 tasks' (the head-of-line rule's mix)
+    qo = qo.astype(np.int64)
+    want = intervals._pieces_in(s, e, o, q0, q1, qo, *intervals._candidates(s, e, q0, q1))
+    assert_same(intervals.other_pieces(s, e, o, q0, q1, qo), want, kind)
+
+
+@built
+def test_compiled_pieces_refuse_bad_buffers():
+    z = np.zeros(2, np.int64)
+    out = np.zeros(4, np.int64)
+    with pytest.raises(TypeError):
+        intervals._intervalsc.pieces(z.astype(np.int32), z, z, z, z, z, z, z, out, out, out, out)
+    with pytest.raises(IndexError):
+        intervals._intervalsc.pieces(z, z, z, z, z, z, z, z + 5, out, out, out, out)
+    with pytest.raises(ValueError):
+        intervals._intervalsc.pieces(z, z, z, z, z, z, z, z + 2, out[:1], out, out, out)
+
+
+def test_pieces_of_floats_stay_numpy():
+    """Times that are not integers (or uint64) never reach the int64 kernel."""
+    s, e, o = np.array([0.5, 2.0]), np.array([1.5, 3.0]), np.array([1, 2])
+    got = intervals.other_pieces(s, e, o, np.array([0.0]), np.array([2.5]), np.array([3]))
+    assert [c.tolist() for c in got] == [[0, 0], [0, 1], [0.5, 2.0], [1.5, 2.5]]
+
+
+def overlap_numpy(monkeypatch, *args):
+    """other_overlap with the compiled kernels switched off: the prefix sums alone."""
+    with monkeypatch.context() as m:
+        m.setattr(intervals, "_intervalsc", None)
+        return intervals.other_overlap(*args)
+
+
+@built
+@pytest.mark.parametrize("seed", range(60))
+def test_compiled_overlap_is_the_prefix_sums(seed, monkeypatch):
+    """Disjoint tasks (touching, 0 ns long, ties in total): the compiled sums; tasks that
+    overlap or waits that end before they start: the prefix sums' answer, as before."""
+    kind, (s, e, o, q0, q1, qo) = shape(seed)
+    for args in ((s, e, o, q0, q1, qo), (s, e, o, q0, q1, qo.astype(np.int64))):
+        got, want = intervals.other_overlap(*args), overlap_numpy(monkeypatch, *args)
+        assert got.dtype == want.dtype and got.tolist() == want.tolist(), kind
+    if len(s) > 2:  # not disjoint: one task runs into the next
+        e2 = e.copy()
+        e2[len(e2) // 2] = s[-1] + 3
+        args = (s, e2, o, q0, q1, qo)
+        assert intervals.other_overlap(*args).tolist() == overlap_numpy(monkeypatch, *args).tolist()
+    if len(q0):  # a wait ending before it starts
+        args = (s, e, o, q1, q0, qo)
+        assert intervals.other_overlap(*args).tolist() == overlap_numpy(monkeypatch, *args).tolist()
+
+
+@built
+def test_compiled_overlap_refuses_bad_buffers():
+    z = np.zeros(2, np.int64)
+    with pytest.raises(TypeError):
+        intervals._intervalsc.overlap(z.astype(np.int32), z, z, z, z, z, z, z, z.copy())
+    with pytest.raises(ValueError):  # [lo, hi) past the intervals
+        intervals._intervalsc.overlap(z, z, z, z, z, z, z, z + 5, z.copy())
+    with pytest.raises(ValueError):  # q1 < q0
+        intervals._intervalsc.overlap(z, z, z, z + 1, z, z, z, z, z.copy())
+    assert intervals._intervalsc.overlap(z, z + 1, z, z, z, z, z, z, z.copy()) is False  # not disjoint
