@@ -1,10 +1,9 @@
 """The compiled parts and the package layout; everything else is in pyproject.toml. The
-compiled parts: the ring writer (omnitrace/_ringc.c), the FIFO culprit ranking
-(omnitrace/_intervalsc.c), the span load's row passes (omnitrace/_spanc.c) and the event
-log's feed preparation (omnitrace/_decodec.c). optional=True: where no C compiler is, the
-install goes on and omnitrace.record uses its Python writer, omnitrace.intervals its numpy
-ranking, spantable, eventlog and analyze.tables their numpy steps (the references the
-compiled ones are tested against).
+compiled parts: the ring writer (omnitrace/_ringc.c), the interval kernels of the FIFO and
+head-of-line rules (omnitrace/_intervalsc.c), the span load's row passes (omnitrace/_spanc.c)
+and the event log's feed preparation (omnitrace/_decodec.c); docs/architecture.md lists
+each one's numpy reference. optional=True: where no C compiler is, the install goes on and
+the same answers come from those references, slower.
 
 The hook definitions live at the top of the repository (``patches/``: per target and
 version, apart from the code they instrument with) and install as ``omnitrace.patches``
