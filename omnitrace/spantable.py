@@ -646,6 +646,9 @@ class SpanBuilder:
         self.requests_freed = 0
         self._rows: list[tuple] = []  # request/stage spans of this feed
         self._emits: list[np.ndarray] = []
+        # API mark emit rows (tuples) not yet in _emits: one array per run of them, not one
+        # per request (a small np.array costs ~8 us)
+        self._marks: list[tuple] = []
         self._busy: Closed = []
 
     # ------------------------------------------------------------------ rings
@@ -686,13 +689,23 @@ class SpanBuilder:
         if self._rows:
             rowops.assign(spans, len(spans) - len(self._rows), np.array(self._rows, SPAN_DTYPE))
             self._rows = []
-        emits = rowops.concat(self._emits, EMIT_DTYPE)
-        self._emits = []
+        emits = self._take_emits()
         self._count(spans)
         busy, self._busy = self._busy, []
         repeated, self._repeated = self._repeated, []
         return Feed(spans, emits, latencies, arrivals=arrivals, ends=ends, contexts=contexts, busy=busy,
                     repeated=repeated)
+
+    def _flush_marks(self) -> None:
+        if self._marks:
+            self._emits.append(np.array(self._marks, EMIT_DTYPE))
+            self._marks = []
+
+    def _take_emits(self) -> np.ndarray:
+        self._flush_marks()
+        emits = rowops.concat(self._emits, EMIT_DTYPE)
+        self._emits = []
+        return emits
 
     def _count(self, spans: np.ndarray) -> None:
         self.spans_built += len(spans)
@@ -712,18 +725,20 @@ class SpanBuilder:
     def _request_events(self, ev: np.ndarray, now: float, latencies: list, arrivals: list,
                         ends: list, contexts: list) -> None:
         reqs = self.reqs
+        reqs_get, queue_row, stage_row = reqs.get, self._queue_row, self._stage_row
         replicas = self._replicas.tolist()
         for t, a, req, _chunk, kind, stage, b, ring in ev.tolist():
-            st = reqs.get(req)
+            st = reqs_get(req)
             if st is None:
                 st = reqs[req] = _Req()
             st.last_seen = now
             st.complete_at = None
             if kind >= _ADD:
                 replica = replicas[ring]
-                sg = st.stages.get((stage, replica))
+                stages = st.stages
+                sg = stages.get((stage, replica))
                 if sg is None:
-                    sg = st.stages[(stage, replica)] = _Stage(ring)
+                    sg = stages[(stage, replica)] = _Stage(ring)
                     st.unfinished += 1
                 if t > sg.last:
                     sg.last = t
@@ -732,18 +747,18 @@ class SpanBuilder:
                         sg.add = t
                         if sg.sched is not None:  # the schedule was fed first (another
                             # thread's ring drained earlier): the queue span is whole now
-                            self._queue_row(req, stage, replica, sg, R_NONE)
+                            queue_row(req, stage, replica, sg, R_NONE)
                 elif kind == _SCHEDULE:
                     if sg.sched is None:
                         sg.sched = t
-                        self._queue_row(req, stage, replica, sg, R_NONE)
+                        queue_row(req, stage, replica, sg, R_NONE)
                 elif kind == _FINISH:
                     if sg.finish is None:
                         st.unfinished -= 1
                     sg.finish, sg.status = t, a
-                    self._stage_row(req, stage, replica, sg, R_NONE)
-                if kind == _FINISH and self._complete(st):
-                    st.complete_at = now
+                    stage_row(req, stage, replica, sg, R_NONE)
+                    if st.unfinished == 0 and self._complete(st):
+                        st.complete_at = now
                 continue
             st.ring, st.replica = ring, replicas[ring]
             if kind == _ARRIVE:
@@ -844,9 +859,9 @@ class SpanBuilder:
                            0, 0, 0))
         # API marks travel as emit rows of stage API_STAGE (EMIT_DTYPE)
         if st.marks:
-            self._emits.append(np.array([(req, cv.API_STAGE, st.replica, t, k, MARK_MODALITY)
-                                         for t, k in st.marks], EMIT_DTYPE))
-        st.marks = []
+            replica = st.replica
+            self._marks.extend([(req, cv.API_STAGE, replica, t, k, MARK_MODALITY) for t, k in st.marks])
+            st.marks = []
 
     def _queue_row(self, req: int, stage: int, replica: int, sg: _Stage, reason: int) -> None:
         if sg.queue_done or (sg.add is None and (reason == R_NONE or sg.sched is None)):
@@ -854,8 +869,10 @@ class SpanBuilder:
         sg.queue_done = True
         start = sg.add if sg.add is not None else sg.sched
         end = sg.sched if sg.sched is not None else sg.last
-        self._rows.append((N_QUEUE, self._reason(sg.ring, reason), False, 0, stage, -2, replica,
-                           req, -1, sg.ring, start, max(end, start), 0, 0, 0, 0, 0, 0, 0))
+        if reason != R_NONE:
+            reason = self._reason(sg.ring, reason)
+        self._rows.append((N_QUEUE, reason, False, 0, stage, -2, replica,
+                           req, -1, sg.ring, start, end if end > start else start, 0, 0, 0, 0, 0, 0, 0))
 
     def _stage_row(self, req: int, stage: int, replica: int, sg: _Stage, reason: int) -> None:
         if sg.done:
@@ -863,11 +880,16 @@ class SpanBuilder:
         sg.done = True
         start = sg.add if sg.add is not None else (sg.sched or sg.last)
         end = sg.finish if sg.finish is not None else sg.last
-        self._rows.append((N_STAGE, self._reason(sg.ring, reason), sg.status != 0, sg.status,
-                           stage, -2, replica, req, -1, sg.ring, start, max(end, start), 0, 0, 0,
-                           0, 0, 0, 0))
-        self._emits.extend(sg.emits)
-        sg.emits = []
+        if reason != R_NONE:
+            reason = self._reason(sg.ring, reason)
+        self._rows.append((N_STAGE, reason, sg.status != 0, sg.status,
+                           stage, -2, replica, req, -1, sg.ring, start, end if end > start else start,
+                           0, 0, 0, 0, 0, 0, 0))
+        if sg.emits:
+            if self._marks:  # the marks before these rows keep their place
+                self._flush_marks()
+            self._emits.extend(sg.emits)
+            sg.emits = []
 
     def _reason(self, ring: int, reason: int) -> int:
         if reason != R_NONE and 0 <= ring < len(self._pids) and int(self._pids[ring]) in self.dead_pids:
@@ -1071,8 +1093,7 @@ class SpanBuilder:
             out.append(np.array(self._rows, SPAN_DTYPE))
             self._rows = []
         spans = rowops.concat(out, SPAN_DTYPE) if out else np.zeros(0, SPAN_DTYPE)
-        emits = rowops.concat(self._emits, EMIT_DTYPE)
-        self._emits = []
+        emits = self._take_emits()
         self._count(spans)
         return Feed(spans, emits)
 
