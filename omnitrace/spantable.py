@@ -502,6 +502,19 @@ def pair_reference(bk: np.ndarray, bo: np.ndarray, ek: np.ndarray, eo: np.ndarra
     return bo[order[pos]], eo[order[pos + begins[owner]] - nb]
 
 
+_SPAN_FIELDS = [(name, SPAN_DTYPE[name]) for name in SPAN_DTYPE.names]
+
+
+def span_array(rows: list[tuple]) -> np.ndarray:
+    """``np.array(rows, SPAN_DTYPE)``, a column at a time: numpy converts a structured row's
+    tuple field by field (~5 us a row; the request and stage spans, one tuple each). The
+    same bytes, the same OverflowError for a value its field cannot hold."""
+    out = np.empty(len(rows), SPAN_DTYPE)
+    for (name, dtype), column in zip(_SPAN_FIELDS, zip(*rows)):
+        out[name] = np.array(column, dtype)
+    return out
+
+
 def _joined(waiting: np.ndarray, new: np.ndarray) -> np.ndarray:
     """Stamps still waiting for a partner, then a feed's new ones (no copy where none wait)."""
     return rowops.concat((waiting, new), EVENT_DTYPE) if len(waiting) else new
@@ -718,7 +731,7 @@ class SpanBuilder:
             self._seen(p.reqs, now)
         spans = self._pair_chunks(p, len(self._rows))  # written in place: no concatenation
         if self._rows:
-            rowops.assign(spans, len(spans) - len(self._rows), np.array(self._rows, SPAN_DTYPE))
+            rowops.assign(spans, len(spans) - len(self._rows), span_array(self._rows))
             self._rows = []
         emits = self._take_emits()
         self._count(spans)
@@ -1120,7 +1133,7 @@ class SpanBuilder:
             if not st.done and (st.arrive is not None or st.end is not None):
                 self._request_row(req, st, R_NONE if st.end is not None else r)
         if self._rows:
-            out.append(np.array(self._rows, SPAN_DTYPE))
+            out.append(span_array(self._rows))
             self._rows = []
         spans = rowops.concat(out, SPAN_DTYPE) if out else np.zeros(0, SPAN_DTYPE)
         emits = self._take_emits()

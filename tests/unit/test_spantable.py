@@ -196,3 +196,28 @@ def test_visit_emits_first_first_audio_and_count_per_visit_marks_excluded():
     assert got == [(0, 1, 0, 3, stt.NO_EMIT, 1), (1, 0, 1, 5, 5, 1), (1, 1, 0, 1, 2, 2)]
     none = stt.VisitEmits.of(emits[-1:])
     assert len(none.req) == len(none.first) == len(none.count) == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_span_array_is_numpys(seed):
+    """The request and stage span rows a column at a time: numpy's structured rows' bytes
+    for any values the fields hold (each field's extremes, bools, none at all)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 50))
+    cols = []
+    for name in stt.SPAN_DTYPE.names:
+        dt = stt.SPAN_DTYPE[name]
+        if dt.kind == "b":
+            cols.append(rng.integers(0, 2, n).astype(bool).tolist())
+        else:
+            info = np.iinfo(dt)
+            cols.append(rng.integers(info.min, info.max, n, dtype=dt, endpoint=True).tolist())
+    rows = list(zip(*cols))
+    assert stt.span_array(rows).tobytes() == np.array(rows, stt.SPAN_DTYPE).tobytes()
+
+
+def test_span_array_refuses_what_a_field_cannot_hold():
+    row = [0] * len(stt.SPAN_DTYPE.names)
+    row[0] = 300  # name: int8
+    with pytest.raises(OverflowError):
+        stt.span_array([tuple(row)])
