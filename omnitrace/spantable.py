@@ -730,11 +730,12 @@ class SpanBuilder:
         if p.reqs and self.reqs:
             self._seen(p.reqs, now)
         spans = self._pair_chunks(p, len(self._rows))  # written in place: no concatenation
+        own = len(spans) - len(self._rows)
         if self._rows:
-            rowops.assign(spans, len(spans) - len(self._rows), span_array(self._rows))
+            rowops.assign(spans, own, span_array(self._rows))
             self._rows = []
         emits = self._take_emits()
-        self._count(spans)
+        self._count(spans, own)  # paired chunk spans are complete: reason 0
         busy, self._busy = self._busy, []
         repeated, self._repeated = self._repeated, []
         return Feed(spans, emits, latencies, arrivals=arrivals, ends=ends, contexts=contexts, busy=busy,
@@ -751,9 +752,9 @@ class SpanBuilder:
         self._emits = []
         return emits
 
-    def _count(self, spans: np.ndarray) -> None:
+    def _count(self, spans: np.ndarray, reasons_from: int = 0) -> None:
         self.spans_built += len(spans)
-        self.incomplete_spans += int(np.count_nonzero(spans["reason"]))
+        self.incomplete_spans += int(np.count_nonzero(spans["reason"][reasons_from:]))
 
     def _note_times(self, ids: np.ndarray, times: np.ndarray) -> None:
         if not len(ids):
