@@ -466,8 +466,7 @@ def _by_key_then_time(key: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.nd
     sort by key: a repeated key's stamps stay in arrival order, which is almost always
     their time order already (one ring records them); only where it is not does time
     break the ties (lexsort: the same order, at more cost)."""
-    order = np.argsort(key, kind="stable")
-    k = key[order]
+    order, k = stable_key_order(key)
     tie = k[1:] == k[:-1]
     if tie.any():
         ts = t[order]
@@ -475,6 +474,23 @@ def _by_key_then_time(key: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.nd
             order = np.lexsort((t, key))
             k = key[order]
     return order, k
+
+
+def stable_key_order(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.argsort(key, kind="stable")`` and the keys in that order. Where each key (less
+    the least) and its position fit one int64 side by side, one plain sort of those: the
+    values are distinct, so any sort is stable, and numpy's vectorized int64 sort is ~5x
+    quicker than its stable one (a feed's keys span its requests' range, well within)."""
+    n = len(key)
+    if n and key.dtype == np.int64:
+        lo = int(key.min())
+        bits = max(n - 1, 1).bit_length()
+        if int(key.max()) - lo < 1 << (63 - bits):
+            packed = ((key - lo) << bits) | np.arange(n, dtype=np.int64)
+            packed.sort()
+            return packed & ((1 << bits) - 1), (packed >> bits) + lo
+    order = np.argsort(key, kind="stable")
+    return order, key[order]
 
 
 def pair_reference(bk: np.ndarray, bo: np.ndarray, ek: np.ndarray, eo: np.ndarray

@@ -221,3 +221,17 @@ def test_span_array_refuses_what_a_field_cannot_hold():
     row[0] = 300  # name: int8
     with pytest.raises(OverflowError):
         stt.span_array([tuple(row)])
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_stable_key_order_is_the_stable_argsort(seed):
+    """Packed key and position, sorted: the stable argsort's order and keys, for keys with
+    many ties, none, one, a range too wide to pack (the stable argsort itself)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 300))
+    span = [3, 1 << 20, 1 << 45, 1 << 62][seed % 4]
+    key = rng.integers(0, span, n, dtype=np.int64) + (1 << 40 if seed % 5 == 0 else 0)
+    order, k = stt.stable_key_order(key)
+    want = np.argsort(key, kind="stable")
+    assert order.tolist() == want.tolist() and k.tolist() == key[want].tolist()
+    assert k.dtype == key.dtype
