@@ -235,3 +235,18 @@ def test_stable_key_order_is_the_stable_argsort(seed):
     want = np.argsort(key, kind="stable")
     assert order.tolist() == want.tolist() and k.tolist() == key[want].tolist()
     assert k.dtype == key.dtype
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_emit_order_is_the_lexsort(seed):
+    """Emits by (request, stage, replica, time), ties in arrival order: the four-key
+    lexsort's order, with repeated times, negative stages, wide request ids, none."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 200))
+    ev = np.zeros(n, EVENT_DTYPE)
+    ev["t"] = rng.integers(0, [5, 1 << 40, 1 << 62][seed % 3], n)
+    ev["req"] = rng.integers(0, [4, 1 << 32][seed % 2], n, dtype=np.int64)
+    ev["stage"] = rng.integers(-2, 6, n)
+    replica = rng.integers(0, [2, 1 << 40][seed % 5 == 0], n)
+    want = np.lexsort((ev["t"], replica, ev["stage"], ev["req"]))
+    assert stt.emit_order(ev, replica).tolist() == want.tolist()
