@@ -634,28 +634,147 @@ static PyObject *latest(PyObject *module, PyObject *const *args, Py_ssize_t narg
 /* ---- Blocked time: intervals.other_overlap (numpy prefix sums) in C.
 
    overlap(starts, ends, owners, q0, q1, qowner, lo, hi, out) -> bool
-   Query i (q0[i] <= q1[i]) walks intervals [lo[i], hi[i]) and writes into out[i] its
+   Query i (q0[i] <= q1[i]) takes intervals [lo[i], hi[i]) and writes into out[i] its
    summed overlap with those of other owners. The reference's prefix sums give that sum
    only for disjoint intervals in time order: where these are not (an interval ending
    before it starts or after the next starts), nothing is written and it returns False
-   (the caller keeps the reference's answer). */
+   (the caller keeps the reference's answer).
+
+   A long wait spans many of its sender's tasks (~90 a query): walking them all costs more
+   than prefix sums. Of disjoint time-ordered intervals, those starting before q0 are a
+   prefix of the range and those ending after q1 a suffix (each clipped, walked one by
+   one: at most one each for a query's own candidates); the rest lie inside the query,
+   summed from prefix sums of all intervals less those of the query's own owner (prefix
+   sums over the intervals sorted by (owner, index)). Unsigned sums: a difference of two
+   wraps round exactly. */
 static int disjoint(const int64_t *starts, const int64_t *ends, Py_ssize_t n) {
     for (Py_ssize_t j = 0; j < n; j++)
         if (ends[j] < starts[j] || (j + 1 < n && ends[j] > starts[j + 1])) return 0;
     return 1;
 }
 
-static void run_overlap(const int64_t *const *in, Py_ssize_t nq, int64_t *out) {
-    const int64_t *starts = in[0], *ends = in[1], *owners = in[2], *q0 = in[3], *q1 = in[4],
-                  *qowner = in[5], *lo = in[6], *hi = in[7];
-    for (Py_ssize_t i = 0; i < nq; i++) {
-        int64_t sum = 0, a0 = q0[i], b0 = q1[i], me = qowner[i];
-        for (int64_t j = lo[i]; j < hi[i]; j++) {
-            int64_t a = starts[j] > a0 ? starts[j] : a0, b = ends[j] < b0 ? ends[j] : b0;
-            if (b > a && owners[j] != me) sum += b - a;
-        }
-        out[i] = sum;
+typedef struct { int64_t owner, idx; } OwnerKey;
+
+static int by_owner_then_index(const void *x, const void *y) {
+    const OwnerKey *a = x, *b = y;
+    if (a->owner != b->owner) return a->owner < b->owner ? -1 : 1;
+    return (a->idx > b->idx) - (a->idx < b->idx);
+}
+
+typedef struct {
+    const int64_t *starts, *ends, *owners;
+    Py_ssize_t n;
+    uint64_t *cum, *own_cum;  /* n + 1 each: lengths summed in index order, in key order */
+    OwnerKey *keys;           /* (owner, index) in order */
+    Py_ssize_t *heads;        /* span + 1 group starts by owner - low (span 0: none) */
+    int64_t low, span;
+} Sums;
+
+/* keys by (owner, index): a counting sort where the owners (a window's request ids) span
+   a narrow range, each owner's group then found at once; else qsort. */
+static int sort_keys(Sums *s) {
+    Py_ssize_t n = s->n;
+    int64_t lo = 0, hi = -1;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        if (j == 0 || s->owners[j] < lo) lo = s->owners[j];
+        if (j == 0 || s->owners[j] > hi) hi = s->owners[j];
     }
+    s->low = lo;
+    s->span = n && (uint64_t)hi - (uint64_t)lo < (uint64_t)(4 * n + 64) ? hi - lo + 1 : 0;
+    if (!s->span) {
+        for (Py_ssize_t j = 0; j < n; j++) s->keys[j] = (OwnerKey){s->owners[j], j};
+        qsort(s->keys, n, sizeof *s->keys, by_owner_then_index);
+        return 1;
+    }
+    s->heads = calloc(s->span + 1, sizeof *s->heads);
+    Py_ssize_t *next = malloc((s->span + 1) * sizeof *next);
+    if (!s->heads || !next) { free(next); return 0; }
+    for (Py_ssize_t j = 0; j < n; j++) s->heads[s->owners[j] - lo + 1]++;
+    for (int64_t g = 0; g < s->span; g++) s->heads[g + 1] += s->heads[g];
+    memcpy(next, s->heads, (s->span + 1) * sizeof *next);
+    for (Py_ssize_t j = 0; j < n; j++) s->keys[next[s->owners[j] - lo]++] = (OwnerKey){s->owners[j], j};
+    free(next);
+    return 1;
+}
+
+/* keys[g0, g1) of owner ``me``. */
+static void owner_group(const Sums *s, int64_t me, Py_ssize_t *g0, Py_ssize_t *g1) {
+    if (s->span) {
+        int64_t g = me - s->low;
+        *g0 = *g1 = 0;
+        if (me >= s->low && g < s->span) { *g0 = s->heads[g]; *g1 = s->heads[g + 1]; }
+        return;
+    }
+    Py_ssize_t a = 0, b = s->n;
+    while (a < b) { Py_ssize_t m = a + (b - a) / 2; if (s->keys[m].owner < me) a = m + 1; else b = m; }
+    *g0 = a;
+    b = s->n;
+    while (a < b) { Py_ssize_t m = a + (b - a) / 2; if (s->keys[m].owner <= me) a = m + 1; else b = m; }
+    *g1 = a;
+}
+
+/* The first of keys[a, b) (one owner's) of index >= idx. */
+static Py_ssize_t index_bound(const OwnerKey *keys, Py_ssize_t a, Py_ssize_t b, int64_t idx) {
+    while (a < b) {
+        Py_ssize_t m = a + (b - a) / 2;
+        if (keys[m].idx < idx) a = m + 1;
+        else b = m;
+    }
+    return a;
+}
+
+static int sums_build(Sums *s) {
+    Py_ssize_t n = s->n;
+    s->cum = malloc((n + 1) * sizeof *s->cum);
+    s->own_cum = malloc((n + 1) * sizeof *s->own_cum);
+    s->keys = malloc((n ? n : 1) * sizeof *s->keys);
+    if (!s->cum || !s->own_cum || !s->keys || !sort_keys(s)) return 0;
+    s->cum[0] = s->own_cum[0] = 0;
+    for (Py_ssize_t j = 0; j < n; j++)
+        s->cum[j + 1] = s->cum[j] + ((uint64_t)s->ends[j] - (uint64_t)s->starts[j]);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t j = s->keys[k].idx;
+        s->own_cum[k + 1] = s->own_cum[k] + ((uint64_t)s->ends[j] - (uint64_t)s->starts[j]);
+    }
+    return 1;
+}
+
+static void sums_free(Sums *s) {
+    free(s->cum);
+    free(s->own_cum);
+    free(s->keys);
+    free(s->heads);
+}
+
+/* The query's overlap with interval j if another owner's, else 0. */
+static inline uint64_t clipped(const Sums *s, int64_t j, int64_t a0, int64_t b0, int64_t me) {
+    int64_t a = s->starts[j] > a0 ? s->starts[j] : a0, b = s->ends[j] < b0 ? s->ends[j] : b0;
+    return b > a && s->owners[j] != me ? (uint64_t)b - (uint64_t)a : 0;
+}
+
+static int64_t query_overlap(const Sums *s, int64_t lo, int64_t hi, int64_t a0, int64_t b0,
+                             int64_t me) {
+    uint64_t sum = 0;
+    while (lo < hi && s->starts[lo] < a0) sum += clipped(s, lo++, a0, b0, me);
+    while (hi > lo && s->ends[hi - 1] > b0) sum += clipped(s, --hi, a0, b0, me);
+    if (hi > lo) {  /* wholly inside the query: all of them, less the own owner's */
+        Py_ssize_t g0, g1;
+        owner_group(s, me, &g0, &g1);
+        Py_ssize_t p0 = index_bound(s->keys, g0, g1, lo), p1 = index_bound(s->keys, p0, g1, hi);
+        sum += (s->cum[hi] - s->cum[lo]) - (s->own_cum[p1] - s->own_cum[p0]);
+    }
+    return (int64_t)sum;
+}
+
+/* 0: out of memory (nothing written). */
+static int run_overlap(const int64_t *const *in, Py_ssize_t nt, Py_ssize_t nq, int64_t *out) {
+    const int64_t *q0 = in[3], *q1 = in[4], *qowner = in[5], *lo = in[6], *hi = in[7];
+    Sums s = {in[0], in[1], in[2], nt, NULL, NULL, NULL, NULL, 0, 0};
+    int ok = sums_build(&s);
+    for (Py_ssize_t i = 0; ok && i < nq; i++)
+        out[i] = hi[i] > lo[i] ? query_overlap(&s, lo[i], hi[i], q0[i], q1[i], qowner[i]) : 0;
+    sums_free(&s);
+    return ok;
 }
 
 static PyObject *overlap(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -680,10 +799,15 @@ static PyObject *overlap(PyObject *module, PyObject *const *args, Py_ssize_t nar
         } else {
             const int64_t *in[8];
             for (int b = 0; b < 8; b++) in[b] = v[b].buf;
+            int memory = 1;
             Py_BEGIN_ALLOW_THREADS
             ok = disjoint(v[0].buf, v[1].buf, nt);
-            if (ok) run_overlap(in, nq, v[8].buf);
+            if (ok) memory = run_overlap(in, nt, nq, v[8].buf);
             Py_END_ALLOW_THREADS
+            if (!memory) {
+                PyErr_NoMemory();
+                ok = -1;
+            }
         }
     }
     while (got > 0) PyBuffer_Release(&v[--got]);

@@ -234,6 +234,41 @@ def test_compiled_overlap_is_the_prefix_sums(seed, monkeypatch):
         assert intervals.other_overlap(*args).tolist() == overlap_numpy(monkeypatch, *args).tolist()
 
 
+def overlap_walk(s, e, o, q0, q1, qo, lo, hi):
+    """The overlap kernel's rule, one candidate at a time: query i's summed overlap with
+    the intervals [lo[i], hi[i]) of other owners."""
+    out = []
+    for a0, b0, me, i, j in zip(q0.tolist(), q1.tolist(), qo.tolist(), lo.tolist(), hi.tolist()):
+        out.append(sum(max(min(e[k], b0) - max(s[k], a0), 0) for k in range(i, j) if o[k] != me))
+    return out
+
+
+@built
+@pytest.mark.parametrize("seed", range(40))
+def test_compiled_overlap_any_range(seed):
+    """Any [lo, hi) of the intervals, not only each query's candidates (clipped tasks at
+    both ends, tasks wholly outside the wait, the own owner's anywhere, owners near or far
+    apart, a query owner with no task), and times near int64's ends: the prefix sums
+    inside match the walk."""
+    rng = np.random.default_rng(seed)
+    n, nq = int(rng.integers(0, 40)), int(rng.integers(1, 30))
+    gaps = rng.integers(0, 4, 2 * n)  # 0: touching tasks and 0 ns tasks
+    edges = np.cumsum(gaps) + (np.int64(1) << 62 if seed % 4 == 0 else 0)
+    s, e = np.ascontiguousarray(edges[0::2]), np.ascontiguousarray(edges[1::2])
+    wide = 10 ** 12 if seed % 3 == 1 else 1  # owners far apart: sorted, not counted
+    o = rng.integers(0, 3, n) * wide
+    top = int(edges[-1]) + 3 if n else 10
+    base = int(edges[0]) - 3 if n else 0
+    q0 = rng.integers(base, top, nq)
+    q1 = q0 + rng.integers(0, top - base, nq)
+    qo = rng.integers(0, 4, nq) * wide
+    lo = rng.integers(0, n + 1, nq)
+    hi = np.minimum(lo + rng.integers(-2, n + 2, nq), n)
+    out = np.full(nq, -7, np.int64)
+    assert intervals._intervalsc.overlap(s, e, o, q0, q1, qo, lo, hi, out) is True
+    assert out.tolist() == overlap_walk(s.tolist(), e.tolist(), o.tolist(), q0, q1, qo, lo, hi)
+
+
 @built
 def test_compiled_overlap_refuses_bad_buffers():
     z = np.zeros(2, np.int64)

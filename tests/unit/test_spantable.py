@@ -196,3 +196,57 @@ def test_visit_emits_first_first_audio_and_count_per_visit_marks_excluded():
     assert got == [(0, 1, 0, 3, stt.NO_EMIT, 1), (1, 0, 1, 5, 5, 1), (1, 1, 0, 1, 2, 2)]
     none = stt.VisitEmits.of(emits[-1:])
     assert len(none.req) == len(none.first) == len(none.count) == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_span_array_is_numpys(seed):
+    """The request and stage span rows a column at a time: numpy's structured rows' bytes
+    for any values the fields hold (each field's extremes, bools, none at all)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 50))
+    cols = []
+    for name in stt.SPAN_DTYPE.names:
+        dt = stt.SPAN_DTYPE[name]
+        if dt.kind == "b":
+            cols.append(rng.integers(0, 2, n).astype(bool).tolist())
+        else:
+            info = np.iinfo(dt)
+            cols.append(rng.integers(info.min, info.max, n, dtype=dt, endpoint=True).tolist())
+    rows = list(zip(*cols))
+    assert stt.span_array(rows).tobytes() == np.array(rows, stt.SPAN_DTYPE).tobytes()
+
+
+def test_span_array_refuses_what_a_field_cannot_hold():
+    row = [0] * len(stt.SPAN_DTYPE.names)
+    row[0] = 300  # name: int8
+    with pytest.raises(OverflowError):
+        stt.span_array([tuple(row)])
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_stable_key_order_is_the_stable_argsort(seed):
+    """Packed key and position, sorted: the stable argsort's order and keys, for keys with
+    many ties, none, one, a range too wide to pack (the stable argsort itself)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 300))
+    span = [3, 1 << 20, 1 << 45, 1 << 62][seed % 4]
+    key = rng.integers(0, span, n, dtype=np.int64) + (1 << 40 if seed % 5 == 0 else 0)
+    order, k = stt.stable_key_order(key)
+    want = np.argsort(key, kind="stable")
+    assert order.tolist() == want.tolist() and k.tolist() == key[want].tolist()
+    assert k.dtype == key.dtype
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_emit_order_is_the_lexsort(seed):
+    """Emits by (request, stage, replica, time), ties in arrival order: the four-key
+    lexsort's order, with repeated times, negative stages, wide request ids, none."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 200))
+    ev = np.zeros(n, EVENT_DTYPE)
+    ev["t"] = rng.integers(0, [5, 1 << 40, 1 << 62][seed % 3], n)
+    ev["req"] = rng.integers(0, [4, 1 << 32][seed % 2], n, dtype=np.int64)
+    ev["stage"] = rng.integers(-2, 6, n)
+    replica = rng.integers(0, [2, 1 << 40][seed % 5 == 0], n)
+    want = np.lexsort((ev["t"], replica, ev["stage"], ev["req"]))
+    assert stt.emit_order(ev, replica).tolist() == want.tolist()
