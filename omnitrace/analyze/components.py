@@ -125,24 +125,26 @@ def _by_stage(R: Rows, table: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
     """Each stage of ``table``'s measured rows, with the mask of its rows in ``table``."""
     member = R.member(table)
     stage = table["stage"]
-    for st in rowops.distinct(stage[member]):
-        yield st, member & (stage == st)
+    if not len(stage):
+        return
+    lo, hi = int(stage.min()), int(stage.max())
+    # a few stages: a comparison each (no gathered or widened copy of the column to count them)
+    for st in range(lo, hi + 1) if hi - lo < 64 else rowops.distinct(stage[member]):
+        m = stage == st
+        m &= member
+        if m.any():
+            yield st, m
 
 
 def _fifo(R: Rows, label: Callable[[int], str]) -> list[dict[str, Any]]:
     fifo = []
     t = R.F.fifo
     for st, m in _by_stage(R, t):
+        depth_mean, depth_max = _depth(t["ahead"][m])
         d = t["dur"][m]
         blocked = t["blocked"][m]
         blk = summary(np.minimum(blocked, d, out=blocked), NS_TO_MS, own=True)
-        del blocked
-        depth = t["ahead"][m].astype(np.int64)
-        depth += 1
-        depth = depth[depth >= 0]
-        depth_mean = float(depth.mean()) if len(depth) else None
-        depth_max = int(depth.max()) if len(depth) else None
-        del depth, m
+        del blocked, m
         hist = residence_hist(d)
         res = summary(d, NS_TO_MS, own=True)
         fifo.append({"stage": label(st), "stage_id": st, "count": res["count"],
@@ -151,6 +153,22 @@ def _fifo(R: Rows, label: Callable[[int], str]) -> list[dict[str, Any]]:
                      "blocked_p99_ms": blk["p99"], "depth_mean": depth_mean, "depth_max": depth_max,
                      "residence_hist": hist})
     return fifo
+
+
+def _depth(ahead: np.ndarray) -> tuple[float | None, int | None]:
+    """Mean and max FIFO depth (tasks ahead + 1) of the tasks whose depth is known (>= 0)."""
+    ahead = ahead[ahead >= -1]
+    if not len(ahead):
+        return None, None
+    n = len(ahead)
+    total = int(ahead.sum(dtype=np.int64)) + n
+    if total < 2 ** 53 and int(ahead.min()) >= -1:
+        # every partial sum of the depths is an integer below 2^53, so numpy's float mean of
+        # them is exactly this quotient (no int64 copy of an hour's FIFO rows)
+        mean = float(np.float64(total) / n)
+    else:
+        mean = float((ahead.astype(np.int64) + 1).mean())
+    return mean, int(ahead.max()) + 1
 
 
 def _snapshot(R: Rows, label: Callable[[int], str]) -> list[dict[str, Any]]:
@@ -164,14 +182,18 @@ def _snapshot(R: Rows, label: Callable[[int], str]) -> list[dict[str, Any]]:
 
 
 def _transfer(R: Rows) -> list[dict[str, Any]]:
-    put, producer, consumer, dur, nb = R.cols(R.F.transfer, "put", "producer", "consumer", "dur", "bytes")
+    t = R.F.transfer
+    member = R.member(t)
+    producer, consumer = t["producer"], t["consumer"]
     transfer = []
-    for p, q in _pairs(producer, consumer):
+    for p, q in _pairs(producer[member], consumer[member]):
         row: dict[str, Any] = {"pair": cv.stage_pair(p, q)}
-        pair = (producer == p) & (consumer == q)
-        for m, tag in ((put & pair, "put"), (~put & pair, "get")):
-            nbytes = int(nb[m].sum())
-            d = dur[m]
+        pair = member & (producer == p) & (consumer == q)
+        put = t["put"]
+        for sel, tag in ((pair & put, "put"), (pair & ~put, "get")):
+            nbytes = int(t["bytes"][sel].sum())
+            d = t["dur"][sel]
+            del sel
             total = int(d.sum())
             sm = summary(d, NS_TO_US, own=True)
             n = sm["count"]
