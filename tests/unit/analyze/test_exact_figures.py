@@ -49,3 +49,42 @@ def test_integer_hist_is_the_ms_hist():
         assert components.residence_hist(v) == components.residence_hist_reference(v)
     f = rng.uniform(0, 1e9, 100)  # floats: the reference itself
     assert components.residence_hist(f) == components.residence_hist_reference(f)
+
+
+def not_observed_per_row(requests, label):
+    """observed.not_observed as it was: every name parsed in every row."""
+    from omnitrace.analyze import observed as ob
+    hops, missing = {}, {}
+    for r in requests:
+        for h in r["hops"]:
+            p, c = (int(x) for x in h.split("#")[0].split("->"))
+            hops[(p, c)] = hops.get((p, c), 0) + 1
+        for m in r["missing_spans"]:
+            g = ob._HOP.match(m)
+            if g and g["span"] in ob._CATEGORIES:
+                k = (g["span"], int(g["p"]), int(g["c"]))
+                missing[k] = missing.get(k, 0) + 1
+    out = []
+    for (span, p, c), n in sorted(missing.items(), key=lambda x: (x[0][1], x[0][2], x[0][0])):
+        if n < hops.get((p, c), 0):
+            continue
+        cats, producer = ob._CATEGORIES[span]
+        stage = p if producer else c
+        out += [{"stage": label(stage), "stage_id": stage, "category": cat, "span": span,
+                 "hops": n, "pair": f"{p}->{c}"} for cat in cats]
+    return out
+
+
+def test_not_observed_counts_distinct_names_as_every_row():
+    from omnitrace.analyze import observed
+    spans = list(observed._CATEGORIES) + ["other.span"]
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        rows = []
+        for _ in range(int(rng.integers(0, 40))):
+            hops = [(int(rng.integers(-1, 3)), int(rng.integers(0, 3)), int(rng.integers(0, 4)))
+                    for _ in range(int(rng.integers(0, 4)))]
+            missing = [f"{spans[int(rng.integers(len(spans)))]}[{p}->{c}#{k}]" for p, c, k in hops
+                       if rng.random() < 0.7] + (["garbage"] if rng.random() < 0.1 else [])
+            rows.append({"hops": [f"{p}->{c}#{k}" for p, c, k in hops], "missing_spans": missing})
+        assert observed.not_observed(rows, str) == not_observed_per_row(rows, str)
