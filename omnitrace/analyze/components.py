@@ -7,7 +7,7 @@ counted by span and reason instead: their durations end at an arbitrary moment.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -27,9 +27,13 @@ class Rows:
         self.F = figures if figures is not None else ChunkFigures.empty()
         self._member = np.fromiter((r in ids for r in chunk_requests), bool, len(chunk_requests))
 
+    def member(self, table: np.ndarray) -> np.ndarray:
+        """Which of ``table``'s rows are the measured requests'."""
+        return np.take(self._member, table["req"])
+
     def cols(self, table: np.ndarray, *names: str) -> list[np.ndarray]:
         """These columns of ``table``'s measured rows."""
-        member = np.take(self._member, table["req"])
+        member = self.member(table)
         # a boolean mask: ~9x faster than gathering by index from a field of packed rows
         # (strided), 17M FIFO rows 0.54 -> 0.06 s a column
         return [table[n][member] for n in names]
@@ -77,52 +81,124 @@ def samples(R: Rows) -> dict[tuple[str, str], np.ndarray]:
 RESIDENCE_EDGES_MS = np.logspace(-3, 5, 8 * 8 + 1)
 
 
+def _first_ns_at(edge_ms: float) -> int:
+    """The least integer ns whose ms (ns * NS_TO_MS, as numpy computes it) reach ``edge_ms``."""
+    t = int(np.ceil(edge_ms / NS_TO_MS))
+    while np.float64(t - 1) * NS_TO_MS >= edge_ms:
+        t -= 1
+    while np.float64(t) * NS_TO_MS < edge_ms:
+        t += 1
+    return t
+
+
+# the edges in integer ns: a bin by integer comparisons (no ms copy of an hour's FIFO rows)
+RESIDENCE_EDGES_NS = np.array([_first_ns_at(e) for e in RESIDENCE_EDGES_MS.tolist()], np.int64)
+
+
 def residence_hist(dur_ns: np.ndarray) -> dict[str, Any]:
     """Counts of ``dur_ns`` in ``RESIDENCE_EDGES_MS`` (``counts[0]`` below the first edge,
-    ``counts[-1]`` above the last)."""
+    ``counts[-1]`` above the last): integer ns by ``RESIDENCE_EDGES_NS``, as their ms would
+    bin (:func:`residence_hist_reference`)."""
+    if dur_ns.dtype.kind not in "iu":
+        return residence_hist_reference(dur_ns)
+    counts = np.bincount(np.searchsorted(RESIDENCE_EDGES_NS, dur_ns.astype(np.int64, copy=False), "right"),
+                         minlength=len(RESIDENCE_EDGES_MS) + 1)
+    return {"edges_ms": RESIDENCE_EDGES_MS.tolist(), "counts": counts.tolist()}
+
+
+def residence_hist_reference(dur_ns: np.ndarray) -> dict[str, Any]:
+    """:func:`residence_hist` by the ms of each value."""
     counts = np.bincount(np.searchsorted(RESIDENCE_EDGES_MS, dur_ns * NS_TO_MS, "right"),
                          minlength=len(RESIDENCE_EDGES_MS) + 1)
     return {"edges_ms": RESIDENCE_EDGES_MS.tolist(), "counts": counts.tolist()}
 
 
 def figures(R: Rows, label: Callable[[int], str]) -> tuple[list, list, list]:
-    """(fifo, snapshot, transfer) rows of the report."""
+    """(fifo, snapshot, transfer) rows of the report. Every figure is a percentile, an
+    integer sum or a count: none depends on the rows' order, so each stage's values are
+    gathered from the table (a mask per stage) and reordered in place by its percentiles,
+    one stage at a time (the measured rows' columns all at once were the report's peak)."""
+    return _fifo(R, label), _snapshot(R, label), _transfer(R)
+
+
+def _by_stage(R: Rows, table: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """Each stage of ``table``'s measured rows, with the mask of its rows in ``table``."""
+    member = R.member(table)
+    stage = table["stage"]
+    if not len(stage):
+        return
+    lo, hi = int(stage.min()), int(stage.max())
+    # a few stages: a comparison each (no gathered or widened copy of the column to count them)
+    for st in range(lo, hi + 1) if hi - lo < 64 else rowops.distinct(stage[member]):
+        m = stage == st
+        m &= member
+        if m.any():
+            yield st, m
+
+
+def _fifo(R: Rows, label: Callable[[int], str]) -> list[dict[str, Any]]:
     fifo = []
-    f_stage, f_dur, f_ahead, f_blocked = R.cols(R.F.fifo, "stage", "dur", "ahead", "blocked")
-    for st in rowops.distinct(f_stage):
-        m = f_stage == st
-        d = f_dur[m]
-        res = summary(d, NS_TO_MS)
-        blk = summary(np.minimum(f_blocked[m], d), NS_TO_MS)
-        depth = f_ahead[m].astype(np.int64) + 1
-        depth = depth[depth >= 0]
+    t = R.F.fifo
+    for st, m in _by_stage(R, t):
+        depth_mean, depth_max = _depth(t["ahead"][m])
+        d = t["dur"][m]
+        blocked = t["blocked"][m]
+        blk = summary(np.minimum(blocked, d, out=blocked), NS_TO_MS, own=True)
+        del blocked, m
+        hist = residence_hist(d)
+        res = summary(d, NS_TO_MS, own=True)
         fifo.append({"stage": label(st), "stage_id": st, "count": res["count"],
                      "residence_p50_ms": res["p50"], "residence_p99_ms": res["p99"],
                      "residence_max_ms": res["max"], "blocked_p50_ms": blk["p50"],
-                     "blocked_p99_ms": blk["p99"],
-                     "depth_mean": float(depth.mean()) if len(depth) else None,
-                     "depth_max": int(depth.max()) if len(depth) else None,
-                     "residence_hist": residence_hist(d)})
-    del f_stage, f_dur, f_ahead, f_blocked
+                     "blocked_p99_ms": blk["p99"], "depth_mean": depth_mean, "depth_max": depth_max,
+                     "residence_hist": hist})
+    return fifo
+
+
+def _depth(ahead: np.ndarray) -> tuple[float | None, int | None]:
+    """Mean and max FIFO depth (tasks ahead + 1) of the tasks whose depth is known (>= 0)."""
+    ahead = ahead[ahead >= -1]
+    if not len(ahead):
+        return None, None
+    n = len(ahead)
+    total = int(ahead.sum(dtype=np.int64)) + n
+    if total < 2 ** 53 and int(ahead.min()) >= -1:
+        # every partial sum of the depths is an integer below 2^53, so numpy's float mean of
+        # them is exactly this quotient (no int64 copy of an hour's FIFO rows)
+        mean = float(np.float64(total) / n)
+    else:
+        mean = float((ahead.astype(np.int64) + 1).mean())
+    return mean, int(ahead.max()) + 1
+
+
+def _snapshot(R: Rows, label: Callable[[int], str]) -> list[dict[str, Any]]:
     snapshot = []
-    s_stage, s_dur = R.cols(R.F.snapshot, "stage", "dur")
-    for st in rowops.distinct(s_stage):
-        sm = summary(s_dur[s_stage == st], NS_TO_US)
+    for st, m in _by_stage(R, R.F.snapshot):
+        sm = summary(R.F.snapshot["dur"][m], NS_TO_US, own=True)
         snapshot.append({"stage": label(st), "stage_id": st, "count": sm["count"],
                          "mean_us": sm["mean"], "p50_us": sm["p50"], "p99_us": sm["p99"],
                          "max_us": sm["max"]})
-    del s_stage, s_dur
-    put, producer, consumer, dur, nb = R.cols(R.F.transfer, "put", "producer", "consumer", "dur", "bytes")
+    return snapshot
+
+
+def _transfer(R: Rows) -> list[dict[str, Any]]:
+    t = R.F.transfer
+    member = R.member(t)
+    producer, consumer = t["producer"], t["consumer"]
     transfer = []
-    for p, q in _pairs(producer, consumer):
+    for p, q in _pairs(producer[member], consumer[member]):
         row: dict[str, Any] = {"pair": cv.stage_pair(p, q)}
-        for sel, tag in ((put, "put"), (~put, "get")):
-            m = sel & (producer == p) & (consumer == q)
-            sm = summary(dur[m], NS_TO_US)
-            nbytes, total = int(nb[m].sum()), int(dur[m].sum())
-            n = int(m.sum())
-            row[tag] = {"count": sm["count"], "p50_us": sm["p50"], "p99_us": sm["p99"],
+        pair = member & (producer == p) & (consumer == q)
+        put = t["put"]
+        for sel, tag in ((pair & put, "put"), (pair & ~put, "get")):
+            nbytes = int(t["bytes"][sel].sum())
+            d = t["dur"][sel]
+            del sel
+            total = int(d.sum())
+            sm = summary(d, NS_TO_US, own=True)
+            n = sm["count"]
+            row[tag] = {"count": n, "p50_us": sm["p50"], "p99_us": sm["p99"],
                         "mean_bytes": nbytes / n if n else 0.0,
                         "bandwidth_mb_s": (nbytes / 1e6) / (total / 1e9) if total > 0 else None}
         transfer.append(row)
-    return fifo, snapshot, transfer
+    return transfer

@@ -5,6 +5,8 @@ Said by name, per stage, in the report (``not_observed``) and its warnings."""
 from __future__ import annotations
 
 import re
+from collections import Counter
+from itertools import chain
 from typing import Any, Callable
 
 from omnitrace import conventions as cv
@@ -20,17 +22,17 @@ _CATEGORIES = {cv.SPAN_SNAPSHOT: ((at.SNAPSHOT,), True), cv.SPAN_FIFO: ((at.FIFO
 def not_observed(requests: list[dict[str, Any]], label: Callable[[int], str]) -> list[dict[str, Any]]:
     """From the attributed rows' ``hops`` and ``missing_spans``: each (stage, category) whose
     span no hop of its stage pair had."""
+    # each distinct name parsed once (a long run's rows repeat a few hop names millions of times)
     hops: dict[tuple[int, int], int] = {}
+    for h, n in Counter(chain.from_iterable(r["hops"] for r in requests)).items():
+        p, c = (int(x) for x in h.split("#")[0].split("->"))
+        hops[(p, c)] = hops.get((p, c), 0) + n
     missing: dict[tuple[str, int, int], int] = {}
-    for r in requests:
-        for h in r["hops"]:
-            p, c = (int(x) for x in h.split("#")[0].split("->"))
-            hops[(p, c)] = hops.get((p, c), 0) + 1
-        for m in r["missing_spans"]:
-            g = _HOP.match(m)
-            if g and g["span"] in _CATEGORIES:
-                k = (g["span"], int(g["p"]), int(g["c"]))
-                missing[k] = missing.get(k, 0) + 1
+    for m, n in Counter(chain.from_iterable(r["missing_spans"] for r in requests)).items():
+        g = _HOP.match(m)
+        if g and g["span"] in _CATEGORIES:
+            k = (g["span"], int(g["p"]), int(g["c"]))
+            missing[k] = missing.get(k, 0) + n
     out = []
     for (span, p, c), n in sorted(missing.items(), key=lambda x: (x[0][1], x[0][2], x[0][0])):
         if n < hops.get((p, c), 0):

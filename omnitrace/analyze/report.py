@@ -480,12 +480,12 @@ def _unpacked(w: _Walked) -> _Walked:
     return w
 
 
-# Seconds per request walked (with its report row and head-of-line pairs) and per
-# figure-table row summarised (measured on a 2-core VM, an hour's run, both processes busy;
-# the walk's halved since, with the compiled head-of-line figures and span lookups, as
-# measured on a 49M-event run): their ratio splits the work so that this process
-# (figures, then its share of the walk) and the child finish together.
-WALK_S, FIGURE_ROW_S = 2.0e-4, 1.3e-7
+# CPU seconds per request walked here (with its report row and head-of-line pairs), per
+# request walked by the child (that, pickled; sent) and per figure-table row summarised, as
+# measured on a 49M-event run (2-core VM, both processes busy; benchmarks/agent_results.md):
+# they split the work so that this process (figures, then its share of the walk) and the
+# child finish together.
+WALK_S, WALK_BESIDE_S, FIGURE_ROW_S = 1.2e-4, 1.45e-4, 5.5e-8
 
 
 def _walk_here(requests: int, figure_rows: int) -> int:
@@ -493,8 +493,8 @@ def _walk_here(requests: int, figure_rows: int) -> int:
     ``figure_rows``; a forked child walks the rest (none when the work is small)."""
     if requests < MIN_WORK:
         return requests
-    walk, figs = requests * WALK_S, figure_rows * FIGURE_ROW_S
-    return int(requests * min(max(0.5 - figs / (2 * walk), 0.0), 0.5))
+    here = (requests * WALK_BESIDE_S - figure_rows * FIGURE_ROW_S) / (WALK_S + WALK_BESIDE_S)
+    return int(min(max(here, 0.0), requests / 2 + requests / 4))
 
 
 def _stage_names(reqs: dict[str, at.RequestSpans]) -> dict[int, str]:
