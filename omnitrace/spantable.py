@@ -562,44 +562,13 @@ class _Pool:
         self.ends = _EMPTY_EV
 
 
+@dataclass
 class _Sender:
-    """Busy intervals of one sender (sorted, non-overlapping): ``starts``, ``ends``,
-    ``reqs``. Appended to and cut from the front feed by feed: held in buffers with room
-    to spare, so that a feed copies its own tasks, not the sender's seconds of them; a full
-    buffer is replaced, never rewritten (views handed out stay as they were)."""
+    """Busy intervals of one sender (sorted, non-overlapping)."""
 
-    __slots__ = ("_cols", "_lo", "_n")
-
-    def __init__(self) -> None:
-        self._cols = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.uint32))
-        self._lo = self._n = 0
-
-    @property
-    def starts(self) -> np.ndarray:
-        return self._cols[0][self._lo:self._n]
-
-    @property
-    def ends(self) -> np.ndarray:
-        return self._cols[1][self._lo:self._n]
-
-    @property
-    def reqs(self) -> np.ndarray:
-        return self._cols[2][self._lo:self._n]
-
-    def append(self, starts: np.ndarray, ends: np.ndarray, reqs: np.ndarray) -> None:
-        k, live = len(starts), self._n - self._lo
-        if self._n + k > len(self._cols[0]):
-            room = max(2 * (live + k), 1024)
-            self._cols = tuple(np.concatenate((c[self._lo:self._n], np.empty(room - live, c.dtype)))
-                               for c in self._cols)
-            self._lo, self._n = 0, live
-        for c, new in zip(self._cols, (starts, ends, reqs)):
-            c[self._n:self._n + k] = new
-        self._n += k
-
-    def drop(self, k: int) -> None:
-        """Forget the first ``k`` intervals."""
-        self._lo += k
+    starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    ends: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    reqs: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint32))
 
 
 # the tasks a feed's sender events closed, per sender: (pid, stage, starts, ends, requests),
@@ -1072,7 +1041,9 @@ class SpanBuilder:
             snd = self.senders.get((pid, stage))
             if snd is None:
                 snd = self.senders[(pid, stage)] = _Sender()
-            snd.append(starts, end, reqs)
+            snd.starts = np.concatenate((snd.starts, starts))
+            snd.ends = np.concatenate((snd.ends, end))
+            snd.reqs = np.concatenate((snd.reqs, reqs))
         self._busy.extend(closed)
 
     def _trim_senders(self) -> None:
@@ -1081,10 +1052,9 @@ class SpanBuilder:
         if len(waiting):
             horizon = min(horizon, int(waiting["t"].min()))
         for snd in self.senders.values():
-            ends = snd.ends
-            keep = max(int(np.searchsorted(ends, horizon, "left")), len(ends) - SENDER_CAP)
+            keep = max(int(np.searchsorted(snd.ends, horizon, "left")), len(snd.ends) - SENDER_CAP)
             if keep > 0:
-                snd.drop(keep)
+                snd.starts, snd.ends, snd.reqs = snd.starts[keep:], snd.ends[keep:], snd.reqs[keep:]
 
     def _blocked(self, rows: np.ndarray, pids: np.ndarray) -> None:
         """blocked_ns (BLOCKED) of complete FIFO spans, in place: the time their sender worked on
