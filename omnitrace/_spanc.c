@@ -5,17 +5,18 @@
    The rules and their numpy references live in Python; this file follows them and the
    tests compare the two on random inputs (tests/unit/test_spanc.py):
 
-   chunk_spans(b, bi, e, ei, replicas, name, v1_from, out)
-       spantable.SpanBuilder's chunk span rows (reference: SpanBuilder.chunk_rows_reference):
-       row i from begin event b[bi[i]] and end event e[ei[i]] (EVENT_DTYPE); v1_from: 0 none,
-       1 the begin's a, 2 the end's a; 3: a poll lag row (SpanBuilder.poll_rows_reference).
+   chunk_spans(b, bi, e, ei, replicas, name, figure_from, out)
+       spantable.SpanBuilder's chunk span rows (CHUNK_DTYPE, "S"; reference:
+       SpanBuilder.chunk_rows_reference): row i from begin event b[bi[i]] and end event
+       e[ei[i]] (EVENT_DTYPE); figure_from: 0 none, 1 the begin's a, 2 the end's a; 3: a poll
+       lag row (SpanBuilder.poll_rows_reference).
    event_keys(rows, stage_from_b, out)
        spantable._key of each event's (request, stage or b, chunk) into out (int64).
    pair_sorted(bk, bo, ek, eo, out_b, out_e) -> n
        spantable.match's pairing (reference: spantable.pair_reference) of begins and ends
        already in (key, time) order: bk/ek their keys, bo/eo their indexes.
-   report_split(spans, skip, first_audio, first_start, small, early, snap, fifo, xfer, bad)
-       analyze.tables.ReportTables' split of one feed's spans (reference:
+   report_split(chunks, skip, first_audio, first_start, early, snap, fifo, xfer, bad)
+       analyze.tables.ReportTables' split of one feed's chunk spans (reference:
        tables.split_reference) into the tables' free tails (early rows: EARLY_DTYPE, "R");
        returns the rows written to each and the skipped count.
 
@@ -28,13 +29,13 @@
 #include <string.h>
 
 #define LAYOUT "E36:t0,a8,req16,chunk20,kind24,stage26,b28,ring32;" \
-    "S83:name0,reason1,error2,status3,stage5,peer7,replica9,req11,chunk15,ring19,start23," \
-    "end31,v139,v247,t155,t263,by071,by175,by279;" \
+    "S64:name0,reason1,stage2,peer4,replica6,req8,chunk12,ring16,start20,end28,figure36," \
+    "blocked44,by052,by156,by260;" \
     "P14:req0,stage4,dur6;F26:req0,stage4,ahead6,dur10,blocked18;" \
     "X25:req0,put4,producer5,consumer7,dur9,bytes17;I6:req0,name4,reason5;" \
-    "R48:name0,reason1,stage2,peer4,replica6,req8,chunk12,start16,end24,v132,v240"
+    "R48:name0,reason1,stage2,peer4,replica6,req8,chunk12,start16,end24,figure32,blocked40"
 
-enum { EV = 36, SPAN = 83, SNAP = 14, FIFO = 26, XFER = 25, BAD = 6, EARLY = 48 };
+enum { EV = 36, SPAN = 64, SNAP = 14, FIFO = 26, XFER = 25, BAD = 6, EARLY = 48 };
 /* span names (spantable.NAMES) the split reads */
 enum { N_SNAPSHOT = 3, N_FIFO = 4, N_PUT = 6, N_GET = 7 };
 
@@ -59,14 +60,14 @@ static int rows_of(Py_buffer *v, Py_ssize_t size, const char *name, Py_ssize_t *
 }
 
 /* ------------------------------------------------------------------ chunk_spans */
-enum { POLL = 3 };  /* v1_from of a poll lag span: its ring, replica and key are the end's */
+enum { POLL = 3 };  /* figure_from of a poll lag span: its ring, replica and key are the end's */
 
 typedef struct {
     const char *b, *e;
     const int64_t *bi, *ei, *replicas;
     char *out;
     Py_ssize_t n, nb, ne, nrep;
-    int name, v1_from;
+    int name, figure_from;
 } Chunks;
 
 /* Row i's begin and end events and its ring (the end's for a poll lag span, else the
@@ -77,13 +78,13 @@ static inline int row_events(const Chunks *c, Py_ssize_t i, const char **b, cons
     if (x < 0 || x >= c->nb || y < 0 || y >= c->ne) return 0;
     *b = c->b + x * EV;
     *e = c->e + y * EV;
-    *ring = GET(int32_t, c->v1_from == POLL ? *e : *b, 32);
+    *ring = GET(int32_t, c->figure_from == POLL ? *e : *b, 32);
     return *ring >= 0 && *ring < c->nrep;
 }
 
 /* Writes the rows; 0 at the first row out of range (the rows from it on unwritten). */
 static int write_chunks(const Chunks *c) {
-    int poll = c->v1_from == POLL;
+    int poll = c->figure_from == POLL;
     for (Py_ssize_t i = 0; i < c->n; i++) {
         const char *b, *e;
         int32_t ring;
@@ -94,17 +95,17 @@ static int write_chunks(const Chunks *c) {
         int64_t bt = GET(int64_t, b, 0), et = GET(int64_t, e, 0);
         memset(r, 0, SPAN);
         r[0] = (char)c->name;
-        memcpy(r + 5, own + 26, 2);                               /* stage */
-        if (poll) memcpy(r + 7, b + 26, 2);                       /* peer: the producer's stage */
-        else PUT(int16_t, r, 7, GET(int32_t, e, 28));             /* peer: the end's b */
-        PUT(int16_t, r, 9, c->replicas[ring]);
-        memcpy(r + 11, own + 16, 4);                              /* req */
-        memcpy(r + 15, own + 20, 4);                              /* chunk */
-        memcpy(r + 19, own + 32, 4);                              /* ring */
-        PUT(int64_t, r, 23, bt);
-        PUT(int64_t, r, 31, et > bt ? et : bt);
-        if (c->v1_from == 1) memcpy(r + 39, b + 8, 8);
-        else if (c->v1_from == 2) memcpy(r + 39, e + 8, 8);
+        memcpy(r + 2, own + 26, 2);                               /* stage */
+        if (poll) memcpy(r + 4, b + 26, 2);                       /* peer: the producer's stage */
+        else PUT(int16_t, r, 4, GET(int32_t, e, 28));             /* peer: the end's b */
+        PUT(int16_t, r, 6, c->replicas[ring]);
+        memcpy(r + 8, own + 16, 4);                               /* req */
+        memcpy(r + 12, own + 20, 4);                              /* chunk */
+        memcpy(r + 16, own + 32, 4);                              /* ring */
+        PUT(int64_t, r, 20, bt);
+        PUT(int64_t, r, 28, et > bt ? et : bt);
+        if (c->figure_from == 1) memcpy(r + 36, b + 8, 8);
+        else if (c->figure_from == 2) memcpy(r + 36, e + 8, 8);
     }
     return 1;
 }
@@ -113,7 +114,7 @@ static PyObject *chunk_spans(PyObject *self, PyObject *args) {
     PyObject *o[6];
     Chunks c;
     if (!PyArg_ParseTuple(args, "OOOOOiiO", &o[0], &o[1], &o[2], &o[3], &o[4], &c.name,
-                          &c.v1_from, &o[5]))
+                          &c.figure_from, &o[5]))
         return NULL;
     Py_buffer v[6];
     int got = 0, ok = 0;
@@ -219,16 +220,15 @@ typedef struct {
     const uint8_t *skip;
     const int64_t *fa;
     int64_t *first;
-    char *small, *early, *snap, *fifo, *xfer, *bad;
+    char *early, *snap, *fifo, *xfer, *bad;
     Py_ssize_t n, nskip, nfa, nfirst;
-    Py_ssize_t counts[7];  /* small, early, snap, fifo, xfer, bad, skipped */
+    Py_ssize_t counts[6];  /* early, snap, fifo, xfer, bad, skipped */
 } Split;
 
 static int split_reqs_ok(const Split *s) {
     for (Py_ssize_t i = 0; i < s->n; i++) {
-        uint32_t req = GET(uint32_t, s->spans + i * SPAN, 11);
-        if (req >= s->nskip) return 0;
-        if (s->spans[i * SPAN] >= N_SNAPSHOT && (req >= s->nfa || req >= s->nfirst)) return 0;
+        uint32_t req = GET(uint32_t, s->spans + i * SPAN, 8);
+        if (req >= s->nskip || req >= s->nfa || req >= s->nfirst) return 0;
     }
     return 1;
 }
@@ -236,22 +236,22 @@ static int split_reqs_ok(const Split *s) {
 /* A complete chunk span's figure row, if its name has one. */
 static void figure_row(Split *s, const char *r, int name, uint32_t req, int64_t dur) {
     if (name == N_SNAPSHOT) {
-        char *o = s->snap + s->counts[2]++ * SNAP;
-        memcpy(o, &req, 4); memcpy(o + 4, r + 5, 2); PUT(int64_t, o, 6, dur);
+        char *o = s->snap + s->counts[1]++ * SNAP;
+        memcpy(o, &req, 4); memcpy(o + 4, r + 2, 2); PUT(int64_t, o, 6, dur);
     } else if (name == N_FIFO) {
-        char *o = s->fifo + s->counts[3]++ * FIFO;
-        memcpy(o, &req, 4); memcpy(o + 4, r + 5, 2);
-        PUT(int32_t, o, 6, GET(int64_t, r, 39));                  /* ahead: v1 */
+        char *o = s->fifo + s->counts[2]++ * FIFO;
+        memcpy(o, &req, 4); memcpy(o + 4, r + 2, 2);
+        PUT(int32_t, o, 6, GET(int64_t, r, 36));                  /* ahead: figure */
         PUT(int64_t, o, 10, dur);
-        memcpy(o + 18, r + 47, 8);                                /* blocked: v2 */
+        memcpy(o + 18, r + 44, 8);                                /* blocked */
     } else if (name == N_PUT || name == N_GET) {
-        char *o = s->xfer + s->counts[4]++ * XFER;
+        char *o = s->xfer + s->counts[3]++ * XFER;
         int put = name == N_PUT;
         memcpy(o, &req, 4); o[4] = (char)put;
-        memcpy(o + (put ? 5 : 7), r + 5, 2);                      /* stage: producer of a put */
-        memcpy(o + (put ? 7 : 5), r + 7, 2);                      /* peer */
+        memcpy(o + (put ? 5 : 7), r + 2, 2);                      /* stage: producer of a put */
+        memcpy(o + (put ? 7 : 5), r + 4, 2);                      /* peer */
         PUT(int64_t, o, 9, dur);
-        memcpy(o + 17, r + 39, 8);                                /* bytes: v1 */
+        memcpy(o + 17, r + 36, 8);                                /* bytes: figure */
     }
 }
 
@@ -259,40 +259,35 @@ static void split_rows(Split *s) {
     for (Py_ssize_t i = 0; i < s->n; i++) {
         const char *r = s->spans + i * SPAN;
         int name = r[0], reason = r[1];
-        uint32_t req = GET(uint32_t, r, 11);
+        uint32_t req = GET(uint32_t, r, 8);
         int gone = s->skip[req] != 0;
-        s->counts[6] += gone;
-        if (name < N_SNAPSHOT) {
-            if (!gone) memcpy(s->small + s->counts[0]++ * SPAN, r, SPAN);
-            continue;
-        }
-        int64_t start = GET(int64_t, r, 23), end = GET(int64_t, r, 31);
+        s->counts[5] += gone;
+        int64_t start = GET(int64_t, r, 20), end = GET(int64_t, r, 28);
         if (reason == 0) {
             figure_row(s, r, name, req, (int64_t)((uint64_t)end - (uint64_t)start));
         } else {
-            char *o = s->bad + s->counts[5]++ * BAD;
+            char *o = s->bad + s->counts[4]++ * BAD;
             memcpy(o, &req, 4); o[4] = (char)name; o[5] = (char)reason;
         }
         if (start < s->first[req]) s->first[req] = start;
         int64_t t = s->fa[req];
         if (!gone && (t == 0 || start <= t)) {  /* its columns the readers read */
-            char *o = s->early + s->counts[1]++ * EARLY;
-            o[0] = r[0]; o[1] = r[1];
-            memcpy(o + 2, r + 5, 14);                             /* stage .. chunk */
-            memcpy(o + 16, r + 23, 32);                           /* start .. v2 */
+            char *o = s->early + s->counts[0]++ * EARLY;
+            memcpy(o, r, 16);                                     /* name .. chunk */
+            memcpy(o + 16, r + 20, 32);                           /* start .. blocked */
         }
     }
 }
 
 static PyObject *report_split(PyObject *self, PyObject *args) {
-    enum { NB = 10 };
+    enum { NB = 9 };
     PyObject *o[NB];
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
-                          &o[7], &o[8], &o[9]))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
+                          &o[7], &o[8]))
         return NULL;
-    static const char *names[NB] = {"spans", "skip", "first_audio", "first_start", "small",
-                                    "early", "snap", "fifo", "xfer", "bad"};
-    static const Py_ssize_t sizes[NB] = {SPAN, 1, 8, 8, SPAN, EARLY, SNAP, FIFO, XFER, BAD};
+    static const char *names[NB] = {"chunks", "skip", "first_audio", "first_start", "early",
+                                    "snap", "fifo", "xfer", "bad"};
+    static const Py_ssize_t sizes[NB] = {SPAN, 1, 8, 8, EARLY, SNAP, FIFO, XFER, BAD};
     Py_buffer v[NB];
     Py_ssize_t rows[NB];
     Split s;
@@ -303,13 +298,13 @@ static PyObject *report_split(PyObject *self, PyObject *args) {
         if (rows_of(&v[i], sizes[i], names[i], &rows[i])) goto done;
     for (int i = 4; i < NB; i++)
         if (rows[i] < rows[0]) {
-            PyErr_Format(PyExc_ValueError, "report_split: %s holds fewer rows than spans", names[i]);
+            PyErr_Format(PyExc_ValueError, "report_split: %s holds fewer rows than chunks", names[i]);
             goto done;
         }
     memset(&s, 0, sizeof s);
     s.spans = v[0].buf; s.skip = v[1].buf; s.fa = v[2].buf; s.first = v[3].buf;
-    s.small = v[4].buf; s.early = v[5].buf; s.snap = v[6].buf; s.fifo = v[7].buf;
-    s.xfer = v[8].buf; s.bad = v[9].buf;
+    s.early = v[4].buf; s.snap = v[5].buf; s.fifo = v[6].buf; s.xfer = v[7].buf;
+    s.bad = v[8].buf;
     s.n = rows[0]; s.nskip = rows[1]; s.nfa = rows[2]; s.nfirst = rows[3];
     int fine;
     Py_BEGIN_ALLOW_THREADS
@@ -324,15 +319,15 @@ static PyObject *report_split(PyObject *self, PyObject *args) {
 done:
     for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
     if (!ok) return NULL;
-    return Py_BuildValue("nnnnnnn", s.counts[0], s.counts[1], s.counts[2], s.counts[3],
-                         s.counts[4], s.counts[5], s.counts[6]);
+    return Py_BuildValue("nnnnnn", s.counts[0], s.counts[1], s.counts[2], s.counts[3],
+                         s.counts[4], s.counts[5]);
 }
 
 static PyMethodDef methods[] = {
     {"chunk_spans", chunk_spans, METH_VARARGS, "Chunk span rows from matched begin/end events."},
     {"event_keys", event_keys, METH_VARARGS, "Each event's (request, stage, chunk) key."},
     {"pair_sorted", pair_sorted, METH_VARARGS, "Pair begins and ends by key, both in key order."},
-    {"report_split", report_split, METH_VARARGS, "One feed's spans into the report's tables."},
+    {"report_split", report_split, METH_VARARGS, "One feed's chunk spans into the report's tables."},
     {NULL, NULL, 0, NULL},
 };
 

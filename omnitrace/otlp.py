@@ -138,65 +138,92 @@ class SpanConverter:
         if len(self._occ) > 1 << 20:
             self._occ.clear()
 
-    def convert(self, table: np.ndarray, emits: np.ndarray) -> list[OtlpSpan]:
-        by_stage = emit_events(emits)
-        out = []
-        names, reasons, requests, rings = stt.NAMES, stt.REASONS, self.requests, self.rings
+    def convert(self, spans: stt.SpanTables) -> list[OtlpSpan]:
+        """OTLP spans of the tables, in their span order (``SpanTables.span_reqs``)."""
+        by_stage = emit_events(spans.emits)
         procs: dict[int, tuple] = {}
-        # rows as tuples, for speed: v1, v2, t1, t2 hold what spantable names by span name
-        # (PROMPT_TOKENS, MAX_TOKENS, FIRST_TEXT, FIRST_AUDIO; AHEAD, BLOCKED; STRATEGY; BYTES)
-        for (name, reason, error, status, stage, peer, replica, req, chunk, ring, start, end, v1, v2,
-             t1, t2, by0, by1, by2) in table.tolist():
-            rid = requests[req]
-            trace = self.trace_id(req)
-            proc = procs.get(ring)
-            if proc is None:
-                proc = procs[ring] = proc_of(rings.get(ring, {}))
-            events: list | tuple = _NO_EVENTS
-            if name == stt.N_REQUEST:
-                attrs = request_attrs(rid, status, replica, v1, v2)
-                events = request_events(t1, t2, by_stage.get((req, cv.API_STAGE, replica), ()))
-                sid, parent = cv.span_id_for(rid, cv.SPAN_REQUEST), (self._ctx.get(req) or (0, None))[1]
-            elif name == stt.N_STAGE or name == stt.N_QUEUE:
-                attrs = stage_attrs(rid, stage, cv.stage_name(proc[4], stage), replica)
-                if name == stt.N_STAGE:
-                    sid = cv.span_id_for(rid, cv.SPAN_STAGE, stage, replica)
-                    parent = cv.span_id_for(rid, cv.SPAN_REQUEST)
-                    events = by_stage.get((req, stage, replica), _NO_EVENTS)
-                else:
-                    sid = cv.span_id_for(rid, cv.SPAN_STAGE_QUEUE, stage, replica)
-                    parent = cv.span_id_for(rid, cv.SPAN_STAGE, stage, replica)
+
+        def proc(ring: int) -> tuple:
+            p = procs.get(ring)
+            if p is None:
+                p = procs[ring] = proc_of(self.rings.get(ring, {}))
+            return p
+
+        return (self._chunk_spans(spans.chunks, proc) + self._request_spans(spans.requests, by_stage, proc)
+                + self._visit_spans(spans.visits, by_stage, proc))
+
+    def _request_spans(self, table: np.ndarray, by_stage: dict, proc: Callable) -> list[OtlpSpan]:
+        out = []
+        for (req, reason, error, status, replica, ring, start, end, prompt, max_tokens, first_text,
+             first_audio) in table.tolist():
+            rid = self.requests[req]
+            attrs = _with_reason(request_attrs(rid, status, replica, prompt, max_tokens), reason)
+            events = request_events(first_text, first_audio, by_stage.get((req, cv.API_STAGE, replica), ()))
+            sid, parent = cv.span_id_for(rid, cv.SPAN_REQUEST), (self._ctx.get(req) or (0, None))[1]
+            out.append(OtlpSpan(cv.SPAN_REQUEST, self.trace_id(req), sid, parent, start, end, attrs,
+                                proc(ring), events, bool(error)))
+        return out
+
+    def _visit_spans(self, table: np.ndarray, by_stage: dict, proc: Callable) -> list[OtlpSpan]:
+        out = []
+        for name, reason, error, _status, stage, replica, req, ring, start, end in table.tolist():
+            rid, p = self.requests[req], proc(ring)
+            attrs = _with_reason(stage_attrs(rid, stage, cv.stage_name(p[4], stage), replica), reason)
+            if name == stt.N_STAGE:
+                sid = cv.span_id_for(rid, cv.SPAN_STAGE, stage, replica)
+                parent = cv.span_id_for(rid, cv.SPAN_REQUEST)
+                events = by_stage.get((req, stage, replica), _NO_EVENTS)
             else:
-                producer = name in stt.PRODUCER_NAMES
-                attrs = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage,
-                         cv.ATTR_PEER_STAGE_ID: peer, cv.ATTR_CHUNK_INDEX: chunk,
-                         cv.ATTR_REPLICA: replica, cv.ATTR_VLLM_OMNI_STAGE_ID: stage,
-                         cv.ATTR_VLLM_OMNI_STAGE_NAME: cv.stage_name(proc[4], stage),
-                         cv.ATTR_VLLM_OMNI_REPLICA_ID: replica,
-                         cv.ATTR_STAGE_PAIR: cv.stage_pair(stage, peer) if producer
-                         else cv.stage_pair(peer, stage)}
-                if name == stt.N_FIFO:
-                    attrs[cv.ATTR_FIFO_AHEAD] = v1
-                    attrs[cv.ATTR_FIFO_DEPTH] = v1 + 1
-                    if not reason:
-                        attrs[cv.ATTR_FIFO_BLOCKED_NS] = v2
-                        attrs[cv.ATTR_FIFO_BLOCKED_BY] = [requests[x] for x in (by0, by1, by2) if x]
-                elif name == stt.N_SNAPSHOT:
-                    attrs[cv.ATTR_SNAPSHOT_STRATEGY] = _SNAP_NAMES.get(v1, str(v1))
-                elif name in (stt.N_PUT, stt.N_PROCESS, stt.N_GET):
-                    attrs[cv.ATTR_TRANSFER_BYTES] = v1
-                key = (req, name, stage, chunk, peer)
-                n = self._occ.get(key, 0)
-                self._occ[key] = n + 1
-                # the first span of a key has the documented id; a repeat (retried task) a new one
-                sid = cv.span_id_for(rid, names[name], stage, chunk if n == 0 else f"{chunk}.{n}", peer)
+                sid = cv.span_id_for(rid, cv.SPAN_STAGE_QUEUE, stage, replica)
                 parent = cv.span_id_for(rid, cv.SPAN_STAGE, stage, replica)
-            if reason:
-                attrs[cv.ATTR_INCOMPLETE] = True
-                attrs[cv.ATTR_INCOMPLETE_REASON] = reasons[reason]
-            out.append(OtlpSpan(names[name], trace, sid, parent, start, end, attrs, proc,
+                events = _NO_EVENTS
+            out.append(OtlpSpan(stt.NAMES[name], self.trace_id(req), sid, parent, start, end, attrs, p,
                                 events, bool(error)))
         return out
+
+    def _chunk_spans(self, table: np.ndarray, proc: Callable) -> list[OtlpSpan]:
+        out = []
+        names, requests = stt.NAMES, self.requests
+        # rows as tuples, for speed; figure holds what spantable names by span name
+        # (AHEAD, STRATEGY, BYTES)
+        for (name, reason, stage, peer, replica, req, chunk, ring, start, end, figure, blocked,
+             by0, by1, by2) in table.tolist():
+            rid, p = requests[req], proc(ring)
+            producer = name in stt.PRODUCER_NAMES
+            attrs = {cv.ATTR_REQUEST_ID: rid, cv.ATTR_STAGE_ID: stage,
+                     cv.ATTR_PEER_STAGE_ID: peer, cv.ATTR_CHUNK_INDEX: chunk,
+                     cv.ATTR_REPLICA: replica, cv.ATTR_VLLM_OMNI_STAGE_ID: stage,
+                     cv.ATTR_VLLM_OMNI_STAGE_NAME: cv.stage_name(p[4], stage),
+                     cv.ATTR_VLLM_OMNI_REPLICA_ID: replica,
+                     cv.ATTR_STAGE_PAIR: cv.stage_pair(stage, peer) if producer
+                     else cv.stage_pair(peer, stage)}
+            if name == stt.N_FIFO:
+                attrs[cv.ATTR_FIFO_AHEAD] = figure
+                attrs[cv.ATTR_FIFO_DEPTH] = figure + 1
+                if not reason:
+                    attrs[cv.ATTR_FIFO_BLOCKED_NS] = blocked
+                    attrs[cv.ATTR_FIFO_BLOCKED_BY] = [requests[x] for x in (by0, by1, by2) if x]
+            elif name == stt.N_SNAPSHOT:
+                attrs[cv.ATTR_SNAPSHOT_STRATEGY] = _SNAP_NAMES.get(figure, str(figure))
+            elif name in (stt.N_PUT, stt.N_PROCESS, stt.N_GET):
+                attrs[cv.ATTR_TRANSFER_BYTES] = figure
+            key = (req, name, stage, chunk, peer)
+            n = self._occ.get(key, 0)
+            self._occ[key] = n + 1
+            # the first span of a key has the documented id; a repeat (retried task) a new one
+            sid = cv.span_id_for(rid, names[name], stage, chunk if n == 0 else f"{chunk}.{n}", peer)
+            parent = cv.span_id_for(rid, cv.SPAN_STAGE, stage, replica)
+            out.append(OtlpSpan(names[name], self.trace_id(req), sid, parent, start, end,
+                                _with_reason(attrs, reason), p, _NO_EVENTS, False))
+        return out
+
+
+def _with_reason(attrs: dict[str, Any], reason: int) -> dict[str, Any]:
+    """An incomplete span's attributes say so, and why."""
+    if reason:
+        attrs[cv.ATTR_INCOMPLETE] = True
+        attrs[cv.ATTR_INCOMPLETE_REASON] = stt.REASONS[reason]
+    return attrs
 
 
 # ----------------------------------------------------------------------------- OTLP/JSON

@@ -2,8 +2,9 @@
 export, `omnitrace export` and `omnitrace report` all use :class:`SpanBuilder`).
 
 Input: ``eventlog.EVENT_DTYPE`` rows (any number of rings, any cut of time) fed in
-order of arrival; output: a :data:`SPAN_DTYPE` table per feed, one row per finished span,
-and the ``omni.emit`` events of finished stage spans (:data:`EMIT_DTYPE`; rows of stage
+order of arrival; output per feed: the finished spans, a table per kind
+(:data:`REQUEST_DTYPE`, :data:`VISIT_DTYPE`, :data:`CHUNK_DTYPE`), and the ``omni.emit``
+events of finished stage spans (:data:`EMIT_DTYPE`; rows of stage
 ``API_STAGE`` are the request span's API marks, ``conventions.API_MARKS``). Nothing here
 builds a Python object per chunk event: chunk pairs are matched with sorts and binary
 searches over integer keys; only request and stage events (a few per request per stage)
@@ -39,6 +40,7 @@ are emitted by :meth:`SpanBuilder.flush` with a reason code (:data:`REASONS`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -53,7 +55,7 @@ except ImportError:  # built without a C compiler: the numpy references
 
 E = cv.Ev
 
-# Span name codes (the SPAN_DTYPE ``name`` column indexes this tuple).
+# Span name codes (the tables' ``name`` columns index this tuple).
 NAMES = (cv.SPAN_REQUEST, cv.SPAN_STAGE, cv.SPAN_STAGE_QUEUE, cv.SPAN_SNAPSHOT, cv.SPAN_FIFO,
          cv.SPAN_PROCESS, cv.SPAN_PUT, cv.SPAN_GET, cv.SPAN_POLL, cv.SPAN_WAIT_SCHEDULE)
 (N_REQUEST, N_STAGE, N_QUEUE, N_SNAPSHOT, N_FIFO, N_PROCESS, N_PUT, N_GET, N_POLL,
@@ -67,21 +69,32 @@ REASONS = ("", "writer-died", "run-ended", "unfinished", "timeout", "consumer-ne
 (R_NONE, R_WRITER_DIED, R_RUN_ENDED, R_UNFINISHED, R_TIMEOUT,
  R_NEVER_SCHEDULED) = range(len(REASONS))
 
-# One finished span. v1, v2, t1, t2 hold what a span of its name has (read and write them
-# by the names below); by0..by2: culprit request ids of a fifo span (0 = none). ring: the
-# ring (process) that recorded it.
-SPAN_DTYPE = np.dtype([("name", "i1"), ("reason", "i1"), ("error", "?"), ("status", "<i2"),
-                       ("stage", "<i2"),
-                       ("peer", "<i2"), ("replica", "<i2"), ("req", "<u4"), ("chunk", "<i4"),
-                       ("ring", "<i4"), ("start", "<i8"), ("end", "<i8"), ("v1", "<i8"),
-                       ("v2", "<i8"), ("t1", "<i8"), ("t2", "<i8"), ("by0", "<u4"),
-                       ("by1", "<u4"), ("by2", "<u4")])
-# What the shared columns hold, by span name: their one home.
-PROMPT_TOKENS, MAX_TOKENS = "v1", "v2"  # request: its prompt and max tokens (-1: unknown)
-FIRST_TEXT, FIRST_AUDIO = "t1", "t2"  # request: its first text / audio packet (0: none)
-STRATEGY = "v1"  # snapshot: its strategy (a conventions.Snapshot value)
-AHEAD, BLOCKED = "v1", "v2"  # fifo: tasks ahead of it at the enqueue; its blocked_ns
-BYTES = "v1"  # process, put, get: the payload's bytes
+# The builder's output: a table per span kind, each column one meaning (Perfetto's shape).
+# ``req`` indexes the run's request list; ``ring`` is the ring (process) that recorded the
+# span; ``reason`` is 0 for a complete span, else a REASONS code.
+# omni.request spans, one per API request: its status, prompt and max tokens (-1: unknown)
+# and first text and audio packets (unix ns; 0: none).
+REQUEST_DTYPE = np.dtype([("req", "<u4"), ("reason", "i1"), ("error", "?"), ("status", "<i2"),
+                          ("replica", "<i2"), ("ring", "<i4"), ("start", "<i8"), ("end", "<i8"),
+                          ("prompt_tokens", "<i8"), ("max_tokens", "<i8"), ("first_text", "<i8"),
+                          ("first_audio", "<i8")])
+# omni.stage (STAGE_ADD -> STAGE_FINISH) and omni.stage.queue (STAGE_ADD -> STAGE_SCHEDULE)
+# spans, one of each per (request, stage, replica) visit; ``name`` says which.
+VISIT_DTYPE = np.dtype([("name", "i1"), ("reason", "i1"), ("error", "?"), ("status", "<i2"),
+                        ("stage", "<i2"), ("replica", "<i2"), ("req", "<u4"), ("ring", "<i4"),
+                        ("start", "<i8"), ("end", "<i8")])
+# A chunk span (``name`` one of PRODUCER_NAMES or CONSUMER_NAMES): the chunk's stage and its
+# peer stage; ``figure`` is what its name measures (read it by the names below: a
+# snapshot's strategy, a FIFO span's tasks ahead, the payload bytes of process, put and get;
+# 0 for the others); a FIFO span's ``blocked`` ns and by0..by2, the requests that blocked it
+# most (0: none).
+CHUNK_DTYPE = np.dtype([("name", "i1"), ("reason", "i1"), ("stage", "<i2"), ("peer", "<i2"),
+                        ("replica", "<i2"), ("req", "<u4"), ("chunk", "<i4"), ("ring", "<i4"),
+                        ("start", "<i8"), ("end", "<i8"), ("figure", "<i8"), ("blocked", "<i8"),
+                        ("by0", "<u4"), ("by1", "<u4"), ("by2", "<u4")])
+STRATEGY = "figure"  # snapshot: its strategy (a conventions.Snapshot value)
+AHEAD, BLOCKED = "figure", "blocked"  # fifo: tasks ahead of it at the enqueue; its blocked_ns
+BYTES = "figure"  # process, put, get: the payload's bytes
 # An omni.emit span event of an emitted stage span, or (modality MARK_MODALITY, stage
 # API_STAGE) an API mark of a request span: packet is then the mark's event kind
 # (conventions.API_MARKS).
@@ -157,11 +170,11 @@ _DEQUEUE, _PROCESS_END, _PUT_END = (int(k) for k in (E.FIFO_DEQUEUE, E.PROCESS_E
 SENDER_LATE_S = 10.0
 SENDER_CAP = 1 << 20
 CULPRIT_COLUMNS = ("by0", "by1", "by2")  # a FIFO span's top culprits
-# where a chunk span's v1 comes from, by name (chunk_rows_reference): 1 its begin's ``a``,
+# where a chunk span's figure comes from, by name (chunk_rows_reference): 1 its begin's ``a``,
 # 0 nowhere, else (2) its end's ``a``
-_V1_FROM = {N_FIFO: 1, N_WAIT: 0}
-_POLL_ROWS = 3  # chunk_spans' v1_from of poll lag rows (poll_rows_reference)
-_spanc = rowops.compiled("_spanc", E=EVENT_DTYPE, S=SPAN_DTYPE)
+_FIGURE_FROM = {N_FIFO: 1, N_WAIT: 0}
+_POLL_ROWS = 3  # chunk_spans' figure_from of poll lag rows (poll_rows_reference)
+_spanc = rowops.compiled("_spanc", E=EVENT_DTYPE, S=CHUNK_DTYPE)
 
 
 def group_reference(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
@@ -534,16 +547,13 @@ def pair_reference(bk: np.ndarray, bo: np.ndarray, ek: np.ndarray, eo: np.ndarra
     return bo[order[pos]], eo[order[pos + begins[owner]] - nb]
 
 
-_SPAN_FIELDS = [(name, SPAN_DTYPE[name]) for name in SPAN_DTYPE.names]
-
-
-def span_array(rows: list[tuple]) -> np.ndarray:
-    """``np.array(rows, SPAN_DTYPE)``, a column at a time: numpy converts a structured row's
+def row_array(rows: list[tuple], dtype: np.dtype) -> np.ndarray:
+    """``np.array(rows, dtype)``, a column at a time: numpy converts a structured row's
     tuple field by field (~5 us a row; the request and stage spans, one tuple each). The
     same bytes, the same OverflowError for a value its field cannot hold."""
-    out = np.empty(len(rows), SPAN_DTYPE)
-    for (name, dtype), column in zip(_SPAN_FIELDS, zip(*rows)):
-        out[name] = np.array(column, dtype)
+    out = np.empty(len(rows), dtype)
+    for name, column in zip(dtype.names, zip(*rows)):
+        out[name] = np.array(column, dtype[name])
     return out
 
 
@@ -641,12 +651,78 @@ class _Req:
         self.trace_hi: int | None = None  # the caller's trace id, high half (tracecontext)
 
 
+def _empty(dtype: np.dtype):
+    return field(default_factory=lambda: np.zeros(0, dtype))
+
+
+@dataclass
+class SpanTables:
+    """Finished spans, a table per kind, and their stage spans' emits (with the request
+    spans' API marks): the one currency from the builder to every reader. A plain value:
+    the tables of several feeds concatenate, a set of requests' rows select."""
+
+    requests: np.ndarray = _empty(REQUEST_DTYPE)
+    visits: np.ndarray = _empty(VISIT_DTYPE)
+    chunks: np.ndarray = _empty(CHUNK_DTYPE)
+    emits: np.ndarray = _empty(EMIT_DTYPE)
+
+    def tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return self.requests, self.visits, self.chunks, self.emits
+
+    def __len__(self) -> int:
+        """The spans (the emits are not spans)."""
+        return len(self.requests) + len(self.visits) + len(self.chunks)
+
+    def rows(self) -> int:
+        """Every row, emits included."""
+        return len(self) + len(self.emits)
+
+    def span_reqs(self) -> np.ndarray:
+        """Each span's request id in span order -- chunk spans, request spans, then stage
+        and queue spans -- the order the span objects made of the tables come in."""
+        return np.concatenate((self.chunks["req"], self.requests["req"], self.visits["req"]))
+
+    def slices(self) -> np.ndarray:
+        """Every span's common columns (:data:`SLICE_DTYPE`), in span order: the one
+        table of all spans, as Perfetto's ``slice`` beside its per-kind tables."""
+        out = np.empty(len(self), SLICE_DTYPE)
+        lo = 0
+        for t in (self.chunks, self.requests, self.visits):
+            part = out[lo:lo + len(t)]
+            for col in SLICE_DTYPE.names:
+                if col in t.dtype.names:
+                    part[col] = t[col]
+            lo += len(t)
+        r = out[len(self.chunks):len(self.chunks) + len(self.requests)]
+        r["name"], r["stage"] = N_REQUEST, cv.API_STAGE
+        return out
+
+    def where_request(self, keep: Callable[[np.ndarray], np.ndarray]) -> "SpanTables":
+        """The rows whose request ``keep(req column)`` (a mask) keeps."""
+        return SpanTables(*(rowops.select(t, keep(t["req"])) for t in self.tables()))
+
+    def of(self, reqs: np.ndarray) -> "SpanTables":
+        """The rows of request ids ``reqs``."""
+        return self.where_request(lambda r: np.isin(r, reqs))
+
+    @staticmethod
+    def concat(parts: list["SpanTables"]) -> "SpanTables":
+        return SpanTables(*(rowops.concat([p.tables()[i] for p in parts], d)
+                            for i, d in enumerate(TABLE_DTYPES)))
+
+
+TABLE_DTYPES = (REQUEST_DTYPE, VISIT_DTYPE, CHUNK_DTYPE, EMIT_DTYPE)  # SpanTables' order
+# what every span has (SpanTables.slices): a request span's stage is API_STAGE
+SLICE_DTYPE = np.dtype([("name", "i1"), ("reason", "i1"), ("stage", "<i2"), ("replica", "<i2"),
+                        ("req", "<u4"), ("ring", "<i4"), ("start", "<i8"), ("end", "<i8")])
+
+
 @dataclass
 class Feed:
-    """What one feed produced."""
+    """What one feed produced: its finished spans (:class:`SpanTables`) and the request
+    events it saw."""
 
-    spans: np.ndarray
-    emits: np.ndarray
+    spans: SpanTables = field(default_factory=SpanTables)
     # request latencies as their events arrive: first text, first audio, end (the event's
     # kind): (kind, req, replica, seconds since arrival, unix ns of the event)
     latencies: list[tuple[int, int, int, float, int]] = field(default_factory=list)
@@ -689,7 +765,8 @@ class SpanBuilder:
         self.spans_built = 0
         self.incomplete_spans = 0
         self.requests_freed = 0
-        self._rows: list[tuple] = []  # request/stage spans of this feed
+        self._requests: list[tuple] = []  # REQUEST_DTYPE rows of this feed
+        self._visits: list[tuple] = []  # VISIT_DTYPE rows of this feed
         self._emits: list[np.ndarray] = []
         # API mark emit rows (tuples) not yet in _emits: one array per run of them, not one
         # per request (a small np.array costs ~8 us)
@@ -730,17 +807,20 @@ class SpanBuilder:
             self._request_events(p.small, now, latencies, arrivals, ends, contexts)
         if p.reqs and self.reqs:
             self._seen(p.reqs, now)
-        spans = self._pair_chunks(p, len(self._rows))  # written in place: no concatenation
-        own = len(spans) - len(self._rows)
-        if self._rows:
-            rowops.assign(spans, own, span_array(self._rows))
-            self._rows = []
-        emits = self._take_emits()
-        self._count(spans, own)  # paired chunk spans are complete: reason 0
+        chunks = self._pair_chunks(p)
+        requests, visits = self._take_rows()
+        self._count(requests, visits)  # paired chunk spans are complete: reason 0
+        self.spans_built += len(chunks)
         busy, self._busy = self._busy, []
         repeated, self._repeated = self._repeated, []
-        return Feed(spans, emits, latencies, arrivals=arrivals, ends=ends, contexts=contexts, busy=busy,
-                    repeated=repeated)
+        return Feed(SpanTables(requests, visits, chunks, self._take_emits()), latencies,
+                    arrivals=arrivals, ends=ends, contexts=contexts, busy=busy, repeated=repeated)
+
+    def _take_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """This feed's request and visit spans (rows kept as tuples until then)."""
+        requests, visits = row_array(self._requests, REQUEST_DTYPE), row_array(self._visits, VISIT_DTYPE)
+        self._requests, self._visits = [], []
+        return requests, visits
 
     def _flush_marks(self) -> None:
         if self._marks:
@@ -753,9 +833,10 @@ class SpanBuilder:
         self._emits = []
         return emits
 
-    def _count(self, spans: np.ndarray, reasons_from: int = 0) -> None:
-        self.spans_built += len(spans)
-        self.incomplete_spans += int(np.count_nonzero(spans["reason"][reasons_from:]))
+    def _count(self, *tables: np.ndarray) -> None:
+        for t in tables:
+            self.spans_built += len(t)
+            self.incomplete_spans += int(np.count_nonzero(t["reason"]))
 
     def _note_times(self, ids: np.ndarray, times: np.ndarray) -> None:
         if not len(ids):
@@ -899,10 +980,9 @@ class SpanBuilder:
         last = int(self.last_t[req])
         start = st.arrive if st.arrive is not None else (st.end or last)
         end = st.end if st.end is not None else last
-        self._rows.append((N_REQUEST, self._reason(st.ring, reason), st.status != cv.Status.OK,
-                           st.status, cv.API_STAGE, -2, st.replica, req, -1, st.ring, start, max(end, start),
-                           st.prompt, st.max_tokens, st.first_text or 0, st.first_audio or 0,
-                           0, 0, 0))
+        self._requests.append((req, self._reason(st.ring, reason), st.status != cv.Status.OK,
+                               st.status, st.replica, st.ring, start, max(end, start), st.prompt,
+                               st.max_tokens, st.first_text or 0, st.first_audio or 0))
         # API marks travel as emit rows of stage API_STAGE (EMIT_DTYPE)
         if st.marks:
             replica = st.replica
@@ -917,8 +997,8 @@ class SpanBuilder:
         end = sg.sched if sg.sched is not None else sg.last
         if reason != R_NONE:
             reason = self._reason(sg.ring, reason)
-        self._rows.append((N_QUEUE, reason, False, 0, stage, -2, replica,
-                           req, -1, sg.ring, start, end if end > start else start, 0, 0, 0, 0, 0, 0, 0))
+        self._visits.append((N_QUEUE, reason, False, 0, stage, replica, req, sg.ring, start,
+                             end if end > start else start))
 
     def _stage_row(self, req: int, stage: int, replica: int, sg: _Stage, reason: int) -> None:
         if sg.done:
@@ -928,9 +1008,8 @@ class SpanBuilder:
         end = sg.finish if sg.finish is not None else sg.last
         if reason != R_NONE:
             reason = self._reason(sg.ring, reason)
-        self._rows.append((N_STAGE, reason, sg.status != 0, sg.status,
-                           stage, -2, replica, req, -1, sg.ring, start, end if end > start else start,
-                           0, 0, 0, 0, 0, 0, 0))
+        self._visits.append((N_STAGE, reason, sg.status != 0, sg.status, stage, replica, req,
+                             sg.ring, start, end if end > start else start))
         if sg.emits:
             if self._marks:  # the marks before these rows keep their place
                 self._flush_marks()
@@ -943,9 +1022,9 @@ class SpanBuilder:
         return reason
 
     # ------------------------------------------------------------------ chunks
-    def _pair_chunks(self, p: Prepared, after: int) -> np.ndarray:
-        """The feed's chunk spans, then room for ``after`` more rows (the request and stage
-        spans): every pair kind matched first, so that each writes its rows in place."""
+    def _pair_chunks(self, p: Prepared) -> np.ndarray:
+        """The feed's chunk spans: every pair kind matched first, so that each writes its
+        rows in place."""
         self._add_busy(self._tasks.close(p.senders, self._pids) if p.closed is None else p.closed)
         matched = []  # (name, begins, their indexes, ends, theirs)
         for (name, _, _), (b_new, e_new) in zip(_PAIRS, p.pairs):
@@ -964,7 +1043,7 @@ class SpanBuilder:
         pi, gi = match(_event_keys(P), P["t"], _event_keys(G, "b"), G["t"])
         pool.begins = rowops.delete(P, pi)
         pool.ends = rowops.delete(G, gi)
-        out = np.empty(sum(len(m[2]) for m in matched) + len(pi) + after, SPAN_DTYPE)
+        out = np.empty(sum(len(m[2]) for m in matched) + len(pi), CHUNK_DTYPE)
         lo = 0
         for name, B, bi, En, ei in matched:
             self._chunk_rows(out[lo:lo + len(bi)], name, B, bi, En, ei)
@@ -988,7 +1067,7 @@ class SpanBuilder:
     def poll_rows_reference(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
         """Poll lag rows from the producer's PUT_ENDs ``p`` to their GET_BEGINs ``g``: the
         rule ``_spanc.chunk_spans`` follows (``_POLL_ROWS``)."""
-        rows = np.zeros(len(p), SPAN_DTYPE)
+        rows = np.zeros(len(p), CHUNK_DTYPE)
         rows["name"] = N_POLL
         rows["stage"], rows["peer"], rows["chunk"] = g["stage"], p["stage"], g["chunk"]
         rows["replica"] = self._replicas[g["ring"]]
@@ -999,7 +1078,7 @@ class SpanBuilder:
     def _span_rows(self, name: int, first: np.ndarray, peer_from: np.ndarray) -> np.ndarray:
         """Span rows named by their first stamp (request, stage, chunk, ring, start);
         the peer stage is ``peer_from``'s ``b``."""
-        rows = np.zeros(len(first), SPAN_DTYPE)
+        rows = np.zeros(len(first), CHUNK_DTYPE)
         rows["name"] = name
         rows["stage"], rows["chunk"], rows["req"] = first["stage"], first["chunk"], first["req"]
         rows["peer"] = peer_from["b"]
@@ -1017,7 +1096,7 @@ class SpanBuilder:
         else:
             bi, ei = np.ascontiguousarray(bi, np.int64), np.ascontiguousarray(ei, np.int64)
             _spanc.chunk_spans(np.ascontiguousarray(B), bi, np.ascontiguousarray(En), ei,
-                               self._replicas, name, _V1_FROM.get(name, 2), rows)
+                               self._replicas, name, _FIGURE_FROM.get(name, 2), rows)
         if name == N_FIFO:
             self._blocked(rows, self._pids[B["ring"][bi]])
 
@@ -1095,7 +1174,7 @@ class SpanBuilder:
                     for r in np.unique(rows["req"][rows["t"] < horizon]).tolist():
                         if r not in self.reqs and self.last_t[r] < horizon:
                             gone[r] = R_TIMEOUT
-        return self.flush(gone) if gone else Feed(np.zeros(0, SPAN_DTYPE), np.empty(0, EMIT_DTYPE))
+        return self.flush(gone) if gone else Feed()
 
     def flush(self, which: dict[int, int] | None = None, reason: int = R_RUN_ENDED) -> Feed:
         """Emit everything still open of the requests in ``which`` (request -> reason), or
@@ -1135,13 +1214,10 @@ class SpanBuilder:
                 self._stage_row(req, stage, replica, sg, R_NONE if sg.finish is not None else r)
             if not st.done and (st.arrive is not None or st.end is not None):
                 self._request_row(req, st, R_NONE if st.end is not None else r)
-        if self._rows:
-            out.append(span_array(self._rows))
-            self._rows = []
-        spans = rowops.concat(out, SPAN_DTYPE) if out else np.zeros(0, SPAN_DTYPE)
-        emits = self._take_emits()
-        self._count(spans)
-        return Feed(spans, emits)
+        chunks = rowops.concat(out, CHUNK_DTYPE)
+        requests, visits = self._take_rows()
+        self._count(chunks, requests, visits)
+        return Feed(SpanTables(requests, visits, chunks, self._take_emits()))
 
     def _incomplete(self, name: int, ev: np.ndarray, begun: bool, codes: np.ndarray) -> np.ndarray:
         rows = self._span_rows(name, ev, ev)

@@ -28,34 +28,14 @@ import numpy as np
 
 from omnitrace import conventions as cv
 from omnitrace import spanload
-from omnitrace import spantable as stt
 from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.rules import attribution as at
 from omnitrace.rules import headofline, walk
-from omnitrace.rules.spanobjects import spans_from_table
-from omnitrace.spantable import Feed
+from omnitrace import rowops
+from omnitrace.rules.spanobjects import before_first_packet, first_packet_of, spans_from_tables
+from omnitrace.spantable import Feed, SpanTables
 
 _STATUS = {int(s): s.name.lower() for s in cv.Status}
-
-
-def _first_packet_of(reqs: np.ndarray, known: np.ndarray, first: np.ndarray, unknown: int) -> np.ndarray:
-    """Each of ``reqs``' first audio packet time, from ``known`` requests and their
-    ``first`` packet times; ``unknown`` for a request not among them."""
-    if not len(known):
-        return np.full(len(reqs), unknown, np.int64)
-    order = np.argsort(known, kind="stable")
-    known, first = known[order], first[order]
-    pos = np.minimum(np.searchsorted(known, reqs), len(known) - 1)
-    return np.where(known[pos] == reqs, first[pos], unknown)
-
-
-def _before_first_packet(rows: np.ndarray, roots: np.ndarray) -> np.ndarray:
-    """The chunk ``rows`` that began by their request's first audio packet (``roots``:
-    the requests' ``omni.request`` rows, with their first packet; none: no row kept), the rows
-    attribution walks (as ``spans_from_table(chunks_before_ttfp=True)``)."""
-    first = roots[stt.FIRST_AUDIO].astype(np.int64)  # 0: none yet
-    limit = _first_packet_of(rows["req"].astype(np.int64), roots["req"].astype(np.int64), first, 0)
-    return rows[rows["start"] <= limit]
 
 
 def _owned(rows: np.ndarray, num: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -86,10 +66,9 @@ class RequestView:
         for req, status in feed.ends:
             self.metrics.finished.labels(_STATUS.get(status, str(status))).inc()
             self.open.discard(req)
-        if len(feed.spans):  # requests the builder gave up on (timeouts) are not in flight
-            roots = feed.spans["req"][feed.spans["name"] == stt.N_REQUEST]
-            if len(roots):
-                self.open.difference_update(roots.tolist())
+        roots = feed.spans.requests["req"]  # requests the builder gave up on (timeouts) are not in flight
+        if len(roots):
+            self.open.difference_update(roots.tolist())
         self.metrics.in_flight.set(len(self.open))
 
     def close(self, deadline_s: float) -> None:
@@ -130,8 +109,7 @@ class AttributionView:
         self.unknown: dict[int, float] = {}  # held rows, arrival not seen yet: first seen
         self.done: dict[int, None] = {}  # attributed (insertion-ordered, bounded)
         self.ttfp: dict[int, int] = {}  # req -> unix ns of its first audio packet
-        self.held: list[np.ndarray] = []
-        self.emits: list[np.ndarray] = []
+        self.held: list[SpanTables] = []
         # req -> (monotonic time its root span was seen, its end in unix ns)
         self.ended: dict[int, tuple[float, int]] = {}
         self.newest_ns = 0  # the newest event time the view has seen
@@ -164,67 +142,68 @@ class AttributionView:
             if kind == cv.Ev.REQUEST_FIRST_AUDIO:
                 self.ttfp[req] = t
         spans = feed.spans
-        if len(spans) and holding:
-            reqs = spans["req"].astype(np.int64)
-            # the API ring may be drained a little after a stage's: a request's first
-            # spans can come before its arrival; they are held UNKNOWN_S for it
-            keep = ~np.isin(reqs, np.fromiter(self.done, np.int64, len(self.done))) if self.done \
-                else np.ones(len(spans), bool)
-            chunk = spans["name"] >= stt.N_SNAPSHOT
-            if chunk.any() and self.ttfp:
-                limit = _first_packet_of(reqs, np.fromiter(self.ttfp, np.int64, len(self.ttfp)),
-                                         np.fromiter(self.ttfp.values(), np.int64, len(self.ttfp)),
-                                         np.iinfo(np.int64).max)  # not known yet: kept
-                keep &= ~chunk | (spans["start"] <= limit)
-            if keep.any():
-                kept = spans[keep]
-                self.held.append(kept)
-                for r in np.unique(kept["req"]).tolist():
-                    if r not in self.arrived and r not in self.unknown:
-                        self.unknown[r] = now
-                roots = kept[kept["name"] == stt.N_REQUEST]
-                for req, end in zip(roots["req"].tolist(), roots["end"].tolist()):
-                    self.ended.setdefault(req, (now, end))
-        if len(feed.emits) and holding:
-            self.emits.append(feed.emits)
+        if holding:
+            self._hold(spans, now)
         self._keep_busy(feed)
         stale = [r for r, t in self.unknown.items() if now - t >= self.UNKNOWN_S]
         if stale:
             self._drop(stale)
-        if len(spans):
-            self.newest_ns = max(self.newest_ns, int(spans["end"].max()))
+        ends = [t["end"] for t in (spans.requests, spans.visits, spans.chunks) if len(t)]
+        if ends:
+            self.newest_ns = max(self.newest_ns, *(int(e.max()) for e in ends))
         due = [r for r, (t, end) in self.ended.items()
                if now - t >= self.SETTLE_S and self.newest_ns - end >= self.SETTLE_NS
                or now - t >= self.SETTLE_MAX_S]
         if due:
             self._attribute(due)
 
-    def _take(self, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Remove and return the held span rows and emit rows of ``reqs``."""
-        table = (np.concatenate(self.held) if len(self.held) > 1 else
-                 self.held[0] if self.held else np.zeros(0, stt.SPAN_DTYPE))
-        emits = (np.concatenate(self.emits) if len(self.emits) > 1 else
-                 self.emits[0] if self.emits else np.empty(0, stt.EMIT_DTYPE))
+    def _hold(self, spans: SpanTables, now: float) -> None:
+        """A feed's spans of requests not attributed yet, but for chunk spans that began
+        after their request's first packet (when it is known); all its emits."""
+        def alive(reqs: np.ndarray) -> np.ndarray:
+            done = np.fromiter(self.done, np.int64, len(self.done))
+            return ~np.isin(reqs, done) if len(done) else np.ones(len(reqs), bool)
+
+        chunks = spans.chunks
+        keep = alive(chunks["req"])
+        if len(chunks) and self.ttfp:
+            limit = first_packet_of(chunks["req"].astype(np.int64), np.fromiter(self.ttfp, np.int64, len(self.ttfp)),
+                                    np.fromiter(self.ttfp.values(), np.int64, len(self.ttfp)),
+                                    np.iinfo(np.int64).max)  # not known yet: kept
+            keep &= chunks["start"] <= limit
+        kept = SpanTables(*(rowops.select(t, alive(t["req"])) for t in (spans.requests, spans.visits)),
+                          rowops.select(chunks, keep), spans.emits)
+        if not kept.rows():
+            return
+        self.held.append(kept)
+        # the API ring may be drained a little after a stage's: a request's first
+        # spans can come before its arrival; they are held UNKNOWN_S for it
+        for r in np.unique(kept.span_reqs()).tolist():
+            if r not in self.arrived and r not in self.unknown:
+                self.unknown[r] = now
+        for req, end in zip(kept.requests["req"].tolist(), kept.requests["end"].tolist()):
+            self.ended.setdefault(req, (now, end))
+
+    def _take(self, reqs: list[int]) -> SpanTables:
+        """Remove and return the held spans and emits of ``reqs``."""
+        held = SpanTables.concat(self.held)
         ids = np.asarray(reqs, np.int64)
-        mine = np.isin(table["req"], ids)
-        mine_e = np.isin(emits["req"], ids)
-        self.held = [table[~mine]] if (~mine).any() else []
-        self.emits = [emits[~mine_e]] if (~mine_e).any() else []
-        return table[mine], emits[mine_e]
+        rest = held.where_request(lambda r: ~np.isin(r, ids))
+        self.held = [rest] if rest.rows() else []
+        return held.of(ids)
 
     def _drop(self, reqs: list[int]) -> None:
-        rows, _ = self._take(reqs)
-        self.rows_dropped += len(rows)
+        self.rows_dropped += len(self._take(reqs))
         for r in reqs:
             self.unknown.pop(r, None)
             self.ended.pop(r, None)
 
     def _attribute(self, reqs: list[int]) -> None:
-        table, emits = self._take(reqs)
+        spans = self._take(reqs)
         totals: dict[tuple[int, str], int] = {}
         hol: dict[int, int] = {}
         victims = []
-        found, none = self._walk(table, emits, {self.requests[r]: r for r in reqs})
+        found, none = self._walk(spans, {self.requests[r]: r for r in reqs})
         self.not_attributed += none
         for req, a in found:
             self.attributed += 1
@@ -234,7 +213,7 @@ class AttributionView:
                 if key[1] == at.FIFO_BLOCKED:
                     hol[key[0]] = hol.get(key[0], 0) + ns
             victims.append(headofline.Victim(req, a.arrival, a.ttfp, a.hops))
-        self._culprits(victims, table)
+        self._culprits(victims, spans.chunks)
         if victims:
             self.metrics.set_culprits(self.top_culprits())
         for (stage, cat), ns in totals.items():
@@ -250,21 +229,21 @@ class AttributionView:
         while len(self.done) > self.DONE_MEMORY:
             del self.done[next(iter(self.done))]
 
-    def _walk(self, table: np.ndarray, emits: np.ndarray,
+    def _walk(self, spans: SpanTables,
               num_of: dict[str, int]) -> tuple[list[tuple[int, at.Attribution]], int]:
-        """The report's attribution of the requests in ``table``: the batch walk
+        """The report's attribution of the requests in ``spans``: the batch walk
         (:func:`walk.walk`) over the chunk rows begun before their request's first packet,
         as rows (no span objects: they were most of this view's cost); the reference walk
         where the batch keys do not hold the numbers. Returns ((request id number, its
         attribution) per attributed request, how many were not attributed)."""
-        chunk = table["name"] >= stt.N_SNAPSHOT
-        reqs = at.index_requests(spans_from_table(table[~chunk], emits, self.requests, self.rings))
+        small = SpanTables(spans.requests, spans.visits, emits=spans.emits)
+        reqs = at.index_requests(spans_from_tables(small, self.requests, self.rings))
         rids = list(reqs)
         num = np.array([num_of[r] for r in rids], np.int64)
-        rows, owner = _owned(_before_first_packet(table[chunk], table[table["name"] == stt.N_REQUEST]), num)
+        rows, owner = _owned(before_first_packet(spans), num)
         if not walk.fits(rows) or len(rids) >= 1 << 16:
-            spans = spans_from_table(table, emits, self.requests, self.rings, chunks_before_ttfp=True)
-            walked = [at.attribute(r) for r in at.index_requests(spans).values()]
+            objects = spans_from_tables(spans, self.requests, self.rings, chunks_before_ttfp=True)
+            walked = [at.attribute(r) for r in at.index_requests(objects).values()]
             found = [(num_of[a.rid], a) for a in walked if a is not None]
             return found, len(walked) - len(found)
         wk = walk.walk(rids, [walk.inputs(reqs[r]) for r in rids], rows, owner)

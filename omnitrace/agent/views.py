@@ -75,7 +75,7 @@ class MetricsView:
         self.trace_hex = TraceIds(requests)
 
     def feed(self, feed: Feed, part: spanload.Part) -> None:
-        spans = feed.spans
+        spans = feed.spans.chunks
         if len(spans):
             self._observe_spans(spans, np.flatnonzero((spans["reason"] == 0) & _WANTED[spans["name"]]))
         self._sender_busy(feed, part)
@@ -93,8 +93,9 @@ class MetricsView:
         order = np.argsort(key, kind="stable")
         key, sel = key[order], sel[order]
         cols = {"dur": (spans["end"][sel] - spans["start"][sel]).astype(np.float64),
-                # the shared columns, read below by the names _CHUNK_METRICS gives them
-                "v1": spans["v1"][sel].astype(np.float64), "v2": spans["v2"][sel].astype(np.float64),
+                # the figure columns, read below by the names _CHUNK_METRICS gives them
+                "figure": spans["figure"][sel].astype(np.float64),
+                "blocked": spans["blocked"][sel].astype(np.float64),
                 "req": spans["req"][sel]}
         edges = np.flatnonzero(np.diff(key)) + 1
         for lo, hi in zip([0, *edges.tolist()], [*edges.tolist(), len(key)]):
@@ -176,21 +177,21 @@ class OtlpView:
         spans = feed.spans
         if not len(spans):
             return
-        blocked = spans[(spans["name"] == stt.N_FIFO) & (spans[stt.BLOCKED] > 0)]
+        chunks = spans.chunks
+        blocked = chunks[(chunks["name"] == stt.N_FIFO) & (chunks[stt.BLOCKED] > 0)]
         self.hol.update(blocked["req"].tolist())
-        converted = self.converter.convert(spans, feed.emits)
+        converted = self.converter.convert(spans)
+        done = spans.requests
         if not self.sampling and self._room() and not self.held:
             self._send(converted)
-            roots = spans["req"][spans["name"] == stt.N_REQUEST]
-            self.converter.forget(roots.tolist())
+            self.converter.forget(done["req"].tolist())
             return
         self.sampling = not self._room()
-        for row, span in zip(spans["req"].tolist(), converted):
+        for row, span in zip(spans.span_reqs().tolist(), converted):
             self.held.setdefault(row, []).append(span)
         self.held_spans += len(converted)
-        done = spans[spans["name"] == stt.N_REQUEST]
         for req, start, audio in zip(done["req"].tolist(), done["start"].tolist(),
-                                     done[stt.FIRST_AUDIO].tolist()):
+                                     done["first_audio"].tolist()):
             self._decide(req, (audio - start) / 1e9 if audio else None)
         while self.held_spans > self.HOLD_MAX_SPANS and self.held:
             self._decide(next(iter(self.held)), None, force_drop=True)

@@ -1,6 +1,6 @@
 """The span objects the walk and the waterfalls read, made from the report's tables:
 request, stage and queue spans as :class:`Span` objects for the whole run
-(``rules.spanobjects.spans_from_table``); chunk spans, millions in an hour's run, only
+(``rules.spanobjects.spans_from_tables``); chunk spans, millions in an hour's run, only
 where the walk asks for them, a batch of requests at a time (:func:`with_chunks`,
 :class:`_BatchChunks`).
 The tables themselves are ``rundir``'s (``Run.early``, ``Run.chunk_requests``).
@@ -15,7 +15,7 @@ import numpy as np
 from omnitrace import intervals, rowops
 from omnitrace import spantable as stt
 from omnitrace.analyze.run import Run
-from omnitrace.analyze.tables import span_rows
+from omnitrace.analyze.tables import EARLY_DTYPE, as_chunk_rows
 from omnitrace.rules.span import Span
 from omnitrace.rules.spanobjects import chunk_span, chunk_spans
 
@@ -64,7 +64,7 @@ class _BatchChunks:
         order = np.lexsort((key, group))  # stable: a key's rows stay in table order
         # the rows in index order (a ready wait_schedule row twice: consumer and scheduled
         # index): a key's rows are a slice, no gather per lookup
-        self.keys, self.rows = key[order].tolist(), span_rows(rowops.take(rows, rowno[order]))
+        self.keys, self.rows = key[order].tolist(), as_chunk_rows(rowops.take(rows, rowno[order]))
         self.bounds = np.searchsorted(group[order], np.arange(3 * len(counts) + 1)).tolist()
 
     def spans(self, request: int, which: int, code: int) -> list[Span]:
@@ -107,7 +107,7 @@ class _LazyChunks:
 def chunk_rows(run: Run, rids: list[str], batch: int) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
     """``rids`` in batches of ``batch``: (the batch, its requests' rows of ``run.early``,
     each request in turn with its rows in table order, and the rows per request)."""
-    early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
+    early = run.early if run.early is not None else np.zeros(0, EARLY_DTYPE)
     order = np.argsort(early["req"], kind="stable")  # a request's rows stay in table order
     sreq = early["req"][order]
     cidx = run.chunk_index()
@@ -149,8 +149,8 @@ def request_spans(run: Run) -> dict:
     (the whole run: for small runs and tests; the report walks ``with_chunks``)."""
     from omnitrace.rules import attribution as at
     reqs = at.index_requests(run.spans)
-    early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
+    early = run.early if run.early is not None else np.zeros(0, EARLY_DTYPE)
     known = np.array([r in reqs for r in run.chunk_requests], bool)
     rows = rowops.select(early, known[early["req"].astype(np.int64)])
-    at.index_requests(chunk_spans(span_rows(rows), run.chunk_requests), reqs)
+    at.index_requests(chunk_spans(as_chunk_rows(rows), run.chunk_requests), reqs)
     return reqs

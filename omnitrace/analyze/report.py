@@ -12,12 +12,12 @@ import numpy as np
 from omnitrace import __version__
 from omnitrace import conventions as cv
 from omnitrace import rowops
-from omnitrace import spantable as stt
 from omnitrace.analyze import accounting
 from omnitrace.rules import attribution as at
 from omnitrace.analyze import components, failures, observed, report_warnings, waterfall
 from omnitrace.analyze.beside import MIN_WORK, Beside
 from omnitrace.analyze.chunkspans import attach_chunks, chunk_rows
+from omnitrace.analyze.tables import EARLY_DTYPE
 from omnitrace.analyze.run import Run
 from omnitrace.analyze.select import Selection
 from omnitrace.analyze.stats import NS_TO_MS, median, summary
@@ -390,7 +390,7 @@ def _walk_parts(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx
     order = sorted(range(len(found)), key=lambda i: -ttfp[i])
     kept = set(order[:ctx.waterfalls]) | {k for k, f in enumerate(found) if f[0] in ctx.waterfall_ids}
     # the victims' waits are among the chunk spans begun before their first packet
-    early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
+    early = run.early if run.early is not None else np.zeros(0, EARLY_DTYPE)
     victims = _victims(run, found)
     yield _Walked([], [], _Totals.of((), (), (), ()), [attribution[k]() for k in sorted(kept)], [],
                   headofline.blocked_pairs(victims, early, run.busy, ctx.fifo), [v.req for v in victims])
@@ -581,7 +581,7 @@ def _waterfalls(run: Run, reqs: dict[str, at.RequestSpans], w: _Walked, requests
     """The waterfalls of ``wf_ids`` (the slowest and those asked for); the slowest rows
     get their critical path when the report does not give every row one."""
     cidx = run.chunk_index()
-    early = run.early if run.early is not None else np.zeros(0, stt.SPAN_DTYPE)
+    early = run.early if run.early is not None else np.zeros(0, EARLY_DTYPE)
     by_rid = {a.rid: a for a in w.kept}
     wfs = []
     row_of = {r["id"]: r for r in requests[:n_waterfalls]} if not per_request_segments else {}

@@ -22,7 +22,7 @@ from omnitrace.runfiles import names, read
 from omnitrace.runfiles.claim import live_agent
 from omnitrace.analyze import tables
 from omnitrace.rules.headofline import busy_of
-from omnitrace.rules.spanobjects import spans_from_table
+from omnitrace.rules.spanobjects import spans_from_tables
 from omnitrace.analyze.run import Run
 
 
@@ -46,8 +46,8 @@ def _add_tables(run: Run, acc: tables.ReportTables, requests: list[str], rings: 
                 replica_of: dict[int, int]) -> None:
     """A loaded run directory's tables into ``run``: request, stage and queue spans as
     objects, the chunk rows, figures and busy intervals as tables."""
-    small, early, emits, figures, busy = acc.finish(replica_of)
-    run.spans.extend(spans_from_table(small, emits, requests, rings))  # chunk spans: with_chunks
+    spans, early, figures, busy = acc.finish(replica_of)
+    run.spans.extend(spans_from_tables(spans, requests, rings))  # chunk spans: with_chunks
     add_chunks(run, figures, early, busy, requests)
 
 

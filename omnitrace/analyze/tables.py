@@ -3,7 +3,7 @@ are never held whole).
 
 Of each feed the report keeps:
 
-* ``small``: request, stage and queue spans (a few per request), whole;
+* ``requests``, ``visits``: request, stage and queue spans (a few per request), whole;
 * the per-stage figures' columns of every chunk span (:class:`ChunkFigures`): one narrow
   table per kind -- snapshot (14 bytes a row), FIFO (26), put/get (25) -- of the complete
   spans, and (request, name, reason) of the incomplete ones, for their count; every
@@ -13,7 +13,7 @@ Of each feed the report keeps:
 * ``early``: chunk spans of measured requests that may have begun before their request's
   first audio packet -- what the attribution walk, the head-of-line waits and the
   waterfalls read (~5% of the chunk spans at c=32; 19% in the synthetic c=32 runs), the
-  columns they read (:data:`EARLY_DTYPE`, 48 of a span row's 83 bytes); a row whose
+  columns they read (:data:`EARLY_DTYPE`, 48 of a chunk row's 64 bytes); a row whose
   request has not reached its first packet yet is kept, and the exact cut (start <= first
   packet) is made at the end;
 * ``emits``: the emit/API-mark events up to the first packet (the walk reads the first).
@@ -40,12 +40,12 @@ FIFO_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("ahead", "<i4"), ("dur
 TRANSFER_DTYPE = np.dtype([("req", "<u4"), ("put", "?"), ("producer", "<i2"), ("consumer", "<i2"),
                            ("dur", "<i8"), ("bytes", "<i8")])
 INCOMPLETE_DTYPE = np.dtype([("req", "<u4"), ("name", "i1"), ("reason", "i1")])
-# An early chunk span: the span row's columns its readers read (by name; the walk's span
-# objects are made of whole rows, :func:`span_rows`). Of the rest none is read (ring) or
-# it is 0 in the report (error, status, t1, t2; by0..by2: its builder names no culprits).
-EARLY_DTYPE = np.dtype([(n, stt.SPAN_DTYPE[n]) for n in (
-    "name", "reason", "stage", "peer", "replica", "req", "chunk", "start", "end", "v1", "v2")])
-_spanc = rowops.compiled("_spanc", S=stt.SPAN_DTYPE, P=SNAPSHOT_DTYPE, F=FIFO_DTYPE,
+# An early chunk span: the chunk row's columns its readers read (by name; the walk's span
+# objects are made of whole rows, :func:`as_chunk_rows`). Of the rest none is read (ring) or
+# it is 0 in the report (by0..by2: its builder names no culprits).
+EARLY_DTYPE = np.dtype([(n, stt.CHUNK_DTYPE[n]) for n in (
+    "name", "reason", "stage", "peer", "replica", "req", "chunk", "start", "end", "figure", "blocked")])
+_spanc = rowops.compiled("_spanc", S=stt.CHUNK_DTYPE, P=SNAPSHOT_DTYPE, F=FIFO_DTYPE,
                          X=TRANSFER_DTYPE, I=INCOMPLETE_DTYPE, R=EARLY_DTYPE)
 _NONE = np.iinfo(np.int64).max
 
@@ -84,7 +84,7 @@ class ChunkFigures:
 
     @staticmethod
     def of(spans: np.ndarray, n_requests: int) -> "ChunkFigures":
-        """The figures of chunk span rows (``spantable.SPAN_DTYPE``) of ``n_requests`` ids."""
+        """The figures of chunk span rows (``spantable.CHUNK_DTYPE``) of ``n_requests`` ids."""
         first = np.full(n_requests, _NONE, np.int64)
         first_starts(spans, first)
         return ChunkFigures(*figure_rows(spans), first)
@@ -99,7 +99,7 @@ class ChunkFigures:
 
 
 def figure_rows(spans: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Chunk span rows (``spantable.SPAN_DTYPE``) -> (snapshot, FIFO, put/get, incomplete)
+    """Chunk span rows (``spantable.CHUNK_DTYPE``) -> (snapshot, FIFO, put/get, incomplete)
     rows of :class:`ChunkFigures`."""
     name, ok = spans["name"], spans["reason"] == 0
     dur = spans["end"] - spans["start"]
@@ -127,39 +127,36 @@ def figure_rows(spans: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     return snap, fifo, xfer, bad
 
 
-def split_reference(spans: np.ndarray, skip: np.ndarray, first_audio: np.ndarray,
+def split_reference(chunks: np.ndarray, skip: np.ndarray, first_audio: np.ndarray,
                     first_start: np.ndarray) -> tuple[np.ndarray, ...]:
-    """One feed's spans split as the report keeps them (``_spanc.report_split`` follows this):
-    (small rows -- request, stage, queue spans not skipped --, early chunk rows, the
-    figure tables' rows (snapshot, FIFO, put/get, incomplete), how many spans were
-    skipped); ``first_start`` updated in place. ``skip``: per request id, warm-up;
-    ``first_audio``: per request id, its first audio packet (0: unknown yet)."""
-    req = spans["req"].astype(np.int64)
+    """One feed's chunk spans split as the report keeps them (``_spanc.report_split``
+    follows this): (early rows, the figure tables' rows (snapshot, FIFO, put/get,
+    incomplete), how many spans were skipped); ``first_start`` updated in place.
+    ``skip``: per request id, warm-up; ``first_audio``: per request id, its first audio
+    packet (0: unknown yet)."""
+    req = chunks["req"].astype(np.int64)
     gone = skip[req]
-    chunk = spans["name"] >= stt.N_SNAPSHOT
-    small = rowops.select(spans, ~chunk & ~gone)
-    C = rowops.select(spans, chunk)
-    figures = figure_rows(C)
-    first_starts(C, first_start)
-    t = first_audio[req[chunk]]
-    early = early_rows(rowops.select(C, ~gone[chunk] & ((t == 0) | (C["start"] <= t))))
-    return (small, early, *figures, int(gone.sum()))
+    figures = figure_rows(chunks)
+    first_starts(chunks, first_start)
+    t = first_audio[req]
+    early = early_rows(rowops.select(chunks, ~gone & ((t == 0) | (chunks["start"] <= t))))
+    return (early, *figures, int(gone.sum()))
 
 
-def early_rows(spans: np.ndarray) -> np.ndarray:
-    """Span rows (``spantable.SPAN_DTYPE``) as early rows (:data:`EARLY_DTYPE`)."""
-    out = np.empty(len(spans), EARLY_DTYPE)
+def early_rows(chunks: np.ndarray) -> np.ndarray:
+    """Chunk span rows (``spantable.CHUNK_DTYPE``) as early rows (:data:`EARLY_DTYPE`)."""
+    out = np.empty(len(chunks), EARLY_DTYPE)
     for n in EARLY_DTYPE.names:
-        out[n] = spans[n]
+        out[n] = chunks[n]
     return out
 
 
-def span_rows(early: np.ndarray) -> np.ndarray:
-    """Early rows as span rows (``spantable.SPAN_DTYPE``: the other columns 0), for what
-    reads whole rows; span rows as they are."""
-    if early.dtype == stt.SPAN_DTYPE:
+def as_chunk_rows(early: np.ndarray) -> np.ndarray:
+    """Early rows as chunk span rows (``spantable.CHUNK_DTYPE``: the other columns 0), for
+    what reads whole rows; chunk rows as they are."""
+    if early.dtype == stt.CHUNK_DTYPE:
         return early
-    out = np.zeros(len(early), stt.SPAN_DTYPE)
+    out = np.zeros(len(early), stt.CHUNK_DTYPE)
     for n in early.dtype.names:
         out[n] = early[n]
     return out
@@ -180,7 +177,8 @@ class ReportTables:
     def __init__(self, skip: frozenset[str] = frozenset()) -> None:
         self._skip = skip
         self._warmup: _Warmup | None = None
-        self.small = Growing(stt.SPAN_DTYPE)
+        self.requests = Growing(stt.REQUEST_DTYPE)
+        self.visits = Growing(stt.VISIT_DTYPE)
         self.early = Growing(EARLY_DTYPE)
         self.emits = Growing(stt.EMIT_DTYPE)
         self.figures = [Growing(d) for d in (SNAPSHOT_DTYPE, FIFO_DTYPE, TRANSFER_DTYPE,
@@ -211,19 +209,22 @@ class ReportTables:
     def _add(self, feed: stt.Feed, skip: np.ndarray) -> None:
         """One feed's output; ``skip``: per request id (every id the feed holds), True for
         a request left out of attribution (warm-up)."""
-        spans, emits = feed.spans, feed.emits
-        top = max(int(spans["req"].max()) if len(spans) else 0,
-                  int(emits["req"].max()) if len(emits) else 0)
-        self._grow(top)
+        spans = feed.spans
+        self._grow(max((int(t["req"].max()) for t in spans.tables() if len(t)), default=0))
         fa = self.first_audio
         for kind, req, _replica, _seconds, t in feed.latencies:
             if kind == cv.Ev.REQUEST_FIRST_AUDIO:
                 fa[req] = t
-        roots = rowops.select(spans, spans["name"] == stt.N_REQUEST)
+        roots = spans.requests
         if len(roots):  # the request's own account is final
-            fa[roots["req"].astype(np.int64)] = np.where(roots[stt.FIRST_AUDIO] > 0, roots[stt.FIRST_AUDIO], -1)
+            fa[roots["req"].astype(np.int64)] = np.where(roots["first_audio"] > 0, roots["first_audio"], -1)
         self.rows += len(spans)
-        self.skipped += self._split(spans, skip)
+        for table, rows in ((self.requests, spans.requests), (self.visits, spans.visits)):
+            gone = skip[rows["req"].astype(np.int64)]
+            table.append(rowops.select(rows, ~gone))
+            self.skipped += int(gone.sum())
+        self.skipped += self._split(spans.chunks, skip)
+        emits = spans.emits
         t = fa[emits["req"].astype(np.int64)]
         self.emits.append(rowops.select(emits, (t == 0) | (emits["t"] <= t)))
         for pid, stage, *cols in feed.busy:
@@ -233,32 +234,33 @@ class ReportTables:
             for g, c in zip(grow, cols):
                 g.append(c)
 
-    def _split(self, spans: np.ndarray, skip: np.ndarray) -> int:
-        """One feed's spans into the tables (:func:`split_reference`'s rule; compiled where
-        built, written straight into the tables); how many were skipped (warm-up)."""
-        outs = (self.small, self.early, *self.figures)
+    def _split(self, chunks: np.ndarray, skip: np.ndarray) -> int:
+        """One feed's chunk spans into the tables (:func:`split_reference`'s rule; compiled
+        where built, written straight into the tables); how many were skipped (warm-up)."""
+        outs = (self.early, *self.figures)
         if _spanc is None:
-            *rows, skipped = split_reference(spans, skip, self.first_audio, self.first_start)
+            *rows, skipped = split_reference(chunks, skip, self.first_audio, self.first_start)
             for table, r in zip(outs, rows):
                 table.append(r)
             return skipped
         *counts, skipped = _spanc.report_split(
-            np.ascontiguousarray(spans), np.ascontiguousarray(skip), self.first_audio,
-            self.first_start, *(t.spare(len(spans)) for t in outs))
+            np.ascontiguousarray(chunks), np.ascontiguousarray(skip), self.first_audio,
+            self.first_start, *(t.spare(len(chunks)) for t in outs))
         for table, n in zip(outs, counts):
             table.added(n)
         return skipped
 
-    def finish(self, replica_of: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                          ChunkFigures, Busy]:
-        """(request/stage/queue rows, early chunk rows cut at the first packet, emits, the
-        figures' tables, the senders' busy intervals by (stage, replica); ``replica_of``:
-        pid -> replica, from the rings)."""
+    def finish(self, replica_of: dict[int, int]) -> tuple[stt.SpanTables, np.ndarray, ChunkFigures,
+                                                          Busy]:
+        """(the request and visit spans and the emits, the early chunk rows cut at the first
+        packet, the figures' tables, the senders' busy intervals by (stage, replica);
+        ``replica_of``: pid -> replica, from the rings)."""
         early = self.early.view()
         early = self.early.keep(early["start"] <= self.first_audio[early["req"].astype(np.int64)])
         figs = ChunkFigures(*(t.view() for t in self.figures), self.first_start)
         senders = {k: tuple(g.view() for g in grow) for k, grow in self.busy.items()}
-        return self.small.view(), early, self.emits.view(), figs, busy_by_replica(senders, replica_of)
+        kept = stt.SpanTables(self.requests.view(), self.visits.view(), emits=self.emits.view())
+        return kept, early, figs, busy_by_replica(senders, replica_of)
 
 
 class _Warmup:

@@ -62,9 +62,9 @@ class OtlpSink:
             self._conv = otlp.SpanConverter(part.requests, part.rings, self.run_id)
         self._conv.rings = part.rings  # a ring may be re-described (a new writer)
         self._conv.add_contexts(feed.contexts)
-        spans = self._conv.convert(feed.spans, feed.emits)
+        spans = self._conv.convert(feed.spans)
         # finished requests' ids and repeat counters can go, as the live exporter does
-        self._conv.forget(feed.spans["req"][feed.spans["name"] == stt.N_REQUEST].tolist())
+        self._conv.forget(feed.spans.requests["req"].tolist())
         self.spans += len(spans)
         self.send(spans)
 

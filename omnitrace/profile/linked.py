@@ -191,10 +191,6 @@ def _unpack(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return out
 
 
-_INDEX_NAMES = np.array((stt.N_SNAPSHOT, stt.N_FIFO, stt.N_PROCESS, stt.N_PUT, stt.N_GET, stt.N_POLL,
-                         stt.N_WAIT, stt.N_QUEUE, stt.N_STAGE))
-
-
 class IndexSink:
     """The flame index's sink of the one load (``spanload.Sink``): of each feed, the spans
     of the categories' names and the sender tasks it closed (the builder's sender rule, as
@@ -210,11 +206,11 @@ class IndexSink:
         self._busy = rowops.Growing(BUSY_DTYPE)
 
     def feed(self, feed: stt.Feed, part: spanload.Part) -> None:
-        table = feed.spans[np.isin(feed.spans["name"], _INDEX_NAMES)]
-        spans = np.zeros(len(table), INDEX_SPAN_DTYPE)
-        for col in INDEX_SPAN_DTYPE.names:
-            spans[col] = table[col]
-        self._spans.append(spans)
+        for table in (feed.spans.chunks, feed.spans.visits):  # every chunk, stage and queue span
+            spans = np.empty(len(table), INDEX_SPAN_DTYPE)
+            for col in INDEX_SPAN_DTYPE.names:
+                spans[col] = table[col]
+            self._spans.append(spans)
         for pid, stage, starts, ends, reqs in feed.busy:
             b = np.zeros(len(starts), BUSY_DTYPE)
             b["pid"], b["stage"], b["start"], b["end"], b["req"] = pid, stage, starts, ends, reqs
@@ -264,7 +260,7 @@ def open_index(run_dir: str) -> SpanIndex:
 
 def blocked_parts(fifo: np.ndarray, busy: dict[tuple[int, int], np.ndarray], pids: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For FIFO span rows (SPAN_DTYPE) whose producer pids are ``pids``: the parts of each
+    """For FIFO span rows (``spantable.CHUNK_DTYPE``) whose producer pids are ``pids``: the parts of each
     wait [enqueue, dequeue] during which that stage's sender was busy with a task of another
     request. Returns (span index, start, end), sorted by span then start; per span they sum
     to its ``omni.fifo.blocked_ns``."""

@@ -1,4 +1,4 @@
-"""Span objects of span-table rows (``omnitrace.spantable.SPAN_DTYPE``): what the
+"""Span objects of the span tables (``omnitrace.spantable.SpanTables``): what the
 reference walk and the waterfalls read, for the live agent's rows as for the report's
 tables (``analyze/chunkspans.py`` makes a report's chunk spans lazily from these)."""
 from __future__ import annotations
@@ -12,11 +12,10 @@ from omnitrace.rules.span import NO_EMITS, Span
 
 
 def chunk_span(row: tuple, requests: list[str]) -> Span:
-    """One chunk span row (a ``spantable.SPAN_DTYPE`` row as a tuple: its positions, for
-    speed; v1 is a FIFO span's AHEAD or another's STRATEGY or BYTES, v2 a FIFO span's
-    BLOCKED) -> :class:`Span`."""
-    (name, reason, _error, _status, stage, peer, replica, req, chunk, _ring, start, end, figure,
-     blocked_ns, _t1, _t2, by0, by1, by2) = row
+    """One chunk span row (a ``spantable.CHUNK_DTYPE`` row as a tuple: its positions, for
+    speed; ``figure`` is a FIFO span's AHEAD or another's STRATEGY or BYTES) -> :class:`Span`."""
+    (name, reason, stage, peer, replica, req, chunk, _ring, start, end, figure,
+     blocked_ns, by0, by1, by2) = row
     if name == stt.N_FIFO:
         by = tuple(requests[x] for x in (by0, by1, by2) if x)
         return Span(stt.NAMES[name], requests[req], stage, peer, chunk, start, end, replica, blocked_ns, by,
@@ -58,11 +57,11 @@ def _first_marks(emits: np.ndarray) -> dict[tuple[int, int], dict[int, int]]:
 
 
 def _request_span(row: tuple, requests: list[str], marks: dict[int, int]) -> Span:
-    """An ``omni.request`` row -> :class:`Span` with its status, first audio packet
-    (FIRST_AUDIO; 0: none) and ``marks`` (event kind -> first time)."""
-    (name, reason, _error, status, _stage, _peer, replica, req, _chunk, _ring, start, end, _prompt,
-     _max_tokens, _first_text, first_audio, _by0, _by1, _by2) = row
-    sp = Span(stt.NAMES[name], requests[req], cv.API_STAGE, -2, -1, start, end, replica,
+    """An ``omni.request`` row (``spantable.REQUEST_DTYPE``) -> :class:`Span` with its
+    status, first audio packet (0: none) and ``marks`` (event kind -> first time)."""
+    (req, reason, _error, status, replica, _ring, start, end, _prompt, _max_tokens, _first_text,
+     first_audio) = row
+    sp = Span(stt.NAMES[stt.N_REQUEST], requests[req], cv.API_STAGE, -2, -1, start, end, replica,
               incomplete=reason != 0)
     sp.status, sp.ttfp = status, first_audio or None
     sp.parsed, sp.dispatched = marks.get(_PARSED), marks.get(_DISPATCHED)
@@ -72,10 +71,10 @@ def _request_span(row: tuple, requests: list[str], marks: dict[int, int]) -> Spa
 
 def _stage_span(row: tuple, requests: list[str], rings: dict[int, dict],
                firsts: dict[tuple[int, int, int], tuple[int | None, int | None]]) -> Span:
-    """An ``omni.stage`` or ``omni.stage.queue`` row -> :class:`Span` with its stage's name
-    and, a stage span, its first emits (``firsts``: :func:`_emit_firsts`)."""
-    (name, reason, _error, _status, stage, _peer, replica, req, _chunk, ring, start, end, _v1, _v2,
-     _t1, _t2, _by0, _by1, _by2) = row
+    """An ``omni.stage`` or ``omni.stage.queue`` row (``spantable.VISIT_DTYPE``) ->
+    :class:`Span` with its stage's name and, a stage span, its first emits (``firsts``:
+    :func:`_emit_firsts`)."""
+    name, reason, _error, _status, stage, replica, req, ring, start, end = row
     sp = Span(stt.NAMES[name], requests[req], stage, -2, -1, start, end, replica, incomplete=reason != 0)
     sp.stage_name = cv.stage_name(rings.get(ring, {}).get("process"), stage)
     if name == stt.N_STAGE:
@@ -83,27 +82,35 @@ def _stage_span(row: tuple, requests: list[str], rings: dict[int, dict],
     return sp
 
 
-def spans_from_table(table, emits, requests: list[str], rings: dict[int, dict],
-                     chunks_before_ttfp: bool = False) -> list[Span]:
-    """Span-table rows (``omnitrace.spantable``) and their emit rows -> report
-    :class:`Span` objects; with ``chunks_before_ttfp`` only chunk spans that began before
-    their request's first audio packet (all attribution can walk) become objects."""
-    firsts, marks = _emit_firsts(emits), _first_marks(emits)
-    keep = np.ones(len(table), bool)
-    if chunks_before_ttfp:
-        roots = table[table["name"] == stt.N_REQUEST]
-        ttfp = np.zeros(len(requests), np.int64)
-        ttfp[roots["req"].astype(np.int64)] = roots[stt.FIRST_AUDIO]  # 0: none
-        chunk = table["name"] >= stt.N_SNAPSHOT
-        keep &= ~chunk | (table["start"] <= ttfp[table["req"].astype(np.int64)])
-    out: list[Span] = []
-    append = out.append
-    for row in rowops.select(table, keep).tolist():
-        name = row[0]
-        if name >= stt.N_SNAPSHOT:  # chunk spans: the hot part
-            append(chunk_span(row, requests))
-        elif name == stt.N_REQUEST:
-            append(_request_span(row, requests, marks.get((row[7], row[6]), _NO_MARKS)))
-        else:
-            append(_stage_span(row, requests, rings, firsts))
+def first_packet_of(reqs: np.ndarray, known: np.ndarray, first: np.ndarray, unknown: int) -> np.ndarray:
+    """Each of ``reqs``' first audio packet time, from ``known`` requests and their
+    ``first`` packet times; ``unknown`` for a request not among them."""
+    if not len(known):
+        return np.full(len(reqs), unknown, np.int64)
+    order = np.argsort(known, kind="stable")
+    known, first = known[order], first[order]
+    pos = np.minimum(np.searchsorted(known, reqs), len(known) - 1)
+    return np.where(known[pos] == reqs, first[pos], unknown)
+
+
+def before_first_packet(spans: stt.SpanTables) -> np.ndarray:
+    """The chunk rows that began by their request's first audio packet (its request span's
+    ``first_audio``; 0 or no request span: no row kept): all attribution can walk."""
+    chunks, roots = spans.chunks, spans.requests
+    limit = first_packet_of(chunks["req"].astype(np.int64), roots["req"].astype(np.int64),
+                            roots["first_audio"].astype(np.int64), 0)
+    return rowops.select(chunks, chunks["start"] <= limit)
+
+
+def spans_from_tables(spans: stt.SpanTables, requests: list[str], rings: dict[int, dict],
+                      chunks_before_ttfp: bool = False) -> list[Span]:
+    """Span tables -> report :class:`Span` objects (chunk spans, request spans, then stage
+    and queue spans, each in table order); with ``chunks_before_ttfp`` only chunk spans
+    that began before their request's first audio packet (all attribution can walk)."""
+    firsts, marks = _emit_firsts(spans.emits), _first_marks(spans.emits)
+    chunks = before_first_packet(spans) if chunks_before_ttfp else spans.chunks
+    out = chunk_spans(chunks, requests)
+    out += [_request_span(row, requests, marks.get((row[0], row[4]), _NO_MARKS))
+            for row in spans.requests.tolist()]
+    out += [_stage_span(row, requests, rings, firsts) for row in spans.visits.tolist()]
     return out

@@ -8,7 +8,7 @@ tests compare the two request by request, as pyinstrument tests its C fast path 
 its Python one. An hour's run has ~30k requests of ~30 segments: the per-request walk
 took ~0.45 ms each, ~13 s of the report.
 
-Chunk spans arrive as ``spantable.SPAN_DTYPE`` rows (the report's ``early`` table) with
+Chunk spans arrive as ``spantable.CHUNK_DTYPE`` rows (the report's ``early`` table) with
 the index of their request in the batch. A batch whose stage or chunk numbers fall
 outside what the compact keys hold (stages -1..254, chunks -1..2^31-2) is walked by the
 reference instead (:func:`fits`).

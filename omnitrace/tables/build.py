@@ -2,9 +2,9 @@
 
 :class:`TablesSink` takes each feed's spans as the span builder makes them and keeps, per
 kind, only the columns its tables have (a narrow row per chunk span); :meth:`TablesSink.finish`
-turns them into the Arrow tables ``schema.TABLES`` declares. The span builder's generic row
-(``spantable.SPAN_DTYPE``, whose ``v1``/``v2``/``t1``/``t2`` mean something else per span
-name) stops here: every table column has one meaning.
+turns them into the Arrow tables ``schema.TABLES`` declares. The chunk spans' ``figure``
+column (``spantable.CHUNK_DTYPE``: a strategy, tasks ahead or bytes, by span name) stops
+here: every table column has one meaning.
 """
 from __future__ import annotations
 
@@ -30,13 +30,12 @@ CHUNK_TABLES = {
     "waits": (stt.N_WAIT, False, ("ready_ns", "scheduled_ns", "wait_ns"), None),
     "poll_lags": (stt.N_POLL, False, ("put_end_ns", "get_begin_ns", "lag_ns"), None),
 }
-# a chunk span as kept: the span row's columns the tables read, and its process
-CHUNK_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("peer", "<i2"), ("replica", "<i2"),
-                        ("chunk", "<i4"), ("ring", "<i4"), ("pid", "<i8"), ("start", "<i8"),
-                        ("end", "<i8"), ("v1", "<i8"), ("v2", "<i8"), ("reason", "i1"),
-                        ("by0", "<u4"), ("by1", "<u4"), ("by2", "<u4")])
+# a chunk span as kept: the chunk row's columns the tables read, and its process
+KEPT_CHUNK_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("peer", "<i2"), ("replica", "<i2"),
+                             ("chunk", "<i4"), ("ring", "<i4"), ("pid", "<i8"), ("start", "<i8"),
+                             ("end", "<i8"), ("figure", "<i8"), ("blocked", "<i8"), ("reason", "i1"),
+                             ("by0", "<u4"), ("by1", "<u4"), ("by2", "<u4")])
 BUSY_DTYPE = np.dtype([("pid", "<i8"), ("stage", "<i2"), ("req", "<u4"), ("start", "<i8"), ("end", "<i8")])
-_SMALL = (stt.N_REQUEST, stt.N_STAGE, stt.N_QUEUE)
 LOADED = frozenset(n for n, t in TABLES.items() if t.source == "load")
 STATUS = tuple(s.name.lower() for s in cv.Status)
 MODALITY = tuple(m.name.lower() for m in cv.Modality)
@@ -59,21 +58,23 @@ class TablesSink:
         self.culprits = "fifo_tasks" in self.wanted
         # the chunk stamps are most of a load's work: paired only when a table reads them
         self.chunks = bool(self.wanted & (set(CHUNK_TABLES) | {"senders", "sender_tasks"}))
-        self._chunks = {n: Growing(CHUNK_DTYPE) for n in CHUNK_TABLES if n in self.wanted}
-        self._small = Growing(stt.SPAN_DTYPE)
+        self._chunks = {n: Growing(KEPT_CHUNK_DTYPE) for n in CHUNK_TABLES if n in self.wanted}
+        self._requests = Growing(stt.REQUEST_DTYPE)
+        self._visits = Growing(stt.VISIT_DTYPE)
         self._emits = Growing(stt.EMIT_DTYPE)
         self._busy = Growing(BUSY_DTYPE)
 
     def feed(self, feed: stt.Feed, part: spanload.Part) -> None:
         spans = feed.spans
-        name = spans["name"]
-        self._small.append(rowops.select(spans, np.isin(name, _SMALL)))
-        self._emits.append(feed.emits)
+        self._requests.append(spans.requests)
+        self._visits.append(spans.visits)
+        self._emits.append(spans.emits)
+        chunks = spans.chunks
         if self._chunks:
-            top = max(int(spans["ring"].max()) + 1 if len(spans) else 0, max(part.rings, default=-1) + 1)
+            top = max(int(chunks["ring"].max()) + 1 if len(chunks) else 0, max(part.rings, default=-1) + 1)
             pids = stt.ring_column(part.rings, top, "pid")
             for table, grow in self._chunks.items():
-                grow.append(_chunk_rows(rowops.select(spans, name == CHUNK_TABLES[table][0]), pids))
+                grow.append(_chunk_rows(rowops.select(chunks, chunks["name"] == CHUNK_TABLES[table][0]), pids))
         for pid, stage, starts, ends, reqs in feed.busy:
             rows = np.empty(len(starts), BUSY_DTYPE)
             rows["pid"], rows["stage"], rows["req"], rows["start"], rows["end"] = pid, stage, reqs, starts, ends
@@ -82,13 +83,12 @@ class TablesSink:
     def finish(self, rings: dict[int, dict], requests: list[str]) -> dict[str, pa.Table]:
         """The wanted tables; ``rings``: the final ring descriptions, ``requests``: request id
         strings by number (the log's, then any only the bench sent)."""
-        small = self._small.view()
         fifo = self._chunks.get("fifo_tasks")
-        senders = _Senders(self._busy.view(), fifo.view() if fifo is not None else np.zeros(0, CHUNK_DTYPE),
+        senders = _Senders(self._busy.view(), fifo.view() if fifo is not None else np.zeros(0, KEPT_CHUNK_DTYPE),
                            spanload.replica_of(rings))
         made = {
-            "requests": lambda: requests_table(rowops.select(small, small["name"] == stt.N_REQUEST), requests),
-            "stage_visits": lambda: visits_table(small, self._emits.view()),
+            "requests": lambda: requests_table(self._requests.view(), requests),
+            "stage_visits": lambda: visits_table(self._visits.view(), self._emits.view()),
             "emits": lambda: emits_table(self._emits.view()),
             "api_marks": lambda: marks_table(self._emits.view()),
             "senders": lambda: senders.table(),
@@ -103,8 +103,8 @@ class TablesSink:
 
 
 def _chunk_rows(spans: np.ndarray, pids: np.ndarray) -> np.ndarray:
-    rows = np.empty(len(spans), CHUNK_DTYPE)
-    for f in CHUNK_DTYPE.names:
+    rows = np.empty(len(spans), KEPT_CHUNK_DTYPE)
+    for f in KEPT_CHUNK_DTYPE.names:
         if f != "pid":
             rows[f] = spans[f]
     rows["pid"] = pids[spans["ring"]]
@@ -144,7 +144,7 @@ def requests_table(rows: np.ndarray, requests: list[str]) -> pa.Table:
     at[rows["req"].astype(np.int64)] = np.arange(len(rows))
     at = at[1:]
     has = at >= 0
-    r = rowops.take(rows, np.maximum(at, 0)) if len(rows) else np.zeros(n, stt.SPAN_DTYPE)
+    r = rowops.take(rows, np.maximum(at, 0)) if len(rows) else np.zeros(n, stt.REQUEST_DTYPE)
     done = has & (r["reason"] == stt.R_NONE)
     arrival = np.where(has, r["start"], 0)
 
@@ -155,12 +155,13 @@ def requests_table(rows: np.ndarray, requests: list[str]) -> pa.Table:
         "request_id": np.arange(1, n + 1), "request": pa.array(requests[1:], pa.string()),
         "replica": pa.array(r["replica"].astype(np.int32), mask=~has),
         "thread_id": _nullable(r["ring"], ~has), "arrival_ns": _nullable(arrival, ~has),
-        "first_text_ns": _nullable(r[stt.FIRST_TEXT], ~has | (r[stt.FIRST_TEXT] == 0)),
-        "first_audio_ns": _nullable(r[stt.FIRST_AUDIO], ~has | (r[stt.FIRST_AUDIO] == 0)),
-        "end_ns": _nullable(r["end"], ~done), "last_ns": _nullable(r["end"], ~has), "ttft_ns": since_arrival(r[stt.FIRST_TEXT]), "ttfp_ns": since_arrival(r[stt.FIRST_AUDIO]),
+        "first_text_ns": _nullable(r["first_text"], ~has | (r["first_text"] == 0)),
+        "first_audio_ns": _nullable(r["first_audio"], ~has | (r["first_audio"] == 0)),
+        "end_ns": _nullable(r["end"], ~done), "last_ns": _nullable(r["end"], ~has),
+        "ttft_ns": since_arrival(r["first_text"]), "ttfp_ns": since_arrival(r["first_audio"]),
         "status": enum(np.clip(r["status"], 0, len(STATUS) - 1), STATUS, ~done),
-        "prompt_tokens": _nullable(r[stt.PROMPT_TOKENS], ~has | (r[stt.PROMPT_TOKENS] < 0)),
-        "max_tokens": _nullable(r[stt.MAX_TOKENS], ~has | (r[stt.MAX_TOKENS] < 0)),
+        "prompt_tokens": _nullable(r["prompt_tokens"], ~has | (r["prompt_tokens"] < 0)),
+        "max_tokens": _nullable(r["max_tokens"], ~has | (r["max_tokens"] < 0)),
         "incomplete": enum(r["reason"], stt.REASONS, ~has | (r["reason"] == stt.R_NONE))})
 
 
@@ -168,10 +169,10 @@ def _visit_key(req: np.ndarray, stage: np.ndarray, replica: np.ndarray) -> np.nd
     return keys.pack(list(zip((req, stage, replica), VISIT_BITS)))
 
 
-def visits_table(small: np.ndarray, emits: np.ndarray) -> pa.Table:
+def visits_table(visits: np.ndarray, emits: np.ndarray) -> pa.Table:
     """One row per (request, stage, replica) with a stage or queue span."""
-    st = rowops.select(small, small["name"] == stt.N_STAGE)
-    qu = rowops.select(small, small["name"] == stt.N_QUEUE)
+    st = rowops.select(visits, visits["name"] == stt.N_STAGE)
+    qu = rowops.select(visits, visits["name"] == stt.N_QUEUE)
     sk, qk = (_visit_key(x["req"], x["stage"], x["replica"]) for x in (st, qu))
     uniq, _ = keys.dense(np.concatenate((sk, qk)))
     n = len(uniq)
@@ -179,8 +180,8 @@ def visits_table(small: np.ndarray, emits: np.ndarray) -> pa.Table:
     si, qi = np.full(n, -1), np.full(n, -1)
     si[np.searchsorted(uniq, sk)] = np.arange(len(st))
     qi[np.searchsorted(uniq, qk)] = np.arange(len(qu))
-    s = rowops.take(st, np.maximum(si, 0)) if len(st) else np.zeros(n, stt.SPAN_DTYPE)
-    q = rowops.take(qu, np.maximum(qi, 0)) if len(qu) else np.zeros(n, stt.SPAN_DTYPE)
+    s = rowops.take(st, np.maximum(si, 0)) if len(st) else np.zeros(n, stt.VISIT_DTYPE)
+    q = rowops.take(qu, np.maximum(qi, 0)) if len(qu) else np.zeros(n, stt.VISIT_DTYPE)
     has_s, has_q = si >= 0, qi >= 0
     finished = has_s & (s["reason"] == stt.R_NONE)
     v = stt.VisitEmits.of(emits)

@@ -27,7 +27,7 @@ class Blocked:
 
 def sender_busy(spans: np.ndarray) -> Busy:
     """(stage, replica) -> (starts, ends, request) of the sender's tasks, rebuilt from chunk
-    span rows (``spantable.SPAN_DTYPE``) by the builder's rule (``spantable.sender_tasks``)
+    span rows (``spantable.CHUNK_DTYPE``) by the builder's rule (``spantable.sender_tasks``)
     over the stamps the spans keep: a FIFO span ends at its dequeue, a put at its PUT_END,
     a process at its PROCESS_END."""
     name = spans["name"]
@@ -40,7 +40,7 @@ def sender_busy(spans: np.ndarray) -> Busy:
     for col in ("req", "chunk", "stage"):
         ev[col] = spans[col][sel]
     ev["t"] = spans["end"][sel]
-    ev["a"] = np.where(name[sel] == stt.N_PROCESS, spans["v1"][sel], 0)  # a process end's bytes
+    ev["a"] = np.where(name[sel] == stt.N_PROCESS, spans["figure"][sel], 0)  # a process end's bytes
     replica = spans["replica"][sel]
     out: Busy = {}
     for stage, rep in sorted(set(zip(ev["stage"].tolist(), replica.tolist()))):

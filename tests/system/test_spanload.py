@@ -17,23 +17,20 @@ def _build(path: str, skip: frozenset, helper: bool) -> tuple[spanload.Loaded, t
     return spanload.load(path, [acc], helper=helper), acc
 
 
-def _account(built: tuple[spanload.Loaded, tables.ReportTables], blank_culprits: bool = False) -> dict:
+def _account(built: tuple[spanload.Loaded, tables.ReportTables]) -> dict:
     """Everything a load gives the report, as comparable values (row order included)."""
     loaded, acc = built
     log = loaded.log
-    small, early, emits, figures, busy = acc.finish(
+    spans, early, figures, busy = acc.finish(
         {int(r.get("pid", 0)): int(r.get("replica", 0)) for r in log.rings.values()})
-    if blank_culprits:
-        small = small.copy()
-        small["by0"] = small["by1"] = small["by2"] = 0  # early rows have no culprit columns
-    arrays = [small, early, emits, *figures.tables(), figures.first_start]
+    arrays = [spans.requests, spans.visits, early, spans.emits, *figures.tables(), figures.first_start]
     return {"tables": [a.tobytes() for a in arrays],
             "busy": sorted((k, tuple(c.tobytes() for c in cols)) for k, cols in busy.items()),
             "events": loaded.events, "died": loaded.died, "rings": log.rings,
             "steps": loaded.steps.tobytes(), "ring_kinds": loaded.ring_kinds.tobytes(),
             "requests": list(log.requests.strings), "warnings": log.warnings,
             "torn": log.torn_records, "rows": acc.rows, "skipped": acc.skipped,
-            "small": len(small), "early": len(early)}
+            "spans": len(spans), "early": len(early)}
 
 
 @pytest.fixture
@@ -51,7 +48,7 @@ def test_the_helper_gives_the_tables_decoding_here_gives(real_run, many_parts):
     beside = _build(real_run, skip, helper=True)
     want, got = _account(here), _account(beside)
     assert skip and want["skipped"] > 0  # warm-up spans were left out
-    assert want["small"] > 50 and want["early"] > 500 and want["events"] > 20 * 1000  # many parts
+    assert want["spans"] > 50 and want["early"] > 500 and want["events"] > 20 * 1000  # many parts
     assert want["busy"]  # the senders' busy intervals, from the helper's sender rule
     assert got == want
     assert not mp.active_children()  # the helper was waited for
@@ -130,7 +127,7 @@ def test_sinks_of_one_load_get_what_each_gets_alone(real_run, many_parts):
     # with the export's sink the builder ranks blocked_by, which the tables' rows carry
     # and the report never reads: the rows are compared without it; the steps and events
     # per (ring, kind) are collected for the index only
-    got = _account((loaded, acc), blank_culprits=True)
+    got = _account((loaded, acc))
     assert len(got.pop("steps")) and len(got.pop("ring_kinds"))
     want = _account(want_acc)
     assert not want.pop("steps") and not want.pop("ring_kinds")
@@ -152,7 +149,7 @@ class _Names:
         self.names: set[int] = set()
 
     def feed(self, feed: stt.Feed, part: spanload.Part) -> None:
-        self.names |= set(feed.spans["name"].tolist())
+        self.names |= set(feed.spans.slices()["name"].tolist())
 
 
 @pytest.mark.parametrize("helper", [False, True])

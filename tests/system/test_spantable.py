@@ -50,11 +50,11 @@ def built_spans(log: eventlog.EventLog, cuts: int = 1, seed: int = 0) -> list:
     out = []
     for part in np.split(ev, edges):
         f = b.feed(part)
-        out += conv.convert(f.spans, f.emits)
+        out += conv.convert(f.spans)
     for idx in log.died:
         b.process_died(log.rings[idx]["pid"])
     f = b.flush()
-    out += conv.convert(f.spans, f.emits)
+    out += conv.convert(f.spans)
     return out
 
 

@@ -45,8 +45,8 @@ def test_compiled_chunk_rows_are_the_reference(seed):
     bi, ei = rng.integers(0, nb, n), rng.integers(0, ne, n)
     for name, _, _ in stt._PAIRS:
         want = builder.chunk_rows_reference(name, rowops.take(B, bi), rowops.take(En, ei))
-        got = random_rows(rng, n, stt.SPAN_DTYPE).copy()  # every byte must be written
-        stt._spanc.chunk_spans(B, bi, En, ei, builder._replicas, name, stt._V1_FROM.get(name, 2), got)
+        got = random_rows(rng, n, stt.CHUNK_DTYPE).copy()  # every byte must be written
+        stt._spanc.chunk_spans(B, bi, En, ei, builder._replicas, name, stt._FIGURE_FROM.get(name, 2), got)
         assert got.tobytes() == want.tobytes(), name
 
 
@@ -59,7 +59,7 @@ def test_compiled_poll_rows_are_the_reference(seed):
     P, G = events(rng, 500, 7), events(rng, 800, 7)
     pi, gi = rng.integers(0, 500, 600), rng.integers(0, 800, 600)
     want = builder.poll_rows_reference(rowops.take(P, pi), rowops.take(G, gi))
-    got = random_rows(rng, 600, stt.SPAN_DTYPE).copy()
+    got = random_rows(rng, 600, stt.CHUNK_DTYPE).copy()
     stt._spanc.chunk_spans(P, pi, G, gi, builder._replicas, stt.N_POLL, stt._POLL_ROWS, got)
     assert got.tobytes() == want.tobytes()
 
@@ -90,8 +90,8 @@ def test_compiled_pairing_is_the_reference(seed, monkeypatch):
 
 
 def random_spans(rng: np.random.Generator, n: int, reqs: int) -> np.ndarray:
-    spans = random_rows(rng, n, stt.SPAN_DTYPE).copy()
-    spans["name"] = rng.integers(0, len(stt.NAMES), n)
+    spans = random_rows(rng, n, stt.CHUNK_DTYPE).copy()
+    spans["name"] = rng.integers(stt.N_SNAPSHOT, len(stt.NAMES), n)
     spans["reason"] = np.where(rng.random(n) < 0.7, 0, rng.integers(1, len(stt.REASONS), n))
     spans["req"] = rng.integers(0, reqs, n)
     spans["start"] = rng.integers(-5, 50, n)
@@ -115,8 +115,8 @@ def test_compiled_split_is_the_reference(seed):
     skip, first_audio, first_start = split_inputs(rng, reqs)
     want_first, got_first = first_start.copy(), first_start.copy()
     *want, want_skipped = tables.split_reference(spans, skip, first_audio, want_first)
-    dtypes = (stt.SPAN_DTYPE, tables.EARLY_DTYPE, tables.SNAPSHOT_DTYPE, tables.FIFO_DTYPE,
-              tables.TRANSFER_DTYPE, tables.INCOMPLETE_DTYPE)
+    dtypes = (tables.EARLY_DTYPE, tables.SNAPSHOT_DTYPE, tables.FIFO_DTYPE, tables.TRANSFER_DTYPE,
+              tables.INCOMPLETE_DTYPE)
     outs = [np.zeros(n, d) for d in dtypes]
     *counts, skipped = stt._spanc.report_split(spans, skip, first_audio, got_first, *outs)
     assert skipped == want_skipped
@@ -129,7 +129,7 @@ def test_compiled_split_is_the_reference(seed):
 def test_compiled_passes_refuse_bad_input():
     rng = np.random.default_rng(7)
     B = events(rng, 10, 3)
-    out = np.zeros(4, stt.SPAN_DTYPE)
+    out = np.zeros(4, stt.CHUNK_DTYPE)
     reps = np.zeros(3, np.int64)
     B["ring"][0] = 2
     with pytest.raises(IndexError):  # an index past the events
@@ -140,8 +140,8 @@ def test_compiled_passes_refuse_bad_input():
         stt._spanc.chunk_spans(B, np.arange(5), B, np.arange(5), reps, stt.N_PUT, 2, out)
     spans = random_spans(rng, 4, 5)
     skip, fa, first = split_inputs(rng, 4)
-    outs = [np.zeros(4, d) for d in (stt.SPAN_DTYPE, tables.EARLY_DTYPE, tables.SNAPSHOT_DTYPE,
-                                     tables.FIFO_DTYPE, tables.TRANSFER_DTYPE, tables.INCOMPLETE_DTYPE)]
+    outs = [np.zeros(4, d) for d in (tables.EARLY_DTYPE, tables.SNAPSHOT_DTYPE, tables.FIFO_DTYPE,
+                                     tables.TRANSFER_DTYPE, tables.INCOMPLETE_DTYPE)]
     spans["req"] = 4  # past the flags
     with pytest.raises(IndexError):
         stt._spanc.report_split(spans, skip, fa, first, *outs)
@@ -171,21 +171,20 @@ def test_a_built_span_pass_imports():
 
 def test_early_rows_are_chunk_span_rows_narrowed():
     """What the report keeps of an early chunk span gives the whole row back: its other
-    columns are unread (ring) or 0 in the report's rows (no error, status, request-span
-    times or culprits)."""
+    columns are unread (ring) or 0 in the report's rows (no culprits)."""
     rows = random_spans(np.random.default_rng(3), 500, 50)
-    for col in ("error", "status", "ring", "t1", "t2", "by0", "by1", "by2"):
+    for col in ("ring", "by0", "by1", "by2"):
         rows[col] = 0
     early = tables.early_rows(rows)
     assert early.dtype.itemsize == 48
-    assert tables.span_rows(early).tobytes() == rows.tobytes()
-    assert tables.span_rows(rows) is rows
+    assert tables.as_chunk_rows(early).tobytes() == rows.tobytes()
+    assert tables.as_chunk_rows(rows) is rows
 
 
 def test_row_operations_on_any_row_type():
     """rowops' opaque-row view over the rows' buffer, and a view where the buffer protocol
     cannot name a field's type (datetime64): the same rows either way."""
-    for dtype in (stt.SPAN_DTYPE, np.dtype([("t", "M8[ns]"), ("x", "<i4")])):
+    for dtype in (stt.CHUNK_DTYPE, np.dtype([("t", "M8[ns]"), ("x", "<i4")])):
         rows = random_rows(np.random.default_rng(9), 40, dtype)
         idx = np.array([5, 0, 39, 5])
         assert rowops.take(rows, idx).tobytes() == b"".join(rows[i:i + 1].tobytes() for i in idx)

@@ -35,11 +35,11 @@ def test_end_before_begin_across_feeds_and_retries_pair_in_order():
                      # a retried task: same key twice, pairs in time order
                      (300, E.SNAPSHOT_BEGIN, 1, 0, 5, 0, 1, 0), (310, E.SNAPSHOT_END, 1, 0, 5, 0, 1, 0),
                      (400, E.SNAPSHOT_BEGIN, 1, 0, 5, 0, 1, 0), (450, E.SNAPSHOT_END, 1, 0, 5, 1, 1, 0)]))
-    rows = sorted(f2.spans.tolist(), key=lambda r: r[10])
+    rows = sorted(f2.spans.chunks.tolist(), key=lambda r: r[8])
     fifo = [r for r in rows if r[0] == stt.N_FIFO]
     snaps = [r for r in rows if r[0] == stt.N_SNAPSHOT]
-    assert [(r[10], r[11], r[12]) for r in fifo] == [(100, 200, 3)]  # start, end, ahead
-    assert [(r[10], r[11], r[12]) for r in snaps] == [(300, 310, 0), (400, 450, 1)]
+    assert [(r[8], r[9], r[10]) for r in fifo] == [(100, 200, 3)]  # start, end, ahead
+    assert [(r[8], r[9], r[10]) for r in snaps] == [(300, 310, 0), (400, 450, 1)]
 def test_blocked_time_and_culprits_by_hand():
     """Sender busy with request 2 over [10, 40] and request 3 over [40, 45], then
     request 1's own task; request 1's chunk waited [5, 50]: blocked 30 + 5 = 35 ns,
@@ -52,8 +52,8 @@ def test_blocked_time_and_culprits_by_hand():
         (40, E.FIFO_DEQUEUE, 3, 0, 0, 0, 1, 1), (45, E.PROCESS_END, 3, 0, 0, 0, 1, 1),
         (50, E.FIFO_DEQUEUE, 1, 0, 0, 0, 1, 1), (60, E.PUT_END, 1, 0, 0, 7, 1, 1),
     ]))
-    fifo = f.spans[f.spans["name"] == stt.N_FIFO]
-    assert len(fifo) == 1 and int(fifo[0]["v2"]) == 35  # the culprits' own enqueues unseen
+    fifo = f.spans.chunks[f.spans.chunks["name"] == stt.N_FIFO]
+    assert len(fifo) == 1 and int(fifo[0]["blocked"]) == 35  # the culprits' own enqueues unseen
     b2 = stt.SpanBuilder(dict(RINGS))
     b2.ring_changed()
     f = b2.feed(_ev([
@@ -63,10 +63,10 @@ def test_blocked_time_and_culprits_by_hand():
         (40, E.FIFO_DEQUEUE, 3, 0, 0, 0, 1, 1), (45, E.PROCESS_END, 3, 0, 0, 0, 1, 1),
         (50, E.FIFO_DEQUEUE, 1, 0, 0, 0, 1, 1), (60, E.PUT_END, 1, 0, 0, 7, 1, 1),
     ]))
-    fifo = {r["req"]: r for r in f.spans[f.spans["name"] == stt.N_FIFO]}
-    assert int(fifo[1]["v2"]) == 35 and (int(fifo[1]["by0"]), int(fifo[1]["by1"])) == (2, 3)
-    assert int(fifo[3]["v2"]) == 30 and int(fifo[3]["by0"]) == 2  # [7, 40] behind request 2
-    assert int(fifo[2]["v2"]) == 0
+    fifo = {r["req"]: r for r in f.spans.chunks[f.spans.chunks["name"] == stt.N_FIFO]}
+    assert int(fifo[1]["blocked"]) == 35 and (int(fifo[1]["by0"]), int(fifo[1]["by1"])) == (2, 3)
+    assert int(fifo[3]["blocked"]) == 30 and int(fifo[3]["by0"]) == 2  # [7, 40] behind request 2
+    assert int(fifo[2]["blocked"]) == 0
 def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
     """The busy intervals the builder hands out (``Feed.busy``, what the report's
     head-of-line rule reads) and those rebuilt from its spans by the same rule
@@ -93,7 +93,7 @@ def test_sender_busy_from_the_builder_equals_the_rule_over_spans():
     from_builder = headofline.busy_by_replica(
         {(10, 0): tuple(np.array(c) for c in ([g[2] for g in got], [g[3] for g in got], [g[4] for g in got]))},
         {10: 0})
-    spans = np.concatenate([f.spans for f in feeds])
+    spans = np.concatenate([f.spans.chunks for f in feeds])
     assert not spans["reason"].any()
     from_spans = hol_reference.sender_busy(spans)
     assert list(from_spans) == list(from_builder) == [(0, 0)]
@@ -119,10 +119,10 @@ def test_a_batch_dequeued_at_once_is_worked_through_in_turn():
     f = b.feed(_ev(sorted(script, key=lambda e: (e[0], e[1] != E.FIFO_DEQUEUE))))
     got = [(int(s), int(e), int(r)) for _, _, *cols in f.busy for s, e, r in zip(*cols)]
     assert got == [(100, 110, 1), (110, 125, 2), (125, 140, 3), (200, 220, 4)]
-    fifo = {int(r["req"]): r for r in f.spans[f.spans["name"] == stt.N_FIFO]}
-    assert int(fifo[4]["v2"]) == 40
+    fifo = {int(r["req"]): r for r in f.spans.chunks[f.spans.chunks["name"] == stt.N_FIFO]}
+    assert int(fifo[4]["blocked"]) == 40
     assert [int(fifo[4][c]) for c in ("by0", "by1", "by2")] == [2, 3, 1]
-    busy = hol_reference.sender_busy(np.concatenate([f.spans, b.flush().spans]))
+    busy = hol_reference.sender_busy(np.concatenate([f.spans.chunks, b.flush().spans.chunks]))
     assert [tuple(map(int, x)) for x in zip(*busy[(0, 0)])] == got
 
 
@@ -178,9 +178,9 @@ def test_never_scheduled_wait_is_marked_not_writer_died():
     for i, (kind, chunk, t) in enumerate(((Ev.CHUNK_READY, 0, 10), (Ev.CHUNK_SCHEDULED, 0, 20),
                                           (Ev.CHUNK_READY, 1, 30))):
         ev[i] = (t, 0, 1, chunk, kind, 1, 0, 0)
-    done = b.feed(ev).spans
+    done = b.feed(ev).spans.chunks
     b.process_died(7)
-    left = b.flush().spans
+    left = b.flush().spans.chunks
     assert [stt.REASONS[r] for r in done["reason"]] == [""]
     assert [(stt.NAMES[n], stt.REASONS[r]) for n, r in zip(left["name"], left["reason"])] == [
         (cv.SPAN_WAIT_SCHEDULE, "consumer-never-scheduled")]
@@ -198,29 +198,30 @@ def test_visit_emits_first_first_audio_and_count_per_visit_marks_excluded():
     assert len(none.req) == len(none.first) == len(none.count) == 0
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_span_array_is_numpys(seed):
+@pytest.mark.parametrize("dtype", [stt.REQUEST_DTYPE, stt.VISIT_DTYPE])
+@pytest.mark.parametrize("seed", range(10))
+def test_row_array_is_numpys(seed, dtype):
     """The request and stage span rows a column at a time: numpy's structured rows' bytes
     for any values the fields hold (each field's extremes, bools, none at all)."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 50))
     cols = []
-    for name in stt.SPAN_DTYPE.names:
-        dt = stt.SPAN_DTYPE[name]
+    for name in dtype.names:
+        dt = dtype[name]
         if dt.kind == "b":
             cols.append(rng.integers(0, 2, n).astype(bool).tolist())
         else:
             info = np.iinfo(dt)
             cols.append(rng.integers(info.min, info.max, n, dtype=dt, endpoint=True).tolist())
     rows = list(zip(*cols))
-    assert stt.span_array(rows).tobytes() == np.array(rows, stt.SPAN_DTYPE).tobytes()
+    assert stt.row_array(rows, dtype).tobytes() == np.array(rows, dtype).tobytes()
 
 
-def test_span_array_refuses_what_a_field_cannot_hold():
-    row = [0] * len(stt.SPAN_DTYPE.names)
+def test_row_array_refuses_what_a_field_cannot_hold():
+    row = [0] * len(stt.VISIT_DTYPE.names)
     row[0] = 300  # name: int8
     with pytest.raises(OverflowError):
-        stt.span_array([tuple(row)])
+        stt.row_array([tuple(row)], stt.VISIT_DTYPE)
 
 
 @pytest.mark.parametrize("seed", range(30))

@@ -19,7 +19,7 @@ from omnitrace.analyze.chunkspans import chunk_rows, with_chunks
 from omnitrace.analyze.rundir import load_run
 from omnitrace.rules import attribution as at
 from omnitrace.rules import walk
-from omnitrace.rules.spanobjects import spans_from_table
+from omnitrace.rules.spanobjects import spans_from_tables
 
 
 def _both(run, batch: int = 5) -> tuple[dict, dict]:
@@ -51,13 +51,12 @@ def test_span_objects_carry_what_the_otlp_edge_says(real_run):
     b = stt.SpanBuilder(dict(log.rings))
     b.ring_changed()
     feeds = [b.feed(log.events[np.argsort(log.events["t"], kind="stable")]), b.flush()]
-    table = np.concatenate([f.spans for f in feeds])
-    emits = np.concatenate([f.emits for f in feeds])
-    table = table[table["name"] < stt.N_SNAPSHOT]
+    whole = stt.SpanTables.concat([f.spans for f in feeds])
+    spans = stt.SpanTables(whole.requests, whole.visits, emits=whole.emits)
     ours = {(s.name, s.rid, s.stage, s.replica): s
-            for s in spans_from_table(table, emits, log.requests.strings, log.rings)}
-    edge = otlp.SpanConverter(log.requests.strings, log.rings).convert(table, emits)
-    assert len(ours) == len(edge) == len(table)
+            for s in spans_from_tables(spans, log.requests.strings, log.rings)}
+    edge = otlp.SpanConverter(log.requests.strings, log.rings).convert(spans)
+    assert len(ours) == len(edge) == len(spans)
 
     def first(o, name: str, audio: bool = False) -> int | None:
         return min((t for n, t, a in o.events if n == name and (not audio or a.get(cv.ATTR_MODALITY) == "audio")),
@@ -95,13 +94,13 @@ def _perturbed(run, rng: np.random.Generator, how: str):
         early = np.concatenate((early, extra))
     elif how == "zero-bytes":  # 0-byte tasks (the producing task unrecorded), 0-byte puts
         zero = rng.random(n) < 0.3
-        early["v1"] = np.where(zero & np.isin(early["name"], (stt.N_PROCESS, stt.N_PUT)), 0, early["v1"])
+        early["figure"] = np.where(zero & np.isin(early["name"], (stt.N_PROCESS, stt.N_PUT)), 0, early["figure"])
     elif how == "jitter":  # overlaps clamped, gaps, spans past the cursor, equal ends
         j = rng.integers(-2_000_000, 2_000_000, n)
         early["end"] = np.where(rng.random(n) < 0.1, early["start"], early["end"] + j)
         early["start"] = np.minimum(early["start"] + rng.integers(-1_000_000, 1_000_000, n), early["end"])
         early["reason"] = np.where(rng.random(n) < 0.05, 1, early["reason"])
-        early["v2"] = np.where(rng.random(n) < 0.3, rng.integers(0, 10_000_000, n), early["v2"])
+        early["blocked"] = np.where(rng.random(n) < 0.3, rng.integers(0, 10_000_000, n), early["blocked"])
     elif how == "early-get":  # gets entered before their put began or ended (a receiver
         # thread descheduled in a non-blocking get): matched to their put by causality
         get = early["name"] == stt.N_GET

@@ -19,17 +19,17 @@ RINGS = {0: {"pid": 1, "replica": 0, "role": "api", "stage": -1, "process": "api
 PART = spanload.Part(RINGS, [])
 
 
-def _request(req: int, ttfp_ns: int, blocked: bool, chunks: int = 9) -> np.ndarray:
-    rows = np.zeros(chunks + 1, stt.SPAN_DTYPE)
+def _request(req: int, ttfp_ns: int, blocked: bool, chunks: int = 9) -> stt.SpanTables:
+    rows = np.zeros(chunks, stt.CHUNK_DTYPE)
     rows["req"], rows["ring"] = req, 0
-    rows["name"][:chunks] = stt.N_SNAPSHOT
+    rows["name"] = stt.N_SNAPSHOT
     rows["name"][0] = stt.N_FIFO
-    rows["v2"][0] = 5_000 if blocked else 0
+    rows["blocked"][0] = 5_000 if blocked else 0
     rows["start"], rows["end"] = 1_000, 2_000
-    root = rows[chunks]
-    root["name"], root["stage"], root["start"], root["end"] = stt.N_REQUEST, -1, 0, ttfp_ns + 10
-    root["t2"], root["v1"] = ttfp_ns, -1
-    return rows
+    root = np.zeros(1, stt.REQUEST_DTYPE)
+    root["req"], root["start"], root["end"] = req, 0, ttfp_ns + 10
+    root["first_audio"], root["prompt_tokens"] = ttfp_ns, -1
+    return stt.SpanTables(requests=root, chunks=rows)
 def test_sampling_keeps_slow_and_blocked_requests_and_counts_the_rest():
     hang = HangingEndpoint()
     exp = export_otlp.QueuedExporter(
@@ -43,7 +43,7 @@ def test_sampling_keeps_slow_and_blocked_requests_and_counts_the_rest():
     ttfp = {r: rng.randint(1, 1000) * 1_000_000 for r in range(1, n + 1)}
     try:
         for r in range(1, n + 1):
-            view.feed(stt.Feed(_request(r, ttfp[r], r in blocked), np.empty(0, stt.EMIT_DTYPE)), PART)
+            view.feed(stt.Feed(_request(r, ttfp[r], r in blocked)), PART)
         c = view.counters()
         assert c["sampling"] and c["requests_not_exported"] > n // 2
         out = set(view.not_exported_ids)

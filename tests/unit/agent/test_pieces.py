@@ -81,7 +81,7 @@ def test_request_state_is_freed_and_incomplete_spans_flushed():
     assert list(b.reqs) == [101]  # completed requests freed after the grace period
     spans.append(b.tick(20.0, grace_s=1.0, idle_timeout_s=10.0).spans)
     assert not b.reqs  # the idle one freed too, its open spans flushed with the reason
-    allspans = np.concatenate(spans)
+    allspans = stt.SpanTables.concat(spans).slices()
     inc = allspans[allspans["reason"] != 0]
     assert sorted(stt.NAMES[n] for n in inc["name"]) == sorted([cv.SPAN_SNAPSHOT, cv.SPAN_REQUEST])
     assert {stt.REASONS[r] for r in inc["reason"]} == {"timeout"}
@@ -116,24 +116,24 @@ def test_metrics_view_fills_what_one_observation_per_span_would():
     bucket)."""
     rng = np.random.default_rng(11)
     n = 5000
-    spans = np.zeros(n, stt.SPAN_DTYPE)
-    spans["name"] = rng.integers(0, len(stt.NAMES), n)
+    spans = np.zeros(n, stt.CHUNK_DTYPE)
+    spans["name"] = rng.integers(stt.N_SNAPSHOT, len(stt.NAMES), n)
     spans["stage"], spans["peer"] = rng.integers(0, 3, n), rng.integers(0, 3, n)
     spans["replica"], spans["req"] = rng.integers(0, 2, n), rng.integers(0, 50, n)
     spans["reason"] = np.where(rng.random(n) < 0.1, stt.R_TIMEOUT, 0)
     spans["start"] = rng.integers(0, 10**9, n)
     spans["end"] = spans["start"] + rng.lognormal(12, 2, n).astype(np.int64)
-    spans["v1"], spans["v2"] = rng.integers(0, 1 << 20, n), rng.integers(0, 10**6, n)
+    spans["figure"], spans["blocked"] = rng.integers(0, 1 << 20, n), rng.integers(0, 10**6, n)
     requests = [f"r{i}" for i in range(50)]
     fast, ref = Metrics(), Metrics()
-    MetricsView(fast, requests).feed(stt.Feed(spans, np.zeros(0, stt.EMIT_DTYPE)), spanload.Part({}, requests))
+    MetricsView(fast, requests).feed(stt.Feed(stt.SpanTables(chunks=spans)), spanload.Part({}, requests))
     trace_hex = views.TraceIds(requests)
     for row in spans[(spans["reason"] == 0) & np.isin(spans["name"], list(views._CHUNK_METRICS))]:
         name, stage, peer, replica = (int(row[c]) for c in ("name", "stage", "peer", "replica"))
         src, dst = (stage, peer) if name in stt.PRODUCER_NAMES else (peer, stage)
         for metric, col, scale, exemplar in views._CHUNK_METRICS[name]:
             value = ((int(row["end"]) - int(row["start"])) * scale if col is None
-                     else float(int(row["v1"]) + 1) if col == "depth" else int(row[col]) * scale)
+                     else float(int(row["figure"]) + 1) if col == "depth" else int(row[col]) * scale)
             ref.observe(metric, value, (str(stage), str(replica), str(src), str(dst)),
                         trace_hex(int(row["req"])) if exemplar else None)
     for metric in {m for specs in views._CHUNK_METRICS.values() for m, *_ in specs}:
@@ -258,7 +258,7 @@ def test_orphan_stamps_leave_after_the_idle_timeout():
     assert not len(b.tick(1.0, idle_timeout_s=120.0).spans)
     b.feed(_ev([(Ev.SNAPSHOT_BEGIN, 6, 0, 0, 0, 1, 200 * 10**9, 1),
                 (Ev.SNAPSHOT_END, 6, 0, 0, 0, 1, 200 * 10**9 + 5, 1)]), now=2.0)
-    out = b.tick(3.0, idle_timeout_s=120.0).spans
+    out = b.tick(3.0, idle_timeout_s=120.0).spans.slices()
     assert [(int(r["req"]), stt.REASONS[r["reason"]]) for r in out] == [(5, "timeout")]
     assert b.state_size()["waiting_stamps"] == 0
 
@@ -288,9 +288,9 @@ def test_fifo_blocked_counts_every_task_waited_behind(cuts):
     b.ring_changed()
     spans = [b.feed(part).spans for part in np.array_split(_long_wait(40_000), cuts)]
     spans.append(b.flush().spans)
-    s = np.concatenate(spans)
+    s = stt.SpanTables.concat(spans).chunks
     (fifo,) = s[(s["name"] == stt.N_FIFO) & (s["req"] == 1) & (s["chunk"] == 1)]
-    assert fifo["v2"] == 40_000 * 5
+    assert fifo["blocked"] == 40_000 * 5
     assert fifo["by0"] == 2 and fifo["by1"] == 0
 
 

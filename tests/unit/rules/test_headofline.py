@@ -46,7 +46,7 @@ def _random_schedule(rng: np.random.Generator, n_req: int = 40, chunks: int = 8)
             for c in range(chunks):
                 s = int(rng.integers(0, 9000))
                 rows.append((stt.N_FIFO, prod, prod + 1, replica, req, c, s, s + int(rng.integers(1, 800))))
-    table = np.zeros(len(rows), stt.SPAN_DTYPE)
+    table = np.zeros(len(rows), stt.CHUNK_DTYPE)
     for i, col in enumerate(("name", "stage", "peer", "replica", "req", "chunk", "start", "end")):
         table[col] = [r[i] for r in rows]
     victims = []

@@ -11,7 +11,7 @@ from omnitrace.rules import walk
 
 
 def test_a_batch_beyond_the_compact_keys_is_walked_by_the_reference():
-    rows = np.zeros(2, stt.SPAN_DTYPE)
+    rows = np.zeros(2, stt.CHUNK_DTYPE)
     assert walk.fits(rows)
     rows["stage"][1] = 300
     assert not walk.fits(rows)
