@@ -66,8 +66,7 @@ def add_chunks(run: Run, figures: tables.ChunkFigures, early, busy: dict,
             run.chunk_requests.append(r)
         remap[i] = j
     if not np.array_equal(remap, np.arange(len(requests))):  # the first run: ids unchanged
-        for col in ("req", "by0", "by1", "by2"):
-            early[col] = remap[early[col].astype(np.int64)]
+        early["req"] = remap[early["req"].astype(np.int64)]  # early rows name no culprits
         figures = figures.renumbered(remap, len(run.chunk_requests))
         busy = {k: (s, e, remap[r.astype(np.int64)]) for k, (s, e, r) in busy.items()}
     run.figures = figures if run.figures is None else run.figures.merged(figures)
