@@ -756,6 +756,7 @@ class SpanBuilder:
         self._tasks = SenderTasks()
         self.reqs: dict[int, _Req] = {}
         self.last_t = np.zeros(1024, np.int64)  # per request id: latest event time
+        self.newest_t = 0  # the latest event time of any request (last_t's max, kept)
         self._arrived: set[int] = set()  # request ids whose REQUEST_ARRIVE was seen
         self._repeated: list[int] = []  # ids that arrived again, this feed
         self.dead_pids: set[int] = set()
@@ -847,6 +848,7 @@ class SpanBuilder:
             grown[:len(self.last_t)] = self.last_t
             self.last_t = grown
         self.last_t[ids] = np.maximum(self.last_t[ids], times)
+        self.newest_t = max(self.newest_t, int(times.max()))
 
     # ------------------------------------------------------------------ requests, stages
     def _request_events(self, ev: np.ndarray, now: float, latencies: list, arrivals: list,
@@ -1126,8 +1128,10 @@ class SpanBuilder:
         self._busy.extend(closed)
 
     def _trim_senders(self) -> None:
+        if not self.senders:
+            return
         waiting = self._pools[N_FIFO].begins
-        horizon = int(self.last_t.max()) - int(SENDER_LATE_S * 1e9)
+        horizon = self.newest_t - int(SENDER_LATE_S * 1e9)
         if len(waiting):
             horizon = min(horizon, int(waiting["t"].min()))
         for snd in self.senders.values():
@@ -1166,8 +1170,7 @@ class SpanBuilder:
                 gone[req] = R_TIMEOUT
         # stamps waiting for a partner whose request has no request/stage state (freed
         # already, or a run without API and stage hooks): out after the idle timeout
-        newest = int(self.last_t.max())
-        horizon = newest - int(idle_timeout_s * 1e9)
+        horizon = self.newest_t - int(idle_timeout_s * 1e9)
         for pool in (*self._pools.values(), self._poll):
             for rows in (pool.begins, pool.ends):
                 if len(rows):
