@@ -70,6 +70,11 @@ def segment_path(run_dir: str, index: int) -> str:
     return os.path.join(run_dir, DIR, f"seg-{index:06d}.zst")
 
 
+def size(run_dir: str) -> int:
+    """The bytes of ``run_dir``'s event segments (compressed: ~5 per event)."""
+    return sum(os.path.getsize(p) for p in segments(run_dir))
+
+
 def segments(run_dir: str) -> list[str]:
     d = os.path.join(run_dir, DIR)
     try:

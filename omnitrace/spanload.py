@@ -139,7 +139,7 @@ def helper_pays(path: str) -> bool:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
-    return cores >= 2 and sum(os.path.getsize(p) for p in eventlog.segments(path)) >= HELPER_MIN_BYTES
+    return cores >= 2 and eventlog.size(path) >= HELPER_MIN_BYTES
 
 
 class _Reading:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,11 @@ from omnitrace.analyze import tables
 from omnitrace.rules.headofline import busy_of
 from omnitrace.rules.spanobjects import spans_from_tables
 from omnitrace.analyze.run import Run
+
+
+# event segments from which the report's load also makes the request tables for `sql`
+# (~3M events: a load of seconds; the tables are kept only for a load that long)
+KEEP_FOR_SQL_BYTES = 16 << 20
 
 
 class RunDirError(Exception):
@@ -81,12 +87,16 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     from omnitrace import eventlog, spanload
     from omnitrace.analyze import accounting, tables
     acc = tables.ReportTables(skip)
+    along = _alongside(path)
+    t0 = time.monotonic()
     try:
-        built = spanload.load(path, [acc])
+        built = spanload.load(path, [acc] + ([along.sink] if along else []))
     except eventlog.EventLogError as exc:
         raise RunDirError(str(exc)) from None
     if built is None:
         return False
+    if along is not None:
+        _keep(along, built, time.monotonic() - t0)
     log = built.log
     run.events += built.events
     live = bool(run_json) and run_json.get("status") == "running" and live_agent(path) is not None
@@ -111,6 +121,26 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     run.span_count += acc.rows - acc.skipped
     _add_tables(run, acc, log.requests.strings, log.rings, spanload.replica_of(log.rings))
     return True
+
+
+def _alongside(path: str):
+    """The request tables' sink for ``sql`` where ``path``'s log is large (else None: a
+    short load is not kept, and the report does not import the tables' Arrow for it)."""
+    from omnitrace import eventlog
+    if eventlog.size(path) < KEEP_FOR_SQL_BYTES:
+        return None
+    from omnitrace.tables import run as tables_run
+    return tables_run.Alongside(path)
+
+
+def _keep(along, built, load_s: float) -> None:
+    """The request tables made alongside the report's load, kept for ``sql`` (where the
+    load was long enough and the directory takes them)."""
+    from omnitrace.analyze import accounting
+    from omnitrace.tables import cache
+    if load_s >= cache.MIN_LOAD_S:
+        made = along.tables(built)
+        cache.keep(along.run_dir, made, accounting.notes_of_load(along.run_dir, built.log, built.events), load_s)
 
 
 def _mixed(log_ids: set[str], run_json: dict[str, Any] | None) -> list[str]:

@@ -15,6 +15,11 @@ from omnitrace.tables.build import LOADED, TablesSink
 from omnitrace.tables.schema import TABLES, arrow_table
 
 
+# the tables of requests and their stage visits: small (a few rows per request), so a load
+# made for the report makes them too; no chunk table (a row per chunk span)
+REQUEST_TABLES = frozenset({"requests", "stage_visits", "emits", "api_marks"})
+
+
 class TablesError(Exception):
     """A run directory whose tables cannot be made (one line for the user)."""
 
@@ -47,6 +52,12 @@ def load(run_dir: str, wanted: Iterable[str] | None = None) -> RunTables:
         raise TablesError(str(exc)) from None
     if loaded is None:
         raise TablesError(f"{run_dir}: no event log (events/) in this run directory")
+    return _finished(sink, loaded, wanted, bench)
+
+
+def _finished(sink: TablesSink, loaded: spanload.Loaded, wanted: set[str],
+              bench: list[dict[str, Any]]) -> RunTables:
+    """The tables of a load ``sink`` took, the bench's requests among them."""
     requests = list(loaded.log.requests.strings)
     known = set(requests)
     requests += list(dict.fromkeys(str(r["id"]) for r in bench if str(r["id"]) not in known))
@@ -54,6 +65,24 @@ def load(run_dir: str, wanted: Iterable[str] | None = None) -> RunTables:
     if "bench_requests" in wanted:
         tables["bench_requests"] = bench_table(bench, {r: i for i, r in enumerate(requests) if i})
     return RunTables({n: tables[n] for n in TABLES if n in tables}, requests, loaded)
+
+
+class Alongside:
+    """The request tables (:data:`REQUEST_TABLES`) made alongside another reader's load of
+    ``run_dir`` (the report's: its sink rides the same load, pairing nothing more), for
+    ``omnitrace sql`` to keep (``tables.cache``): after a long run's report, a question
+    about its requests is answered without loading the log again."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self.sink = TablesSink(REQUEST_TABLES)
+
+    def tables(self, loaded: spanload.Loaded) -> dict[str, pa.Table]:
+        """The tables (none where bench.json cannot be read: ``sql`` says why itself)."""
+        try:
+            return _finished(self.sink, loaded, set(REQUEST_TABLES), _bench_rows(self.run_dir)).tables
+        except TablesError:
+            return {}
 
 
 def _bench_rows(run_dir: str) -> list[dict[str, Any]]:

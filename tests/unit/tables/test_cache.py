@@ -125,3 +125,31 @@ def test_stale_tables_are_replaced_and_nothing_else_is_touched(run):
     assert cache.keep(run, {"requests": made.tables["requests"]}, [], 60.0)
     assert sorted(os.listdir(d)) == ["manifest.json", "mine.txt", "requests.parquet"]
     assert set(cache.read_fresh(run, WANTED)[0]) == {"requests"}
+
+
+def test_a_long_runs_report_keeps_its_request_tables_for_sql(synthetic_run, tmp_path, monkeypatch):
+    """The report's load makes the request tables too (their sink rides the same load):
+    the first question about requests after a long run's report loads nothing, and its
+    tables equal those a load of their own makes."""
+    from omnitrace.analyze import rundir
+    from omnitrace.analyze.report import build_report
+    run = shutil.copytree(synthetic_run, str(tmp_path / "synthetic"))
+    monkeypatch.setattr(cache, "MIN_LOAD_S", 0.0)
+    monkeypatch.setattr(rundir, "KEEP_FOR_SQL_BYTES", 0)
+    build_report(rundir.load_run([run]))
+    kept, notes = cache.read_fresh(run, set(tables_run.REQUEST_TABLES))
+    assert set(kept) == tables_run.REQUEST_TABLES
+    kept = {name: cache.materialize(t) for name, t in kept.items()}
+    shutil.rmtree(os.path.join(run, names.TABLE_CACHE))
+    own = tables_run.load(run, tables_run.REQUEST_TABLES)
+    assert min(t.num_rows for t in own.tables.values()) >= 300
+    for name in tables_run.REQUEST_TABLES:
+        assert kept[name].equals(own.tables[name]), name
+    assert notes == report_tables.load(run, {"requests"}).notes
+
+
+def test_a_short_runs_report_keeps_nothing(run):
+    from omnitrace.analyze import rundir
+    from omnitrace.analyze.report import build_report
+    build_report(rundir.load_run([run]))
+    assert not os.path.exists(os.path.join(run, names.TABLE_CACHE))
