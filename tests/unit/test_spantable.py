@@ -251,3 +251,49 @@ def test_emit_order_is_the_lexsort(seed):
     replica = rng.integers(0, [2, 1 << 40][seed % 5 == 0], n)
     want = np.lexsort((ev["t"], replica, ev["stage"], ev["req"]))
     assert stt.emit_order(ev, replica).tolist() == want.tolist()
+
+
+def _two_requests() -> list[stt.Feed]:
+    """Requests 1 and 2, each through the API and stage 0 with one snapshot and one FIFO
+    task; request 2's FIFO task still open at the first feed's end (flushed)."""
+    rings = {**RINGS, 2: {"pid": 11, "replica": 0, "role": "api", "stage": cv.API_STAGE, "process": "api"}}
+    b = stt.SpanBuilder(rings)
+    b.ring_changed()
+    script = []
+    for r, t0 in ((1, 0), (2, 50)):
+        script += [(t0, E.REQUEST_ARRIVE, r, cv.API_STAGE, -1, 10, 20, 2), (t0 + 1, E.STAGE_ADD, r, 0, -1, 0, 0, 0),
+                   (t0 + 2, E.STAGE_SCHEDULE, r, 0, -1, 0, 0, 0), (t0 + 3, E.SNAPSHOT_BEGIN, r, 0, 0, 0, 1, 0),
+                   (t0 + 4, E.SNAPSHOT_END, r, 0, 0, 1, 1, 0), (t0 + 5, E.FIFO_ENQUEUE, r, 0, 0, 0, 1, 0)]
+    script += [(20, E.FIFO_DEQUEUE, 1, 0, 0, 0, 1, 1), (30, E.STAGE_FINISH, 1, 0, -1, 0, 0, 0),
+               (31, E.REQUEST_END, 1, cv.API_STAGE, -1, 0, 0, 2)]
+    return [b.feed(_ev(sorted(script))), b.flush()]
+
+
+def test_span_tables_are_a_plain_value():
+    """A table per kind, each row in exactly one; tables of several feeds concatenate; a
+    set of requests' rows select; the slices are every span's common columns in span order
+    (chunk, request, then visit spans: the order span objects and OTLP spans come in)."""
+    from omnitrace import otlp
+    from omnitrace.rules.spanobjects import spans_from_tables
+    feeds = _two_requests()
+    whole = stt.SpanTables.concat([f.spans for f in feeds])
+    assert [t.dtype for t in whole.tables()] == list(stt.TABLE_DTYPES)
+    assert (len(whole.requests), len(whole.visits), len(whole.chunks)) == (2, 4, 4)
+    assert len(whole) == sum(len(f.spans) for f in feeds) == 10
+    assert sorted(whole.requests["req"].tolist()) == [1, 2]
+    assert whole.requests["prompt_tokens"].tolist() == [10, 10] and whole.requests["max_tokens"].tolist() == [20, 20]
+    one, rest = whole.of(np.array([1])), whole.where_request(lambda r: r != 1)
+    assert len(one) + len(rest) == len(whole) and set(one.span_reqs().tolist()) == {1}
+    assert one.rows() == len(one) + len(one.emits)
+    s = whole.slices()
+    assert len(s) == len(whole) and s["req"].tolist() == whole.span_reqs().tolist()
+    n = len(whole.chunks)
+    assert s["name"][:n].tolist() == whole.chunks["name"].tolist()
+    assert set(s["name"][n:n + 2].tolist()) == {stt.N_REQUEST} and set(s["stage"][n:n + 2].tolist()) == {cv.API_STAGE}
+    assert s["start"][n + 2:].tolist() == whole.visits["start"].tolist()
+    assert s["reason"].tolist() == np.concatenate([t["reason"] for t in (whole.chunks, whole.requests, whole.visits)]).tolist()
+    requests = ["", "r1", "r2"]
+    objects = spans_from_tables(whole, requests, {})
+    edge = otlp.SpanConverter(requests, {}).convert(whole)
+    assert [o.rid for o in objects] == [requests[r] for r in whole.span_reqs().tolist()]
+    assert [o.attrs[cv.ATTR_REQUEST_ID] for o in edge] == [requests[r] for r in whole.span_reqs().tolist()]
