@@ -119,18 +119,32 @@ class VisitEmits:
 
     @staticmethod
     def of(emits: np.ndarray) -> "VisitEmits":
+        """The visits' packets in ``emits`` (EMIT_DTYPE rows; API marks left out)."""
         e = rowops.select(emits, emits["modality"] != MARK_MODALITY)
-        o = np.lexsort((e["replica"], e["stage"], e["req"]))
-        req, stage, rep, t = e["req"][o], e["stage"][o], e["replica"][o], e["t"][o]
+        t = e["t"]
+        audio = np.where(e["modality"] == int(cv.Modality.AUDIO), t, NO_EMIT)
+        return VisitEmits(e["req"], e["stage"], e["replica"], t, audio, np.ones(len(e), np.int64)).grouped()
+
+    @staticmethod
+    def concat(parts: list["VisitEmits"]) -> "VisitEmits":
+        """Several parts' rows as one (a visit may be in several: :meth:`grouped` joins it)."""
+        cols = [np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0, np.int64)
+                for f in VisitEmits.__dataclass_fields__]
+        return VisitEmits(*cols)
+
+    def grouped(self) -> "VisitEmits":
+        """One row per visit, in key order: the earliest first and first audio emit, the
+        counts summed (the emits of several feeds give the same as all of them at once)."""
+        o = np.lexsort((self.replica, self.stage, self.req))
+        req, stage, rep = self.req[o], self.stage[o], self.replica[o]
         head = np.ones(len(o), bool)
         head[1:] = (req[1:] != req[:-1]) | (stage[1:] != stage[:-1]) | (rep[1:] != rep[:-1])
         lo = np.flatnonzero(head)
         if not len(lo):
             none = np.zeros(0, np.int64)
             return VisitEmits(req[lo], stage[lo], rep[lo], none, none, none)
-        audio = np.where(e["modality"][o] == int(cv.Modality.AUDIO), t, NO_EMIT)
-        return VisitEmits(req[lo], stage[lo], rep[lo], np.minimum.reduceat(t, lo),
-                          np.minimum.reduceat(audio, lo), np.diff(np.append(lo, len(o))))
+        return VisitEmits(req[lo], stage[lo], rep[lo], np.minimum.reduceat(self.first[o], lo),
+                          np.minimum.reduceat(self.first_audio[o], lo), np.add.reduceat(self.count[o], lo))
 
 
 NO_EMIT = np.iinfo(np.int64).max

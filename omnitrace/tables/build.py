@@ -61,14 +61,23 @@ class TablesSink:
         self._chunks = {n: Growing(KEPT_CHUNK_DTYPE) for n in CHUNK_TABLES if n in self.wanted}
         self._requests = Growing(stt.REQUEST_DTYPE)
         self._visits = Growing(stt.VISIT_DTYPE)
+        # the emit rows where the emits table is wanted; else the API marks only, and each
+        # feed's packets per visit (a few rows per visit, not one per packet)
         self._emits = Growing(stt.EMIT_DTYPE)
+        self._visit_emits: list[stt.VisitEmits] = []
         self._busy = Growing(BUSY_DTYPE)
 
     def feed(self, feed: stt.Feed, part: spanload.Part) -> None:
         spans = feed.spans
         self._requests.append(spans.requests)
         self._visits.append(spans.visits)
-        self._emits.append(spans.emits)
+        emits = spans.emits
+        if "emits" in self.wanted:
+            self._emits.append(emits)
+        else:
+            self._emits.append(rowops.select(emits, emits["stage"] == cv.API_STAGE))  # marks_table's
+            if "stage_visits" in self.wanted:
+                self._visit_emits.append(stt.VisitEmits.of(emits))
         chunks = spans.chunks
         if self._chunks:
             top = max(int(chunks["ring"].max()) + 1 if len(chunks) else 0, max(part.rings, default=-1) + 1)
@@ -88,7 +97,7 @@ class TablesSink:
                            spanload.replica_of(rings))
         made = {
             "requests": lambda: requests_table(self._requests.view(), requests),
-            "stage_visits": lambda: visits_table(self._visits.view(), self._emits.view()),
+            "stage_visits": lambda: visits_table(self._visits.view(), self._packets()),
             "emits": lambda: emits_table(self._emits.view()),
             "api_marks": lambda: marks_table(self._emits.view()),
             "senders": lambda: senders.table(),
@@ -100,6 +109,13 @@ class TablesSink:
         for table, grow in self._chunks.items():
             made[table] = lambda t=table, g=grow: chunk_table(t, g.view(), senders)
         return {n: made[n]() for n in TABLES if n in self.wanted}
+
+
+    def _packets(self) -> stt.VisitEmits:
+        """Each visit's packets, from every emit or from each feed's."""
+        if "emits" in self.wanted:
+            return stt.VisitEmits.of(self._emits.view())
+        return stt.VisitEmits.concat(self._visit_emits).grouped()
 
 
 def _chunk_rows(spans: np.ndarray, pids: np.ndarray) -> np.ndarray:
@@ -169,8 +185,9 @@ def _visit_key(req: np.ndarray, stage: np.ndarray, replica: np.ndarray) -> np.nd
     return keys.pack(list(zip((req, stage, replica), VISIT_BITS)))
 
 
-def visits_table(visits: np.ndarray, emits: np.ndarray) -> pa.Table:
-    """One row per (request, stage, replica) with a stage or queue span."""
+def visits_table(visits: np.ndarray, v: stt.VisitEmits) -> pa.Table:
+    """One row per (request, stage, replica) with a stage or queue span; ``v``: the visits'
+    packets."""
     st = rowops.select(visits, visits["name"] == stt.N_STAGE)
     qu = rowops.select(visits, visits["name"] == stt.N_QUEUE)
     sk, qk = (_visit_key(x["req"], x["stage"], x["replica"]) for x in (st, qu))
@@ -184,7 +201,6 @@ def visits_table(visits: np.ndarray, emits: np.ndarray) -> pa.Table:
     q = rowops.take(qu, np.maximum(qi, 0)) if len(qu) else np.zeros(n, stt.VISIT_DTYPE)
     has_s, has_q = si >= 0, qi >= 0
     finished = has_s & (s["reason"] == stt.R_NONE)
-    v = stt.VisitEmits.of(emits)
     vk = _visit_key(v.req, v.stage, v.replica)
     at = np.minimum(np.searchsorted(uniq, vk), max(n - 1, 0))
     ok = uniq[at] == vk if n else np.zeros(len(vk), bool)  # a visit's emits without its span: none

@@ -15,9 +15,10 @@ from omnitrace.tables.build import LOADED, TablesSink
 from omnitrace.tables.schema import TABLES, arrow_table
 
 
-# the tables of requests and their stage visits: small (a few rows per request), so a load
-# made for the report makes them too; no chunk table (a row per chunk span)
-REQUEST_TABLES = frozenset({"requests", "stage_visits", "emits", "api_marks"})
+# what a report's load makes for sql besides its own: the requests, their stage visits and
+# API marks (a few rows per request) and the tables of the rings (no emits: a row per
+# packet; no chunk table: a row per chunk span)
+ALONGSIDE = frozenset({"requests", "stage_visits", "api_marks", "processes", "threads", "stages"})
 
 
 class TablesError(Exception):
@@ -68,19 +69,19 @@ def _finished(sink: TablesSink, loaded: spanload.Loaded, wanted: set[str],
 
 
 class Alongside:
-    """The request tables (:data:`REQUEST_TABLES`) made alongside another reader's load of
+    """The request tables (:data:`ALONGSIDE`) made alongside another reader's load of
     ``run_dir`` (the report's: its sink rides the same load, pairing nothing more), for
     ``omnitrace sql`` to keep (``tables.cache``): after a long run's report, a question
     about its requests is answered without loading the log again."""
 
     def __init__(self, run_dir: str) -> None:
         self.run_dir = run_dir
-        self.sink = TablesSink(REQUEST_TABLES)
+        self.sink = TablesSink(ALONGSIDE)
 
     def tables(self, loaded: spanload.Loaded) -> dict[str, pa.Table]:
         """The tables (none where bench.json cannot be read: ``sql`` says why itself)."""
         try:
-            return _finished(self.sink, loaded, set(REQUEST_TABLES), _bench_rows(self.run_dir)).tables
+            return _finished(self.sink, loaded, set(ALONGSIDE), _bench_rows(self.run_dir)).tables
         except TablesError:
             return {}
 

@@ -169,3 +169,6 @@ def test_a_load_for_request_tables_pairs_no_chunks_and_gives_the_same_tables(rea
     assert got.keys() == REQUEST_TABLES and got["requests"].num_rows > 10
     for name in REQUEST_TABLES:
         assert got[name].equals(want[name]), name
+    # without the emits table, each visit's packets are summed feed by feed: the same visits
+    alone = tables_of(TablesSink({"stage_visits", "api_marks"}), helper)
+    assert alone["stage_visits"].equals(want["stage_visits"]) and alone["api_marks"].equals(want["api_marks"])

@@ -297,3 +297,27 @@ def test_span_tables_are_a_plain_value():
     edge = otlp.SpanConverter(requests, {}).convert(whole)
     assert [o.rid for o in objects] == [requests[r] for r in whole.span_reqs().tolist()]
     assert [o.attrs[cv.ATTR_REQUEST_ID] for o in edge] == [requests[r] for r in whole.span_reqs().tolist()]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_visit_emits_of_parts_grouped_are_those_of_the_whole(seed):
+    """A visit's packets counted part by part (the sql tables' way without the emits
+    table) and then grouped: the first, first audio and count of all of them at once."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400))
+    emits = np.zeros(n, stt.EMIT_DTYPE)
+    emits["req"], emits["stage"], emits["replica"] = rng.integers(0, 6, n), rng.integers(-1, 3, n), rng.integers(0, 2, n)
+    emits["t"] = rng.integers(0, 1000, n)
+    emits["modality"] = rng.choice([stt.MARK_MODALITY, int(cv.Modality.TEXT), int(cv.Modality.AUDIO)], n)
+    cuts = sorted(rng.integers(0, n + 1, int(rng.integers(0, 6))).tolist())
+    parts = [stt.VisitEmits.of(p) for p in np.split(emits, cuts)]
+    got = stt.VisitEmits.concat(parts).grouped()
+    want: dict = {}  # the rule, visit by visit
+    for req, stage, rep, t, _, mod in emits.tolist():
+        if mod != stt.MARK_MODALITY:
+            first, audio, count = want.get((req, stage, rep), (stt.NO_EMIT, stt.NO_EMIT, 0))
+            want[(req, stage, rep)] = (min(first, t), min(audio, t) if mod == int(cv.Modality.AUDIO) else audio,
+                                       count + 1)
+    assert list(zip(got.req.tolist(), got.stage.tolist(), got.replica.tolist())) == sorted(want)
+    assert list(zip(got.first.tolist(), got.first_audio.tolist(), got.count.tolist())) == [
+        want[k] for k in sorted(want)]

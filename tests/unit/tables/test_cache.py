@@ -137,15 +137,21 @@ def test_a_long_runs_report_keeps_its_request_tables_for_sql(synthetic_run, tmp_
     monkeypatch.setattr(cache, "MIN_LOAD_S", 0.0)
     monkeypatch.setattr(rundir, "KEEP_FOR_SQL_BYTES", 0)
     build_report(rundir.load_run([run]))
-    kept, notes = cache.read_fresh(run, set(tables_run.REQUEST_TABLES))
-    assert set(kept) == tables_run.REQUEST_TABLES
+    kept, notes = cache.read_fresh(run, set(tables_run.ALONGSIDE))
+    assert set(kept) == tables_run.ALONGSIDE
     kept = {name: cache.materialize(t) for name, t in kept.items()}
     shutil.rmtree(os.path.join(run, names.TABLE_CACHE))
-    own = tables_run.load(run, tables_run.REQUEST_TABLES)
-    assert min(t.num_rows for t in own.tables.values()) >= 300
-    for name in tables_run.REQUEST_TABLES:
+    own = tables_run.load(run, tables_run.ALONGSIDE)
+    assert min(own.tables[n].num_rows for n in ("requests", "stage_visits", "api_marks")) >= 300
+    for name in tables_run.ALONGSIDE:
         assert kept[name].equals(own.tables[name]), name
     assert notes == report_tables.load(run, {"requests"}).notes
+
+    def no_load(*a, **k):
+        raise AssertionError("loaded again although kept")
+    monkeypatch.setattr(tables_run, "load", no_load)  # a question about requests: none
+    build_report(rundir.load_run([run]))
+    report_tables.load_runs([run], {"requests", "stage_visits", "api_marks"})
 
 
 def test_a_short_runs_report_keeps_nothing(run):
