@@ -36,6 +36,8 @@ KEPT_CHUNK_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("peer", "<i2"), 
                              ("end", "<i8"), ("figure", "<i8"), ("blocked", "<i8"), ("reason", "i1"),
                              ("by0", "<u4"), ("by1", "<u4"), ("by2", "<u4")])
 BUSY_DTYPE = np.dtype([("pid", "<i8"), ("stage", "<i2"), ("req", "<u4"), ("start", "<i8"), ("end", "<i8")])
+# the tables that hold sender_id
+SENDER_ID_TABLES = frozenset(n for n, t in TABLES.items() if any(c.name == "sender_id" for c in t.columns))
 LOADED = frozenset(n for n, t in TABLES.items() if t.source == "load")
 STATUS = tuple(s.name.lower() for s in cv.Status)
 MODALITY = tuple(m.name.lower() for m in cv.Modality)
@@ -65,7 +67,9 @@ class TablesSink:
         # feed's packets per visit (a few rows per visit, not one per packet)
         self._emits = Growing(stt.EMIT_DTYPE)
         self._visit_emits: list[stt.VisitEmits] = []
-        self._busy = Growing(BUSY_DTYPE)
+        # the sender tasks, where a table numbers the senders (they are numbered over the
+        # tasks and the FIFO tasks: one numbering whichever of those tables a load makes)
+        self._busy = Growing(BUSY_DTYPE) if self.wanted & SENDER_ID_TABLES else None
 
     def feed(self, feed: stt.Feed, part: spanload.Part) -> None:
         spans = feed.spans
@@ -84,7 +88,7 @@ class TablesSink:
             pids = stt.ring_column(part.rings, top, "pid")
             for table, grow in self._chunks.items():
                 grow.append(_chunk_rows(rowops.select(chunks, chunks["name"] == CHUNK_TABLES[table][0]), pids))
-        for pid, stage, starts, ends, reqs in feed.busy:
+        for pid, stage, starts, ends, reqs in feed.busy if self._busy is not None else ():
             rows = np.empty(len(starts), BUSY_DTYPE)
             rows["pid"], rows["stage"], rows["req"], rows["start"], rows["end"] = pid, stage, reqs, starts, ends
             self._busy.append(rows)
@@ -92,9 +96,7 @@ class TablesSink:
     def finish(self, rings: dict[int, dict], requests: list[str]) -> dict[str, pa.Table]:
         """The wanted tables; ``rings``: the final ring descriptions, ``requests``: request id
         strings by number (the log's, then any only the bench sent)."""
-        fifo = self._chunks.get("fifo_tasks")
-        senders = _Senders(self._busy.view(), fifo.view() if fifo is not None else np.zeros(0, KEPT_CHUNK_DTYPE),
-                           spanload.replica_of(rings))
+        senders = self._senders(rings)
         made = {
             "requests": lambda: requests_table(self._requests.view(), requests),
             "stage_visits": lambda: visits_table(self._visits.view(), self._packets()),
@@ -110,6 +112,13 @@ class TablesSink:
             made[table] = lambda t=table, g=grow: chunk_table(t, g.view(), senders)
         return {n: made[n]() for n in TABLES if n in self.wanted}
 
+
+    def _senders(self, rings: dict[int, dict]) -> "_Senders | None":
+        if self._busy is None:
+            return None
+        fifo = self._chunks.get("fifo_tasks")
+        return _Senders(self._busy.view(), fifo.view() if fifo is not None else np.zeros(0, KEPT_CHUNK_DTYPE),
+                        spanload.replica_of(rings))
 
     def _packets(self) -> stt.VisitEmits:
         """Each visit's packets, from every emit or from each feed's."""
