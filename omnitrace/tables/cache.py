@@ -125,6 +125,8 @@ def keep(run_dir: str, tables: dict[str, pa.Table], notes: list[str], load_s: fl
         os.replace(tmp, os.path.join(d, MANIFEST))
     except OSError:
         return False
+    finally:  # what Arrow's pool holds of the writes, back to the system (a report goes on)
+        pa.default_memory_pool().release_unused()
     return True
 
 
