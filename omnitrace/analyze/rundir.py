@@ -11,10 +11,11 @@ line, :class:`RunDirError`, from that loader.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -81,7 +82,8 @@ def add_chunks(run: Run, figures: tables.ChunkFigures, early, busy: dict,
 
 
 def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozenset(),
-                run_json: dict[str, Any] | None = None, agent: dict[str, Any] | None = None) -> bool:
+                run_json: dict[str, Any] | None = None, agent: dict[str, Any] | None = None,
+                later: list[Callable[[], None]] | None = None) -> bool:
     """Append the spans built from one run directory's event log, and its accounting
     (from ``run_json`` and ``agent``, the directory's files); False if it has no log."""
     from omnitrace import eventlog, spanload
@@ -96,7 +98,8 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
     if built is None:
         return False
     if along is not None:
-        _keep(along, built, time.monotonic() - t0)
+        keep = functools.partial(_keep, along, built, time.monotonic() - t0)
+        keep() if later is None else later.append(keep)
     log = built.log
     run.events += built.events
     live = bool(run_json) and run_json.get("status") == "running" and live_agent(path) is not None
@@ -264,20 +267,23 @@ def distinct_runs(paths: list[str]) -> tuple[list[str], list[str]]:
     return keep, said
 
 
-def load_run(paths: list[str], skip_warmup: bool = True) -> Run:
-    """Load and merge run directories (e.g. one per host of one deployment)."""
+def load_run(paths: list[str], skip_warmup: bool = True, later: list[Callable[[], None]] | None = None) -> Run:
+    """Load and merge run directories (e.g. one per host of one deployment). ``later``:
+    the request tables a long run's load made for ``sql`` are kept by calling what is added
+    to it once the caller is done with the run (a report: they then add nothing to its peak
+    memory); None: kept at once."""
     # Millions of small acyclic objects: the cyclic GC would rescan them again and again
     # (superlinear time); nothing here makes cycles, so it is paused while loading.
     was = gc.isenabled()
     gc.disable()
     try:
-        return _load_run(paths, skip_warmup)
+        return _load_run(paths, skip_warmup, later)
     finally:
         if was:
             gc.enable()
 
 
-def _load_run(paths: list[str], skip_warmup: bool) -> Run:
+def _load_run(paths: list[str], skip_warmup: bool, later: list[Callable[[], None]] | None) -> Run:
     if not paths:
         raise RunDirError("no run directory given")
     paths, repeats = distinct_runs(paths)
@@ -322,7 +328,7 @@ def _load_run(paths: list[str], skip_warmup: bool) -> Run:
     for p in paths:
         label = os.path.basename(os.path.normpath(p)) if len(paths) > 1 else ""
         pre = f"{label}/" if label else ""
-        if not load_events(p, run, pre, skip, *files.get(p, (None, None))):
+        if not load_events(p, run, pre, skip, *files.get(p, (None, None)), later=later):
             run.warnings.append(f"{pre}events/ missing: no events recorded")
     run.warnings.extend(_leftovers(paths, files, bool(run.stage_deaths)))
     if not run.spans and not run.bench and not run.run_json and not run.agent:

@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         # HTML draws the waterfall requests', which the report gives their rows anyway. The
         # run is held by nothing else: its tables (an hour's run: GBs) are freed as the
         # report is done with them, all before it is written
-        rep = build_report(load_run(args.runs), per_request_segments=bool(args.json),
+        later: list = []  # the request tables kept for sql, once the report's files are written
+        rep = build_report(load_run(args.runs, later=later), per_request_segments=bool(args.json),
                            level=args.concurrency, select=sel, waterfalls=args.waterfalls,
                            waterfall_ids=args.request, consume=True)
     except RunDirError as e:
@@ -77,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:
             console.say("report", f"cannot write {args.html}: {e}")
             return 2
+    for keep in later:
+        keep()
     if args.json == "-":
         sys.stdout.buffer.write(orjson.dumps(rep, option=orjson.OPT_INDENT_2) + b"\n")
     else:

@@ -159,3 +159,14 @@ def test_a_short_runs_report_keeps_nothing(run):
     from omnitrace.analyze.report import build_report
     build_report(rundir.load_run([run]))
     assert not os.path.exists(os.path.join(run, names.TABLE_CACHE))
+
+
+def test_the_report_command_keeps_them_once_its_files_are_written(synthetic_run, tmp_path, monkeypatch, capsys):
+    from omnitrace.analyze import rundir
+    from omnitrace.cli import report as cli_report
+    run = shutil.copytree(synthetic_run, str(tmp_path / "synthetic"))
+    monkeypatch.setattr(cache, "MIN_LOAD_S", 0.0)
+    monkeypatch.setattr(rundir, "KEEP_FOR_SQL_BYTES", 0)
+    assert cli_report.main([run, "--json", str(tmp_path / "r.json")]) == 0
+    assert os.path.getsize(tmp_path / "r.json") > 1000
+    assert set(cache.read_fresh(run, set(tables_run.ALONGSIDE))[0]) == tables_run.ALONGSIDE
