@@ -85,7 +85,8 @@ def load_events(path: str, run: Run, label: str, skip: frozenset[str] = frozense
                 run_json: dict[str, Any] | None = None, agent: dict[str, Any] | None = None,
                 later: list[Callable[[], None]] | None = None) -> bool:
     """Append the spans built from one run directory's event log, and its accounting
-    (from ``run_json`` and ``agent``, the directory's files); False if it has no log."""
+    (from ``run_json`` and ``agent``, the directory's files); False if it has no log.
+    ``later``: as :func:`load_run`'s."""
     from omnitrace import eventlog, spanload
     from omnitrace.analyze import accounting, tables
     acc = tables.ReportTables(skip)
