@@ -824,8 +824,8 @@ class SpanBuilder:
             self._seen(p.reqs, now)
         chunks = self._pair_chunks(p)
         requests, visits = self._take_rows()
-        self._count(requests, visits)  # paired chunk spans are complete: reason 0
-        self.spans_built += len(chunks)
+        self._count(requests, visits)
+        self.spans_built += len(chunks)  # paired chunk spans are complete: reason 0
         busy, self._busy = self._busy, []
         repeated, self._repeated = self._repeated, []
         return Feed(SpanTables(requests, visits, chunks, self._take_emits()), latencies,

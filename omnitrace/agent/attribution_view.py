@@ -160,8 +160,9 @@ class AttributionView:
     def _hold(self, spans: SpanTables, now: float) -> None:
         """A feed's spans of requests not attributed yet, but for chunk spans that began
         after their request's first packet (when it is known); all its emits."""
+        done = np.fromiter(self.done, np.int64, len(self.done))
+
         def alive(reqs: np.ndarray) -> np.ndarray:
-            done = np.fromiter(self.done, np.int64, len(self.done))
             return ~np.isin(reqs, done) if len(done) else np.ones(len(reqs), bool)
 
         chunks = spans.chunks

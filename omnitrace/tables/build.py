@@ -59,7 +59,7 @@ class TablesSink:
         # blocked_by costs the builder a ranking of every overlap: only when it is read
         self.culprits = "fifo_tasks" in self.wanted
         # the chunk stamps are most of a load's work: paired only when a table reads them
-        self.chunks = bool(self.wanted & (set(CHUNK_TABLES) | {"senders", "sender_tasks"}))
+        self.chunks = bool(self.wanted & (set(CHUNK_TABLES) | SENDER_ID_TABLES))
         self._chunks = {n: Growing(KEPT_CHUNK_DTYPE) for n in CHUNK_TABLES if n in self.wanted}
         self._requests = Growing(stt.REQUEST_DTYPE)
         self._visits = Growing(stt.VISIT_DTYPE)
@@ -88,10 +88,11 @@ class TablesSink:
             pids = stt.ring_column(part.rings, top, "pid")
             for table, grow in self._chunks.items():
                 grow.append(_chunk_rows(rowops.select(chunks, chunks["name"] == CHUNK_TABLES[table][0]), pids))
-        for pid, stage, starts, ends, reqs in feed.busy if self._busy is not None else ():
-            rows = np.empty(len(starts), BUSY_DTYPE)
-            rows["pid"], rows["stage"], rows["req"], rows["start"], rows["end"] = pid, stage, reqs, starts, ends
-            self._busy.append(rows)
+        if self._busy is not None:
+            for pid, stage, starts, ends, reqs in feed.busy:
+                rows = np.empty(len(starts), BUSY_DTYPE)
+                rows["pid"], rows["stage"], rows["req"], rows["start"], rows["end"] = pid, stage, reqs, starts, ends
+                self._busy.append(rows)
 
     def finish(self, rings: dict[int, dict], requests: list[str]) -> dict[str, pa.Table]:
         """The wanted tables; ``rings``: the final ring descriptions, ``requests``: request id
@@ -111,7 +112,6 @@ class TablesSink:
         for table, grow in self._chunks.items():
             made[table] = lambda t=table, g=grow: chunk_table(t, g.view(), senders)
         return {n: made[n]() for n in TABLES if n in self.wanted}
-
 
     def _senders(self, rings: dict[int, dict]) -> "_Senders | None":
         if self._busy is None:
