@@ -11,9 +11,10 @@
    says (the module refuses to build elsewhere). Buffers are C-contiguous; the GIL is
    released while the rows are worked.
 
-   group(rows, known, out, pos, starts) -> (kept, unknown, steps, max ring)
+   group(rows, known, out, pos, starts[, keep]) -> (kept, unknown, steps, max ring)
        spantable.group_reference: the rows whose kind is known (known: 256 bytes, kind
-       k >= 255 reads known[255], which must be 0) and that carry a request, grouped by
+       k >= 255 reads known[255], which must be 0) and kept (keep: 256 bytes, a subset of
+       known; all known where not given) and that carry a request, grouped by
        kind in feed order (a stable counting sort) into out, each one's index in rows
        into pos (int64), starts (int64[257]): kind k's rows are out[starts[k]:starts[k+1]];
        unknown: rows of no known kind; steps: rows of a known kind without a request; the
@@ -21,8 +22,10 @@
    sort_by_key(rows, field, out)
        spantable.by_key_reference: rows into out stably sorted by spantable._key(req,
        rows[f], chunk), f the i2 ``stage`` (field 0) or the i4 ``b`` (field 1).
-   latest(rows, top, seen) -> (lo, hi)
-       spantable.requests_reference: the least and greatest request of (one or more) rows;
+   latest(rows, top, seen[, known]) -> (lo, hi)
+       spantable.requests_reference: the least and greatest request of (one or more) rows
+       (given known, 256 bytes as group's: only the rows of a known kind with a request;
+       lo > hi where there is none);
        where hi - lo < len(seen), request q's seen[q - lo] = 1 (0 for the rest up to hi)
        and top[q - lo] its rows' greatest t (int64); else top and seen are left alone.
    sender_tasks(rows, deq kind, process-end kind, put-end kind, deq, start, end, j)
@@ -78,19 +81,20 @@ static int too_small(Py_buffer *b, Py_ssize_t need, const char *what) {
 
 /* ---------------------------------------------------------------------- group */
 static PyObject *group(PyObject *self, PyObject *args) {
-    Py_buffer rows, known, out, pos, starts;
-    if (!PyArg_ParseTuple(args, "y*y*w*w*w*", &rows, &known, &out, &pos, &starts)) return NULL;
+    Py_buffer rows, known, out, pos, starts, keep = {0};
+    if (!PyArg_ParseTuple(args, "y*y*w*w*w*|y*", &rows, &known, &out, &pos, &starts, &keep)) return NULL;
     Py_ssize_t n = rows.len / ROW, kept = 0, unknown = 0, steps = 0;
     int32_t top_ring = n ? INT32_MIN : -1;
     PyObject *res = NULL;
-    if (rows.len % ROW || known.len != 256 || ((const char *)known.buf)[255]) {
-        PyErr_SetString(PyExc_ValueError, "_decodec.group: rows of 36 bytes, 256 known kinds, the last not");
+    if (rows.len % ROW || known.len != 256 || ((const char *)known.buf)[255]
+        || (keep.buf && (keep.len != 256 || ((const char *)keep.buf)[255]))) {
+        PyErr_SetString(PyExc_ValueError, "_decodec.group: rows of 36 bytes, 256 known (and kept) kinds, the last not");
         goto done;
     }
     if (too_small(&out, n * ROW, "out") || too_small(&pos, n * 8, "pos") || too_small(&starts, 257 * 8, "starts"))
         goto done;
     Py_BEGIN_ALLOW_THREADS
-    const char *r = rows.buf, *kn = known.buf;
+    const char *r = rows.buf, *kn = known.buf, *kp = keep.buf ? keep.buf : known.buf;
     int64_t *st = starts.buf, *ps = pos.buf, next[256];
     char *o = out.buf;
     memset(st, 0, 257 * sizeof(int64_t));
@@ -101,7 +105,7 @@ static PyObject *group(PyObject *self, PyObject *args) {
         top_ring = ring > top_ring ? ring : top_ring;
         if (k > 255 || !kn[k]) unknown++;
         else if (!u32_at(row + OFF_REQ)) steps++;
-        else st[k + 1]++;
+        else if (kp[k]) st[k + 1]++;
     }
     for (int k = 0; k < 256; k++) {
         st[k + 1] += st[k];
@@ -111,7 +115,7 @@ static PyObject *group(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n; i++) {
         const char *row = r + i * ROW;
         unsigned k = u16_at(row + OFF_KIND);
-        if (k > 255 || !kn[k] || !u32_at(row + OFF_REQ)) continue;
+        if (k > 255 || !kp[k] || !u32_at(row + OFF_REQ)) continue;
         int64_t at = next[k]++;
         memcpy(o + at * ROW, row, ROW);
         ps[at] = i;
@@ -121,6 +125,7 @@ static PyObject *group(PyObject *self, PyObject *args) {
 done:
     PyBuffer_Release(&rows); PyBuffer_Release(&known); PyBuffer_Release(&out);
     PyBuffer_Release(&pos); PyBuffer_Release(&starts);
+    if (keep.buf) PyBuffer_Release(&keep);
     return res;
 }
 
@@ -216,31 +221,41 @@ done:
 }
 
 /* ---------------------------------------------------------------------- latest */
+/* whether latest counts a row: every row, or (given known) one of a known kind with a request */
+static inline int counted(const char *row, const char *kn) {
+    if (!kn) return 1;
+    unsigned k = u16_at(row + OFF_KIND);
+    return k <= 255 && kn[k] && u32_at(row + OFF_REQ);
+}
+
 static PyObject *latest(PyObject *self, PyObject *args) {
-    Py_buffer rows, top, seen;
-    if (!PyArg_ParseTuple(args, "y*w*w*", &rows, &top, &seen)) return NULL;
+    Py_buffer rows, top, seen, known = {0};
+    if (!PyArg_ParseTuple(args, "y*w*w*|y*", &rows, &top, &seen, &known)) return NULL;
     Py_ssize_t n = rows.len / ROW, size = seen.len;
     PyObject *res = NULL;
-    if (rows.len % ROW || !n || top.len != size * 8) {
-        PyErr_SetString(PyExc_ValueError, "_decodec.latest: one or more rows of 36 bytes, as many int64 tops as seen bytes");
+    if (rows.len % ROW || !n || top.len != size * 8
+        || (known.buf && (known.len != 256 || ((const char *)known.buf)[255]))) {
+        PyErr_SetString(PyExc_ValueError, "_decodec.latest: one or more rows of 36 bytes, as many int64 tops as seen bytes, 256 known kinds, the last not");
         goto done;
     }
-    const char *r = rows.buf;
+    const char *r = rows.buf, *kn = known.buf;
     uint32_t lo = UINT32_MAX, hi = 0;
     int fits;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (!counted(r + i * ROW, kn)) continue;
         uint32_t q = u32_at(r + i * ROW + OFF_REQ);
         lo = q < lo ? q : lo;
         hi = q > hi ? q : hi;
     }
-    fits = (uint64_t)hi - lo < (uint64_t)size;
+    fits = lo <= hi && (uint64_t)hi - lo < (uint64_t)size;
     if (fits) {
         int64_t *tp = top.buf;
         unsigned char *sn = seen.buf;
         memset(sn, 0, (size_t)(hi - lo) + 1);
         for (Py_ssize_t i = 0; i < n; i++) {
             const char *row = r + i * ROW;
+            if (!counted(row, kn)) continue;
             uint32_t at = u32_at(row + OFF_REQ) - lo;
             int64_t t;
             memcpy(&t, row, 8);
@@ -252,6 +267,7 @@ static PyObject *latest(PyObject *self, PyObject *args) {
     res = Py_BuildValue("kk", (unsigned long)lo, (unsigned long)hi);
 done:
     PyBuffer_Release(&rows); PyBuffer_Release(&top); PyBuffer_Release(&seen);
+    if (known.buf) PyBuffer_Release(&known);
     return res;
 }
 

@@ -28,9 +28,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import pickle
-import queue
 import signal
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol
 
@@ -38,7 +36,7 @@ import numpy as np
 
 from omnitrace import childproc
 from omnitrace import conventions as cv
-from omnitrace import eventlog, rowops
+from omnitrace import eventlog, rowops, threads
 from omnitrace import spantable as stt
 from omnitrace.runfiles import names
 
@@ -229,8 +227,10 @@ def _feed(parts: Iterator[tuple[list[stt.Prepared], Part]], sinks: list[Sink],
         for s in sinks:
             s.feed(feed, part)
 
-    with _in_order_beside(to_sinks) as hand_on:
-        for feeds, part in _read_ahead(parts):
+    # the sinks take one feed's spans while the builder makes the next, and the next part
+    # is decoded and grouped while the builder works (most of each is numpy: the GIL free)
+    with threads.in_order_beside(to_sinks, name="omnitrace-load-sinks") as hand_on:
+        for feeds, part in threads.read_ahead(parts, name="omnitrace-load-parts"):
             builder.rings.update(part.rings)  # a part may add rings or re-describe one (new writer)
             builder.ring_changed()
             for f in feeds:  # the builder takes any cut
@@ -377,72 +377,3 @@ class _Pipe:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self.rfd = self.wfd = -1
-
-
-# ---------------------------------------------------------------------- threads
-def _read_ahead(items: Iterator[Any]) -> Iterator[Any]:
-    """``items``, the next one made by a thread while the caller works on this one (a
-    part's decompression, decoding and grouping by kind run beside the span building:
-    the second core)."""
-    q: queue.Queue = queue.Queue(maxsize=1)
-    stop = threading.Event()
-
-    def offer(item: tuple) -> bool:
-        while not stop.is_set():  # the reader may have left (an error): never block on it
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                pass
-        return False
-
-    def produce() -> None:
-        try:
-            for x in items:
-                if not offer((True, x)):
-                    return
-            offer((False, None))
-        except BaseException as exc:  # handed to the reader, raised there
-            offer((False, exc))
-
-    t = threading.Thread(target=produce, name="omnitrace-read-ahead", daemon=True)
-    t.start()
-    try:
-        while True:
-            more, x = q.get()
-            if not more:
-                if x is not None:
-                    raise x
-                return
-            yield x
-    finally:
-        stop.set()
-        t.join()
-
-
-@contextlib.contextmanager
-def _in_order_beside(fn: Callable[..., None], depth: int = 4) -> Iterator[Callable[..., None]]:
-    """``submit(*args)`` calls ``fn(*args)`` on one thread, in the order submitted, while
-    the caller goes on (the sinks take one feed's spans while the builder makes the next:
-    most of both is numpy, which releases the GIL). Leaving waits for the
-    calls; the first error of one is raised then."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        while (item := q.get()) is not None:
-            if not errors:  # after an error the rest is only drained
-                try:
-                    fn(*item)
-                except BaseException as exc:  # handed to the caller, raised there
-                    errors.append(exc)
-
-    t = threading.Thread(target=work, name="omnitrace-load-sinks", daemon=True)
-    t.start()
-    try:
-        yield lambda *args: q.put(args)
-    finally:
-        q.put(None)
-        t.join()
-    if errors:
-        raise errors[0]

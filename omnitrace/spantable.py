@@ -169,6 +169,11 @@ for _k in (*_REQUEST_KINDS, *_STAGE_KINDS, *_CHUNK_KINDS, E.STEP_BEGIN, E.STEP_E
     _KNOWN[int(_k)] = True
 assert not _KNOWN[255]  # kinds past 255 read _KNOWN[255]: unknown (_decodec.group relies on it)
 _KNOWN_BYTES = _KNOWN.tobytes()
+# the known kinds a feed keeps when no chunk span is wanted: all but the chunk stamps (at
+# 150M events, 95% of them; counted, never copied)
+_UNCHUNKED = _KNOWN.copy()
+_UNCHUNKED[[int(k) for k in _CHUNK_KINDS]] = False
+_UNCHUNKED_BYTES = _UNCHUNKED.tobytes()
 # the request and stage events' kinds as plain ints: the per-event loop compares each
 # event's kind with several of them (an IntEnum member lookup costs ~0.2 us)
 (_ADD, _SCHEDULE, _FINISH, _ARRIVE, _FIRST_TEXT, _FIRST_AUDIO, _TRACE_HI, _TRACE_LO,
@@ -191,29 +196,32 @@ _POLL_ROWS = 3  # chunk_spans' figure_from of poll lag rows (poll_rows_reference
 _spanc = rowops.compiled("_spanc", E=EVENT_DTYPE, S=CHUNK_DTYPE)
 
 
-def group_reference(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
+def group_reference(ev: np.ndarray, chunks: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
     """The feed's events of a known kind that carry a request, grouped by kind in feed
     order (a stable radix sort): (those rows, each one's index in ``ev``, ``starts``: kind
     k's rows are ``rows[starts[k]:starts[k + 1]]``, events of no known kind, events of a
-    known kind without a request, the greatest ring of all, -1: none). The rule;
-    ``_decodec.group`` does the same in C."""
+    known kind without a request, the greatest ring of all, -1: none); ``chunks`` False:
+    no chunk stamp among the rows (still counted as known). The rule; ``_decodec.group``
+    does the same in C."""
     kind = ev["kind"]
     known = _KNOWN[np.minimum(kind, 255)]
     has_req = ev["req"] != 0
     unknown, steps = int(len(ev) - known.sum()), int(np.count_nonzero(known & ~has_req))
-    pos = np.flatnonzero(known & has_req)
+    kept = known if chunks else _UNCHUNKED[np.minimum(kind, 255)]
+    pos = np.flatnonzero(kept & has_req)
     order = pos[np.argsort(kind[pos], kind="stable")]
     starts = np.searchsorted(kind[order], np.arange(257))
     max_ring = int(ev["ring"].max()) if len(ev) else -1
     return rowops.take(ev, order), order, starts, unknown, steps, max_ring
 
 
-def _group(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
+def _group(ev: np.ndarray, chunks: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
     if _decodec is None:
-        return group_reference(ev)
+        return group_reference(ev, chunks)
     ev = np.ascontiguousarray(ev)
     rows, pos, starts = np.empty(len(ev), EVENT_DTYPE), np.empty(len(ev), np.int64), np.empty(257, np.int64)
-    kept, unknown, steps, max_ring = _decodec.group(ev, _KNOWN_BYTES, rows, pos, starts)
+    kept, unknown, steps, max_ring = _decodec.group(ev, _KNOWN_BYTES, rows, pos, starts,
+                                                    *(() if chunks else (_UNCHUNKED_BYTES,)))
     return rows[:kept], pos[:kept], starts, unknown, steps, max_ring
 
 
@@ -262,13 +270,14 @@ class Prepared:
         builder makes request, stage and queue spans only, and the same ones (a request's
         latest event, where an incomplete one ends, is still taken over all its events)."""
         self.events = len(ev)
-        rows, pos, starts, self.unknown, self.steps, self.max_ring = _group(ev)
+        rows, pos, starts, self.unknown, self.steps, self.max_ring = _group(ev, chunks)
         by = _ByKind(rows, pos, starts)
-        ev = by.ev  # in kind order: what is read of it below does not depend on the order
+        # the distinct requests, and each one's latest event: (ids, times), over every
+        # event of a known kind (grouped: in kind order, which the answer does not depend on)
+        self.reqs, self.latest = _requests(by.ev) if chunks else _requests(ev, known=True)
+        ev = by.ev
         self.emitted = by.kind(E.STAGE_EMIT)
         self.small = by.in_time_order((E.REQUEST_ARRIVE, E.STAGE_FINISH))
-        # the distinct requests, and each one's latest event: (ids, times)
-        self.reqs, self.latest = _requests(ev)
         self.senders, self.gets = _EMPTY_EV, _EMPTY_EV
         self.pairs = [(_EMPTY_EV, _EMPTY_EV)] * len(_PAIRS)
         if chunks:
@@ -314,21 +323,26 @@ class Prepared:
         return p
 
 
-def requests_reference(ev: np.ndarray) -> tuple[list[int], tuple[np.ndarray, np.ndarray]]:
-    """The distinct requests of events ``ev`` and (them, each one's latest ``t``): the
-    rule; ``_decodec.latest`` does the same in C where they span a narrow range."""
+def requests_reference(ev: np.ndarray, known: bool = False) -> tuple[list[int], tuple[np.ndarray, np.ndarray]]:
+    """The distinct requests of events ``ev`` and (them, each one's latest ``t``);
+    ``known``: of its events of a known kind with a request only. The rule;
+    ``_decodec.latest`` does the same in C where they span a narrow range."""
+    if known:
+        ev = ev[_KNOWN[np.minimum(ev["kind"], 255)] & (ev["req"] != 0)]
     reqs = rowops.distinct(ev["req"])
     return reqs, _latest(ev["req"], ev["t"], reqs)
 
 
-def _requests(ev: np.ndarray) -> tuple[list[int], tuple[np.ndarray, np.ndarray]]:
+def _requests(ev: np.ndarray, known: bool = False) -> tuple[list[int], tuple[np.ndarray, np.ndarray]]:
     if _decodec is None or not len(ev):
-        return requests_reference(ev)
+        return requests_reference(ev, known)
     # ~9 MB of address space, of which only the pages up to hi - lo are touched
     top, seen = np.empty(_NARROW_REQUESTS, np.int64), np.empty(_NARROW_REQUESTS, np.uint8)
-    lo, hi = _decodec.latest(np.ascontiguousarray(ev), top, seen)
+    lo, hi = _decodec.latest(np.ascontiguousarray(ev), top, seen, *((_KNOWN_BYTES,) if known else ()))
+    if lo > hi:  # none counted
+        return [], (np.zeros(0, np.int64), np.zeros(0, np.int64))
     if hi - lo >= _NARROW_REQUESTS:
-        return requests_reference(ev)
+        return requests_reference(ev, known)
     at = np.flatnonzero(seen[:hi - lo + 1])
     return (at + lo).tolist(), (at + lo, top[at])
 

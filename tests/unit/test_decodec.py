@@ -49,10 +49,11 @@ def same_rows(a: np.ndarray, b: np.ndarray) -> None:
 
 @built
 @pytest.mark.parametrize("seed", range(60))
-def test_compiled_group_is_the_reference(seed):
+@pytest.mark.parametrize("chunks", [True, False])
+def test_compiled_group_is_the_reference(seed, chunks):
     ev = events(seed)
-    rows, pos, starts, *counts = stt._group(ev)
-    ref_rows, ref_pos, ref_starts, *ref_counts = stt.group_reference(ev)
+    rows, pos, starts, *counts = stt._group(ev, chunks)
+    ref_rows, ref_pos, ref_starts, *ref_counts = stt.group_reference(ev, chunks)
     same_rows(rows, ref_rows)
     assert pos.tolist() == ref_pos.tolist()
     assert starts.tolist() == ref_starts.tolist()
@@ -70,12 +71,13 @@ def test_compiled_sort_by_key_is_the_reference(seed, field):
 
 @built
 @pytest.mark.parametrize("seed", range(60))
-def test_compiled_requests_are_the_reference(seed):
+@pytest.mark.parametrize("known", [False, True])
+def test_compiled_requests_are_the_reference(seed, known):
     ev = events(seed)
     if seed % 3 == 1:  # one far request beside the rest: the wide range's reference
         ev["req"][:1] += 1 << 21
-    reqs, (ids, latest) = stt._requests(ev)
-    ref_reqs, (ref_ids, ref_latest) = stt.requests_reference(ev)
+    reqs, (ids, latest) = stt._requests(ev, known)
+    ref_reqs, (ref_ids, ref_latest) = stt.requests_reference(ev, known)
     assert reqs == ref_reqs
     assert ids.dtype == ref_ids.dtype and ids.tolist() == ref_ids.tolist()
     assert latest.dtype == ref_latest.dtype and latest.tolist() == ref_latest.tolist()
@@ -103,20 +105,26 @@ def test_compiled_refuses_bad_buffers():
         c.sort_by_key(np.zeros(5, np.uint8), 0, np.empty(2, EVENT_DTYPE))
     with pytest.raises(ValueError):  # kind 255 known
         c.group(ev, b"\1" * 256, np.empty(3, EVENT_DTYPE), np.empty(3, np.int64), np.empty(257, np.int64))
+    with pytest.raises(ValueError):  # kind 255 kept
+        c.group(ev, stt._KNOWN_BYTES, np.empty(3, EVENT_DTYPE), np.empty(3, np.int64), np.empty(257, np.int64),
+                b"\1" * 256)
     with pytest.raises(ValueError):  # tops and seen of two sizes
         c.latest(ev, np.empty(2, np.int64), np.empty(3, np.uint8))
+    with pytest.raises(ValueError):  # 255 known
+        c.latest(ev, np.empty(3, np.int64), np.empty(3, np.uint8), b"\1" * 256)
     with pytest.raises(ValueError):
         c.events_of(np.zeros(33, np.uint8), np.empty(2, EVENT_DTYPE), 0, 0)
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_prepared_without_the_compiled_steps_is_the_same(monkeypatch, seed):
+@pytest.mark.parametrize("chunks", [True, False])
+def test_prepared_without_the_compiled_steps_is_the_same(monkeypatch, seed, chunks):
     """Prepared made with the references alone holds the same arrays."""
     ev = events(seed)
     ev["t"] = np.sort(ev["t"])
-    compiled = stt.Prepared(ev)
+    compiled = stt.Prepared(ev, chunks)
     monkeypatch.setattr(stt, "_decodec", None)
-    ref = stt.Prepared(ev)
+    ref = stt.Prepared(ev, chunks)
     monkeypatch.undo()
     for name in ("emitted", "small", "senders", "gets"):
         same_rows(getattr(compiled, name), getattr(ref, name))
@@ -227,3 +235,20 @@ def test_compiled_sender_rule_is_the_reference(seed):
     for a, b in zip(got[:3], want[:3]):
         assert a.dtype == b.dtype and a.tolist() == b.tolist()
     assert got[3] == want[3]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_prepared_without_chunks_holds_the_same_request_side(seed):
+    """A feed made ready for request spans only (its chunk stamps never copied) gives the
+    builder the same request and stage events, the same requests with the same latest
+    times (taken over the chunk stamps too: where an incomplete request ends) and counts."""
+    ev = events(seed)
+    ev["t"] = np.sort(ev["t"])
+    whole, unchunked = stt.Prepared(ev, True), stt.Prepared(ev, False)
+    for name in ("emitted", "small"):
+        same_rows(getattr(unchunked, name), getattr(whole, name))
+    assert unchunked.reqs == whole.reqs
+    assert [a.tolist() for a in unchunked.latest] == [a.tolist() for a in whole.latest]
+    assert (unchunked.unknown, unchunked.steps, unchunked.events, unchunked.max_ring) == (
+        whole.unknown, whole.steps, whole.events, whole.max_ring)
+    assert not len(unchunked.senders) and not len(unchunked.gets)
