@@ -47,6 +47,14 @@ class Store:
                         out.extend((res, s) for s in ss.spans)
             return out
 
+    def spans_from(self, k: int) -> tuple[list, int]:
+        """The spans of the export requests from the ``k``-th on, and where the next
+        call starts: a poller that reads only what is new (a scan of everything under the
+        lock, each poll, slowed the receiver behind a long load until the exporter dropped)."""
+        with self.cond:
+            new, k = self.requests[k:], len(self.requests)
+        return [s for r in new for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans], k
+
     def wait(self, pred, timeout: float = 20.0) -> bool:
         with self.cond:
             return self.cond.wait_for(lambda: pred(self), timeout)
