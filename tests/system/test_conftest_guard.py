@@ -193,7 +193,8 @@ def test_guard_fails_each_kind_of_leak_and_cleans_it_up(tmp_path: Path) -> None:
     (tmp_path / "patches").mkdir()
     (tmp_path / "patches" / "demo.py").write_text(PATCHES)
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNITRACE_")}
+    # the inner session runs alone, even where this one is a pytest-xdist worker
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMNITRACE_", "PYTEST_XDIST_"))}
     seen = tmp_path / "foreign-seen"  # made once another pipeline is seen during the session
     env.update({"GUARD_TAG": tag, "GUARD_FOREIGN": "1" if foreign else "0", "GUARD_FOREIGN_SEEN": str(seen),
                 "OMNITRACE_GUARD_PRESET": "before", "OMNITRACE_GUARD_KEEP": "1",
