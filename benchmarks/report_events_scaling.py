@@ -11,6 +11,7 @@ omnitrace.bench.serve_and_bench -- --concurrency 32 ...`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -32,10 +33,10 @@ def synthesise(base: str, out: str, events: int) -> int:
     copies = max(1, events // len(ev))
     span_ns = int(ev["t"].max() - ev["t"].min()) + 1_000_000
     os.makedirs(out, exist_ok=True)
-    for name in ("run.json", "agent.json", "processes.jsonl"):
+    for name in ("run.json", "processes.jsonl"):
         if os.path.exists(os.path.join(base, name)):
             shutil.copy(os.path.join(base, name), out)
-    w = eventlog.EventLogWriter(out, "synthetic", log.offset_ns)
+    w = eventlog.EventLogWriter(out, _run_id(base), log.offset_ns)
     for idx, ring in log.rings.items():
         w.ring(idx, ring)
     per_ring = {idx: ev[ev["ring"] == idx] for idx in log.rings}
@@ -60,7 +61,41 @@ def synthesise(base: str, out: str, events: int) -> int:
             w.records(idx, raw, len(rows))
         w.commit({})
     w.close()
+    _agent_json(base, out, copies, w.counters())
     return copies * len(ev)
+
+
+def _run_id(base: str) -> str:
+    """The base run's id (its run.json beside the log names the same run), else "synthetic"."""
+    try:
+        with open(os.path.join(base, "run.json")) as f:
+            return str(json.load(f)["run_id"])
+    except (OSError, KeyError, ValueError):
+        return "synthetic"
+
+
+def _agent_json(base: str, out: str, copies: int, record_counters: dict) -> None:
+    """The base run's agent.json with the counts of what this run's log holds: each ring
+    wrote and the agent recorded ``copies`` times its events (the base's counts beside the
+    replicated log read as events counted twice)."""
+    path = os.path.join(base, "agent.json")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        agent = json.load(f)
+    for ring in agent.get("rings", []):
+        for key in ("events", "events_written", "dropped"):
+            if key in ring:
+                ring[key] *= copies
+    acc = agent.get("accounting", {})
+    for key, value in acc.items():
+        if isinstance(value, int):
+            acc[key] = value * copies
+    if "events_read" in agent:
+        agent["events_read"] *= copies
+    agent["record"] = record_counters
+    with open(os.path.join(out, "agent.json"), "w") as f:
+        json.dump(agent, f, indent=2)
 
 
 def main() -> int:
