@@ -382,7 +382,7 @@ def _blocks(path: str, last: bool, log: EventLog) -> Iterator[tuple[int, int, me
     """The segment's blocks as (type, ring, payload). Inflated a slice at a time, not into
     one ~64 MB buffer per segment (fresh pages every segment); a payload is valid until the
     next block is taken. The inflating runs a slice ahead on a thread (zstd frees the GIL):
-    a third of a long log's decoding, beside the rest of it."""
+    ~40% of a long log's decoding, beside the rest of it."""
     name = os.path.basename(path)
     pending = b""  # the start of a block whose end is in the next slice
 
