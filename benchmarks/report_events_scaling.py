@@ -11,7 +11,6 @@ omnitrace.bench.serve_and_bench -- --concurrency 32 ...`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import shutil
@@ -24,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from omnitrace import eventlog, record  # noqa: E402
+from omnitrace.runfiles import names, read, write  # noqa: E402
 
 
 def synthesise(base: str, out: str, events: int) -> int:
@@ -67,22 +67,17 @@ def synthesise(base: str, out: str, events: int) -> int:
 
 def _run_id(base: str) -> str:
     """The base run's id (its run.json beside the log names the same run), else "synthetic"."""
-    try:
-        with open(os.path.join(base, "run.json")) as f:
-            return str(json.load(f)["run_id"])
-    except (OSError, KeyError, ValueError):
-        return "synthetic"
+    run = read.read(base, names.RUN)
+    return str(run["run_id"]) if run and run.get("run_id") else "synthetic"
 
 
 def _agent_json(base: str, out: str, copies: int, record_counters: dict) -> None:
     """The base run's agent.json with the counts of what this run's log holds: each ring
     wrote and the agent recorded ``copies`` times its events (the base's counts beside the
     replicated log read as events counted twice)."""
-    path = os.path.join(base, "agent.json")
-    if not os.path.exists(path):
+    agent = read.read(base, names.AGENT)
+    if agent is None:
         return
-    with open(path) as f:
-        agent = json.load(f)
     for ring in agent.get("rings", []):
         for key in ("events", "events_written", "dropped"):
             if key in ring:
@@ -94,8 +89,7 @@ def _agent_json(base: str, out: str, copies: int, record_counters: dict) -> None
     if "events_read" in agent:
         agent["events_read"] *= copies
     agent["record"] = record_counters
-    with open(os.path.join(out, "agent.json"), "w") as f:
-        json.dump(agent, f, indent=2)
+    write.write_json_atomic(names.path(out, names.AGENT), agent)
 
 
 def main() -> int:

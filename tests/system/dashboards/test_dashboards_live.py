@@ -21,6 +21,7 @@ from collections import defaultdict
 import pytest
 
 from omnitrace import conventions as cv
+from omnitrace.top.source import parse_prometheus
 from tests.support import prom_util
 from tests.support.agent_util import clean_env, stop_process
 from tests.support.dashboard_util import VLLM_METRIC, prometheus_queries, variable_queries
@@ -186,10 +187,11 @@ def _exemplars(pport: int, metric: str, start: float) -> dict[str, list[float]]:
 
 
 def _dropped_spans(mport: int) -> float:
-    """The spans the agent's OTLP exporter dropped so far (its own counter, on /metrics)."""
-    body = _get(f"http://127.0.0.1:{mport}/metrics").decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
-               if line.startswith("omnitrace_agent_export_spans_total{") and 'outcome="dropped"' in line)
+    """The spans the agent's OTLP exporter dropped so far (its own counter, on /metrics,
+    read as `omnitrace top` reads it)."""
+    sample = parse_prometheus(_get(f"http://127.0.0.1:{mport}/metrics").decode(), time.time())
+    return sum(v for lab, v in sample.series("omnitrace_agent_export_spans_total").items()
+               if dict(lab).get("outcome") == "dropped")
 
 
 def test_exemplars_lead_to_delivered_traces(live, pport):
