@@ -11,14 +11,17 @@
    says (the module refuses to build elsewhere). Buffers are C-contiguous; the GIL is
    released while the rows are worked.
 
-   group(rows, known, out, pos, starts[, keep]) -> (kept, unknown, steps, max ring)
+   group(rows, known, out, pos, starts[, keep[, counts]]) -> (kept, unknown, steps, max ring, uncounted)
        spantable.group_reference: the rows whose kind is known (known: 256 bytes, kind
        k >= 255 reads known[255], which must be 0) and kept (keep: 256 bytes, a subset of
        known; all known where not given) and that carry a request, grouped by
        kind in feed order (a stable counting sort) into out, each one's index in rows
        into pos (int64), starts (int64[257]): kind k's rows are out[starts[k]:starts[k+1]];
        unknown: rows of no known kind; steps: rows of a known kind without a request; the
-       greatest ring of all rows (-1: none).
+       greatest ring of all rows (-1: none). Given counts (int64, 256 per ring for rings
+       0..n-1: spantable.ring_kinds_reference), each row of a kind up to 255 adds one to
+       counts[ring * 256 + kind]; uncounted: the rows of a ring outside 0..n-1 (0 where
+       counts is not given).
    sort_by_key(rows, field, out)
        spantable.by_key_reference: rows into out stably sorted by spantable._key(req,
        rows[f], chunk), f the i2 ``stage`` (field 0) or the i4 ``b`` (field 1).
@@ -81,21 +84,24 @@ static int too_small(Py_buffer *b, Py_ssize_t need, const char *what) {
 
 /* ---------------------------------------------------------------------- group */
 static PyObject *group(PyObject *self, PyObject *args) {
-    Py_buffer rows, known, out, pos, starts, keep = {0};
-    if (!PyArg_ParseTuple(args, "y*y*w*w*w*|y*", &rows, &known, &out, &pos, &starts, &keep)) return NULL;
-    Py_ssize_t n = rows.len / ROW, kept = 0, unknown = 0, steps = 0;
+    Py_buffer rows, known, out, pos, starts, keep = {0}, counts = {0};
+    if (!PyArg_ParseTuple(args, "y*y*w*w*w*|y*w*", &rows, &known, &out, &pos, &starts, &keep, &counts)) return NULL;
+    Py_ssize_t n = rows.len / ROW, kept = 0, unknown = 0, steps = 0, uncounted = 0;
+    int64_t rings = counts.buf ? counts.len / (256 * 8) : 0;
     int32_t top_ring = n ? INT32_MIN : -1;
     PyObject *res = NULL;
     if (rows.len % ROW || known.len != 256 || ((const char *)known.buf)[255]
-        || (keep.buf && (keep.len != 256 || ((const char *)keep.buf)[255]))) {
-        PyErr_SetString(PyExc_ValueError, "_decodec.group: rows of 36 bytes, 256 known (and kept) kinds, the last not");
+        || (keep.buf && (keep.len != 256 || ((const char *)keep.buf)[255]))
+        || (counts.buf && counts.len % (256 * 8))) {
+        PyErr_SetString(PyExc_ValueError, "_decodec.group: rows of 36 bytes, 256 known (and kept) kinds, the last not, "
+                                          "256 int64 counts per ring");
         goto done;
     }
     if (too_small(&out, n * ROW, "out") || too_small(&pos, n * 8, "pos") || too_small(&starts, 257 * 8, "starts"))
         goto done;
     Py_BEGIN_ALLOW_THREADS
     const char *r = rows.buf, *kn = known.buf, *kp = keep.buf ? keep.buf : known.buf;
-    int64_t *st = starts.buf, *ps = pos.buf, next[256];
+    int64_t *st = starts.buf, *ps = pos.buf, *cn = counts.buf, next[256];
     char *o = out.buf;
     memset(st, 0, 257 * sizeof(int64_t));
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -103,6 +109,10 @@ static PyObject *group(PyObject *self, PyObject *args) {
         unsigned k = u16_at(row + OFF_KIND);
         int32_t ring = i32_at(row + OFF_RING);
         top_ring = ring > top_ring ? ring : top_ring;
+        if (cn) {
+            if (ring < 0 || ring >= rings) uncounted++;
+            else if (k <= 255) cn[(int64_t)ring * 256 + k]++;
+        }
         if (k > 255 || !kn[k]) unknown++;
         else if (!u32_at(row + OFF_REQ)) steps++;
         else if (kp[k]) st[k + 1]++;
@@ -121,11 +131,12 @@ static PyObject *group(PyObject *self, PyObject *args) {
         ps[at] = i;
     }
     Py_END_ALLOW_THREADS
-    res = Py_BuildValue("nnni", kept, unknown, steps, (int)top_ring);
+    res = Py_BuildValue("nnnin", kept, unknown, steps, (int)top_ring, uncounted);
 done:
     PyBuffer_Release(&rows); PyBuffer_Release(&known); PyBuffer_Release(&out);
     PyBuffer_Release(&pos); PyBuffer_Release(&starts);
     if (keep.buf) PyBuffer_Release(&keep);
+    if (counts.buf) PyBuffer_Release(&counts);
     return res;
 }
 

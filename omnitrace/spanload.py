@@ -141,41 +141,53 @@ def helper_pays(path: str) -> bool:
 
 
 class _Reading:
-    """The decoding of one log: its parts as feeds, and what it sees besides the spans."""
+    """The decoding of one log: its parts as prepared feeds, and what it sees besides the
+    spans (``chunks``: as ``Prepared`` takes it)."""
 
-    def __init__(self, path: str, steps: bool) -> None:
+    def __init__(self, path: str, steps: bool, chunks: bool) -> None:
         self.log, self._parts = eventlog.stream_event_log(path)
-        self._with_steps = steps
+        self._with_steps, self._chunks = steps, chunks
         self.seen = Loaded(self.log)
         self._steps: list[np.ndarray] = []
 
-    def parts(self) -> Iterator[tuple[list[np.ndarray], dict]]:
-        """Each decoded part's feeds and the rings as described up to it (the decoder
-        already changes ``log.rings`` for the next part)."""
+    def parts(self) -> Iterator[tuple[list[stt.Prepared], dict]]:
+        """Each decoded part's feeds, prepared, and the rings as described up to it (the
+        decoder already changes ``log.rings`` for the next part)."""
         for ev in self._parts:
-            self._note(ev)
-            yield [ev[lo:lo + FEED_EVENTS] for lo in range(0, len(ev), FEED_EVENTS)], dict(self.log.rings)
+            rings = dict(self.log.rings)
+            described = max(rings, default=-1) + 1
+            prepared = []
+            for lo in range(0, len(ev), FEED_EVENTS):
+                feed = ev[lo:lo + FEED_EVENTS]
+                prepared.append(stt.Prepared(feed, self._chunks, max(described, 1)))
+                self._note(feed, prepared[-1].ring_kinds)
+            yield prepared, rings
 
-    def _note(self, ev: np.ndarray) -> None:
-        seen, kind = self.seen, np.ascontiguousarray(ev["kind"])  # compared twice: ~2x quicker so
+    def _note(self, ev: np.ndarray, ring_kinds: np.ndarray) -> None:
+        """What a feed holds besides spans. Its events per ring and kind (the grouping's:
+        no pass of its own) say whether a rare kind is there to be looked for."""
+        seen = self.seen
         seen.events += len(ev)
-        d = rowops.take(ev, np.flatnonzero(kind == cv.Ev.STAGE_DIED))
-        seen.died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
-        d = rowops.take(ev, np.flatnonzero(kind == cv.Ev.DELIVERY_TIMEOUT))
-        seen.timeouts.extend(zip(d["stage"].tolist(), d["t"].tolist(), d["req"].tolist(), d["chunk"].tolist()))
-        if not self._with_steps or not len(ev):
+        kinds = ring_kinds.sum(axis=0)
+        if kinds[cv.Ev.STAGE_DIED]:
+            d = ev[ev["kind"] == cv.Ev.STAGE_DIED]
+            seen.died.extend(zip(d["stage"].tolist(), d["t"].tolist()))
+        if kinds[cv.Ev.DELIVERY_TIMEOUT]:
+            d = ev[ev["kind"] == cv.Ev.DELIVERY_TIMEOUT]
+            seen.timeouts.extend(zip(d["stage"].tolist(), d["t"].tolist(), d["req"].tolist(), d["chunk"].tolist()))
+        if not self._with_steps:
             return
-        s = ev[(kind == _STEP_KINDS[0]) | (kind == _STEP_KINDS[1])]
-        if len(s):
+        if kinds[_STEP_KINDS[0]] or kinds[_STEP_KINDS[1]]:
+            kind = ev["kind"]
+            s = ev[(kind == _STEP_KINDS[0]) | (kind == _STEP_KINDS[1])]
             rows = np.zeros(len(s), STEP_EVENT_DTYPE)
             rows["ring"], rows["kind"], rows["t"] = s["ring"], s["kind"], s["t"]
             self._steps.append(rows)
-        ring = ev["ring"].astype(np.int64)
-        n = int(ring.max()) + 1
+        n = len(ring_kinds)
         if n > len(seen.ring_kinds):
             seen.ring_kinds = np.concatenate(
                 (seen.ring_kinds, np.zeros((n - len(seen.ring_kinds), 256), np.int64)))
-        seen.ring_kinds[:n] += np.bincount(ring * 256 + kind, minlength=n * 256).reshape(n, 256)
+        seen.ring_kinds[:n] += ring_kinds
 
     def done(self) -> Loaded:
         if self._steps:
@@ -184,12 +196,12 @@ class _Reading:
 
 
 def _load_here(path: str, sinks: list[Sink], steps: bool, chunks: bool) -> Loaded:
-    reading = _Reading(path, steps)
+    reading = _Reading(path, steps, chunks)
     strings = reading.log.requests.strings
 
     def prepared() -> Iterator[tuple[list[stt.Prepared], Part]]:
         for feeds, rings in reading.parts():  # made ready on the reader thread
-            yield [stt.Prepared(f, chunks) for f in feeds], Part(rings, strings)
+            yield feeds, Part(rings, strings)
 
     return _feed(prepared(), sinks, reading.done)
 
@@ -296,20 +308,19 @@ def _helper_main(path: str, steps: bool, chunks: bool, rfd: int, wfd: int) -> No
     os.close(rfd)
     out = _Pipe(wfd=wfd)
     try:
-        reading = _Reading(path, steps)
+        reading = _Reading(path, steps, chunks)
         strings = reading.log.requests.strings
         tasks = stt.SenderTasks()  # the sender rule here: the builder gets the closed tasks
         sent = 0
-        for feeds, rings in reading.parts():
-            prepared = [stt.Prepared(f, chunks) for f in feeds]
+        for prepared, rings in reading.parts():
             top = max([p.max_ring for p in prepared] + list(rings), default=-1) + 1
             pids = stt.ring_column(rings, top, "pid")  # as the builder's, given these rings
             for p in prepared:
                 p.closed = tasks.close(p.senders, pids)
-            prepared = [p.arrays() for p in prepared]
-            out.send_obj(("part", rings, strings[sent:], [v for v, _ in prepared]))
+            sendable = [p.arrays() for p in prepared]
+            out.send_obj(("part", rings, strings[sent:], [v for v, _ in sendable]))
             sent = len(strings)
-            for _, arrays in prepared:
+            for _, arrays in sendable:
                 for a in arrays:
                     out.send_rows(a)
         out.send_obj(("end", reading.done()))

@@ -194,15 +194,19 @@ CULPRIT_COLUMNS = ("by0", "by1", "by2")  # a FIFO span's top culprits
 _FIGURE_FROM = {N_FIFO: 1, N_WAIT: 0}
 _POLL_ROWS = 3  # chunk_spans' figure_from of poll lag rows (poll_rows_reference)
 _spanc = rowops.compiled("_spanc", E=EVENT_DTYPE, S=CHUNK_DTYPE)
+# group_reference's answer: rows, their indexes, kind starts, unknown, steps, max ring,
+# events per (ring, kind) (or None)
+Grouped = tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int, "np.ndarray | None"]
 
 
-def group_reference(ev: np.ndarray, chunks: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
+def group_reference(ev: np.ndarray, chunks: bool = True, rings: int = 0) -> Grouped:
     """The feed's events of a known kind that carry a request, grouped by kind in feed
     order (a stable radix sort): (those rows, each one's index in ``ev``, ``starts``: kind
     k's rows are ``rows[starts[k]:starts[k + 1]]``, events of no known kind, events of a
-    known kind without a request, the greatest ring of all, -1: none); ``chunks`` False:
-    no chunk stamp among the rows (still counted as known). The rule; ``_decodec.group``
-    does the same in C."""
+    known kind without a request, the greatest ring of all, -1: none, and where ``rings``
+    is given, the events per ring and kind of every ring: :func:`ring_kinds_reference` of
+    ``max(rings, greatest ring + 1)`` rings); ``chunks`` False: no chunk stamp among the
+    rows (still counted as known). The rule; ``_decodec.group`` does the same in C."""
     kind = ev["kind"]
     known = _KNOWN[np.minimum(kind, 255)]
     has_req = ev["req"] != 0
@@ -212,17 +216,31 @@ def group_reference(ev: np.ndarray, chunks: bool = True) -> tuple[np.ndarray, np
     order = pos[np.argsort(kind[pos], kind="stable")]
     starts = np.searchsorted(kind[order], np.arange(257))
     max_ring = int(ev["ring"].max()) if len(ev) else -1
-    return rowops.take(ev, order), order, starts, unknown, steps, max_ring
+    counts = ring_kinds_reference(ev, max(rings, max_ring + 1)) if rings else None
+    return rowops.take(ev, order), order, starts, unknown, steps, max_ring, counts
 
 
-def _group(ev: np.ndarray, chunks: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
+def ring_kinds_reference(ev: np.ndarray, rings: int) -> np.ndarray:
+    """The events per (ring, kind) of rings 0..``rings``-1 and kinds up to 255 (int64,
+    ``(rings, 256)``): what a load counts per thread (``spanload.Loaded.ring_kinds``), and
+    where it looks for the rare kinds it keeps whole."""
+    ring, kind = ev["ring"].astype(np.int64), ev["kind"].astype(np.int64)
+    ok = (ring >= 0) & (ring < rings) & (kind <= 255)
+    return np.bincount(ring[ok] * 256 + kind[ok], minlength=rings * 256).reshape(rings, 256)
+
+
+def _group(ev: np.ndarray, chunks: bool, rings: int = 0) -> Grouped:
     if _decodec is None:
-        return group_reference(ev, chunks)
+        return group_reference(ev, chunks, rings)
     ev = np.ascontiguousarray(ev)
     rows, pos, starts = np.empty(len(ev), EVENT_DTYPE), np.empty(len(ev), np.int64), np.empty(257, np.int64)
-    kept, unknown, steps, max_ring = _decodec.group(ev, _KNOWN_BYTES, rows, pos, starts,
-                                                    *(() if chunks else (_UNCHUNKED_BYTES,)))
-    return rows[:kept], pos[:kept], starts, unknown, steps, max_ring
+    counts = np.zeros((rings, 256), np.int64) if rings else None
+    kept, unknown, steps, max_ring, uncounted = _decodec.group(
+        ev, _KNOWN_BYTES, rows, pos, starts, _KNOWN_BYTES if chunks else _UNCHUNKED_BYTES,
+        *(() if counts is None else (counts,)))
+    if uncounted and max_ring >= rings:  # a ring past those described: counted again, all of them
+        counts = ring_kinds_reference(ev, max_ring + 1)
+    return rows[:kept], pos[:kept], starts, unknown, steps, max_ring, counts
 
 
 class _ByKind:
@@ -263,14 +281,17 @@ class Prepared:
     process (:meth:`arrays`: the loader's helper, ``spanload.py``)."""
 
     __slots__ = ("events", "max_ring", "unknown", "steps", "emitted", "small", "senders", "reqs",
-                 "latest", "pairs", "gets", "closed")
+                 "latest", "pairs", "gets", "closed", "ring_kinds")
 
-    def __init__(self, ev: np.ndarray, chunks: bool = True) -> None:
+    def __init__(self, ev: np.ndarray, chunks: bool = True, rings: int = 0) -> None:
         """``chunks``: make the chunk spans' and the senders' stamps ready; without them the
         builder makes request, stage and queue spans only, and the same ones (a request's
-        latest event, where an incomplete one ends, is still taken over all its events)."""
+        latest event, where an incomplete one ends, is still taken over all its events).
+        ``rings`` (the rings described, at least): count the events per ring and kind
+        (``ring_kinds``, of every ring: :func:`group_reference`; the reader's, it does not
+        travel in :meth:`arrays`)."""
         self.events = len(ev)
-        rows, pos, starts, self.unknown, self.steps, self.max_ring = _group(ev, chunks)
+        rows, pos, starts, self.unknown, self.steps, self.max_ring, self.ring_kinds = _group(ev, chunks, rings)
         by = _ByKind(rows, pos, starts)
         # the distinct requests, and each one's latest event: (ids, times), over every
         # event of a known kind (grouped: in kind order, which the answer does not depend on)
@@ -313,6 +334,7 @@ class Prepared:
         p.events, p.max_ring, p.unknown, p.steps, p.reqs, senders = values
         p.emitted, p.small, ids, times, starts, ends, reqs, *pairs, p.gets = arrays
         p.latest = (ids, times)
+        p.ring_kinds = None
         p.pairs = list(zip(pairs[::2], pairs[1::2]))
         p.senders = _EMPTY_EV
         p.closed = []

@@ -50,14 +50,31 @@ def same_rows(a: np.ndarray, b: np.ndarray) -> None:
 @built
 @pytest.mark.parametrize("seed", range(60))
 @pytest.mark.parametrize("chunks", [True, False])
-def test_compiled_group_is_the_reference(seed, chunks):
+@pytest.mark.parametrize("rings", [0, 1, 4, 9])
+def test_compiled_group_is_the_reference(seed, chunks, rings):
     ev = events(seed)
-    rows, pos, starts, *counts = stt._group(ev, chunks)
-    ref_rows, ref_pos, ref_starts, *ref_counts = stt.group_reference(ev, chunks)
+    if rings:  # rings counted: a few past those described, and none (a negative index)
+        ev["ring"] = np.where(ev["ring"] < 0, -1, ev["ring"] % 12)
+    rows, pos, starts, *counts, kinds = stt._group(ev, chunks, rings)
+    ref_rows, ref_pos, ref_starts, *ref_counts, ref_kinds = stt.group_reference(ev, chunks, rings)
     same_rows(rows, ref_rows)
     assert pos.tolist() == ref_pos.tolist()
     assert starts.tolist() == ref_starts.tolist()
     assert counts == ref_counts  # unknown, steps, max ring
+    if rings:  # events per ring and kind, of every ring (more than those described: counted again)
+        assert kinds.shape == ref_kinds.shape == (max(rings, counts[2] + 1), 256)
+        assert kinds.tolist() == ref_kinds.tolist()
+    else:
+        assert kinds is None and ref_kinds is None
+
+
+def test_ring_kinds_reference_counts_each_event_once():
+    ev = np.zeros(6, EVENT_DTYPE)
+    ev["ring"] = [0, 0, 2, 5, -1, 1]
+    ev["kind"] = [3, 3, 7, 9, 3, 300]  # ring 5 not asked for; ring -1 none; kind 300 past the table
+    counts = stt.ring_kinds_reference(ev, 3)
+    assert counts.shape == (3, 256) and counts.sum() == 3
+    assert counts[0, 3] == 2 and counts[2, 7] == 1
 
 
 @built
@@ -108,6 +125,9 @@ def test_compiled_refuses_bad_buffers():
     with pytest.raises(ValueError):  # kind 255 kept
         c.group(ev, stt._KNOWN_BYTES, np.empty(3, EVENT_DTYPE), np.empty(3, np.int64), np.empty(257, np.int64),
                 b"\1" * 256)
+    with pytest.raises(ValueError):  # counts not 256 per ring
+        c.group(ev, stt._KNOWN_BYTES, np.empty(3, EVENT_DTYPE), np.empty(3, np.int64), np.empty(257, np.int64),
+                stt._KNOWN_BYTES, np.zeros(255, np.int64))
     with pytest.raises(ValueError):  # tops and seen of two sizes
         c.latest(ev, np.empty(2, np.int64), np.empty(3, np.uint8))
     with pytest.raises(ValueError):  # 255 known
