@@ -45,8 +45,12 @@ from typing import Callable
 import numpy as np
 
 from omnitrace import conventions as cv
-from omnitrace import intervals, keys, rowops, tracecontext
+from omnitrace import intervals, keys, reqstate, rowops, tracecontext
 from omnitrace.eventlog import EVENT_DTYPE
+from omnitrace.spanrows import (  # noqa: F401 - the builder's output, named here too
+    AHEAD, BLOCKED, BYTES, CHUNK_DTYPE, CONSUMER_NAMES, EMIT_DTYPE, MARK_MODALITY, N_FIFO, N_GET, N_POLL,
+    N_PROCESS, N_PUT, N_QUEUE, N_REQUEST, N_SNAPSHOT, N_STAGE, N_WAIT, NAMES, PRODUCER_NAMES, R_NEVER_SCHEDULED,
+    R_NONE, R_RUN_ENDED, R_TIMEOUT, R_UNFINISHED, R_WRITER_DIED, REASONS, REQUEST_DTYPE, STRATEGY, VISIT_DTYPE)
 
 try:
     from omnitrace import _decodec
@@ -55,52 +59,6 @@ except ImportError:  # built without a C compiler: the numpy references
 
 E = cv.Ev
 
-# Span name codes (the tables' ``name`` columns index this tuple).
-NAMES = (cv.SPAN_REQUEST, cv.SPAN_STAGE, cv.SPAN_STAGE_QUEUE, cv.SPAN_SNAPSHOT, cv.SPAN_FIFO,
-         cv.SPAN_PROCESS, cv.SPAN_PUT, cv.SPAN_GET, cv.SPAN_POLL, cv.SPAN_WAIT_SCHEDULE)
-(N_REQUEST, N_STAGE, N_QUEUE, N_SNAPSHOT, N_FIFO, N_PROCESS, N_PUT, N_GET, N_POLL,
- N_WAIT) = range(len(NAMES))
-# a chunk's hop: the producer's spans (its task until the payload is written) and the consumer's
-PRODUCER_NAMES = (N_SNAPSHOT, N_FIFO, N_PROCESS, N_PUT)
-CONSUMER_NAMES = (N_POLL, N_GET, N_WAIT)
-
-# incomplete-span reasons (``reason`` column); 0 = complete
-REASONS = ("", "writer-died", "run-ended", "unfinished", "timeout", "consumer-never-scheduled")
-(R_NONE, R_WRITER_DIED, R_RUN_ENDED, R_UNFINISHED, R_TIMEOUT,
- R_NEVER_SCHEDULED) = range(len(REASONS))
-
-# The builder's output: a table per span kind, each column one meaning (Perfetto's shape).
-# ``req`` indexes the run's request list; ``ring`` is the ring (process) that recorded the
-# span; ``reason`` is 0 for a complete span, else a REASONS code.
-# omni.request spans, one per API request: its status, prompt and max tokens (-1: unknown)
-# and first text and audio packets (unix ns; 0: none).
-REQUEST_DTYPE = np.dtype([("req", "<u4"), ("reason", "i1"), ("error", "?"), ("status", "<i2"),
-                          ("replica", "<i2"), ("ring", "<i4"), ("start", "<i8"), ("end", "<i8"),
-                          ("prompt_tokens", "<i8"), ("max_tokens", "<i8"), ("first_text", "<i8"),
-                          ("first_audio", "<i8")])
-# omni.stage (STAGE_ADD -> STAGE_FINISH) and omni.stage.queue (STAGE_ADD -> STAGE_SCHEDULE)
-# spans, one of each per (request, stage, replica) visit; ``name`` says which.
-VISIT_DTYPE = np.dtype([("name", "i1"), ("reason", "i1"), ("error", "?"), ("status", "<i2"),
-                        ("stage", "<i2"), ("replica", "<i2"), ("req", "<u4"), ("ring", "<i4"),
-                        ("start", "<i8"), ("end", "<i8")])
-# A chunk span (``name`` one of PRODUCER_NAMES or CONSUMER_NAMES): the chunk's stage and its
-# peer stage; ``figure`` is what its name measures (read it by the names below: a
-# snapshot's strategy, a FIFO span's tasks ahead, the payload bytes of process, put and get;
-# 0 for the others); a FIFO span's ``blocked`` ns and by0..by2, the requests that blocked it
-# most (0: none).
-CHUNK_DTYPE = np.dtype([("name", "i1"), ("reason", "i1"), ("stage", "<i2"), ("peer", "<i2"),
-                        ("replica", "<i2"), ("req", "<u4"), ("chunk", "<i4"), ("ring", "<i4"),
-                        ("start", "<i8"), ("end", "<i8"), ("figure", "<i8"), ("blocked", "<i8"),
-                        ("by0", "<u4"), ("by1", "<u4"), ("by2", "<u4")])
-STRATEGY = "figure"  # snapshot: its strategy (a conventions.Snapshot value)
-AHEAD, BLOCKED = "figure", "blocked"  # fifo: tasks ahead of it at the enqueue; its blocked_ns
-BYTES = "figure"  # process, put, get: the payload's bytes
-# An omni.emit span event of an emitted stage span, or (modality MARK_MODALITY, stage
-# API_STAGE) an API mark of a request span: packet is then the mark's event kind
-# (conventions.API_MARKS).
-EMIT_DTYPE = np.dtype([("req", "<u4"), ("stage", "<i2"), ("replica", "<i2"), ("t", "<i8"),
-                       ("packet", "<i8"), ("modality", "<i4")])
-MARK_MODALITY = -1
 
 
 @dataclass(frozen=True)
@@ -157,8 +115,7 @@ _PAIRS = ((N_SNAPSHOT, E.SNAPSHOT_BEGIN, E.SNAPSHOT_END),
           (N_GET, E.GET_BEGIN, E.GET_END),
           (N_WAIT, E.CHUNK_READY, E.CHUNK_SCHEDULED))
 _PUT = next(i for i, (n, _, _) in enumerate(_PAIRS) if n == N_PUT)
-_MARK_KINDS = frozenset(cv.API_MARKS)  # API marks: request-span events, via the emit rows
-_REQUEST_KINDS = (*(E(k) for k in sorted(_MARK_KINDS)), E.REQUEST_ARRIVE, E.REQUEST_FIRST_TEXT,
+_REQUEST_KINDS = (*(E(k) for k in sorted(cv.API_MARKS)), E.REQUEST_ARRIVE, E.REQUEST_FIRST_TEXT,
                   E.REQUEST_FIRST_AUDIO, E.REQUEST_END, E.REQUEST_TRACE_HI, E.REQUEST_TRACE_LO)
 _STAGE_KINDS = (E.STAGE_ADD, E.STAGE_SCHEDULE, E.STAGE_FINISH, E.STAGE_EMIT)
 _CHUNK_KINDS = tuple(k for _, b, e in _PAIRS for k in (b, e))
@@ -174,12 +131,6 @@ _KNOWN_BYTES = _KNOWN.tobytes()
 _UNCHUNKED = _KNOWN.copy()
 _UNCHUNKED[[int(k) for k in _CHUNK_KINDS]] = False
 _UNCHUNKED_BYTES = _UNCHUNKED.tobytes()
-# the request and stage events' kinds as plain ints: the per-event loop compares each
-# event's kind with several of them (an IntEnum member lookup costs ~0.2 us)
-(_ADD, _SCHEDULE, _FINISH, _ARRIVE, _FIRST_TEXT, _FIRST_AUDIO, _TRACE_HI, _TRACE_LO,
- _END) = (int(k) for k in (E.STAGE_ADD, E.STAGE_SCHEDULE, E.STAGE_FINISH, E.REQUEST_ARRIVE,
-                           E.REQUEST_FIRST_TEXT, E.REQUEST_FIRST_AUDIO, E.REQUEST_TRACE_HI,
-                           E.REQUEST_TRACE_LO, E.REQUEST_END))
 _EMPTY_EV = np.empty(0, EVENT_DTYPE)
 _DEQUEUE, _PROCESS_END, _PUT_END = (int(k) for k in (E.FIFO_DEQUEUE, E.PROCESS_END, E.PUT_END))
 # Busy intervals a sender keeps: those a FIFO span still to be built may overlap, i.e. ending
@@ -298,7 +249,7 @@ class Prepared:
         self.reqs, self.latest = _requests(by.ev) if chunks else _requests(ev, known=True)
         ev = by.ev
         self.emitted = by.kind(E.STAGE_EMIT)
-        self.small = by.in_time_order((E.REQUEST_ARRIVE, E.STAGE_FINISH))
+        self.small = by.in_time_order((reqstate.FIRST_KIND, reqstate.LAST_KIND))
         self.senders, self.gets = _EMPTY_EV, _EMPTY_EV
         self.pairs = [(_EMPTY_EV, _EMPTY_EV)] * len(_PAIRS)
         if chunks:
@@ -597,16 +548,6 @@ def pair_reference(bk: np.ndarray, bo: np.ndarray, ek: np.ndarray, eo: np.ndarra
     return bo[order[pos]], eo[order[pos + begins[owner]] - nb]
 
 
-def row_array(rows: list[tuple], dtype: np.dtype) -> np.ndarray:
-    """``np.array(rows, dtype)``, a column at a time: numpy converts a structured row's
-    tuple field by field (~5 us a row; the request and stage spans, one tuple each). The
-    same bytes, the same OverflowError for a value its field cannot hold."""
-    out = np.empty(len(rows), dtype)
-    for name, column in zip(dtype.names, zip(*rows)):
-        out[name] = np.array(column, dtype[name])
-    return out
-
-
 def _joined(waiting: np.ndarray, new: np.ndarray) -> np.ndarray:
     """Stamps still waiting for a partner, then a feed's new ones (no copy where none wait)."""
     return rowops.concat((waiting, new), EVENT_DTYPE) if len(waiting) else new
@@ -667,38 +608,6 @@ class SenderTasks:
 def ring_column(rings: dict[int, dict], n: int, name: str) -> np.ndarray:
     """``name`` (pid, replica) of rings 0..n-1 as an int64 array (0 where unknown)."""
     return np.array([rings.get(i, {}).get(name, 0) for i in range(n)], np.int64)
-
-
-class _Stage:
-    __slots__ = ("add", "sched", "finish", "status", "ring", "last", "queue_done", "done",
-                 "emits")
-
-    def __init__(self, ring: int) -> None:
-        self.add = self.sched = self.finish = None
-        self.status = 0
-        self.ring, self.last = ring, 0
-        self.queue_done = self.done = False
-        self.emits: list[np.ndarray] = []  # EMIT_DTYPE rows, each array in time order
-
-
-class _Req:
-    __slots__ = ("arrive", "end", "first_text", "first_audio", "prompt", "max_tokens",
-                 "status", "ring", "replica", "stages", "unfinished", "done", "complete_at",
-                 "last_seen", "marks", "trace_hi")
-
-    def __init__(self) -> None:
-        self.arrive = self.end = self.first_text = self.first_audio = None
-        self.prompt = self.max_tokens = -1
-        self.status = 0
-        self.ring = -1
-        self.replica = 0
-        self.stages: dict[tuple[int, int], _Stage] = {}
-        self.unfinished = 0  # stages without a finish yet (a count: each FINISH asks)
-        self.done = False
-        self.complete_at: float | None = None
-        self.last_seen = 0.0
-        self.marks: list[tuple[int, int]] = []  # (t, kind) of API marks
-        self.trace_hi: int | None = None  # the caller's trace id, high half (tracecontext)
 
 
 def _empty(dtype: np.dtype):
@@ -804,11 +713,9 @@ class SpanBuilder:
         self._poll = _Pool()  # begins: PUT_END rows, ends: GET_BEGIN rows
         self.senders: dict[tuple[int, int], _Sender] = {}
         self._tasks = SenderTasks()
-        self.reqs: dict[int, _Req] = {}
+        self.states = reqstate.request_states()  # each open request's and its visits'
         self.last_t = np.zeros(1024, np.int64)  # per request id: latest event time
         self.newest_t = 0  # the latest event time of any request (last_t's max, kept)
-        self._arrived: set[int] = set()  # request ids whose REQUEST_ARRIVE was seen
-        self._repeated: list[int] = []  # ids that arrived again, this feed
         self.dead_pids: set[int] = set()
         self.events = 0
         self.step_events = 0
@@ -816,12 +723,6 @@ class SpanBuilder:
         self.spans_built = 0
         self.incomplete_spans = 0
         self.requests_freed = 0
-        self._requests: list[tuple] = []  # REQUEST_DTYPE rows of this feed
-        self._visits: list[tuple] = []  # VISIT_DTYPE rows of this feed
-        self._emits: list[np.ndarray] = []
-        # API mark emit rows (tuples) not yet in _emits: one array per run of them, not one
-        # per request (a small np.array costs ~8 us)
-        self._marks: list[tuple] = []
         self._busy: Closed = []
 
     # ------------------------------------------------------------------ rings
@@ -842,10 +743,7 @@ class SpanBuilder:
         """Pair ``ev`` (EVENT_DTYPE rows, or them :class:`Prepared`) with what is waiting;
         returns finished spans."""
         p = ev if isinstance(ev, Prepared) else Prepared(ev)
-        latencies: list = []
-        arrivals: list = []
-        ends: list = []
-        contexts: list = []
+        found = reqstate.Found()
         if p.max_ring >= len(self._pids):
             self._ring_arrays(p.max_ring)
         self.events += p.events
@@ -855,34 +753,18 @@ class SpanBuilder:
         if len(p.emitted):
             self._stage_emits(p.emitted, now)
         if len(p.small):
-            self._request_events(p.small, now, latencies, arrivals, ends, contexts)
-        if p.reqs and self.reqs:
-            self._seen(p.reqs, now)
+            self.states.events(p.small, self._replicas, now, self.last_t, found)
+        if p.reqs and len(self.states):
+            self.states.seen(p.reqs, now)
         chunks = self._pair_chunks(p)
-        requests, visits = self._take_rows()
+        requests, visits, emits = self.states.take()
         self._count(requests, visits)
         self.spans_built += len(chunks)  # paired chunk spans are complete: reason 0
         busy, self._busy = self._busy, []
-        repeated, self._repeated = self._repeated, []
-        return Feed(SpanTables(requests, visits, chunks, self._take_emits()), latencies,
-                    arrivals=arrivals, ends=ends, contexts=contexts, busy=busy, repeated=repeated)
-
-    def _take_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """This feed's request and visit spans (rows kept as tuples until then)."""
-        requests, visits = row_array(self._requests, REQUEST_DTYPE), row_array(self._visits, VISIT_DTYPE)
-        self._requests, self._visits = [], []
-        return requests, visits
-
-    def _flush_marks(self) -> None:
-        if self._marks:
-            self._emits.append(np.array(self._marks, EMIT_DTYPE))
-            self._marks = []
-
-    def _take_emits(self) -> np.ndarray:
-        self._flush_marks()
-        emits = rowops.concat(self._emits, EMIT_DTYPE)
-        self._emits = []
-        return emits
+        return Feed(SpanTables(requests, visits, chunks, emits), found.latencies, arrivals=found.arrivals,
+                    ends=found.ends, contexts=[(req, *tracecontext.decode(hi, a, c, b))
+                                               for req, hi, a, c, b in found.contexts],
+                    busy=busy, repeated=found.repeated)
 
     def _count(self, *tables: np.ndarray) -> None:
         for t in tables:
@@ -901,82 +783,9 @@ class SpanBuilder:
         self.newest_t = max(self.newest_t, int(times.max()))
 
     # ------------------------------------------------------------------ requests, stages
-    def _request_events(self, ev: np.ndarray, now: float, latencies: list, arrivals: list,
-                        ends: list, contexts: list) -> None:
-        reqs = self.reqs
-        reqs_get, queue_row, stage_row = reqs.get, self._queue_row, self._stage_row
-        replicas = self._replicas.tolist()
-        for t, a, req, _chunk, kind, stage, b, ring in ev.tolist():
-            st = reqs_get(req)
-            if st is None:
-                st = reqs[req] = _Req()
-            st.last_seen = now
-            st.complete_at = None
-            if kind >= _ADD:
-                replica = replicas[ring]
-                stages = st.stages
-                sg = stages.get((stage, replica))
-                if sg is None:
-                    sg = stages[(stage, replica)] = _Stage(ring)
-                    st.unfinished += 1
-                if t > sg.last:
-                    sg.last = t
-                if kind == _ADD:
-                    if sg.add is None:
-                        sg.add = t
-                        if sg.sched is not None:  # the schedule was fed first (another
-                            # thread's ring drained earlier): the queue span is whole now
-                            queue_row(req, stage, replica, sg, R_NONE)
-                elif kind == _SCHEDULE:
-                    if sg.sched is None:
-                        sg.sched = t
-                        queue_row(req, stage, replica, sg, R_NONE)
-                elif kind == _FINISH:
-                    if sg.finish is None:
-                        st.unfinished -= 1
-                    sg.finish, sg.status = t, a
-                    stage_row(req, stage, replica, sg, R_NONE)
-                    if st.unfinished == 0 and self._complete(st):
-                        st.complete_at = now
-                continue
-            st.ring, st.replica = ring, replicas[ring]
-            if kind == _ARRIVE:
-                if st.arrive is None:
-                    arrivals.append(req)
-                if req in self._arrived:
-                    self._repeated.append(req)
-                self._arrived.add(req)
-                st.arrive, st.prompt, st.max_tokens = t, a, b
-            elif kind == _FIRST_TEXT:
-                if st.first_text is None:
-                    st.first_text = t
-                    if st.arrive is not None:
-                        latencies.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
-            elif kind == _FIRST_AUDIO:
-                if st.first_audio is None:
-                    st.first_audio = t
-                    if st.arrive is not None:
-                        latencies.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
-            elif kind == _TRACE_HI:
-                st.trace_hi = a
-            elif kind == _TRACE_LO:
-                if st.trace_hi is not None:
-                    contexts.append((req, *tracecontext.decode(st.trace_hi, a, _chunk, b)))
-            elif kind == _END:
-                if st.end is None:
-                    ends.append((req, a))
-                    if st.arrive is not None:
-                        latencies.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
-                st.end, st.status = t, a
-                self._request_row(req, st, R_NONE)
-                if self._complete(st):
-                    st.complete_at = now
-            elif kind in _MARK_KINDS:
-                st.marks.append((t, kind))
-
     def _stage_emits(self, ev: np.ndarray, now: float) -> None:
         """STAGE_EMIT events (a = packet index, b = modality; one per output packet, most of
-        the request and stage events) onto their stages a (request, stage, replica) group at
+        the request and stage events) onto their visits a (request, stage, replica) group at
         a time, not one by one."""
         replica = self._replicas[ev["ring"]]
         order = emit_order(ev, replica)
@@ -988,90 +797,7 @@ class SpanBuilder:
         head[1:] = ((ev["req"][1:] != ev["req"][:-1]) | (ev["stage"][1:] != ev["stage"][:-1])
                     | (replica[1:] != replica[:-1]))
         lo = np.flatnonzero(head)
-        hi = np.append(lo[1:], len(ev))
-        last = np.maximum.reduceat(ev["t"], lo)
-        for i, j, req, stage, rep, ring, t in zip(lo.tolist(), hi.tolist(), ev["req"][lo].tolist(),
-                                                  ev["stage"][lo].tolist(), replica[lo].tolist(),
-                                                  ev["ring"][lo].tolist(), last.tolist()):
-            st = self.reqs.get(req)
-            if st is None:
-                st = self.reqs[req] = _Req()
-            st.last_seen = now
-            st.complete_at = None
-            sg = st.stages.get((stage, rep))
-            if sg is None:
-                sg = st.stages[(stage, rep)] = _Stage(ring)
-                st.unfinished += 1
-            if t > sg.last:
-                sg.last = t
-            sg.emits.append(rows[i:j])
-
-    def _seen(self, reqs: list[int], now: float) -> None:
-        """Any event of a request keeps it alive; one after its END re-checks whether it
-        is complete (the grace period counts from its last event)."""
-        for r in reqs:
-            st = self.reqs.get(r)
-            if st is not None:
-                st.last_seen = now
-                if st.complete_at is not None or st.end is not None:
-                    st.complete_at = now if self._complete(st) else None
-
-    @staticmethod
-    def _complete(st: _Req) -> bool:
-        if st.arrive is not None or st.end is not None:
-            if st.end is None:
-                return False
-        elif not st.stages:
-            return False
-        return st.unfinished == 0
-
-    def _request_row(self, req: int, st: _Req, reason: int) -> None:
-        if st.done or (st.arrive is None and reason == R_NONE):
-            return
-        st.done = True
-        last = int(self.last_t[req])
-        start = st.arrive if st.arrive is not None else (st.end or last)
-        end = st.end if st.end is not None else last
-        self._requests.append((req, self._reason(st.ring, reason), st.status != cv.Status.OK,
-                               st.status, st.replica, st.ring, start, max(end, start), st.prompt,
-                               st.max_tokens, st.first_text or 0, st.first_audio or 0))
-        # API marks travel as emit rows of stage API_STAGE (EMIT_DTYPE)
-        if st.marks:
-            replica = st.replica
-            self._marks.extend([(req, cv.API_STAGE, replica, t, k, MARK_MODALITY) for t, k in st.marks])
-            st.marks = []
-
-    def _queue_row(self, req: int, stage: int, replica: int, sg: _Stage, reason: int) -> None:
-        if sg.queue_done or (sg.add is None and (reason == R_NONE or sg.sched is None)):
-            return
-        sg.queue_done = True
-        start = sg.add if sg.add is not None else sg.sched
-        end = sg.sched if sg.sched is not None else sg.last
-        if reason != R_NONE:
-            reason = self._reason(sg.ring, reason)
-        self._visits.append((N_QUEUE, reason, False, 0, stage, replica, req, sg.ring, start,
-                             end if end > start else start))
-
-    def _stage_row(self, req: int, stage: int, replica: int, sg: _Stage, reason: int) -> None:
-        if sg.done:
-            return
-        sg.done = True
-        start = sg.add if sg.add is not None else (sg.sched or sg.last)
-        end = sg.finish if sg.finish is not None else sg.last
-        if reason != R_NONE:
-            reason = self._reason(sg.ring, reason)
-        self._visits.append((N_STAGE, reason, sg.status != 0, sg.status, stage, replica, req,
-                             sg.ring, start, end if end > start else start))
-        if sg.emits:
-            if self._marks:  # the marks before these rows keep their place
-                self._flush_marks()
-            self._emits.extend(sg.emits)
-            sg.emits = []
-
-    def _reason(self, ring: int, reason: int) -> int:
-        if reason != R_NONE and 0 <= ring < len(self._pids) and int(self._pids[ring]) in self.dead_pids:
-            return R_WRITER_DIED
-        return reason
+        self.states.emits(rows, lo, ev["ring"][lo].astype(np.int64), now)
 
     # ------------------------------------------------------------------ chunks
     def _pair_chunks(self, p: Prepared) -> np.ndarray:
@@ -1210,14 +936,7 @@ class SpanBuilder:
     def tick(self, now: float, grace_s: float = 2.0, ended_timeout_s: float = 30.0,
              idle_timeout_s: float = 120.0) -> Feed:
         """Free requests that completed ``grace_s`` ago or went idle (live use)."""
-        gone: dict[int, int] = {}
-        for req, st in self.reqs.items():
-            if st.complete_at is not None and now - st.complete_at >= grace_s:
-                gone[req] = R_UNFINISHED
-            elif st.end is not None and now - st.last_seen >= ended_timeout_s:
-                gone[req] = R_UNFINISHED
-            elif now - st.last_seen >= idle_timeout_s:
-                gone[req] = R_TIMEOUT
+        gone = dict(self.states.expired(now, grace_s, ended_timeout_s, idle_timeout_s))
         # stamps waiting for a partner whose request has no request/stage state (freed
         # already, or a run without API and stage hooks): out after the idle timeout
         horizon = self.newest_t - int(idle_timeout_s * 1e9)
@@ -1225,7 +944,7 @@ class SpanBuilder:
             for rows in (pool.begins, pool.ends):
                 if len(rows):
                     for r in np.unique(rows["req"][rows["t"] < horizon]).tolist():
-                        if r not in self.reqs and self.last_t[r] < horizon:
+                        if r not in self.states and self.last_t[r] < horizon:
                             gone[r] = R_TIMEOUT
         return self.flush(gone) if gone else Feed()
 
@@ -1233,7 +952,7 @@ class SpanBuilder:
         """Emit everything still open of the requests in ``which`` (request -> reason), or
         of every request (end of run), as incomplete spans; forget them."""
         if which is None:
-            which = {req: reason for req in self.reqs}
+            which = {req: reason for req in self.states.live()}
             pools_all = True
         else:
             pools_all = False
@@ -1256,21 +975,12 @@ class SpanBuilder:
                 if is_poll:
                     continue  # a poll lag without both ends is no interval
                 out.append(self._incomplete(name, stale, side == "begins", codes))
-        for req, r in which.items():
-            st = self.reqs.pop(req, None)
-            if st is None:
-                continue
-            self.requests_freed += 1
-            for (stage, replica), sg in st.stages.items():
-                if not sg.queue_done:
-                    self._queue_row(req, stage, replica, sg, r)
-                self._stage_row(req, stage, replica, sg, R_NONE if sg.finish is not None else r)
-            if not st.done and (st.arrive is not None or st.end is not None):
-                self._request_row(req, st, R_NONE if st.end is not None else r)
+        dead = np.isin(self._pids, np.fromiter(self.dead_pids, np.int64)).astype(np.uint8)
+        self.requests_freed += self.states.flush(list(which.items()), self.last_t, dead)
         chunks = rowops.concat(out, CHUNK_DTYPE)
-        requests, visits = self._take_rows()
+        requests, visits, emits = self.states.take()
         self._count(chunks, requests, visits)
-        return Feed(SpanTables(requests, visits, chunks, self._take_emits()))
+        return Feed(SpanTables(requests, visits, chunks, emits))
 
     def _incomplete(self, name: int, ev: np.ndarray, begun: bool, codes: np.ndarray) -> np.ndarray:
         rows = self._span_rows(name, ev, ev)
@@ -1290,9 +1000,9 @@ class SpanBuilder:
         return rows
 
     def open_requests(self) -> int:
-        return len(self.reqs)
+        return len(self.states)
 
     def state_size(self) -> dict:
-        return {"requests": len(self.reqs),
+        return {"requests": len(self.states),
                 "waiting_stamps": sum(len(p.begins) + len(p.ends) for p in self._pools.values()),
                 "sender_intervals": sum(len(s.starts) for s in self.senders.values())}

@@ -198,32 +198,6 @@ def test_visit_emits_first_first_audio_and_count_per_visit_marks_excluded():
     assert len(none.req) == len(none.first) == len(none.count) == 0
 
 
-@pytest.mark.parametrize("dtype", [stt.REQUEST_DTYPE, stt.VISIT_DTYPE])
-@pytest.mark.parametrize("seed", range(10))
-def test_row_array_is_numpys(seed, dtype):
-    """The request and stage span rows a column at a time: numpy's structured rows' bytes
-    for any values the fields hold (each field's extremes, bools, none at all)."""
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(0, 50))
-    cols = []
-    for name in dtype.names:
-        dt = dtype[name]
-        if dt.kind == "b":
-            cols.append(rng.integers(0, 2, n).astype(bool).tolist())
-        else:
-            info = np.iinfo(dt)
-            cols.append(rng.integers(info.min, info.max, n, dtype=dt, endpoint=True).tolist())
-    rows = list(zip(*cols))
-    assert stt.row_array(rows, dtype).tobytes() == np.array(rows, dtype).tobytes()
-
-
-def test_row_array_refuses_what_a_field_cannot_hold():
-    row = [0] * len(stt.VISIT_DTYPE.names)
-    row[0] = 300  # name: int8
-    with pytest.raises(OverflowError):
-        stt.row_array([tuple(row)], stt.VISIT_DTYPE)
-
-
 @pytest.mark.parametrize("seed", range(30))
 def test_stable_key_order_is_the_stable_argsort(seed):
     """Packed key and position, sorted: the stable argsort's order and keys, for keys with

@@ -78,9 +78,9 @@ def test_request_state_is_freed_and_incomplete_spans_flushed():
     spans.append(f.spans)
     assert b.open_requests() == 101
     spans.append(b.tick(2.0, grace_s=1.0, idle_timeout_s=10.0).spans)
-    assert list(b.reqs) == [101]  # completed requests freed after the grace period
+    assert b.states.live() == [101]  # completed requests freed after the grace period
     spans.append(b.tick(20.0, grace_s=1.0, idle_timeout_s=10.0).spans)
-    assert not b.reqs  # the idle one freed too, its open spans flushed with the reason
+    assert not b.states.live()  # the idle one freed too, its open spans flushed with the reason
     allspans = stt.SpanTables.concat(spans).slices()
     inc = allspans[allspans["reason"] != 0]
     assert sorted(stt.NAMES[n] for n in inc["name"]) == sorted([cv.SPAN_SNAPSHOT, cv.SPAN_REQUEST])
