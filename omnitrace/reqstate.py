@@ -38,6 +38,19 @@ assert _ADD < _SCHEDULE < _FINISH and _FINISH + 1 == int(E.STAGE_EMIT)
 # the kinds :meth:`RequestStates.events` takes (a request's and its stages' but the packets)
 FIRST_KIND, LAST_KIND = int(E.REQUEST_ARRIVE), _FINISH
 _reqc = rowops.compiled("_reqc", E=EVENT_DTYPE, R=REQUEST_DTYPE, V=VISIT_DTYPE, M=EMIT_DTYPE)
+# the codes the compiled state has built in, as Python names them: used only where they agree
+CONSTANTS = ",".join(f"{k}={int(v)}" for k, v in (
+    ("ARRIVE", E.REQUEST_ARRIVE), ("DISPATCH", E.REQUEST_DISPATCH), ("FIRST_TEXT", E.REQUEST_FIRST_TEXT),
+    ("FIRST_AUDIO", E.REQUEST_FIRST_AUDIO), ("END", E.REQUEST_END), ("PARSED", E.REQUEST_PARSED),
+    ("PACKET_RECEIVED", E.PACKET_RECEIVED), ("PACKET_RESUMED", E.PACKET_RESUMED),
+    ("TRACE_HI", E.REQUEST_TRACE_HI), ("TRACE_LO", E.REQUEST_TRACE_LO), ("ADD", E.STAGE_ADD),
+    ("SCHEDULE", E.STAGE_SCHEDULE), ("FINISH", E.STAGE_FINISH), ("N_STAGE", N_STAGE), ("N_QUEUE", N_QUEUE),
+    ("R_NONE", R_NONE), ("R_WRITER_DIED", R_WRITER_DIED), ("R_UNFINISHED", R_UNFINISHED),
+    ("R_TIMEOUT", R_TIMEOUT), ("API_STAGE", cv.API_STAGE), ("MARK_MODALITY", MARK_MODALITY)))
+assert _MARK_KINDS == {int(E.REQUEST_DISPATCH), int(E.REQUEST_PARSED), int(E.PACKET_RECEIVED),
+                       int(E.PACKET_RESUMED)}  # the marks CONSTANTS names
+if _reqc is not None and getattr(_reqc, "CONSTANTS", "") != CONSTANTS:
+    _reqc = None
 
 
 class _Stage:
@@ -328,7 +341,16 @@ def _rows(rows: list[tuple], dtype: np.dtype) -> np.ndarray:
     return out
 
 
-def request_states() -> RequestStates:
+if _reqc is not None:
+    class _CompiledStates(_reqc.States):  # type: ignore[name-defined,misc]
+        """The compiled state, its rows as arrays."""
+
+        def take(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            r, v, e = super().take()
+            return (np.frombuffer(r, REQUEST_DTYPE), np.frombuffer(v, VISIT_DTYPE), np.frombuffer(e, EMIT_DTYPE))
+
+
+def request_states(compiled: bool = True) -> RequestStates:
     """The compiled state where it is built (the same rows: tests/unit/test_reqstate.py),
-    else the rule itself."""
-    return _reqc.States() if _reqc is not None else RequestStates()
+    else (or ``compiled`` False) the rule itself."""
+    return _CompiledStates() if compiled and _reqc is not None else RequestStates()
