@@ -11,7 +11,8 @@ from tests.support.sources import modules
 # lowest first; a module belongs to the layer of its longest matching prefix
 LAYERS = [
     ("core", ("omnitrace", "omnitrace.conventions", "omnitrace.categories", "omnitrace.rowops",
-              "omnitrace.record", "omnitrace.tracecontext", "omnitrace.eventlog", "omnitrace.spantable",
+              "omnitrace.record", "omnitrace.tracecontext", "omnitrace.eventlog", "omnitrace.spanrows",
+              "omnitrace.reqstate", "omnitrace.spantable",
               "omnitrace.otlp", "omnitrace.spanload", "omnitrace.runfiles", "omnitrace.childproc",
               "omnitrace.console", "omnitrace.outages", "omnitrace.keys", "omnitrace.intervals",
               "omnitrace.threads")),

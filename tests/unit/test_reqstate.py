@@ -6,11 +6,15 @@ cuts, ticked as the live agent ticks and flushed at the end with a writer dead, 
 same rows in the same order and the same lists beside them."""
 from __future__ import annotations
 
+import importlib.machinery
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from omnitrace import conventions as cv
-from omnitrace import reqstate
+from omnitrace import record, reqstate
 from omnitrace import spantable as stt
 from omnitrace.eventlog import EVENT_DTYPE
 
@@ -96,3 +100,22 @@ def test_flush_of_a_request_never_seen_frees_nothing():
     for s in (reqstate.request_states(compiled=False), reqstate.request_states()):
         assert s.flush([(9, stt.R_TIMEOUT)], np.zeros(10, np.int64), np.zeros(0, np.uint8)) == 0
         assert [len(t) for t in s.take()] == [0, 0, 0]
+
+
+def test_the_rule_gives_the_golden_report(synthetic_run, monkeypatch):
+    """The Python state (a build without a compiler) makes the same report."""
+    from tests.support import golden_inputs as gi
+    monkeypatch.setattr(reqstate, "_reqc", None)
+    assert type(reqstate.request_states()) is reqstate.RequestStates
+    parent, name = os.path.split(synthetic_run)
+    with open(os.path.join(gi.REPORTS, "synthetic.json"), "rb") as f:
+        assert gi.report_json(parent, name) == f.read()
+
+
+def test_a_built_state_imports():
+    """The compiled state is missing only where nothing was compiled, and its layouts and
+    codes are Python's (else it would be refused: reqstate.CONSTANTS)."""
+    here = Path(reqstate.__file__).parent
+    files = [p for suffix in importlib.machinery.EXTENSION_SUFFIXES for p in here.glob("_reqc" + suffix)]
+    if files or record._ringc is not None:
+        assert reqstate._reqc is not None, files
