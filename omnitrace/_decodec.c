@@ -22,6 +22,9 @@
        0..n-1: spantable.ring_kinds_reference), each row of a kind up to 255 adds one to
        counts[ring * 256 + kind]; uncounted: the rows of a ring outside 0..n-1 (0 where
        counts is not given).
+   of_kinds(rows, kinds, out) -> n
+       spantable.of_kinds_reference: the rows whose kind k has kinds[k] != 0 (kinds: 256
+       bytes, the last 0: kinds past 255 are never taken) into out, in order; n of them.
    sort_by_key(rows, field, out)
        spantable.by_key_reference: rows into out stably sorted by spantable._key(req,
        rows[f], chunk), f the i2 ``stage`` (field 0) or the i4 ``b`` (field 1).
@@ -137,6 +140,31 @@ done:
     PyBuffer_Release(&pos); PyBuffer_Release(&starts);
     if (keep.buf) PyBuffer_Release(&keep);
     if (counts.buf) PyBuffer_Release(&counts);
+    return res;
+}
+
+/* ---------------------------------------------------------------------- of_kinds */
+static PyObject *of_kinds(PyObject *self, PyObject *args) {
+    Py_buffer rows, kinds, out;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &rows, &kinds, &out)) return NULL;
+    Py_ssize_t n = rows.len / ROW, taken = 0;
+    PyObject *res = NULL;
+    if (rows.len % ROW || kinds.len != 256 || ((const char *)kinds.buf)[255]) {
+        PyErr_SetString(PyExc_ValueError, "_decodec.of_kinds: rows of 36 bytes, 256 kinds, the last not");
+        goto done;
+    }
+    if (too_small(&out, n * ROW, "out")) goto done;
+    Py_BEGIN_ALLOW_THREADS
+    const char *r = rows.buf, *kn = kinds.buf;
+    char *o = out.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned k = u16_at(r + i * ROW + OFF_KIND);
+        if (k <= 255 && kn[k]) memcpy(o + ROW * taken++, r + i * ROW, ROW);
+    }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromSsize_t(taken);
+done:
+    PyBuffer_Release(&rows); PyBuffer_Release(&kinds); PyBuffer_Release(&out);
     return res;
 }
 
@@ -567,6 +595,7 @@ static PyMethodDef methods[] = {
     {"keep_runs", keep_runs, METH_VARARGS, "Records less the dropped ranges."},
     {"map_req", map_req, METH_VARARGS, "Ring request ids -> run-wide ids, in place."},
     {"group", group, METH_VARARGS, "Known-kind rows with a request, grouped by kind (stable)."},
+    {"of_kinds", of_kinds, METH_VARARGS, "The rows of some kinds, in order."},
     {"sort_by_key", sort_by_key, METH_VARARGS, "Rows stably sorted by spantable._key."},
     {"events_of", events_of, METH_VARARGS, "Ring records -> event rows of one ring."},
     {NULL, NULL, 0, NULL}};

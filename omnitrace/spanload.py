@@ -46,7 +46,8 @@ FEED_EVENTS = 1 << 17
 # event segment bytes (~5 per event) from which a helper process decodes the log: below
 # it the fork and the pipe cost more than they save (10M events: 52 MB)
 HELPER_MIN_BYTES = 16 << 20
-_STEP_KINDS = (cv.Ev.STEP_BEGIN, cv.Ev.STEP_END)
+_STEP_KINDS = [int(cv.Ev.STEP_BEGIN), int(cv.Ev.STEP_END)]
+_STEP_MASK = np.isin(np.arange(256), _STEP_KINDS)
 STEP_EVENT_DTYPE = np.dtype([("ring", "<i4"), ("kind", "u1"), ("t", "<i8")])
 
 
@@ -177,9 +178,8 @@ class _Reading:
             seen.timeouts.extend(zip(d["stage"].tolist(), d["t"].tolist(), d["req"].tolist(), d["chunk"].tolist()))
         if not self._with_steps:
             return
-        if kinds[_STEP_KINDS[0]] or kinds[_STEP_KINDS[1]]:
-            kind = ev["kind"]
-            s = ev[(kind == _STEP_KINDS[0]) | (kind == _STEP_KINDS[1])]
+        if kinds[_STEP_KINDS].any():
+            s = stt.of_kinds(ev, _STEP_MASK)
             rows = np.zeros(len(s), STEP_EVENT_DTYPE)
             rows["ring"], rows["kind"], rows["t"] = s["ring"], s["kind"], s["t"]
             self._steps.append(rows)

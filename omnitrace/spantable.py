@@ -6,9 +6,10 @@ order of arrival; output per feed: the finished spans, a table per kind
 (:data:`REQUEST_DTYPE`, :data:`VISIT_DTYPE`, :data:`CHUNK_DTYPE`), and the ``omni.emit``
 events of finished stage spans (:data:`EMIT_DTYPE`; rows of stage
 ``API_STAGE`` are the request span's API marks, ``conventions.API_MARKS``). Nothing here
-builds a Python object per chunk event: chunk pairs are matched with sorts and binary
-searches over integer keys; only request and stage events (a few per request per stage)
-go through a Python loop, and the emits (one per output packet) a stage at a time.
+builds a Python object per event: chunk pairs are matched with sorts and binary searches
+over integer keys; request and stage events (a few per request per stage) and the emits
+(one per output packet, a visit at a time) go to each request's state (``reqstate``:
+compiled, its rule in Python beside it).
 
 Pairing rules (one trace per request, ``conventions.trace_id_for(request)``):
 
@@ -192,6 +193,22 @@ def _group(ev: np.ndarray, chunks: bool, rings: int = 0) -> Grouped:
     if uncounted and max_ring >= rings:  # a ring past those described: counted again, all of them
         counts = ring_kinds_reference(ev, max_ring + 1)
     return rows[:kept], pos[:kept], starts, unknown, steps, max_ring, counts
+
+
+def of_kinds_reference(ev: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+    """The rows of ``ev`` whose kind is one of ``kinds`` (bool by kind, 256; none past 255),
+    in order: the rule ``_decodec.of_kinds`` follows."""
+    kind = ev["kind"]
+    return rowops.select(ev, (kind <= 255) & kinds[np.minimum(kind, 255)])
+
+
+def of_kinds(ev: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+    """:func:`of_kinds_reference`, compiled where built (one pass, no mask)."""
+    if _decodec is None:
+        return of_kinds_reference(ev, kinds)
+    ev = np.ascontiguousarray(ev)
+    out = np.empty(len(ev), EVENT_DTYPE)
+    return out[:_decodec.of_kinds(ev, kinds.astype(bool).tobytes(), out)]
 
 
 class _ByKind:

@@ -68,6 +68,16 @@ def test_compiled_group_is_the_reference(seed, chunks, rings):
         assert kinds is None and ref_kinds is None
 
 
+@built
+@pytest.mark.parametrize("seed", range(30))
+def test_compiled_of_kinds_is_the_reference(seed):
+    ev = events(seed)
+    kinds = np.random.default_rng(seed).random(256) < 0.2
+    kinds[255] = False
+    same_rows(stt.of_kinds(ev, kinds), stt.of_kinds_reference(ev, kinds))
+    same_rows(stt.of_kinds(ev[::3], kinds), stt.of_kinds_reference(ev[::3], kinds))  # strided
+
+
 def test_ring_kinds_reference_counts_each_event_once():
     ev = np.zeros(6, EVENT_DTYPE)
     ev["ring"] = [0, 0, 2, 5, -1, 1]
@@ -125,6 +135,10 @@ def test_compiled_refuses_bad_buffers():
     with pytest.raises(ValueError):  # kind 255 kept
         c.group(ev, stt._KNOWN_BYTES, np.empty(3, EVENT_DTYPE), np.empty(3, np.int64), np.empty(257, np.int64),
                 b"\1" * 256)
+    with pytest.raises(ValueError):  # kind 255 taken
+        c.of_kinds(ev, b"\1" * 256, np.empty(3, EVENT_DTYPE))
+    with pytest.raises(ValueError):  # out too small
+        c.of_kinds(ev, b"\0" * 256, np.empty(2, EVENT_DTYPE))
     with pytest.raises(ValueError):  # counts not 256 per ring
         c.group(ev, stt._KNOWN_BYTES, np.empty(3, EVENT_DTYPE), np.empty(3, np.int64), np.empty(257, np.int64),
                 stt._KNOWN_BYTES, np.zeros(255, np.int64))
