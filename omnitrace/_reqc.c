@@ -34,7 +34,7 @@
 
 enum { EV = 36, REQ_ROW = 62, VISIT_ROW = 33, EMIT = 28 };
 /* conventions.Ev kinds, spanrows names and reasons, conventions.API_STAGE, MARK_MODALITY:
-   checked against Python's at import (reqstate) through CONSTANTS */
+   compared with Python's at import (rowops.compiled, from reqstate) through CONSTANTS */
 enum { K_ARRIVE = 10, K_DISPATCH = 11, K_FIRST_TEXT = 12, K_FIRST_AUDIO = 13, K_END = 14,
        K_PARSED = 15, K_PACKET_RECEIVED = 16, K_PACKET_RESUMED = 17, K_TRACE_HI = 18,
        K_TRACE_LO = 19, K_ADD = 20, K_SCHEDULE = 21, K_FINISH = 22 };
@@ -92,6 +92,17 @@ typedef struct {
 } States;
 
 /* ---------------------------------------------------------------------- slots */
+/* A full pool of `size`-byte items (`*cap` of them) doubled, from `first`: the items, maybe
+   moved (pointers into them go stale); NULL with MemoryError set. Freed slots are reused
+   before the pool grows: each pool chains its own through the items' `next`. */
+static void *grown(void *items, int32_t *cap, size_t size, int32_t first) {
+    int32_t n = *cap ? 2 * *cap : first;
+    void *p = PyMem_Realloc(items, (size_t)n * size);
+    if (!p) return PyErr_NoMemory();
+    *cap = n;
+    return p;
+}
+
 static int ensure_ids(States *s, int64_t req) {
     if (req < s->n_ids) return 0;
     Py_ssize_t n = s->n_ids ? s->n_ids : 1024;
@@ -122,13 +133,9 @@ static Req *state(States *s, int64_t req, double now) {
             i = s->free_req;
             s->free_req = s->reqs[i].next;
         } else {
-            if (s->n_reqs == s->cap_reqs) {
-                int32_t cap = s->cap_reqs ? 2 * s->cap_reqs : 1024;
-                Req *p = PyMem_Realloc(s->reqs, (size_t)cap * sizeof(Req));
-                if (!p) { PyErr_NoMemory(); return NULL; }
-                s->reqs = p;
-                s->cap_reqs = cap;
-            }
+            Req *p = s->n_reqs < s->cap_reqs ? s->reqs : grown(s->reqs, &s->cap_reqs, sizeof(Req), 1024);
+            if (!p) return NULL;
+            s->reqs = p;
             i = s->n_reqs++;
         }
         r = &s->reqs[i];
@@ -180,13 +187,9 @@ static Visit *visit(States *s, Req *r, int16_t stage, int16_t replica, int32_t r
         i = s->free_visit;
         s->free_visit = s->visits[i].next;
     } else {
-        if (s->n_visits == s->cap_visits) {
-            int32_t cap = s->cap_visits ? 2 * s->cap_visits : 4096;
-            Visit *p = PyMem_Realloc(s->visits, (size_t)cap * sizeof(Visit));
-            if (!p) { PyErr_NoMemory(); return NULL; }
-            s->visits = p;
-            s->cap_visits = cap;
-        }
+        Visit *p = s->n_visits < s->cap_visits ? s->visits : grown(s->visits, &s->cap_visits, sizeof(Visit), 4096);
+        if (!p) return NULL;
+        s->visits = p;
         i = s->n_visits++;
     }
     Visit *g = &s->visits[i];

@@ -38,6 +38,8 @@
 enum { EV = 36, SPAN = 64, SNAP = 14, FIFO = 26, XFER = 25, BAD = 6, EARLY = 48 };
 /* span names (spantable.NAMES) the split reads */
 enum { N_SNAPSHOT = 3, N_FIFO = 4, N_PUT = 6, N_GET = 7 };
+/* the same for rowops.compiled, which uses this module only where Python's agree */
+#define CONSTANTS "N_SNAPSHOT=3,N_FIFO=4,N_PUT=6,N_GET=7"
 
 #define GET(type, p, off) ({ type v_; memcpy(&v_, (p) + (off), sizeof v_); v_; })
 #define PUT(type, p, off, val) do { type v_ = (type)(val); memcpy((p) + (off), &v_, sizeof v_); } while (0)
@@ -338,7 +340,8 @@ static struct PyModuleDef spanc_module = {
 
 PyMODINIT_FUNC PyInit__spanc(void) {
     PyObject *m = PyModule_Create(&spanc_module);
-    if (m && PyModule_AddStringConstant(m, "LAYOUT", LAYOUT) < 0) {
+    if (m && (PyModule_AddStringConstant(m, "LAYOUT", LAYOUT) < 0
+              || PyModule_AddStringConstant(m, "CONSTANTS", CONSTANTS) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -37,20 +37,16 @@ assert all(k < _ADD for k in (*_MARK_KINDS, _ARRIVE, _FIRST_TEXT, _FIRST_AUDIO, 
 assert _ADD < _SCHEDULE < _FINISH and _FINISH + 1 == int(E.STAGE_EMIT)
 # the kinds :meth:`RequestStates.events` takes (a request's and its stages' but the packets)
 FIRST_KIND, LAST_KIND = int(E.REQUEST_ARRIVE), _FINISH
-_reqc = rowops.compiled("_reqc", E=EVENT_DTYPE, R=REQUEST_DTYPE, V=VISIT_DTYPE, M=EMIT_DTYPE)
-# the codes the compiled state has built in, as Python names them: used only where they agree
-CONSTANTS = ",".join(f"{k}={int(v)}" for k, v in (
-    ("ARRIVE", E.REQUEST_ARRIVE), ("DISPATCH", E.REQUEST_DISPATCH), ("FIRST_TEXT", E.REQUEST_FIRST_TEXT),
-    ("FIRST_AUDIO", E.REQUEST_FIRST_AUDIO), ("END", E.REQUEST_END), ("PARSED", E.REQUEST_PARSED),
-    ("PACKET_RECEIVED", E.PACKET_RECEIVED), ("PACKET_RESUMED", E.PACKET_RESUMED),
-    ("TRACE_HI", E.REQUEST_TRACE_HI), ("TRACE_LO", E.REQUEST_TRACE_LO), ("ADD", E.STAGE_ADD),
-    ("SCHEDULE", E.STAGE_SCHEDULE), ("FINISH", E.STAGE_FINISH), ("N_STAGE", N_STAGE), ("N_QUEUE", N_QUEUE),
-    ("R_NONE", R_NONE), ("R_WRITER_DIED", R_WRITER_DIED), ("R_UNFINISHED", R_UNFINISHED),
-    ("R_TIMEOUT", R_TIMEOUT), ("API_STAGE", cv.API_STAGE), ("MARK_MODALITY", MARK_MODALITY)))
 assert _MARK_KINDS == {int(E.REQUEST_DISPATCH), int(E.REQUEST_PARSED), int(E.PACKET_RECEIVED),
-                       int(E.PACKET_RESUMED)}  # the marks CONSTANTS names
-if _reqc is not None and getattr(_reqc, "CONSTANTS", "") != CONSTANTS:
-    _reqc = None
+                       int(E.PACKET_RESUMED)}  # the marks _reqc has built in
+_reqc = rowops.compiled("_reqc", constants=dict(
+    ARRIVE=E.REQUEST_ARRIVE, DISPATCH=E.REQUEST_DISPATCH, FIRST_TEXT=E.REQUEST_FIRST_TEXT,
+    FIRST_AUDIO=E.REQUEST_FIRST_AUDIO, END=E.REQUEST_END, PARSED=E.REQUEST_PARSED,
+    PACKET_RECEIVED=E.PACKET_RECEIVED, PACKET_RESUMED=E.PACKET_RESUMED, TRACE_HI=E.REQUEST_TRACE_HI,
+    TRACE_LO=E.REQUEST_TRACE_LO, ADD=E.STAGE_ADD, SCHEDULE=E.STAGE_SCHEDULE, FINISH=E.STAGE_FINISH,
+    N_STAGE=N_STAGE, N_QUEUE=N_QUEUE, R_NONE=R_NONE, R_WRITER_DIED=R_WRITER_DIED, R_UNFINISHED=R_UNFINISHED,
+    R_TIMEOUT=R_TIMEOUT, API_STAGE=cv.API_STAGE, MARK_MODALITY=MARK_MODALITY),
+    E=EVENT_DTYPE, R=REQUEST_DTYPE, V=VISIT_DTYPE, M=EMIT_DTYPE)
 
 
 class _Stage:
@@ -99,6 +95,12 @@ class Found:
         self.ends: list[tuple[int, int]] = []
         self.contexts: list[tuple[int, int, int, int, int]] = []
         self.repeated: list[int] = []
+
+
+def _latency(found: Found, kind: int, req: int, st: _Req, t: int) -> None:
+    """A first text, first audio or end of an arrived request, as a latency."""
+    if st.arrive is not None:
+        found.latencies.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
 
 
 class RequestStates:
@@ -179,13 +181,11 @@ class RequestStates:
             elif kind == _FIRST_TEXT:
                 if st.first_text is None:
                     st.first_text = t
-                    if st.arrive is not None:
-                        found.latencies.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
+                    _latency(found, kind, req, st, t)
             elif kind == _FIRST_AUDIO:
                 if st.first_audio is None:
                     st.first_audio = t
-                    if st.arrive is not None:
-                        found.latencies.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
+                    _latency(found, kind, req, st, t)
             elif kind == _TRACE_HI:
                 st.trace_hi = a
             elif kind == _TRACE_LO:
@@ -194,8 +194,7 @@ class RequestStates:
             elif kind == _END:
                 if st.end is None:
                     found.ends.append((req, a))
-                    if st.arrive is not None:
-                        found.latencies.append((kind, req, st.replica, (t - st.arrive) / 1e9, t))
+                    _latency(found, kind, req, st, t)
                 st.end, st.status = t, a
                 self._request_row(req, st, R_NONE, last_t, None)
                 if self._complete(st):

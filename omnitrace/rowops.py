@@ -89,17 +89,21 @@ def distinct(values: np.ndarray, few: int = 8) -> list[int]:
     return sorted(out)
 
 
-def compiled(name: str, **layouts: np.dtype) -> ModuleType | None:
+def compiled(name: str, constants: dict[str, int] | None = None, **layouts: np.dtype) -> ModuleType | None:
     """The compiled module ``omnitrace.<name>`` that walks rows of these dtypes, where it is
     built and its ``LAYOUT`` (``code itemsize:field offset,...`` parts, ``;``-joined) names
-    each of them as ``code``; else None, and the caller uses its numpy reference."""
+    each of them as ``code``, and its ``CONSTANTS`` (``NAME=value`` parts, ``,``-joined)
+    give each of ``constants`` the value Python gives it (codes it has built in: event
+    kinds, span names); else None, and the caller uses its numpy reference."""
     try:
         mod = importlib.import_module(f"omnitrace.{name}")
     except ImportError:
         return None
     want = {f"{code}{d.itemsize}:" + ",".join(f"{f}{d.fields[f][1]}" for f in d.names)
             for code, d in layouts.items()}
-    return mod if want <= set(getattr(mod, "LAYOUT", "").split(";")) else None
+    codes = {f"{k}={int(v)}" for k, v in (constants or {}).items()}
+    return (mod if want <= set(getattr(mod, "LAYOUT", "").split(";"))
+            and codes <= set(getattr(mod, "CONSTANTS", "").split(",")) else None)
 
 
 class Growing:

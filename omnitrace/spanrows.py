@@ -1,6 +1,7 @@
 """The span builder's output rows (``spantable``): the span names and incomplete reasons
-as codes, and a dtype per table. Their one home: the builder, its request state
-(``reqstate``) and every reader of its tables name them from here."""
+as codes, and a dtype per table. Their one home: the builder and its request state
+(``reqstate``) import them from here; readers of the tables reach them through
+``spantable``, which names them too."""
 from __future__ import annotations
 
 import numpy as np

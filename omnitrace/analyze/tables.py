@@ -45,8 +45,10 @@ INCOMPLETE_DTYPE = np.dtype([("req", "<u4"), ("name", "i1"), ("reason", "i1")])
 # it is 0 in the report (by0..by2: its builder names no culprits).
 EARLY_DTYPE = np.dtype([(n, stt.CHUNK_DTYPE[n]) for n in (
     "name", "reason", "stage", "peer", "replica", "req", "chunk", "start", "end", "figure", "blocked")])
-_spanc = rowops.compiled("_spanc", S=stt.CHUNK_DTYPE, P=SNAPSHOT_DTYPE, F=FIFO_DTYPE,
-                         X=TRANSFER_DTYPE, I=INCOMPLETE_DTYPE, R=EARLY_DTYPE)
+_spanc = rowops.compiled("_spanc", dict(N_SNAPSHOT=stt.N_SNAPSHOT, N_FIFO=stt.N_FIFO, N_PUT=stt.N_PUT,
+                                        N_GET=stt.N_GET),
+                         S=stt.CHUNK_DTYPE, P=SNAPSHOT_DTYPE, F=FIFO_DTYPE, X=TRANSFER_DTYPE,
+                         I=INCOMPLETE_DTYPE, R=EARLY_DTYPE)
 _NONE = np.iinfo(np.int64).max
 
 

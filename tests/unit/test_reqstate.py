@@ -1,9 +1,10 @@
 """The compiled request state (omnitrace/_reqc.c) gives what its rule does
 (reqstate.RequestStates): two span builders, one on each, fed the same random streams
 (every request and stage event kind, repeats, a schedule before its add, events after
-the end, packets, API marks, trace contexts, statuses too wide for their field) in random
-cuts, ticked as the live agent ticks and flushed at the end with a writer dead, give the
-same rows in the same order and the same lists beside them."""
+the end, packets, API marks, trace contexts, statuses too wide for their field; some with
+more requests and visits than the compiled pools start with) in random cuts, ticked as
+the live agent ticks and flushed at the end with a writer dead, give the same rows in the
+same order and the same lists beside them."""
 from __future__ import annotations
 
 import importlib.machinery
@@ -28,10 +29,11 @@ RINGS = {i: {"pid": 100 + i, "replica": i % 2, "stage": i % 3} for i in range(4)
 
 def stream(seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    n = int(rng.choice([0, 1, 40, 400, 3000]))
+    big = seed % 10 == 9  # more requests and visits than the compiled pools start with
+    n = 20000 if big else int(rng.choice([0, 1, 40, 400, 3000]))
     ev = np.zeros(n, EVENT_DTYPE)
     ev["t"] = np.sort(rng.integers(1, 5000, n))  # ties too
-    ev["req"] = rng.integers(1, [3, 30, 300][seed % 3], n)
+    ev["req"] = rng.integers(1, 5000 if big else [3, 30, 300][seed % 3], n)
     weights = np.array([3, 1, 2, 2, 3, 1, 1, 1, 1, 1, 4, 4, 4, 8, 2], float)
     ev["kind"] = rng.choice(np.array(KINDS, np.int64), n, p=weights / weights.sum())
     ev["stage"] = rng.integers(0, 3, n)
@@ -114,7 +116,7 @@ def test_the_rule_gives_the_golden_report(synthetic_run, monkeypatch):
 
 def test_a_built_state_imports():
     """The compiled state is missing only where nothing was compiled, and its layouts and
-    codes are Python's (else it would be refused: reqstate.CONSTANTS)."""
+    codes are Python's (else rowops.compiled refuses it)."""
     here = Path(reqstate.__file__).parent
     files = [p for suffix in importlib.machinery.EXTENSION_SUFFIXES for p in here.glob("_reqc" + suffix)]
     if files or record._ringc is not None:

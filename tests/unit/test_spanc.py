@@ -196,3 +196,13 @@ def test_row_operations_on_any_row_type():
         grow.spare(5)[:2] = rows[20:22]
         grow.added(2)
         assert grow.view().tobytes() == rows[[0, 1, 2, 3, 4, 5, 6, 20, 21]].tobytes()
+
+
+@pytest.mark.skipif(stt._spanc is None, reason="built without a C compiler")
+def test_a_compiled_module_with_other_codes_is_refused():
+    """rowops.compiled uses a module only where its built-in codes are Python's: a span name
+    numbered otherwise (or one it does not name) and the numpy reference runs instead."""
+    assert rowops.compiled("_spanc", dict(N_FIFO=stt.N_FIFO), S=stt.CHUNK_DTYPE) is stt._spanc
+    assert rowops.compiled("_spanc", dict(N_FIFO=stt.N_FIFO + 1), S=stt.CHUNK_DTYPE) is None
+    assert rowops.compiled("_spanc", dict(N_NONE=0), S=stt.CHUNK_DTYPE) is None
+    assert tables._spanc is stt._spanc  # the report's split: its codes agree
