@@ -45,6 +45,19 @@ def dense(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq, inv.astype(np.int64)
 
 
+# A request's visit of a stage (its stage and queue spans), on one replica or any.
+VISIT_BITS = (32, 15, 15)  # request, stage, replica
+REQUEST_STAGE_BITS = (32, 16)  # request, stage (or replica)
+
+
+def visit_key(req: np.ndarray, stage: np.ndarray, replica: np.ndarray) -> np.ndarray:
+    return pack(list(zip((req, stage, replica), VISIT_BITS)))
+
+
+def request_stage_key(req: np.ndarray, stage: np.ndarray) -> np.ndarray:
+    return pack(list(zip((req, stage), REQUEST_STAGE_BITS)))
+
+
 # A FIFO's sender: the thread that takes its chunks off one at a time
 # (``spantable.sender_tasks``), named by where it runs -- a process id in the span builder,
 # a replica in the report (one timeline for a replica's processes and run directories) --

@@ -32,6 +32,7 @@ from omnitrace.agent.export_prometheus import Metrics
 from omnitrace.rules import attribution as at
 from omnitrace.rules import headofline, walk
 from omnitrace import rowops
+from omnitrace.rules.requesttable import RequestTable
 from omnitrace.rules.spanobjects import before_first_packet, first_packet_of, spans_from_tables
 from omnitrace.spantable import Feed, SpanTables
 
@@ -204,7 +205,7 @@ class AttributionView:
         totals: dict[tuple[int, str], int] = {}
         hol: dict[int, int] = {}
         victims = []
-        found, none = self._walk(spans, {self.requests[r]: r for r in reqs})
+        found, none = self._walk(spans)
         self.not_attributed += none
         for req, a in found:
             self.attributed += 1
@@ -230,24 +231,23 @@ class AttributionView:
         while len(self.done) > self.DONE_MEMORY:
             del self.done[next(iter(self.done))]
 
-    def _walk(self, spans: SpanTables,
-              num_of: dict[str, int]) -> tuple[list[tuple[int, at.Attribution]], int]:
+    def _walk(self, spans: SpanTables) -> tuple[list[tuple[int, at.Attribution]], int]:
         """The report's attribution of the requests in ``spans``: the batch walk
         (:func:`walk.walk`) over the chunk rows begun before their request's first packet,
         as rows (no span objects: they were most of this view's cost); the reference walk
         where the batch keys do not hold the numbers. Returns ((request id number, its
         attribution) per attributed request, how many were not attributed)."""
-        small = SpanTables(spans.requests, spans.visits, emits=spans.emits)
-        reqs = at.index_requests(spans_from_tables(small, self.requests, self.rings))
-        rids = list(reqs)
-        num = np.array([num_of[r] for r in rids], np.int64)
+        table, nums = RequestTable.dense(spans)
+        num = nums[1:]
+        rids = [self.requests[r] for r in num.tolist()]
         rows, owner = _owned(before_first_packet(spans), num)
         if not walk.fits(rows) or len(rids) >= 1 << 16:
-            objects = spans_from_tables(spans, self.requests, self.rings, chunks_before_ttfp=True)
+            num_of = dict(zip(rids, num.tolist()))
+            objects = spans_from_tables(spans, self.requests, chunks_before_ttfp=True)
             walked = [at.attribute(r) for r in at.index_requests(objects).values()]
             found = [(num_of[a.rid], a) for a in walked if a is not None]
             return found, len(walked) - len(found)
-        wk = walk.walk(rids, [walk.inputs(reqs[r]) for r in rids], rows, owner)
+        wk = walk.walk(rids, table, np.arange(1, len(nums)), rows, owner)
         found = [(int(num[i]), wk.attribution(i)) for i in np.flatnonzero(wk.ok).tolist()]
         return found, len(rids) - len(found)
 

@@ -1,9 +1,11 @@
-"""The span objects the walk and the waterfalls read, made from the report's tables:
-request, stage and queue spans as :class:`Span` objects for the whole run
-(``rules.spanobjects.spans_from_tables``); chunk spans, millions in an hour's run, only
-where the walk asks for them, a batch of requests at a time (:func:`with_chunks`,
+"""The report's chunk rows a batch of requests at a time (:func:`chunk_rows`: what the
+batch walk reads), and the span objects the reference walk reads where the batch walk's
+keys do not hold a run's numbers (and the tests that compare the two): a batch's request,
+stage and queue spans (``rules.spanobjects.spans_from_tables``) with their chunk spans,
+millions in an hour's run, made only where the walk asks for them (:func:`with_chunks`,
 :class:`_BatchChunks`).
-The tables themselves are ``rundir``'s (``Run.early``, ``Run.chunk_requests``).
+The tables themselves are ``rundir``'s (``Run.request_spans``, ``Run.early``,
+``Run.chunk_requests``).
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from omnitrace import spantable as stt
 from omnitrace.analyze.run import Run
 from omnitrace.analyze.tables import EARLY_DTYPE, as_chunk_rows
 from omnitrace.rules.span import Span
-from omnitrace.rules.spanobjects import chunk_span, chunk_spans
+from omnitrace.rules import attribution as at
+from omnitrace.rules.spanobjects import chunk_span, chunk_spans, spans_from_tables
 
 # the walk's three indexes of a request's chunk spans (``attribution.RequestSpans``)
 _PRODUCER, _CONSUMER, _SCHEDULED = range(3)
@@ -104,9 +107,11 @@ class _LazyChunks:
         return hit if hit else default
 
 
-def chunk_rows(run: Run, rids: list[str], batch: int) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
-    """``rids`` in batches of ``batch``: (the batch, its requests' rows of ``run.early``,
-    each request in turn with its rows in table order, and the rows per request)."""
+def chunk_rows(run: Run, rids: list[str], batch: int
+               ) -> Iterator[tuple[list[str], np.ndarray, np.ndarray, np.ndarray]]:
+    """``rids`` in batches of ``batch``: (the batch, its request numbers (-1: none), its
+    requests' rows of ``run.early``, each request in turn with its rows in table order, and
+    the rows per request)."""
     early = run.early if run.early is not None else np.zeros(0, EARLY_DTYPE)
     order = np.argsort(early["req"], kind="stable")  # a request's rows stay in table order
     sreq = early["req"][order]
@@ -117,38 +122,48 @@ def chunk_rows(run: Run, rids: list[str], batch: int) -> Iterator[tuple[list[str
         lo, hi = np.searchsorted(sreq, ids, "left"), np.searchsorted(sreq, ids, "right")
         counts = np.where(ids >= 0, hi - lo, 0)
         _, pos = intervals.expand_ranges(lo, lo + counts)
-        yield part, rowops.take(early, order[pos]), counts
+        yield part, ids, rowops.take(early, order[pos]), counts
 
 
-def with_chunks(run: Run, reqs: dict, rids: list[str], batch: int = 2048) -> Iterator:
-    """Each of ``rids``' ``attribution.RequestSpans`` (from ``reqs``) with its chunk spans
-    attached (lazily, from ``run.early``), in batches of ``batch`` requests; a batch's rows
-    are dropped when the next one is taken."""
-    for part, rows, counts in chunk_rows(run, rids, batch):
-        yield from attach_chunks(run, reqs, part, rows, counts)
+def request_objects(run: Run, nums: np.ndarray) -> dict[str, at.RequestSpans]:
+    """The ``attribution.RequestSpans`` of the requests numbered ``nums``, without their
+    chunk spans."""
+    sp = run.request_spans
+    mine = [rowops.select(t, np.isin(t["req"], nums)) for t in (sp.requests, sp.visits, sp.emits)]
+    small = stt.SpanTables(mine[0], mine[1], emits=mine[2])
+    return at.index_requests(spans_from_tables(small, run.chunk_requests))
 
 
-def attach_chunks(run: Run, reqs: dict, part: list[str], rows: np.ndarray, counts: np.ndarray
-                  ) -> Iterator:
-    """A :func:`chunk_rows` batch's ``attribution.RequestSpans`` with their chunk spans
-    attached (lazily), dropped again once the batch is walked."""
+def with_chunks(run: Run, rids: list[str], batch: int = 2048) -> Iterator[at.RequestSpans]:
+    """Each of ``rids``' ``attribution.RequestSpans`` with its chunk spans attached
+    (lazily, from ``run.early``), in batches of ``batch`` requests; a batch's rows are
+    dropped when the next one is taken."""
+    for part, nums, rows, counts in chunk_rows(run, rids, batch):
+        yield from attach_chunks(run, request_objects(run, nums), part, rows, counts)
+
+
+def attach_chunks(run: Run, reqs: dict[str, at.RequestSpans], part: list[str], rows: np.ndarray,
+                  counts: np.ndarray) -> Iterator[at.RequestSpans]:
+    """A :func:`chunk_rows` batch's ``attribution.RequestSpans`` (``reqs``: those of its
+    requests that have any) with their chunk spans attached (lazily), dropped again once
+    the batch is walked."""
     chunks = _BatchChunks(rows, counts, run.chunk_requests)
     for i, (rid, n) in enumerate(zip(part, counts.tolist())):
-        if n:
+        if n and rid in reqs:
             r = reqs[rid]
             r.producer, r.consumer, r.scheduled = (_LazyChunks(chunks, i, w)
                                                    for w in (_PRODUCER, _CONSUMER, _SCHEDULED))
     for rid in part:
-        yield reqs[rid]
-    for rid in part:
-        reqs[rid].drop_chunks()
+        if rid in reqs:
+            yield reqs[rid]
+    for r in reqs.values():
+        r.drop_chunks()
 
 
-def request_spans(run: Run) -> dict:
+def request_spans(run: Run) -> dict[str, at.RequestSpans]:
     """Every request's ``attribution.RequestSpans`` with all its chunk spans as objects
     (the whole run: for small runs and tests; the report walks ``with_chunks``)."""
-    from omnitrace.rules import attribution as at
-    reqs = at.index_requests(run.spans)
+    reqs = at.index_requests(spans_from_tables(run.request_spans, run.chunk_requests))
     early = run.early if run.early is not None else np.zeros(0, EARLY_DTYPE)
     known = np.array([r in reqs for r in run.chunk_requests], bool)
     rows = rowops.select(early, known[early["req"].astype(np.int64)])

@@ -16,12 +16,13 @@ from omnitrace.analyze import accounting
 from omnitrace.rules import attribution as at
 from omnitrace.analyze import components, failures, observed, report_warnings, waterfall
 from omnitrace.analyze.beside import MIN_WORK, Beside
-from omnitrace.analyze.chunkspans import attach_chunks, chunk_rows
+from omnitrace.analyze.chunkspans import attach_chunks, chunk_rows, request_objects
 from omnitrace.analyze.tables import EARLY_DTYPE
 from omnitrace.analyze.run import Run
 from omnitrace.analyze.select import Selection
 from omnitrace.analyze.stats import NS_TO_MS, median, summary
 from omnitrace.rules import headofline, walk
+from omnitrace.rules.requesttable import RequestTable
 
 WATERFALLS = 10  # slowest requests given a waterfall in the HTML (and --request ID ones)
 TOP_CATEGORIES = 4  # per-request console line: the largest categories
@@ -120,9 +121,10 @@ def _undelivered(c: dict[str, Any], in_record: int, sampled_out: int) -> None:
     c["not_built_live"] = max(0, c["undelivered"] - c["failed"] - c["dropped"] - sampled_out)
 
 
-def _first_seen(run: Run, reqs: dict[str, at.RequestSpans]) -> dict[str, int]:
+def _first_seen(run: Run, rt: RequestTable) -> dict[str, int]:
     """Request id -> its arrival, or (no API request) its first chunk span's start."""
-    out = {rid: r.request.start for rid, r in reqs.items() if r.request is not None}
+    nums = np.flatnonzero(rt.has_request)
+    out = dict(zip([run.chunk_requests[i] for i in nums.tolist()], rt.arrival[nums].tolist()))
     if run.figures is not None:
         first = run.figures.first_start
         for i in np.flatnonzero(first[:len(run.chunk_requests)] != np.iinfo(np.int64).max).tolist():
@@ -179,8 +181,7 @@ def _measured(run: Run, first_seen: dict[str, int], level: int | None,
 
 def measured_ids(run: Run, level: int | None = None, select: Selection | None = None) -> set[str]:
     """The request ids a report on ``run`` measures (for `compare`'s component figures)."""
-    reqs = at.index_requests(run.spans)
-    return _measured(run, _first_seen(run, reqs), level, select or Selection())[0]
+    return _measured(run, _first_seen(run, run.request_table()), level, select or Selection())[0]
 
 
 def build_report(run: Run, per_request_segments: bool = True, level: int | None = None,
@@ -336,16 +337,16 @@ def _segments(a: at.Attribution, label: Callable[[int], str]) -> list[tuple[Any,
 WALK_BATCH = 8192  # requests walked at once (rules/walk.py: fewer than 2^16)
 
 
-def _walk(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _RowContext) -> _Walked:
+def _walk(run: Run, rt: RequestTable, rids: list[str], ctx: _RowContext) -> _Walked:
     """Attribute ``rids`` and make their report rows and head-of-line pairs (:func:`_walk_parts`)."""
-    parts = _walk_parts(run, reqs, rids, ctx)
+    parts = _walk_parts(run, rt, rids, ctx)
     w = next(parts)
     for p in parts:
         w.extend(p)
     return w
 
 
-def _walk_parts(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _RowContext
+def _walk_parts(run: Run, rt: RequestTable, rids: list[str], ctx: _RowContext
                 ) -> Iterator[_Walked]:
     """:func:`_walk`'s result in parts: each batch's rows, as soon as it is walked (a batch at
     a time: rules/walk.py; the reference walk for a batch whose numbers its keys do not
@@ -356,11 +357,10 @@ def _walk_parts(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx
     found: list[tuple[str, int, int, list]] = []
     ttfp: list[int] = []
     attribution: list[Callable[[], at.Attribution]] = []
-    for part, chunks, counts in chunk_rows(run, rids, WALK_BATCH):
+    for part, nums, chunks, counts in chunk_rows(run, rids, WALK_BATCH):
         w = _Walked([], [], _Totals.of((), (), (), ()), [], [], headofline.Pairs.unblocked(0), [])
         if walk.fits(chunks):
-            wk = walk.walk(part, [walk.inputs(reqs[r]) for r in part], chunks,
-                           np.repeat(np.arange(len(part)), counts))
+            wk = walk.walk(part, rt, nums, chunks, np.repeat(np.arange(len(part)), counts))
             ok = np.flatnonzero(wk.ok).tolist()
             w.none = [part[i] for i in np.flatnonzero(~wk.ok).tolist()]
             found += zip([wk.rids[i] for i in ok], wk.arrival[ok].tolist(), wk.ttfp[ok].tolist(),
@@ -370,7 +370,7 @@ def _walk_parts(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx
             w.rows, w.totals = _batch_rows(wk, ok, ctx)
         else:
             totals = []
-            for r in attach_chunks(run, reqs, part, chunks, counts):
+            for r in attach_chunks(run, request_objects(run, nums), part, chunks, counts):
                 a = at.attribute(r)
                 if a is None:
                     w.none.append(r.rid)
@@ -461,11 +461,11 @@ def _segment_lists(wk: walk.Walked, req: np.ndarray, dur: np.ndarray, label: Cal
 _NAME_RANK = np.argsort(np.argsort(np.array(at.CATEGORIES)))
 
 
-def _walk_packed(run: Run, reqs: dict[str, at.RequestSpans], rids: list[str], ctx: _RowContext
+def _walk_packed(run: Run, rt: RequestTable, rids: list[str], ctx: _RowContext
                  ) -> Iterator[_Walked]:
     """:func:`_walk_parts` in a child: its kept attributions as tuples
     (``Attribution.packed``: pickling dataclasses cost ~3x; :func:`_unpacked` undoes it)."""
-    for w in _walk_parts(run, reqs, rids, ctx):
+    for w in _walk_parts(run, rt, rids, ctx):
         w.kept = [a.packed() for a in w.kept]
         yield w
 
@@ -495,16 +495,6 @@ def _walk_here(requests: int, figure_rows: int) -> int:
         return requests
     here = (requests * WALK_BESIDE_S - figure_rows * FIGURE_ROW_S) / (WALK_S + WALK_BESIDE_S)
     return int(min(max(here, 0.0), requests / 2 + requests / 4))
-
-
-def _stage_names(reqs: dict[str, at.RequestSpans]) -> dict[int, str]:
-    """Stage number -> the name its stage spans carry (the first seen)."""
-    names: dict[int, str] = {}
-    for r in reqs.values():
-        for st, sp in r.stages.items():
-            if sp.stage_name:
-                names.setdefault(st, str(sp.stage_name))
-    return names
 
 
 def _aggregate(w: _Walked, label: Callable[[int], str]) -> list[dict[str, Any]]:
@@ -575,7 +565,7 @@ def _top_pairs(run: Run, w: _Walked, ttfp_of: dict[str, float]) -> list[dict[str
     return rows
 
 
-def _waterfalls(run: Run, reqs: dict[str, at.RequestSpans], w: _Walked, requests: list[dict[str, Any]],
+def _waterfalls(run: Run, rt: RequestTable, w: _Walked, requests: list[dict[str, Any]],
                 label: Callable[[int], str], per_request_segments: bool, wf_ids: list[str],
                 n_waterfalls: int, warnings: list[str]) -> list[dict[str, Any]]:
     """The waterfalls of ``wf_ids`` (the slowest and those asked for); the slowest rows
@@ -597,7 +587,8 @@ def _waterfalls(run: Run, reqs: dict[str, at.RequestSpans], w: _Walked, requests
         # its rows in time order (not feed order: the same whatever the segments)
         mine = rows_of.get(i, early[:0])
         mine = rowops.take(mine, np.lexsort((mine["chunk"], mine["stage"], mine["name"], mine["start"])))
-        wfs.append(waterfall.build(a, reqs[rid], mine, run.busy, run.chunk_requests, label, i))
+        visits = waterfall.Visits(rt.stages.of_request(i), rt.queues.of_request(i))
+        wfs.append(waterfall.build(a, visits, mine, run.busy, run.chunk_requests, label, i))
 
     return wfs
 
@@ -611,15 +602,15 @@ def _early_rows(early: np.ndarray, wanted: list[int]) -> dict[int, np.ndarray]:
     return {i: rowops.select(mine, mine["req"] == i) for i in set(wanted)}
 
 
-def _failures(run: Run, reqs: dict[str, at.RequestSpans], measured: set[str], bench_rows: dict[str, Any],
+def _failures(run: Run, rt: RequestTable, measured: set[str], bench_rows: dict[str, Any],
               names: dict[int, str]) -> dict[str, Any]:
     """Failed measured requests by cause (``failures.summarize``)."""
     def died_label(stage: int) -> str:
         return f"{stage} ({names[stage]})" if stage in names else str(stage)
 
-    traced_status = {rid: (reqs[rid].request.status, reqs[rid].request.end)
-                     for rid in measured if rid in reqs and reqs[rid].request is not None
-                     and rid not in bench_rows}
+    cidx = run.chunk_index()
+    traced = [(rid, cidx.get(rid, 0)) for rid in measured if rid not in bench_rows]
+    traced_status = {rid: (int(rt.status[i]), int(rt.end[i])) for rid, i in traced if rt.has_request[i]}
     return failures.summarize((bench_rows[i] for i in sorted(measured & set(bench_rows))), traced_status,
                               run.stage_deaths, died_label, run.delivery_timeouts)
 
@@ -651,7 +642,7 @@ def _ttfp(w: _Walked, requests: list[dict[str, Any]]) -> dict[str, Any]:
             "sum_error_max_ns": max(sum_err) if sum_err else None}
 
 
-def _walk_and_figures(run: Run, reqs: dict[str, at.RequestSpans], walked: list[str], ctx: _RowContext,
+def _walk_and_figures(run: Run, rt: RequestTable, walked: list[str], ctx: _RowContext,
                       measured: set[str], consume: bool) -> tuple[_Walked, tuple[Any, Any, Any, Any]]:
     """The walk of ``walked`` and the component figures (:func:`_components`). A long run: a
     forked child walks the later requests while this process computes the component
@@ -660,13 +651,13 @@ def _walk_and_figures(run: Run, reqs: dict[str, at.RequestSpans], walked: list[s
     k = _walk_here(len(walked), sum(len(t) for t in run.figures.tables()) if run.figures else 0)
     if k < len(walked) and run.early is not None:  # made once, for both processes
         ctx = dataclasses.replace(ctx, fifo=headofline.fifo_by_hop(run.early))
-    later = (Beside(_walk_packed, run, reqs, walked[k:], ctx, parts=True,
+    later = (Beside(_walk_packed, run, rt, walked[k:], ctx, parts=True,
                     release=functools.partial(_no_figures, run)) if k < len(walked) else None)
     # ---- components: FIFO, snapshot, transfer over all chunks of measured requests
     figures = _components(run, measured, ctx.label)
     if consume:
         _no_figures(run)
-    w = _walk(run, reqs, walked[:k], ctx)
+    w = _walk(run, rt, walked[:k], ctx)
     if later is not None:
         for part in later.result():
             w.extend(_unpacked(part))
@@ -675,21 +666,23 @@ def _walk_and_figures(run: Run, reqs: dict[str, at.RequestSpans], walked: list[s
 
 def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: Selection,
                   n_waterfalls: int, waterfall_ids: list[str], consume: bool) -> dict[str, Any]:
-    reqs = at.index_requests(run.spans)
-    names = _stage_names(reqs)
+    rt = run.request_table()
+    names = run.stage_names
     label = _Labels(names).__getitem__
-    first_seen = _first_seen(run, reqs)
+    first_seen = _first_seen(run, rt)
     measured, how, bench_rows = _measured(run, first_seen, level, sel)
     recorder = _agent_counters(run)
-    has_api = any(r.request is not None for r in reqs.values())
+    has_api = bool(rt.has_request.any())
     bench_measured = measured & set(bench_rows)
-    fails = _failures(run, reqs, measured, bench_rows, names)  # before anything is called missing
+    fails = _failures(run, rt, measured, bench_rows, names)  # before anything is called missing
     failed_ids = set(fails.pop("failed_ids"))
 
     # requests without an API request (component-level run) or without a trace: counted below
-    walked = [rid for rid in sorted(measured) if rid in reqs and reqs[rid].request is not None]
+    cidx = run.chunk_index()
+    measured_nums = [cidx.get(rid, 0) for rid in sorted(measured)]
+    walked = [rid for rid, i in zip(sorted(measured), measured_nums) if rt.has_request[i]]
     ctx = _RowContext(bench_rows, label, per_request_segments, n_waterfalls, set(waterfall_ids))
-    w, (fifo, snapshot, transfer, chunk_incomplete) = _walk_and_figures(run, reqs, walked, ctx, measured,
+    w, (fifo, snapshot, transfer, chunk_incomplete) = _walk_and_figures(run, rt, walked, ctx, measured,
                                                                         consume)
     no_ttfp = [rid for rid in w.none if rid not in failed_ids]
     traced = set(first_seen)
@@ -705,13 +698,13 @@ def _build_report(run: Run, per_request_segments: bool, level: int | None, sel: 
 
     # ---- waterfalls: the slowest N and any asked for by id
     warnings = list(run.warnings) + observed.lines(unseen)
-    wfs = _waterfalls(run, reqs, w, requests, label, per_request_segments,
+    wfs = _waterfalls(run, rt, w, requests, label, per_request_segments,
                       [r["id"] for r in requests[:n_waterfalls]] + list(waterfall_ids), n_waterfalls, warnings)
 
     in_record = _exporter_losses(run, recorder)
     report_warnings.add(warnings, report_warnings.Facts(
         recorder, fails, w.rows, requests, has_api, measured, no_ttfp, untraced,
-        sum(reqs[r].incomplete for r in measured if r in reqs), chunk_incomplete, in_record,
+        int(rt.incomplete[measured_nums].sum()), chunk_incomplete, in_record,
         run.repeated_ids))
     return {
         "omnitrace_version": __version__,

@@ -5,8 +5,8 @@ missing file, a truncated last line or a torn event segment (agent killed mid-wr
 becomes a labelled warning in :attr:`Run.warnings`, and whatever could be read is kept.
 
 A run directory's event log is read by the one loader (``spanload``) into the report's
-tables (``tables.ReportTables``): request, stage and queue spans as slotted :class:`Span`
-objects, chunk spans as rows. A run recorded before the event log (spans.jsonl) is one
+tables (``tables.ReportTables``): request, stage and queue spans, chunk spans and the
+figures' rows, all as typed tables. A run recorded before the event log (spans.jsonl) is one
 line, :class:`RunDirError`, from that loader.
 """
 from __future__ import annotations
@@ -19,12 +19,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from omnitrace import conventions as cv
 from omnitrace import rowops
+from omnitrace import spantable as stt
 from omnitrace.runfiles import names, read
 from omnitrace.runfiles.claim import live_agent
 from omnitrace.analyze import tables
 from omnitrace.rules.headofline import busy_of
-from omnitrace.rules.spanobjects import spans_from_tables
 from omnitrace.analyze.run import Run
 
 
@@ -51,19 +52,28 @@ def _load_json(run_dir: str, name: str, pre: str, warnings: list[str]) -> dict[s
 
 def _add_tables(run: Run, acc: tables.ReportTables, requests: list[str], rings: dict[int, dict],
                 replica_of: dict[int, int]) -> None:
-    """A loaded run directory's tables into ``run``: request, stage and queue spans as
-    objects, the chunk rows, figures and busy intervals as tables."""
+    """A loaded run directory's tables into ``run`` (:func:`add_tables`), and its stages' names."""
     spans, early, figures, busy = acc.finish(replica_of)
-    run.spans.extend(spans_from_tables(spans, requests, rings))  # chunk spans: with_chunks
-    add_chunks(run, figures, early, busy, requests)
+    add_tables(run, spans, figures, early, busy, requests)
+    for stage, name in stage_names(spans.visits, rings).items():
+        run.stage_names.setdefault(stage, name)
 
 
-def add_chunks(run: Run, figures: tables.ChunkFigures, early, busy: dict,
+def stage_names(visits: np.ndarray, rings: dict[int, dict]) -> dict[int, str]:
+    """Stage number -> the name of its first stage span's process (``rings``: its ring's)."""
+    st = visits[visits["name"] == stt.N_STAGE]
+    _, first = np.unique(st["stage"], return_index=True)
+    return {int(s): cv.stage_name(rings.get(int(r), {}).get("process"), int(s))
+            for s, r in zip(st["stage"][first], st["ring"][first])}
+
+
+def add_tables(run: Run, spans: stt.SpanTables, figures: tables.ChunkFigures, early, busy: dict,
                requests: list[str]) -> None:
-    """Append a run directory's figure tables, early chunk rows (``tables.EARLY_DTYPE``)
-    and senders' busy intervals to ``run.figures`` / ``run.early`` / ``run.busy``, their
-    request ids re-numbered into ``run.chunk_requests`` (several run directories merge into
-    one table; a (stage, replica) present in two keeps one timeline)."""
+    """Append a run directory's request, stage and queue spans with their emits
+    (``spans``), figure tables, early chunk rows (``tables.EARLY_DTYPE``) and senders' busy
+    intervals to ``run``'s, their request ids re-numbered into ``run.chunk_requests``
+    (several run directories merge into one table; a (stage, replica) present in two keeps
+    one timeline)."""
     index = {r: i for i, r in enumerate(run.chunk_requests)}
     remap = np.zeros(len(requests), np.uint32)
     for i, r in enumerate(requests):
@@ -74,8 +84,13 @@ def add_chunks(run: Run, figures: tables.ChunkFigures, early, busy: dict,
         remap[i] = j
     if not np.array_equal(remap, np.arange(len(requests))):  # the first run: ids unchanged
         early["req"] = remap[early["req"].astype(np.int64)]  # early rows name no culprits
+        for t in (spans.requests, spans.visits, spans.emits):
+            t["req"] = remap[t["req"].astype(np.int64)]
         figures = figures.renumbered(remap, len(run.chunk_requests))
         busy = {k: (s, e, remap[r.astype(np.int64)]) for k, (s, e, r) in busy.items()}
+    run.request_spans = stt.SpanTables(*(rowops.concat((mine, new), new.dtype) for mine, new in (
+        (run.request_spans.requests, spans.requests), (run.request_spans.visits, spans.visits))),
+        emits=rowops.concat((run.request_spans.emits, spans.emits), spans.emits.dtype))
     run.figures = figures if run.figures is None else run.figures.merged(figures)
     run.early = early if run.early is None else rowops.concat((run.early, early), early.dtype)
     run.busy = busy_of([*run.busy.items(), *busy.items()]) if run.busy else busy  # one deployment's timelines as one
@@ -332,7 +347,7 @@ def _load_run(paths: list[str], skip_warmup: bool, later: list[Callable[[], None
         if not load_events(p, run, pre, skip, *files.get(p, (None, None)), later=later):
             run.warnings.append(f"{pre}events/ missing: no events recorded")
     run.warnings.extend(_leftovers(paths, files, bool(run.stage_deaths)))
-    if not run.spans and not run.bench and not run.run_json and not run.agent:
+    if not len(run.request_spans) and not run.bench and not run.run_json and not run.agent:
         raise RunDirError(f"{', '.join(paths)}: no omnitrace run files found (run.json, events/, "
                           "bench.json, agent.json all missing or unreadable)")
     return run

@@ -4,7 +4,7 @@ sender busy meanwhile (what a trace viewer cannot show: those tasks are in other
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -21,7 +21,14 @@ def _short(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def build(a: at.Attribution, r: at.RequestSpans, rows: np.ndarray, busy: Busy,
+class Visits(NamedTuple):
+    """A request's stage and queue spans: (stage, start, end) each, by stage."""
+
+    stages: list[tuple[int, int, int]]
+    queues: list[tuple[int, int, int]]
+
+
+def build(a: at.Attribution, visits: Visits, rows: np.ndarray, busy: Busy,
           requests: list[str], label: Callable[[int], str], req_index: int) -> dict[str, Any]:
     """``rows``: the request's chunk span rows; ``req_index`` its index in ``requests``."""
     t0, end = a.arrival, a.ttfp
@@ -30,15 +37,15 @@ def build(a: at.Attribution, r: at.RequestSpans, rows: np.ndarray, busy: Busy,
         return (t - t0) * NS_TO_MS
 
     spans: list[list] = []
-    for st, sp in sorted(r.stages.items()):
-        if sp.start <= end:
-            spans.append([label(st), "stage", -1, ms(sp.start), ms(min(sp.end, end)), False, False])
+    for st, start, stop in visits.stages:
+        if start <= end:
+            spans.append([label(st), "stage", -1, ms(start), ms(min(stop, end)), False, False])
     # a stage's queue is on the critical path only where the path waited in it: the
     # talker's and code2wav's queues usually span the whole request and gate nothing
     queued = {g.stage for g in a.segments if g.category == at.QUEUE}
-    for st, sp in sorted(r.queues.items()):
-        if sp.start <= end:
-            spans.append([label(st), "queue", -1, ms(sp.start), ms(min(sp.end, end)), st in queued, False])
+    for st, start, stop in visits.queues:
+        if start <= end:
+            spans.append([label(st), "queue", -1, ms(start), ms(min(stop, end)), st in queued, False])
     path = {(p, c, k) for p, c, k in a.hops}
     rows = rows[rows["start"] <= end]
     waits = []

@@ -16,7 +16,7 @@ class Span:
     __slots__ = ("name", "rid", "stage", "peer", "chunk", "start", "end", "replica",
                  "blocked_ns", "blocked_by", "depth", "ahead", "nbytes", "incomplete",
                  "status", "ttfp", "parsed", "dispatched", "packet_received", "packet_resumed",
-                 "stage_name", "emit_firsts")
+                 "emit_firsts")
 
     def __init__(self, name: str, rid: str, stage: int, peer: int, chunk: int, start: int,
                  end: int, replica: int = 0, blocked_ns: int = 0,
@@ -34,8 +34,6 @@ class Span:
         self.dispatched: int | None = None
         self.packet_received: int | None = None
         self.packet_resumed: int | None = None
-        # a stage or queue span's: its stage's name (None: not a stage or queue span)
-        self.stage_name: str | None = None
         # a stage span's: the (first audio, first) omni.emit time of its packets
         self.emit_firsts: tuple[int | None, int | None] = NO_EMITS
 

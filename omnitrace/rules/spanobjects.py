@@ -1,6 +1,7 @@
 """Span objects of the span tables (``omnitrace.spantable.SpanTables``): what the
-reference walk and the waterfalls read, for the live agent's rows as for the report's
-tables (``analyze/chunkspans.py`` makes a report's chunk spans lazily from these)."""
+reference walk (``attribution``) reads, where the batch walk's keys do not hold a run's
+numbers and in the tests that compare the two (``analyze/chunkspans.py`` makes a report's
+chunk spans lazily from these)."""
 from __future__ import annotations
 
 import numpy as np
@@ -69,14 +70,12 @@ def _request_span(row: tuple, requests: list[str], marks: dict[int, int]) -> Spa
     return sp
 
 
-def _stage_span(row: tuple, requests: list[str], rings: dict[int, dict],
-               firsts: dict[tuple[int, int, int], tuple[int | None, int | None]]) -> Span:
+def _stage_span(row: tuple, requests: list[str],
+                firsts: dict[tuple[int, int, int], tuple[int | None, int | None]]) -> Span:
     """An ``omni.stage`` or ``omni.stage.queue`` row (``spantable.VISIT_DTYPE``) ->
-    :class:`Span` with its stage's name and, a stage span, its first emits (``firsts``:
-    :func:`_emit_firsts`)."""
-    name, reason, _error, _status, stage, replica, req, ring, start, end = row
+    :class:`Span` with, a stage span, its first emits (``firsts``: :func:`_emit_firsts`)."""
+    name, reason, _error, _status, stage, replica, req, _ring, start, end = row
     sp = Span(stt.NAMES[name], requests[req], stage, -2, -1, start, end, replica, incomplete=reason != 0)
-    sp.stage_name = cv.stage_name(rings.get(ring, {}).get("process"), stage)
     if name == stt.N_STAGE:
         sp.emit_firsts = firsts.get((req, stage, replica), NO_EMITS)
     return sp
@@ -102,8 +101,8 @@ def before_first_packet(spans: stt.SpanTables) -> np.ndarray:
     return rowops.select(chunks, chunks["start"] <= limit)
 
 
-def spans_from_tables(spans: stt.SpanTables, requests: list[str], rings: dict[int, dict],
-                      chunks_before_ttfp: bool = False) -> list[Span]:
+def spans_from_tables(spans: stt.SpanTables, requests: list[str], chunks_before_ttfp: bool = False
+                      ) -> list[Span]:
     """Span tables -> report :class:`Span` objects (chunk spans, request spans, then stage
     and queue spans, each in table order); with ``chunks_before_ttfp`` only chunk spans
     that began before their request's first audio packet (all attribution can walk)."""
@@ -112,5 +111,5 @@ def spans_from_tables(spans: stt.SpanTables, requests: list[str], rings: dict[in
     out = chunk_spans(chunks, requests)
     out += [_request_span(row, requests, marks.get((row[0], row[4]), _NO_MARKS))
             for row in spans.requests.tolist()]
-    out += [_stage_span(row, requests, rings, firsts) for row in spans.visits.tolist()]
+    out += [_stage_span(row, requests, firsts) for row in spans.visits.tolist()]
     return out

@@ -22,6 +22,7 @@ import numpy as np
 from omnitrace import conventions as cv
 from omnitrace import spantable as stt
 from omnitrace.rules import attribution as at
+from omnitrace.rules.requesttable import NO_STAGE, NONE, RequestTable
 
 try:  # the latest-span lookups compiled (omnitrace/_intervalsc.c), where built
     from omnitrace import _intervalsc
@@ -165,37 +166,6 @@ class _Latest:
 
 
 @dataclass
-class RequestInputs:
-    """What the walk reads of a request's own spans besides its chunk spans (from
-    ``attribution.RequestSpans``; None where the reference finds nothing)."""
-
-    arrival: int
-    ttfp: int
-    emit: tuple[int, int] | None
-    last_stage: int | None  # max(stages): the stage walked when nothing was emitted
-    recv: int | None
-    resumed: int | None
-    parsed: int | None
-    dispatched: int | None
-    queues: dict[int, tuple[int, int]]
-    stage_starts: dict[int, int]
-
-
-def inputs(r: at.RequestSpans) -> RequestInputs | None:
-    """The reference's reads of ``r`` (None: no arrival or no first packet)."""
-    if r.request is None:
-        return None
-    rq, arrival = r.request, r.request.start
-    ttfp = rq.ttfp
-    if ttfp is None or ttfp < arrival:
-        return None
-    return RequestInputs(arrival, ttfp, at.first_audio_emit(r), max(r.stages) if r.stages else None,
-                         rq.packet_received, rq.packet_resumed, rq.parsed, rq.dispatched,
-                         {s: (q.start, q.end) for s, q in r.queues.items()},
-                         {s: sp.start for s, sp in r.stages.items()})
-
-
-@dataclass
 class Walked:
     """The attributions of a batch as arrays: segments (in time order per request, request
     ``i``'s from ``seg_lo[i]`` to ``seg_lo[i + 1]``), hops, missing spans, stale hops."""
@@ -278,21 +248,16 @@ class _Segments:
         return lo, start[o], end[o], stage[o], cat[o], detail[o]
 
 
-def _opt(values: list[int | None]) -> tuple[np.ndarray, np.ndarray]:
-    """Optional ints as (values, 0 where None; whether given)."""
-    have = np.array([v is not None for v in values], bool)
-    return np.array([v if v is not None else 0 for v in values], np.int64), have
-
-
-def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
+def walk(rids: list[str], table: RequestTable, nums: np.ndarray, rows: np.ndarray,
          owner: np.ndarray) -> Walked:
-    """Attribute the requests ``rids`` (their :func:`inputs`; None: not attributed) over
-    their chunk span ``rows`` (``owner``: each row's request index in ``rids``; rows of a
-    request in table order). Requires :func:`fits` (``rows``) and < 2^16 requests."""
+    """Attribute the requests ``rids`` (their numbers ``nums`` in ``table``) over their
+    chunk span ``rows`` (``owner``: each row's request index in ``rids``; rows of a request
+    in table order). Requires :func:`fits` (``rows``) and < 2^16 requests."""
     n = len(rids)
-    ok = np.array([x is not None for x in ins], bool)
-    arrival = np.array([x.arrival if x else 0 for x in ins], np.int64)
-    ttfp = np.array([x.ttfp if x else 0 for x in ins], np.int64)
+    nums = np.asarray(nums, np.int64)
+    ok = table.walkable(nums)
+    arrival = np.where(ok, table.arrival[nums], 0)
+    ttfp = np.where(ok, table.ttfp[nums], 0)
     W = _Segments(arrival, ttfp)
     hops: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
     missing: list[list[str]] = [[] for _ in range(n)]
@@ -304,7 +269,7 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
 
     sched, get, put, fifo, snap, proc, made = _indexes(rows, owner, prod_code, cons_code)
 
-    t, cur_stage, has_stage = _delivery(W, ins, ok, ttfp, missing)
+    t, cur_stage, has_stage = _delivery(W, table, nums, ok, ttfp, missing)
 
     # ---- hops
     origin = np.full(n, _NONE, np.int64)
@@ -321,7 +286,7 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
         key = _code(np.zeros(len(active), np.int64), peer[wsi], stage[wsi], chunk[wsi])
         again = found & (seen[active, :h] == key[:, None]).any(axis=1)
         stop = ~found | again
-        _terminate(W, ins, active[stop], st_[stop], t_[stop], origin, has_origin, missing)
+        _terminate(W, table, nums, active[stop], st_[stop], t_[stop], origin, has_origin, missing)
         go = ~stop
         idx, ws, key = active[go], ws[go], key[go]
         seen[idx, h] = key
@@ -352,7 +317,7 @@ def walk(rids: list[str], ins: list[RequestInputs | None], rows: np.ndarray,
         cur_stage[idx] = prod
         active = idx
 
-    _dispatch(W, ins, ok, arrival, origin, has_origin)
+    _dispatch(W, table, nums, ok, arrival, origin, has_origin)
     lo, s0, s1, sst, scat, sdet = W.in_time_order(n)
     return Walked(rids, ok, arrival, ttfp, lo, s0, s1, sst, scat, sdet,
                   [h[::-1] for h in hops], missing, stale)  # hops: walked backward
@@ -437,39 +402,38 @@ def _producer_task(W: _Segments, rows: np.ndarray, idx: np.ndarray, pc: np.ndarr
     W.push(idx[have], start[s], end[s], prod[have], at.SNAPSHOT)
 
 
-def _delivery(W: _Segments, ins: list[RequestInputs | None], ok: np.ndarray, ttfp: np.ndarray,
+def _delivery(W: _Segments, table: RequestTable, nums: np.ndarray, ok: np.ndarray, ttfp: np.ndarray,
               missing: list[list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[first audio emit, first packet] of every request (``attribution._delivery``);
     returns where the hops begin: the emit time, the emitting stage, whether there is one."""
-    emit_t, has_emit = _opt([x.emit[1] if x and x.emit else None for x in ins])
-    cur_stage, has_stage = _opt([(x.emit[0] if x.emit else x.last_stage) if x else None for x in ins])
-    has_stage &= ok
+    emit_t, emit_stage, last = table.emit_t[nums], table.emit_stage[nums], table.last_stage[nums]
+    has_emit = ok & (emit_stage != NO_STAGE)
+    cur_stage = np.where(has_emit, emit_stage, last)
+    has_stage = ok & (cur_stage != NO_STAGE)
     t = np.where(has_emit, emit_t, ttfp)
     for i in np.flatnonzero(ok & ~has_emit).tolist():
         missing[i].append("omni.emit")
-    recv, has_recv = _opt([x.recv if x else None for x in ins])
-    resumed, has_res = _opt([x.resumed if x else None for x in ins])
-    e = np.flatnonzero(ok & has_emit)
-    m = e[has_res[e] & (emit_t[e] <= resumed[e]) & (resumed[e] <= ttfp[e])]
+    recv, resumed = table.received[nums], table.resumed[nums]
+    e = np.flatnonzero(has_emit)
+    m = e[(resumed[e] != NONE) & (emit_t[e] <= resumed[e]) & (resumed[e] <= ttfp[e])]
     W.push(m, resumed[m], ttfp[m], cv.API_STAGE, at.SSE_WRITE)
-    m = e[has_recv[e] & (emit_t[e] <= recv[e]) & (recv[e] <= W.cursor[e])]
+    m = e[(recv[e] != NONE) & (emit_t[e] <= recv[e]) & (recv[e] <= W.cursor[e])]
     W.push(m, recv[m], W.cursor[m], cv.API_STAGE, at.LOOP_LAG)
     W.push(e, emit_t[e], W.cursor[e], cv.API_STAGE, at.DELIVER)
     return t, cur_stage, has_stage
 
 
-def _dispatch(W: _Segments, ins: list[RequestInputs | None], ok: np.ndarray, arrival: np.ndarray,
+def _dispatch(W: _Segments, table: RequestTable, nums: np.ndarray, ok: np.ndarray, arrival: np.ndarray,
               origin: np.ndarray, has_origin: np.ndarray) -> None:
     """[arrival, first stage's add]: parse, then dispatch (or unwalked: no stage reached)."""
     done = np.flatnonzero(ok & (W.cursor > arrival))
     walked, lost = done[has_origin[done]], done[~has_origin[done]]
     W.unwalked(lost)
-    parsed, has_p = _opt([x.parsed if x else None for x in ins])
-    disp, has_d = _opt([x.dispatched if x else None for x in ins])
+    parsed, disp = table.parsed[nums], table.dispatched[nums]
     w = walked
-    m = w[has_d[w] & (arrival[w] <= disp[w]) & (disp[w] <= W.cursor[w])]
+    m = w[(disp[w] != NONE) & (arrival[w] <= disp[w]) & (disp[w] <= W.cursor[w])]
     W.push(m, disp[m], W.cursor[m], origin[m], at.DISPATCH, _INBOX)
-    p_ok = has_p[w] & (arrival[w] <= parsed[w]) & (parsed[w] <= W.cursor[w])
+    p_ok = (parsed[w] != NONE) & (arrival[w] <= parsed[w]) & (parsed[w] <= W.cursor[w])
     m = w[p_ok]
     W.push(m, parsed[m], W.cursor[m], cv.API_STAGE, at.DISPATCH, _SUBMIT)
     W.push(m, arrival[m], parsed[m], cv.API_STAGE, at.PARSE)
@@ -477,25 +441,15 @@ def _dispatch(W: _Segments, ins: list[RequestInputs | None], ok: np.ndarray, arr
     W.push(m, arrival[m], W.cursor[m], cv.API_STAGE, at.DISPATCH)
 
 
-def _terminate(W: _Segments, ins: list[RequestInputs | None], idx: np.ndarray, stage: np.ndarray,
+def _terminate(W: _Segments, table: RequestTable, nums: np.ndarray, idx: np.ndarray, stage: np.ndarray,
                t: np.ndarray, origin: np.ndarray, has_origin: np.ndarray, missing: list[list[str]]) -> None:
     """A stage with no (new) gating chunk: its compute from its queue's end, its queue."""
     if not len(idx):
         return
-    q_lo, q_hi, has_q, s0, has_s = [], [], [], [], []
-    for i, st in zip(idx.tolist(), stage.tolist()):
-        x = ins[i]
-        q = x.queues.get(st)
-        has_q.append(q is not None)
-        q_lo.append(q[0] if q else 0)
-        q_hi.append(q[1] if q else 0)
-        s = x.stage_starts.get(st)
-        has_s.append(s is not None)
-        s0.append(s if s is not None else 0)
-        if q is None and s is not None:
-            missing[i].append(f"{cv.SPAN_STAGE_QUEUE}[{st}]")
-    hq, hs = np.array(has_q, bool), np.array(has_s, bool)
-    ql, qh, ss = np.array(q_lo, np.int64), np.array(q_hi, np.int64), np.array(s0, np.int64)
+    hq, ql, qh = table.queues.times(nums[idx], stage)
+    hs, ss, _ = table.stages.times(nums[idx], stage)
+    for i, st in zip(idx[~hq & hs].tolist(), stage[~hq & hs].tolist()):
+        missing[i].append(f"{cv.SPAN_STAGE_QUEUE}[{st}]")
     W.push(idx[hq], qh[hq], t[hq], stage[hq], at.COMPUTE)
     W.push(idx[hq], ql[hq], qh[hq], stage[hq], at.QUEUE)
     m = ~hq & hs

@@ -44,8 +44,6 @@ MODALITY = tuple(m.name.lower() for m in cv.Modality)
 SNAPSHOT = tuple(s.name.lower() for s in cv.Snapshot)
 MARKS = tuple(cv.API_MARKS.values())
 _MARK_CODE = {k: i for i, k in enumerate(cv.API_MARKS)}
-# widths of the packed keys (keys.pack checks that the values fit)
-VISIT_BITS = (32, 15, 15)  # request, stage, replica
 
 
 class TablesSink:
@@ -190,19 +188,15 @@ def requests_table(rows: np.ndarray, requests: list[str]) -> pa.Table:
         "incomplete": enum(r["reason"], stt.REASONS, ~has | (r["reason"] == stt.R_NONE))})
 
 
-def _visit_key(req: np.ndarray, stage: np.ndarray, replica: np.ndarray) -> np.ndarray:
-    return keys.pack(list(zip((req, stage, replica), VISIT_BITS)))
-
-
 def visits_table(visits: np.ndarray, v: stt.VisitEmits) -> pa.Table:
     """One row per (request, stage, replica) with a stage or queue span; ``v``: the visits'
     packets."""
     st = rowops.select(visits, visits["name"] == stt.N_STAGE)
     qu = rowops.select(visits, visits["name"] == stt.N_QUEUE)
-    sk, qk = (_visit_key(x["req"], x["stage"], x["replica"]) for x in (st, qu))
+    sk, qk = (keys.visit_key(x["req"], x["stage"], x["replica"]) for x in (st, qu))
     uniq, _ = keys.dense(np.concatenate((sk, qk)))
     n = len(uniq)
-    req, stage, replica = keys.unpack(uniq, VISIT_BITS)
+    req, stage, replica = keys.unpack(uniq, keys.VISIT_BITS)
     si, qi = np.full(n, -1), np.full(n, -1)
     si[np.searchsorted(uniq, sk)] = np.arange(len(st))
     qi[np.searchsorted(uniq, qk)] = np.arange(len(qu))
@@ -210,7 +204,7 @@ def visits_table(visits: np.ndarray, v: stt.VisitEmits) -> pa.Table:
     q = rowops.take(qu, np.maximum(qi, 0)) if len(qu) else np.zeros(n, stt.VISIT_DTYPE)
     has_s, has_q = si >= 0, qi >= 0
     finished = has_s & (s["reason"] == stt.R_NONE)
-    vk = _visit_key(v.req, v.stage, v.replica)
+    vk = keys.visit_key(v.req, v.stage, v.replica)
     at = np.minimum(np.searchsorted(uniq, vk), max(n - 1, 0))
     ok = uniq[at] == vk if n else np.zeros(len(vk), bool)  # a visit's emits without its span: none
     first, first_audio, count = np.full(n, stt.NO_EMIT), np.full(n, stt.NO_EMIT), np.zeros(n, np.int64)

@@ -267,7 +267,7 @@ def test_span_tables_are_a_plain_value():
     assert s["start"][n + 2:].tolist() == whole.visits["start"].tolist()
     assert s["reason"].tolist() == np.concatenate([t["reason"] for t in (whole.chunks, whole.requests, whole.visits)]).tolist()
     requests = ["", "r1", "r2"]
-    objects = spans_from_tables(whole, requests, {})
+    objects = spans_from_tables(whole, requests)
     edge = otlp.SpanConverter(requests, {}).convert(whole)
     assert [o.rid for o in objects] == [requests[r] for r in whole.span_reqs().tolist()]
     assert [o.attrs[cv.ATTR_REQUEST_ID] for o in edge] == [requests[r] for r in whole.span_reqs().tolist()]

@@ -16,22 +16,22 @@ from omnitrace import eventlog, otlp
 from omnitrace import spantable as stt
 from omnitrace.analyze import report
 from omnitrace.analyze.chunkspans import chunk_rows, with_chunks
-from omnitrace.analyze.rundir import load_run
+from omnitrace.analyze.rundir import load_run, stage_names
 from omnitrace.rules import attribution as at
 from omnitrace.rules import walk
 from omnitrace.rules.spanobjects import spans_from_tables
 
 
 def _both(run, batch: int = 5) -> tuple[dict, dict]:
-    """Every request's attribution by the reference walk and by the batch walk."""
-    reqs = at.index_requests(run.spans)
-    rids = sorted(reqs)
-    want = {r.rid: at.attribute(r) for r in with_chunks(run, reqs, rids)}
+    """Every request's attribution by the reference walk (over span objects) and by the
+    batch walk (over the request table and the chunk rows)."""
+    table = run.request_table()
+    rids = sorted(run.chunk_requests[i] for i in table.numbers().tolist())
+    want = {r.rid: at.attribute(r) for r in with_chunks(run, rids)}
     got = {}
-    for part, rows, counts in chunk_rows(run, rids, batch):
+    for part, nums, rows, counts in chunk_rows(run, rids, batch):
         assert walk.fits(rows)
-        wk = walk.walk(part, [walk.inputs(reqs[r]) for r in part], rows,
-                       np.repeat(np.arange(len(part)), counts))
+        wk = walk.walk(part, table, nums, rows, np.repeat(np.arange(len(part)), counts))
         got.update((rid, wk.attribution(i) if wk.ok[i] else None) for i, rid in enumerate(part))
     return want, got
 
@@ -46,7 +46,7 @@ def test_batch_walk_equals_the_reference_on_a_real_run(real_run):
 def test_span_objects_carry_what_the_otlp_edge_says(real_run):
     """The typed fields of request and stage spans (what the walk reads) equal what the
     OTLP edge makes of the same rows: the status attribute, the first of each event, the
-    stage name, the first (audio) ``omni.emit``."""
+    first (audio) ``omni.emit``; and the run's stage names are the edge's."""
     log = eventlog.read_event_log(real_run)
     b = stt.SpanBuilder(dict(log.rings))
     b.ring_changed()
@@ -54,7 +54,7 @@ def test_span_objects_carry_what_the_otlp_edge_says(real_run):
     whole = stt.SpanTables.concat([f.spans for f in feeds])
     spans = stt.SpanTables(whole.requests, whole.visits, emits=whole.emits)
     ours = {(s.name, s.rid, s.stage, s.replica): s
-            for s in spans_from_tables(spans, log.requests.strings, log.rings)}
+            for s in spans_from_tables(spans, log.requests.strings)}
     edge = otlp.SpanConverter(log.requests.strings, log.rings).convert(spans)
     assert len(ours) == len(edge) == len(spans)
 
@@ -70,7 +70,7 @@ def test_span_objects_carry_what_the_otlp_edge_says(real_run):
                 first(o, cv.EVENT_API_DISPATCHED), first(o, cv.EVENT_API_PACKET_RECEIVED),
                 first(o, cv.EVENT_API_PACKET_RESUMED))
         else:
-            assert sp.stage_name == a[cv.ATTR_STAGE_NAME]
+            assert stage_names(spans.visits, log.rings)[sp.stage] == a[cv.ATTR_STAGE_NAME]
         if o.name == cv.SPAN_STAGE:
             assert sp.emit_firsts == (first(o, cv.EVENT_EMIT, audio=True), first(o, cv.EVENT_EMIT))
     stages = [s for s in ours.values() if s.name == cv.SPAN_STAGE]
@@ -113,10 +113,20 @@ def _perturbed(run, rng: np.random.Generator, how: str):
     early = early[rng.permutation(len(early))] if how != "jitter" else early  # table order
     out = copy.copy(run)
     out.early = early
+    rs = run.request_spans
     if how == "drop":  # no queue span (compute from the stage's start), no stage span (no
-        # emit, the walk stops unwalked)
-        gone = (cv.SPAN_STAGE, cv.SPAN_STAGE_QUEUE)
-        out.spans = [s for s in run.spans if s.name not in gone or rng.random() > 0.3]
+        # emit, the walk stops unwalked), no API mark
+        marks = rs.emits["modality"] == stt.MARK_MODALITY
+        out.request_spans = stt.SpanTables(rs.requests, rs.visits[rng.random(len(rs.visits)) > 0.3],
+                                           emits=rs.emits[~marks | (rng.random(len(marks)) > 0.3)])
+    elif how == "duplicate":  # repeated request and visit spans, moved: the last counts
+        def again(rows: np.ndarray) -> np.ndarray:
+            extra = rows[rng.integers(0, len(rows), len(rows) // 3)].copy()
+            shift = rng.integers(-3, 4, len(extra)) * rng.integers(0, 2_000_000, len(extra))
+            extra["start"] += shift
+            extra["end"] += shift
+            return np.concatenate((rows, extra))
+        out.request_spans = stt.SpanTables(again(rs.requests), again(rs.visits), emits=rs.emits)
     return out
 
 
