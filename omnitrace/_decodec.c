@@ -25,9 +25,6 @@
    of_kinds(rows, kinds, out) -> n
        spantable.of_kinds_reference: the rows whose kind k has kinds[k] != 0 (kinds: 256
        bytes, the last 0: kinds past 255 are never taken) into out, in order; n of them.
-   sort_by_key(rows, field, out)
-       spantable.by_key_reference: rows into out stably sorted by spantable._key(req,
-       rows[f], chunk), f the i2 ``stage`` (field 0) or the i4 ``b`` (field 1).
    latest(rows, top, seen[, known]) -> (lo, hi)
        spantable.requests_reference: the least and greatest request of (one or more) rows
        (given known, 256 bytes as group's: only the rows of a known kind with a request;
@@ -165,97 +162,6 @@ static PyObject *of_kinds(PyObject *self, PyObject *args) {
     res = PyLong_FromSsize_t(taken);
 done:
     PyBuffer_Release(&rows); PyBuffer_Release(&kinds); PyBuffer_Release(&out);
-    return res;
-}
-
-/* ---------------------------------------------------------------------- sort_by_key */
-#define DIGIT_BITS 11
-#define DIGITS 6                       /* 66 bits >= 64 */
-#define BUCKETS (1 << DIGIT_BITS)
-
-/* spantable._key as numpy computes it (int64 shifts and ors wrap as unsigned ones do),
-   its sign bit flipped: unsigned order is then the signed key's order. */
-static inline uint64_t sort_key(const char *row, int field) {
-    int64_t s = field ? (int64_t)i32_at(row + OFF_B) : (int64_t)i16_at(row + OFF_STAGE);
-    uint64_t key = ((uint64_t)u32_at(row + OFF_REQ) << 31) | ((uint64_t)(s + 1) << 24)
-                   | (uint64_t)((int64_t)i32_at(row + OFF_CHUNK) + 1);
-    return key ^ (1ull << 63);
-}
-
-/* Stable LSD radix sort of keys (and their indices): the sorted indices, in idx or tidx
-   (each pass writes the other pair). Only the digits in which keys differ (varying: the
-   bits some keys have and others not) take a pass: a feed's keys differ in a few bits. */
-static uint32_t *radix_sort(uint64_t *keys, uint32_t *idx, uint64_t *tkeys, uint32_t *tidx, Py_ssize_t n,
-                            uint64_t varying, uint32_t (*hist)[BUCKETS]) {
-    int shifts[DIGITS], passes = 0;
-    for (int d = 0; d < DIGITS; d++)
-        if ((varying >> (d * DIGIT_BITS)) & (BUCKETS - 1)) shifts[passes++] = d * DIGIT_BITS;
-    memset(hist, 0, sizeof(uint32_t) * DIGITS * BUCKETS);
-    for (Py_ssize_t i = 0; i < n; i++)
-        for (int p = 0; p < passes; p++) hist[p][(keys[i] >> shifts[p]) & (BUCKETS - 1)]++;
-    for (int p = 0; p < passes; p++) {
-        uint32_t sum = 0;
-        for (int b = 0; b < BUCKETS; b++) {
-            uint32_t c = hist[p][b];
-            hist[p][b] = sum;
-            sum += c;
-        }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint32_t at = hist[p][(keys[i] >> shifts[p]) & (BUCKETS - 1)]++;
-            tkeys[at] = keys[i];
-            tidx[at] = idx[i];
-        }
-        uint64_t *k = keys; keys = tkeys; tkeys = k;
-        uint32_t *x = idx; idx = tidx; tidx = x;
-    }
-    return idx;
-}
-
-static PyObject *sort_by_key(PyObject *self, PyObject *args) {
-    Py_buffer rows, out;
-    int field;
-    if (!PyArg_ParseTuple(args, "y*iw*", &rows, &field, &out)) return NULL;
-    Py_ssize_t n = rows.len / ROW;
-    PyObject *res = NULL;
-    if (rows.len % ROW || (field != 0 && field != 1) || n >= ((Py_ssize_t)1 << 32)) {
-        PyErr_SetString(PyExc_ValueError, "_decodec.sort_by_key: rows of 36 bytes (< 2^32), field 0 or 1");
-        goto done;
-    }
-    if (too_small(&out, n * ROW, "out")) goto done;
-    void *mem = n ? malloc((size_t)n * 24) : NULL;
-    uint32_t (*hist)[BUCKETS] = malloc(sizeof(uint32_t) * DIGITS * BUCKETS);
-    if ((n && !mem) || !hist) {
-        free(mem); free(hist);
-        PyErr_NoMemory();
-        goto done;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    const char *r = rows.buf;
-    char *o = out.buf;
-    uint64_t *keys = mem, *tkeys = keys + n;
-    uint32_t *idx = (uint32_t *)(tkeys + n), *tidx = idx + n;
-    int sorted = 1;
-    uint64_t any = 0, all = ~0ull;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint64_t k = keys[i] = sort_key(r + i * ROW, field);
-        idx[i] = (uint32_t)i;
-        any |= k;
-        all &= k;
-        if (i && k < keys[i - 1]) sorted = 0;
-    }
-    if (sorted) {
-        memcpy(o, r, (size_t)n * ROW);
-    } else {
-        const uint32_t *final = radix_sort(keys, idx, tkeys, tidx, n, any ^ all, hist);
-        for (Py_ssize_t i = 0; i < n; i++) memcpy(o + i * ROW, r + (Py_ssize_t)final[i] * ROW, ROW);
-    }
-    Py_END_ALLOW_THREADS
-    free(mem);
-    free(hist);
-    Py_INCREF(Py_None);
-    res = Py_None;
-done:
-    PyBuffer_Release(&rows); PyBuffer_Release(&out);
     return res;
 }
 
@@ -596,7 +502,6 @@ static PyMethodDef methods[] = {
     {"map_req", map_req, METH_VARARGS, "Ring request ids -> run-wide ids, in place."},
     {"group", group, METH_VARARGS, "Known-kind rows with a request, grouped by kind (stable)."},
     {"of_kinds", of_kinds, METH_VARARGS, "The rows of some kinds, in order."},
-    {"sort_by_key", sort_by_key, METH_VARARGS, "Rows stably sorted by spantable._key."},
     {"events_of", events_of, METH_VARARGS, "Ring records -> event rows of one ring."},
     {NULL, NULL, 0, NULL}};
 

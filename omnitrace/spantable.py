@@ -271,10 +271,10 @@ class Prepared:
         self.pairs = [(_EMPTY_EV, _EMPTY_EV)] * len(_PAIRS)
         if chunks:
             self.senders = by.in_time_order(*((k, k) for k in _SENDER_KINDS))
-            # each pair kind's begins and ends sorted by key (arrival order within a key): the
-            # builder's match then sorts the stamps it carries and these as sorted runs (a merge)
-            self.pairs = [(_by_key(by.kind(b), "stage"), _by_key(by.kind(e), "stage")) for _, b, e in _PAIRS]
-            self.gets = _by_key(by.kind(E.GET_BEGIN), "b")  # the poll lag's ends, by producer
+            # each pair kind's begins and ends (the builder's match sorts them by key, with
+            # the stamps it carries: sorting them here too cost the decoding process ~20%)
+            self.pairs = [(by.kind(b), by.kind(e)) for _, b, e in _PAIRS]
+            self.gets = by.kind(E.GET_BEGIN)  # the poll lag's ends, by producer
         # the sender tasks ``senders`` close, where a SenderTasks outside the builder has
         # taken them (the report's helper process); None: the builder takes them
         self.closed: Closed | None = None
@@ -353,25 +353,6 @@ def _latest(req: np.ndarray, t: np.ndarray, reqs: list[int]) -> tuple[np.ndarray
     # contiguous values: ufunc.at over a strided field takes its slow path (~7x)
     np.maximum.at(top, np.subtract(req, lo, dtype=np.int64), np.ascontiguousarray(t))
     return ids, top[ids - lo]
-
-
-def by_key_reference(rows: np.ndarray, stage: str) -> np.ndarray:
-    """``rows`` sorted by :func:`_key` of (request, ``rows[stage]``, chunk), stable: the
-    rule; ``_decodec.sort_by_key`` does the same in C."""
-    if len(rows) < 2:
-        return rows
-    return rowops.take(rows, np.argsort(_key(rows["req"], rows[stage], rows["chunk"]), kind="stable"))
-
-
-_KEY_FIELDS = {"stage": 0, "b": 1}  # _decodec.sort_by_key's field numbers
-
-
-def _by_key(rows: np.ndarray, stage: str) -> np.ndarray:
-    if _decodec is None or len(rows) < 2:
-        return by_key_reference(rows, stage)
-    out = np.empty(len(rows), EVENT_DTYPE)
-    _decodec.sort_by_key(np.ascontiguousarray(rows), _KEY_FIELDS[stage], out)
-    return out
 
 
 def _key(req: np.ndarray, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:
@@ -476,15 +457,14 @@ def _own_process_end(seq: np.ndarray, deq: np.ndarray) -> np.ndarray:
     return out
 
 
-def match(bkey: np.ndarray, bt: np.ndarray, ekey: np.ndarray, et: np.ndarray, bsorted: int = -1,
-          esorted: int = -1) -> tuple[np.ndarray, np.ndarray]:
+def match(bkey: np.ndarray, bt: np.ndarray, ekey: np.ndarray, et: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray]:
     """Pair the k-th begin of each key (by time) with the k-th end of that key.
     Returns index arrays (into the inputs) of the matched begins and their ends, in
-    (key, k) order; compiled where built (the same pairs as :func:`pair_reference`).
-    ``bsorted``/``esorted``: where the keys from there on are in order already (-1: not known)."""
+    (key, k) order; compiled where built (the same pairs as :func:`pair_reference`)."""
     if not len(bkey) or not len(ekey):
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    (bo, bk), (eo, ek) = _by_key_then_time(bkey, bt, bsorted), _by_key_then_time(ekey, et, esorted)
+    (bo, bk), (eo, ek) = _by_key_then_time(bkey, bt), _by_key_then_time(ekey, et)
     if _spanc is None:
         return pair_reference(bk, bo, ek, eo)
     n = min(len(bk), len(ek))
@@ -493,13 +473,12 @@ def match(bkey: np.ndarray, bt: np.ndarray, ekey: np.ndarray, et: np.ndarray, bs
     return bi[:n], ei[:n]
 
 
-def _by_key_then_time(key: np.ndarray, t: np.ndarray, sorted_from: int = -1) -> tuple[np.ndarray, np.ndarray]:
+def _by_key_then_time(key: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The stamps' order by key, then time, then arrival; and the keys in it. One stable
-    sort by key (a merge where ``key[sorted_from:]`` is in order: :func:`merged_key_order`):
-    a repeated key's stamps stay in arrival order, which is almost always their time order
-    already (one ring records them); only where it is not does time break the ties
-    (lexsort: the same order, at more cost)."""
-    order, k = merged_key_order(key, sorted_from) if sorted_from >= 0 else stable_key_order(key)
+    sort by key: a repeated key's stamps stay in arrival order, which is almost always
+    their time order already (one ring records them); only where it is not does time
+    break the ties (lexsort: the same order, at more cost)."""
+    order, k = stable_key_order(key)
     tie = k[1:] == k[:-1]
     if tie.any():
         ts = t[order]
@@ -507,26 +486,6 @@ def _by_key_then_time(key: np.ndarray, t: np.ndarray, sorted_from: int = -1) -> 
             order = np.lexsort((t, key))
             k = key[order]
     return order, k
-
-
-def merged_key_order(key: np.ndarray, h: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`stable_key_order` of keys whose tail ``key[h:]`` is in order (a feed's new
-    stamps, sorted by the decoding process, after the few still waiting from earlier
-    feeds): the head sorted and merged in, each before the tail's equal keys (its stamps
-    came first). Linear in the tail, not a sort of all of it; a tail found out of order
-    is sorted with the rest."""
-    n = len(key)
-    tail = key[h:]
-    if not len(tail) or bool((tail[1:] < tail[:-1]).any()):
-        return stable_key_order(key)
-    head_order, head_keys = stable_key_order(key[:h])
-    at = np.searchsorted(tail, head_keys, "left") + np.arange(h)
-    order = np.empty(n, np.int64)
-    from_tail = np.ones(n, bool)
-    from_tail[at] = False
-    order[at] = head_order
-    order[from_tail] = np.arange(h, n)
-    return order, key[order]
 
 
 def stable_key_order(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -847,7 +806,7 @@ class SpanBuilder:
         for (name, _, _), (b_new, e_new) in zip(_PAIRS, p.pairs):
             pool = self._pools[name]
             B, En = _joined(pool.begins, b_new), _joined(pool.ends, e_new)
-            bi, ei = match(_event_keys(B), B["t"], _event_keys(En), En["t"], len(pool.begins), len(pool.ends))
+            bi, ei = match(_event_keys(B), B["t"], _event_keys(En), En["t"])
             if len(bi):
                 matched.append((name, B, bi, En, ei))
             pool.begins = rowops.delete(B, bi)
@@ -857,7 +816,7 @@ class SpanBuilder:
         pool = self._poll
         P = _joined(pool.begins, p.pairs[_PUT][1])
         G = _joined(pool.ends, p.gets)
-        pi, gi = match(_event_keys(P), P["t"], _event_keys(G, "b"), G["t"], len(pool.begins), len(pool.ends))
+        pi, gi = match(_event_keys(P), P["t"], _event_keys(G, "b"), G["t"])
         pool.begins = rowops.delete(P, pi)
         pool.ends = rowops.delete(G, gi)
         out = np.empty(sum(len(m[2]) for m in matched) + len(pi), CHUNK_DTYPE)

@@ -1,9 +1,9 @@
 """The compiled feed preparation and record copy (omnitrace/_decodec.c) give the same rows
 in the same order as their numpy references (spantable.group_reference,
-spantable.by_key_reference, eventlog.events_of_reference) on random inputs of many shapes:
-empty and one-row inputs, unknown kinds (past 255 too), events without a request, keys
-already sorted, ties, keys whose fields leave the packing's ranges (negative chunks and
-stages, huge request ids, ``b`` over 2^24) and offsets that wrap. And where the module is
+spantable.of_kinds_reference, eventlog.events_of_reference) on random inputs of many shapes:
+empty and one-row inputs, unknown kinds (past 255 too), events without a request, ties,
+fields that leave the packing's ranges (negative chunks and stages, huge request ids, ``b``
+over 2^24) and offsets that wrap. And where the module is
 built, Prepared and the decoder use it."""
 from __future__ import annotations
 
@@ -89,15 +89,6 @@ def test_ring_kinds_reference_counts_each_event_once():
 
 @built
 @pytest.mark.parametrize("seed", range(60))
-@pytest.mark.parametrize("field", ["stage", "b"])
-def test_compiled_sort_by_key_is_the_reference(seed, field):
-    ev = events(seed)
-    same_rows(stt._by_key(ev, field), stt.by_key_reference(ev, field))
-    same_rows(stt._by_key(ev[::2], field), stt.by_key_reference(ev[::2], field))  # strided
-
-
-@built
-@pytest.mark.parametrize("seed", range(60))
 @pytest.mark.parametrize("known", [False, True])
 def test_compiled_requests_are_the_reference(seed, known):
     ev = events(seed)
@@ -126,10 +117,8 @@ def test_compiled_events_of_is_the_reference(seed):
 def test_compiled_refuses_bad_buffers():
     c = stt._decodec
     ev = np.zeros(3, EVENT_DTYPE)
-    with pytest.raises(ValueError):  # out too small
-        c.sort_by_key(ev, 0, np.empty(2, EVENT_DTYPE))
     with pytest.raises(ValueError):  # not 36-byte rows
-        c.sort_by_key(np.zeros(5, np.uint8), 0, np.empty(2, EVENT_DTYPE))
+        c.of_kinds(np.zeros(5, np.uint8), b"\0" * 256, np.empty(2, EVENT_DTYPE))
     with pytest.raises(ValueError):  # kind 255 known
         c.group(ev, b"\1" * 256, np.empty(3, EVENT_DTYPE), np.empty(3, np.int64), np.empty(257, np.int64))
     with pytest.raises(ValueError):  # kind 255 kept

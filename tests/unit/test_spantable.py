@@ -212,23 +212,6 @@ def test_stable_key_order_is_the_stable_argsort(seed):
     assert k.dtype == key.dtype
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_merged_key_order_is_the_stable_argsort(seed):
-    """A sorted tail (a feed's new stamps) after an unsorted head (those still waiting):
-    merged, the stable argsort's order and keys, the head first among equal keys; empty
-    heads and tails, and a tail out of order (sorted as a whole)."""
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(0, 300))
-    h = int(rng.integers(0, n + 1)) if seed % 6 else (0 if seed % 12 else n)
-    key = rng.integers(0, [3, 40, 1 << 30][seed % 3], n, dtype=np.int64)
-    key[h:] = np.sort(key[h:])
-    if seed % 7 == 0 and n - h > 2:
-        key[-1] = -1  # the tail out of order
-    order, k = stt.merged_key_order(key, h)
-    want = np.argsort(key, kind="stable")
-    assert order.tolist() == want.tolist() and k.tolist() == key[want].tolist()
-
-
 @pytest.mark.parametrize("seed", range(30))
 def test_emit_order_is_the_lexsort(seed):
     """Emits by (request, stage, replica, time), ties in arrival order: the four-key
