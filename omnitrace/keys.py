@@ -39,6 +39,15 @@ def unpack(key: np.ndarray, bits: Sequence[int]) -> list[np.ndarray]:
     return out
 
 
+def lookup(sorted_keys: np.ndarray, key: np.ndarray, values: np.ndarray, missing: int) -> np.ndarray:
+    """The value of each ``key`` (``values[i]`` is ``sorted_keys[i]``'s), ``missing`` for a
+    key not among them."""
+    if not len(sorted_keys):
+        return np.full(len(key), missing, values.dtype)
+    pos = np.minimum(np.searchsorted(sorted_keys, key), len(sorted_keys) - 1)
+    return np.where(sorted_keys[pos] == key, values[pos], missing)
+
+
 def dense(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the distinct keys, sorted; each row's index into them): ids 0..n-1 in key order."""
     uniq, inv = np.unique(key, return_inverse=True)

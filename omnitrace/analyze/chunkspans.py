@@ -128,10 +128,7 @@ def chunk_rows(run: Run, rids: list[str], batch: int
 def request_objects(run: Run, nums: np.ndarray) -> dict[str, at.RequestSpans]:
     """The ``attribution.RequestSpans`` of the requests numbered ``nums``, without their
     chunk spans."""
-    sp = run.request_spans
-    mine = [rowops.select(t, np.isin(t["req"], nums)) for t in (sp.requests, sp.visits, sp.emits)]
-    small = stt.SpanTables(mine[0], mine[1], emits=mine[2])
-    return at.index_requests(spans_from_tables(small, run.chunk_requests))
+    return at.index_requests(spans_from_tables(run.request_spans.of(nums), run.chunk_requests))
 
 
 def with_chunks(run: Run, rids: list[str], batch: int = 2048) -> Iterator[at.RequestSpans]:

@@ -88,9 +88,7 @@ def add_tables(run: Run, spans: stt.SpanTables, figures: tables.ChunkFigures, ea
             t["req"] = remap[t["req"].astype(np.int64)]
         figures = figures.renumbered(remap, len(run.chunk_requests))
         busy = {k: (s, e, remap[r.astype(np.int64)]) for k, (s, e, r) in busy.items()}
-    run.request_spans = stt.SpanTables(*(rowops.concat((mine, new), new.dtype) for mine, new in (
-        (run.request_spans.requests, spans.requests), (run.request_spans.visits, spans.visits))),
-        emits=rowops.concat((run.request_spans.emits, spans.emits), spans.emits.dtype))
+    run.request_spans = stt.SpanTables.concat([run.request_spans, spans])
     run.figures = figures if run.figures is None else run.figures.merged(figures)
     run.early = early if run.early is None else rowops.concat((run.early, early), early.dtype)
     run.busy = busy_of([*run.busy.items(), *busy.items()]) if run.busy else busy  # one deployment's timelines as one

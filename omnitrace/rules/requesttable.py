@@ -37,14 +37,6 @@ def _last(key: np.ndarray) -> np.ndarray:
     return len(key) - 1 - first
 
 
-def _find(sorted_keys: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(each ``key``'s place in ``sorted_keys``, clipped; whether it is there)."""
-    if not len(sorted_keys):
-        return np.zeros(len(key), np.int64), np.zeros(len(key), bool)
-    pos = np.minimum(np.searchsorted(sorted_keys, key), len(sorted_keys) - 1)
-    return pos, sorted_keys[pos] == key
-
-
 @dataclass
 class StageSpans:
     """One kind of stage-visit span (``omni.stage`` or ``omni.stage.queue``): the last per
@@ -68,16 +60,14 @@ class StageSpans:
         return StageSpans(key[last], req[last], stage[last], v["replica"][last].astype(np.int64),
                           v["start"][last], v["end"][last], first)
 
-    def at(self, req: np.ndarray, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(the row of each (request, stage), clipped; whether it has one)."""
-        return _find(self.key, keys.request_stage_key(req, stage))
+    def value(self, req: np.ndarray, stage: np.ndarray, values: np.ndarray, missing: int) -> np.ndarray:
+        """``values`` (a column of these spans) of each (request, stage); ``missing`` where none."""
+        return keys.lookup(self.key, keys.request_stage_key(req, stage), values, missing)
 
     def times(self, req: np.ndarray, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(whether each (request, stage) has a span, its start, its end; 0 where none)."""
-        pos, hit = self.at(req, stage)
-        if not len(self.key):
-            return hit, np.zeros(len(hit), np.int64), np.zeros(len(hit), np.int64)
-        return hit, np.where(hit, self.start[pos], 0), np.where(hit, self.end[pos], 0)
+        hit = self.value(req, stage, np.ones(len(self.key), bool), False)
+        return hit, self.value(req, stage, self.start, 0), self.value(req, stage, self.end, 0)
 
     def of_request(self, req: int) -> list[tuple[int, int, int]]:
         """(stage, start, end) of one request's spans, by stage."""
@@ -94,21 +84,17 @@ def _first_marks(emits: np.ndarray, req: np.ndarray, replica: np.ndarray) -> lis
         k = rowops.select(m, m["packet"] == kind)
         key = keys.request_stage_key(k["req"], k["replica"])  # (request, replica)
         o = np.lexsort((k["t"], key))
-        head = np.flatnonzero(np.r_[len(o) > 0, key[o][1:] != key[o][:-1]]) if len(o) else o
-        pos, hit = _find(key[o][head], keys.request_stage_key(req, replica))
-        out.append(np.where(hit, k["t"][o][head][pos] if len(head) else NONE, NONE))
+        first = o[np.r_[True, key[o][1:] != key[o][:-1]]] if len(o) else o
+        out.append(keys.lookup(key[first], keys.request_stage_key(req, replica), k["t"][first], NONE))
     return out
 
 
 def _first_emits(stages: StageSpans, emits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each stage span's (first audio emit, first emit) of its visit's packets (NONE: none)."""
     v = stt.VisitEmits.of(emits)
-    pos, hit = _find(keys.visit_key(v.req, v.stage, v.replica),
-                     keys.visit_key(stages.req, stages.stage, stages.replica))
-    if not len(v.req):
-        return np.full(len(pos), NONE), np.full(len(pos), NONE)
-    audio = np.where(hit & (v.first_audio[pos] != stt.NO_EMIT), v.first_audio[pos], NONE)
-    return audio, np.where(hit, v.first[pos], NONE)
+    have, want = keys.visit_key(v.req, v.stage, v.replica), keys.visit_key(stages.req, stages.stage, stages.replica)
+    audio = keys.lookup(have, want, v.first_audio, NONE)
+    return np.where(audio == stt.NO_EMIT, NONE, audio), keys.lookup(have, want, v.first, NONE)
 
 
 @dataclass
@@ -187,9 +173,9 @@ class RequestTable:
         self.emit_stage[st.req[head]], self.emit_t[st.req[head]] = st.stage[head], audio[head]
         # no audio packet (modality unknown): the first emit of the last stage
         rest = np.flatnonzero((self.emit_stage == NO_STAGE) & (self.last_stage != NO_STAGE))
-        pos, _ = st.at(rest, self.last_stage[rest])
-        has = first[pos] != NONE
-        self.emit_stage[rest[has]], self.emit_t[rest[has]] = self.last_stage[rest[has]], first[pos][has]
+        t = st.value(rest, self.last_stage[rest], first, NONE)
+        has = t != NONE
+        self.emit_stage[rest[has]], self.emit_t[rest[has]] = self.last_stage[rest[has]], t[has]
 
     def walkable(self, req: np.ndarray) -> np.ndarray:
         """Whether each request has an arrival and a first packet not before it."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from omnitrace import conventions as cv
-from omnitrace import rowops
+from omnitrace import keys, rowops
 from omnitrace import spantable as stt
 from omnitrace.rules.span import NO_EMITS, Span
 
@@ -84,12 +84,8 @@ def _stage_span(row: tuple, requests: list[str],
 def first_packet_of(reqs: np.ndarray, known: np.ndarray, first: np.ndarray, unknown: int) -> np.ndarray:
     """Each of ``reqs``' first audio packet time, from ``known`` requests and their
     ``first`` packet times; ``unknown`` for a request not among them."""
-    if not len(known):
-        return np.full(len(reqs), unknown, np.int64)
     order = np.argsort(known, kind="stable")
-    known, first = known[order], first[order]
-    pos = np.minimum(np.searchsorted(known, reqs), len(known) - 1)
-    return np.where(known[pos] == reqs, first[pos], unknown)
+    return keys.lookup(known[order], reqs, first[order], unknown)
 
 
 def before_first_packet(spans: stt.SpanTables) -> np.ndarray:
