@@ -119,13 +119,25 @@ def forward(signum: int) -> None:
 
 def stop_like_ctrl_c() -> None:
     """From here on SIGTERM and SIGHUP stop this command as a Ctrl-C does, after passing
-    the signal on to its children (a terminal's Ctrl-C reaches them all by itself; a
-    ``kill`` reaches one process). Main thread only."""
+    the signal on to its children (a ``kill`` reaches one process); and the first SIGINT
+    is passed on too before it stops this command: a terminal's Ctrl-C reaches them all
+    by itself, but a ``kill -INT`` of this process alone would leave them running (the load
+    went on to its end, the server until a timeout). Our children take a second SIGINT as
+    they take the first. Main thread only."""
+    passed_on: list[bool] = []
+
     def handle(signum: int, _frame: object) -> None:
         forward(signum)
         raise Stopped(signum)
+
+    def handle_sigint(_signum: int, _frame: object) -> None:
+        if not passed_on:
+            passed_on.append(True)
+            forward(signal.SIGINT)
+        raise KeyboardInterrupt
     for s in STOP_SIGNALS:
         signal.signal(s, handle)
+    signal.signal(signal.SIGINT, handle_sigint)
 
 
 def signal_of(exc: BaseException) -> int:

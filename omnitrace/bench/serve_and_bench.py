@@ -49,19 +49,15 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> str | No
 def _bench(url: str, bench_args: list[str]) -> int:
     """`omnitrace bench` against ``url``, its exit status. A process of its own, as
     `omnitrace loadtest` runs it: this library does not import the command. A stop signal
-    here is passed on (SIGTERM and SIGHUP as they come, the first Ctrl-C: a terminal's
-    reaches the bench too, and `omnitrace run` sends its own), and the bench keeps its
-    partial results."""
+    here is passed on (``childproc.stop_like_ctrl_c``: `omnitrace run` sends its own to this
+    process alone), and the bench keeps its partial results."""
     childproc.stop_like_ctrl_c()
     bench = childproc.start(python_module("omnitrace", "bench", "--base-url", url, *bench_args))
-    passed_on = False
     while True:
         try:
             return bench.wait()
-        except KeyboardInterrupt as exc:
-            if not passed_on and not isinstance(exc, childproc.Stopped):
-                childproc.forward(signal.SIGINT)
-                passed_on = True
+        except KeyboardInterrupt:  # passed on: wait for the bench's partial results
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
