@@ -124,6 +124,17 @@ def resume_state(run_dir: str) -> ResumeState:
     return out
 
 
+def last_request_ids(run_dir: str) -> set[str]:
+    """The request ids in every ring's string table at the log's end (:func:`resume_state`):
+    each ring's last ``record.MAX_INTERNED`` requests, those in flight at the end among them.
+    Empty where the log is missing or cannot be read."""
+    try:
+        tables = resume_state(run_dir).tables
+    except EventLogError:
+        return set()
+    return {rid for table in tables.values() for rid in table.values()}
+
+
 class EventLogWriter:
     """Appends blocks to the current segment; used by the agent's drain thread only.
 

@@ -6,15 +6,23 @@ chunk segments it had written and nobody read (``<engine request id>_<stage>_<ch
 with their ``shm_<key>_lockfile.lock``). Once the command has ended, the ones of this
 run's processes (the pids of its rings) whose process is gone are removed and listed in
 run.json (``shm_leftovers``), so the report can say so and the next run starts clean.
+
 A chunk segment counts as the run's when it has the connector's key form with an engine
-request id (``<api id>-<uuid8>``) and was made while the run was on, after the run's
-processes are all gone (a second server running beside it would keep its own).
+request id (``<route id>-<uuid8>``), was made while the run was on, and its request is one
+the run recorded (``requestids.recorded_id`` in the string tables at the event log's end:
+each ring's last 4096 requests, which hold those in flight when a stage died). A segment
+of another server's (a replica beside this one, another run) is never touched, even while
+that server is reading it: the name is all a segment says of who made it. All of the
+run's processes must be gone first (a live one may still read them).
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+from typing import AbstractSet, Callable
 
+from omnitrace import eventlog, requestids
 from omnitrace.agent.collect import pid_alive as _alive
 from omnitrace.record import SHM_DIR
 
@@ -36,22 +44,18 @@ def _mtime(path: str) -> float:
 def request_of(name: str) -> str | None:
     """The engine request id of a chunk segment or its lock file (None: another name)."""
     key = name[4:-len("_lockfile.lock")] if name.startswith("shm_") and name.endswith("_lockfile.lock") else name
-    parts = key.rsplit("_", 2)
-    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-        return parts[0]
-    return None
+    parsed = requestids.chunk_key(key)
+    return parsed[0] if parsed is not None else None
 
 
-def _engine_id(rid: str) -> bool:
-    tail = rid[-9:]
-    return len(rid) > 9 and tail[0] == "-" and all(c in "0123456789abcdef" for c in tail[1:])
-
-
-def sweep(pids: set[int], since_unix_s: float, shm_dir: str = SHM_DIR) -> dict[str, list]:
+def sweep(pids: set[int], since_unix_s: float, recorded: Callable[[], AbstractSet[str]],
+          shm_dir: str = SHM_DIR) -> dict[str, list]:
     """Remove the run's stale leftovers; what was removed, by kind. Wake directories go
-    per exited stage; chunk segments only once all of the run's processes are gone (a live
-    one may still read them): while some live, the ones found are kept and counted."""
+    per exited stage; chunk segments of the run's requests (``recorded()``, asked once,
+    only where a segment might be the run's) only once all of the run's processes are gone
+    (a live one may still read them): while some live, the ones found are kept and counted."""
     alive = sorted(p for p in pids if _alive(p))
+    ours = functools.cache(recorded)
     out: dict[str, list] = {"wake_dirs": [], "chunk_segments": [], "chunk_segments_kept": [],
                             "alive_pids": alive}
     try:
@@ -63,7 +67,8 @@ def sweep(pids: set[int], since_unix_s: float, shm_dir: str = SHM_DIR) -> dict[s
         rid = None if pid is not None else request_of(n)
         if pid is not None and pid in pids and pid not in alive:
             kind = "wake_dirs"
-        elif rid is not None and _engine_id(rid) and _mtime(os.path.join(shm_dir, n)) >= since_unix_s:
+        elif (rid is not None and requestids.has_engine_suffix(rid)
+              and _mtime(os.path.join(shm_dir, n)) >= since_unix_s and requestids.recorded_id(rid) in ours()):
             kind = "chunk_segments_kept" if alive else "chunk_segments"
         else:
             continue
@@ -99,7 +104,7 @@ def sweep_run(run_dir: str, grace_s: float = 20.0) -> dict[str, list]:
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.5)
     since = int(read_or_empty(run_dir, names.RUN).get("started_unix_ns") or 0) / 1e9
-    removed = sweep(pids, since)
+    removed = sweep(pids, since, lambda: eventlog.last_request_ids(run_dir))
     if any(removed[k] for k in ("wake_dirs", "chunk_segments", "chunk_segments_kept")):
         try:
             update_run(run_dir, lambda meta: meta.update(shm_leftovers=removed))

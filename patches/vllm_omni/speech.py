@@ -40,8 +40,8 @@ from typing import Any, Callable
 from omnitrace import conventions as cv
 from omnitrace import record, tracecontext
 from omnitrace.inject.patching import Hook, hook_failed
-from omnitrace.patches.vllm_omni.wrappers import (
-    _api_process, _raw_request, _stamp_resumed, route_request_id)
+from omnitrace.patches.vllm_omni.wrappers import _api_process, _raw_request, _stamp_resumed
+from omnitrace.requestids import route_request_id
 
 E = cv.Ev
 API = cv.API_STAGE

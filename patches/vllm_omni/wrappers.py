@@ -59,7 +59,7 @@ from collections import deque
 from typing import Any, Callable
 
 from omnitrace import conventions as cv
-from omnitrace import record, tracecontext
+from omnitrace import record, requestids, tracecontext
 from omnitrace.inject.patching import Hook, hook_failed
 
 E = cv.Ev
@@ -85,53 +85,31 @@ CHAT = "OmniOpenAIServingChat"
 
 
 # --------------------------------------------------------------------------- request ids
-_HEX = frozenset("0123456789abcdef")
-ROUTE_PREFIXES = ("chatcmpl-", "speech-")  # how the chat and speech routes name a request
 _api_ids: dict[str, str] = {}
 
 
 def api_request_id(engine_id: str) -> str:
-    """The request's id in omnitrace: the one its client gave it.
-
-    The chat route names a request ``chatcmpl-<X-Request-Id>`` (``chatcmpl-<uuid>`` when
-    the client sent none): the ``id`` of every SSE chunk; the speech route
-    ``speech-<X-Request-Id>`` under omnitrace (``speech.py``). ``AsyncOmni.generate`` then
-    hands the engine ``f"{that}-{uuid:.8}"`` (``_get_unique_request_id``), the
-    ``external_req_id`` every stage and connector key carries. Events are recorded under
-    ``X-Request-Id`` (both affixes dropped), so one request is one trace from arrival to
-    its last chunk and joins any client's own records (omnitrace bench, vLLM-Omni's
-    benchmark client) without knowing the server's naming: a request that failed before
-    its first chunk never saw the server's id. Ids without the affixes (the engine driven
-    without the API server) are kept as they are. Memoised: the stage hooks ask once per
-    event, the answer changes once per request.
+    """The request's id in omnitrace: the one its client gave it (``requestids.recorded_id``:
+    both the route's and the engine's affixes dropped), so one request is one trace from
+    arrival to its last chunk and joins any client's own records (omnitrace bench,
+    vLLM-Omni's benchmark client) without knowing the server's naming: a request that
+    failed before its first chunk never saw the server's id. Memoised: the stage hooks ask
+    once per event, the answer changes once per request.
     """
     hit = _api_ids.get(engine_id)
     if hit is None:
-        tail = engine_id[-9:]
-        rid = engine_id
-        if len(rid) > 9 and tail[0] == "-" and _HEX.issuperset(tail[1:]) and rid.startswith(ROUTE_PREFIXES):
-            rid = rid[:-9]
-        rid = route_request_id(rid)
         if len(_api_ids) >= 8192:  # bounded: old requests are done
             _api_ids.clear()
-        hit = _api_ids[engine_id] = rid
+        hit = _api_ids[engine_id] = requestids.recorded_id(engine_id)
     return hit
 
 
 def _chunk_key(key: str) -> tuple[str, int, int]:
-    """A connector key ``{engine id}_{producer stage}_{chunk}`` (ids may hold ``_``) as
-    (request id, producer stage, chunk)."""
-    eid, src, chunk = key.rsplit("_", 2)
-    return api_request_id(eid), int(src), int(chunk)
-
-
-def route_request_id(api_id: str) -> str:
-    """The route's ``chatcmpl-<X-Request-Id>`` / ``speech-<X-Request-Id>`` as the client
-    named it (one prefix dropped)."""
-    for prefix in ROUTE_PREFIXES:
-        if api_id.startswith(prefix) and len(api_id) > len(prefix):
-            return api_id[len(prefix):]
-    return api_id
+    """A connector key as (request id, producer stage, chunk)."""
+    parsed = requestids.chunk_key(key)
+    if parsed is None:
+        raise ValueError(f"not a connector key: {key!r}")
+    return api_request_id(parsed[0]), parsed[1], parsed[2]
 
 
 # --------------------------------------------------------------------------- producer
@@ -633,7 +611,7 @@ def wrap_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def chat_completion_stream_generator(self: Any, request: Any, result_generator: Any,
                                          request_id: str, *args: Any, **kwargs: Any) -> Any:
-        rid = route_request_id(str(request_id))
+        rid = requestids.route_request_id(str(request_id))
         gen = orig(self, request, _stamp_resumed(result_generator, rid), request_id, *args, **kwargs)
         try:
             _api_process()

@@ -15,7 +15,7 @@ LAYERS = [
               "omnitrace.reqstate", "omnitrace.spantable",
               "omnitrace.otlp", "omnitrace.spanload", "omnitrace.runfiles", "omnitrace.childproc",
               "omnitrace.console", "omnitrace.outages", "omnitrace.keys", "omnitrace.intervals",
-              "omnitrace.threads")),
+              "omnitrace.threads", "omnitrace.requestids")),
     ("tables", ("omnitrace.tables",)),
     ("runtime", ("omnitrace.runtime",)),
     ("profile", ("omnitrace.profile",)),

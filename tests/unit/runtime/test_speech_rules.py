@@ -1,11 +1,10 @@
-"""The speech mode's pure rules, in process: which backend a bench command means, how a
-speech request id is reduced to the client's, and what a speech request body may hold."""
+"""The speech mode's pure rules, in process: which backend a bench command means and what a
+speech request body may hold (how its id is reduced to the client's: tests/unit/test_requestids.py)."""
 from __future__ import annotations
 
 import pytest
 
 from omnitrace.bench.client import resolve_backend
-from omnitrace.patches.vllm_omni import wrappers
 from omnitrace.runtime import config, routes
 
 @pytest.mark.parametrize("backend,endpoint,want", [
@@ -30,27 +29,6 @@ def test_bad_backend_or_endpoint_is_one_line(backend, endpoint, needle):
     with pytest.raises(ValueError) as e:
         resolve_backend(backend, endpoint)
     assert needle in str(e.value) and "\n" not in str(e.value)
-
-
-@pytest.mark.parametrize("engine_id,want", [
-    ("speech-abc-1-0123abcd", "abc-1"),  # the engine's speech-<client id>-<8 hex>
-    ("speech-0123456789abcdef-deadbeef", "0123456789abcdef"),  # no client id: the route's uuid
-    ("chatcmpl-xyz-deadbeef", "xyz"),
-    ("speech-chatcmpl-x-deadbeef", "chatcmpl-x"),  # one prefix dropped, never two
-    ("other-deadbeef", "other-deadbeef"),  # the engine driven without the API: kept as is
-])
-def test_engine_ids_reduce_to_the_clients(engine_id, want):
-    assert wrappers.api_request_id(engine_id) == want
-
-
-@pytest.mark.parametrize("route_id,want", [
-    ("speech-abc-1", "abc-1"), ("speech-0123456789abcdef", "0123456789abcdef"), ("chatcmpl-xyz", "xyz"),
-    ("speech-chatcmpl-x", "chatcmpl-x"), ("speech-", "speech-"),
-])
-def test_the_routes_own_id_reduces_the_same_way(route_id, want):
-    """What the API hooks record (the route's id, before AsyncOmni's suffix) is what the
-    stage hooks record from the engine's."""
-    assert wrappers.route_request_id(route_id) == want
 
 
 LIMITS, AUDIO = config.Limits(max_prompt_tokens=100, max_tokens=50), config.AudioConfig()
