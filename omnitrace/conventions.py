@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from enum import IntEnum
+from typing import Any, Mapping
 
 # --------------------------------------------------------------------------- events
 # Hot-path records (see omnitrace.record). Every record carries:
@@ -230,6 +231,21 @@ def span_id_for(*parts: object) -> int:
 def stage_name(process: str | None, stage: int) -> str:
     """A stage's name: its process's, else ``stage<N>``."""
     return process or f"stage{stage}"
+
+
+def stage_names(rings: Mapping[int, Mapping[str, Any]]) -> dict[int, str]:
+    """Each stage's name from a run's rings (ring index -> the event log's RING description):
+    the process of its lowest-numbered ring whose role is "stage" (:func:`stage_name`); the
+    API's (``API_STAGE``) is "api". The report, the tables and flame's stage filter name
+    stages by it."""
+    names: dict[int, str] = {}
+    for _, ring in sorted(rings.items()):
+        stage = int(ring.get("stage", API_STAGE))
+        if stage == API_STAGE:
+            names.setdefault(stage, "api")
+        elif ring.get("role") == "stage":
+            names.setdefault(stage, stage_name(ring.get("process"), stage))
+    return names
 
 
 def stage_pair(producer: int, consumer: int) -> str:

@@ -55,16 +55,10 @@ def _add_tables(run: Run, acc: tables.ReportTables, requests: list[str], rings: 
     """A loaded run directory's tables into ``run`` (:func:`add_tables`), and its stages' names."""
     spans, early, figures, busy = acc.finish(replica_of)
     add_tables(run, spans, figures, early, busy, requests)
-    for stage, name in stage_names(spans.visits, rings).items():
-        run.stage_names.setdefault(stage, name)
-
-
-def stage_names(visits: np.ndarray, rings: dict[int, dict]) -> dict[int, str]:
-    """Stage number -> the name of its first stage span's process (``rings``: its ring's)."""
-    st = visits[visits["name"] == stt.N_STAGE]
-    _, first = np.unique(st["stage"], return_index=True)
-    return {int(s): cv.stage_name(rings.get(int(r), {}).get("process"), int(s))
-            for s, r in zip(st["stage"][first], st["ring"][first])}
+    visited = np.unique(spans.visits["stage"][spans.visits["name"] == stt.N_STAGE]).tolist()
+    names = cv.stage_names(rings)
+    for stage in visited:  # the report names the stages that have stage spans
+        run.stage_names.setdefault(stage, names.get(stage) or cv.stage_name(None, stage))
 
 
 def add_tables(run: Run, spans: stt.SpanTables, figures: tables.ChunkFigures, early, busy: dict,

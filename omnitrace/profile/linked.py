@@ -111,12 +111,6 @@ class RunThreads:
         """The pid of each ring number."""
         return ring_column(self.rings, "pid", rings)
 
-    def stage_names(self) -> dict[int, str]:
-        out: dict[int, str] = {}
-        for info in self.rings.values():
-            if info.get("role") == "stage":
-                out.setdefault(int(info.get("stage", -1)), str(info.get("process") or ""))
-        return out
 
 
 def ring_column(rings: dict[int, dict], field: str, idx: np.ndarray, default: int = 0) -> np.ndarray:
@@ -377,13 +371,13 @@ def _compute(idx: SpanIndex, stage_id: int | None, req_id: int | None
 
 
 def resolve_stage(text: str, rt: RunThreads) -> int:
-    names = rt.stage_names()
+    names = {s: n for s, n in cv.stage_names(rt.rings).items() if s != cv.API_STAGE}
     if text == "api":
         return cv.API_STAGE
     for sid, n in names.items():
         if text == n or text in (f"stage{sid}", str(sid)):
             return sid
-    known = ", ".join(["api"] + [n or f"stage{s}" for s, n in sorted(names.items())])
+    known = ", ".join(["api"] + [n for _, n in sorted(names.items())])
     raise SelectError(f"unknown stage {text!r} (this run has: {known})")
 
 

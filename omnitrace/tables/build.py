@@ -313,8 +313,5 @@ def threads_table(rings: dict[int, dict]) -> pa.Table:
 
 
 def stages_table(rings: dict[int, dict]) -> pa.Table:
-    names: dict[int, str] = {}
-    for _, r in sorted(rings.items()):
-        stage = int(r.get("stage", cv.API_STAGE))
-        names.setdefault(stage, "api" if stage == cv.API_STAGE else str(cv.stage_name(r.get("process"), stage)))
+    names = cv.stage_names(rings)
     return arrow_table("stages", {"stage": sorted(names), "name": [names[s] for s in sorted(names)]})

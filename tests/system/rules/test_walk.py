@@ -16,7 +16,7 @@ from omnitrace import eventlog, otlp
 from omnitrace import spantable as stt
 from omnitrace.analyze import report
 from omnitrace.analyze.chunkspans import chunk_rows, with_chunks
-from omnitrace.analyze.rundir import load_run, stage_names
+from omnitrace.analyze.rundir import load_run
 from omnitrace.rules import attribution as at
 from omnitrace.rules import walk
 from omnitrace.rules.spanobjects import spans_from_tables
@@ -70,7 +70,7 @@ def test_span_objects_carry_what_the_otlp_edge_says(real_run):
                 first(o, cv.EVENT_API_DISPATCHED), first(o, cv.EVENT_API_PACKET_RECEIVED),
                 first(o, cv.EVENT_API_PACKET_RESUMED))
         else:
-            assert stage_names(spans.visits, log.rings)[sp.stage] == a[cv.ATTR_STAGE_NAME]
+            assert cv.stage_names(log.rings)[sp.stage] == a[cv.ATTR_STAGE_NAME]
         if o.name == cv.SPAN_STAGE:
             assert sp.emit_firsts == (first(o, cv.EVENT_EMIT, audio=True), first(o, cv.EVENT_EMIT))
     stages = [s for s in ours.values() if s.name == cv.SPAN_STAGE]
