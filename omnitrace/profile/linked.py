@@ -112,7 +112,6 @@ class RunThreads:
         return ring_column(self.rings, "pid", rings)
 
 
-
 def ring_column(rings: dict[int, dict], field: str, idx: np.ndarray, default: int = 0) -> np.ndarray:
     """``field`` (pid, stage, ...) of each ring number in ``idx``; ``default`` for an
     unknown ring."""
