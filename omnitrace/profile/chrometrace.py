@@ -203,6 +203,18 @@ class Calibration:
     agreeing: int  # of them consistent with the chosen offset
 
 
+def clock_functions(frames: Frames, prefix: str) -> np.ndarray:
+    """Per interned stack, the clock function its leaf frame is (``<prefix><j>``: j), -1
+    where it is no clock function."""
+    fn = np.full(len(frames.stacks), -1, np.int64)
+    for sid, stack in enumerate(frames.stacks):
+        if stack:
+            name = frames.frames[stack[-1]][0]
+            if name.startswith(prefix) and name[len(prefix):].isdigit():
+                fn[sid] = int(name[len(prefix):])
+    return fn
+
+
 def calibrate(chunk: Chunk, frames: Frames, clock_pid: int, flips_ns: np.ndarray, prefix: str,
               k_funcs: int, guess_ns: int, search_ns: int = 2_000_000_000,
               max_obs: int = 4000) -> Calibration | None:
@@ -212,12 +224,7 @@ def calibrate(chunk: Chunk, frames: Frames, clock_pid: int, flips_ns: np.ndarray
     F = np.asarray(flips_ns, np.int64)
     if len(F) < 3:
         return None
-    fn = np.full(len(frames.stacks), -1, np.int64)
-    for sid, stack in enumerate(frames.stacks):
-        if stack:
-            name = frames.frames[stack[-1]][0]
-            if name.startswith(prefix) and name[len(prefix):].isdigit():
-                fn[sid] = int(name[len(prefix):])
+    fn = clock_functions(frames, prefix)
     st = chunk.stretches
     st = st[st["pid"] == clock_pid]
     kind = fn[st["stack"]] if len(st) else np.zeros(0, np.int64)
@@ -271,12 +278,7 @@ def consistent_rounds(chunk: Chunk, frames: Frames, pid: int, flips_ns: np.ndarr
     ok = np.ones(len(rnd), bool)
     if len(F) < 2 or not len(rnd):
         return ok
-    fn = np.full(len(frames.stacks), -1, np.int64)
-    for sid, stack in enumerate(frames.stacks):
-        if stack:
-            name = frames.frames[stack[-1]][0]
-            if name.startswith(prefix) and name[len(prefix):].isdigit():
-                fn[sid] = int(name[len(prefix):])
+    fn = clock_functions(frames, prefix)
     cs = chunk.stretches[chunk.stretches["pid"] == pid]
     cs = cs[fn[cs["stack"]] >= 0] if len(cs) else cs
     if not len(cs):
