@@ -13,7 +13,9 @@ the run recorded (``requestids.recorded_id`` in the string tables at the event l
 each ring's last 4096 requests, which hold those in flight when a stage died). A segment
 of another server's (a replica beside this one, another run) is never touched, even while
 that server is reading it: the name is all a segment says of who made it. All of the
-run's processes must be gone first (a live one may still read them).
+run's processes must be gone first (a live one may still read them). Where the log stopped
+before the end (``--max-run-bytes``, a full disk) the tables are older than the run, and
+chunks of requests only its later part saw stay in /dev/shm.
 """
 from __future__ import annotations
 
