@@ -41,10 +41,9 @@ def recorded_id(engine_id: str) -> str:
     return route_request_id(rid)
 
 
-def chunk_key(name: str) -> tuple[str, int, int] | None:
-    """A connector key ``<engine id>_<stage>_<chunk>`` as (engine id, stage, chunk); None
-    for another name."""
-    parts = name.rsplit("_", 2)
-    if len(parts) == 3 and parts[0] and parts[1].isdigit() and parts[2].isdigit():
-        return parts[0], int(parts[1]), int(parts[2])
-    return None
+def chunk_key(key: str) -> tuple[str, int, int]:
+    """A connector key ``<engine id>_<stage>_<chunk>`` as (engine id, stage, chunk);
+    ValueError for another form. No more checks than the split: the stage hooks parse every
+    chunk's key with it, and vLLM-Omni's connector writes only this form."""
+    eid, stage, chunk = key.rsplit("_", 2)
+    return eid, int(stage), int(chunk)

@@ -46,8 +46,10 @@ def _mtime(path: str) -> float:
 def request_of(name: str) -> str | None:
     """The engine request id of a chunk segment or its lock file (None: another name)."""
     key = name[4:-len("_lockfile.lock")] if name.startswith("shm_") and name.endswith("_lockfile.lock") else name
-    parsed = requestids.chunk_key(key)
-    return parsed[0] if parsed is not None else None
+    try:
+        return requestids.chunk_key(key)[0]
+    except ValueError:
+        return None
 
 
 def sweep(pids: set[int], since_unix_s: float, recorded: Callable[[], AbstractSet[str]],

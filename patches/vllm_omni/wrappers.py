@@ -106,10 +106,8 @@ def api_request_id(engine_id: str) -> str:
 
 def _chunk_key(key: str) -> tuple[str, int, int]:
     """A connector key as (request id, producer stage, chunk)."""
-    parsed = requestids.chunk_key(key)
-    if parsed is None:
-        raise ValueError(f"not a connector key: {key!r}")
-    return api_request_id(parsed[0]), parsed[1], parsed[2]
+    eid, src, chunk = requestids.chunk_key(key)
+    return api_request_id(eid), src, chunk
 
 
 # --------------------------------------------------------------------------- producer
