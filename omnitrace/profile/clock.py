@@ -23,8 +23,9 @@ while after that py-spy starts. So the clock runs in two paces:
 Why: each switch is a wake-up that takes the GIL (a hand-off a busy thread of the process
 pays for) and a context switch, in every sampled process, idle or not: ~30 us each, and at
 one switch per sample (25/s) about half of what `--flame` added to the served processes'
-CPU (``benchmarks/flame_results.md``). With a 3-s burst per 60-s py-spy the clock switches
-~3.5 times a second instead of 25.
+CPU (``benchmarks/flame_results.md``). With a 5-s burst per 60-s py-spy the clock switches
+~5 times a second instead of 25. (A 3-s burst coarsened the offset to ~0.7 ms; its width
+goes as the burst's holds over its samples.)
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from typing import Any, Callable
 THREAD = "omnitrace-flame-clock"
 PREFIX = "omnitrace_flame_clock_"
 K = 32  # functions in the cycle
-BURST_S = 3.0  # fast switches this long after each request (each py-spy's start)
+BURST_S = 5.0  # fast switches this long after each request (each py-spy's start)
 BURST_PERIODS = (0.25, 0.75)  # a burst's holds, in py-spy's sampling periods
 MIN_HOLD_S = (0.01, 0.03)  # a burst's floor: a fast sampler does not make the clock wake more
 STEADY_S = (0.5, 1.5)  # the holds between bursts: about one switch a second

@@ -223,7 +223,7 @@ def test_clock_wakes_fast_only_in_a_burst(rate):
     benchmarks/flame_results.md). Steady, it switches about once a second at any rate; in
     a burst (a few seconds as each py-spy starts, to pin its zero) never more than 50 times
     a second nor less than twice per sample at 25/s and above. Over a 60-s py-spy with one
-    burst: under 4 switches a second (25 at one per sample)."""
+    burst: under 6 switches a second (25 at one per sample)."""
     lo, hi = clock.hold_range(rate, burst=False)
     assert 0.9 <= 2 / (lo + hi) <= 1.1
     lo, hi = clock.hold_range(rate, burst=True)
@@ -231,7 +231,7 @@ def test_clock_wakes_fast_only_in_a_burst(rate):
     assert fast <= 50 and (rate < 25 or fast >= 2 * min(rate, 25))
     rotate_s = FlameConfig(run_dir="x").rotate_s
     burst_s = min(clock.BURST_S, rotate_s)
-    assert (burst_s * fast + (rotate_s - burst_s)) / rotate_s < 4
+    assert (burst_s * fast + (rotate_s - burst_s)) / rotate_s < 6
 
 
 def test_clock_thread_bursts_when_asked(monkeypatch, tmp_path):
