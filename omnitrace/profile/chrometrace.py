@@ -8,11 +8,10 @@ that entered, root first; the root frames are ``process PID:"cmdline"`` (ancesto
 then ``thread (NATIVE_TID): name`` then the Python frames. A thread's stack that did not
 change since its previous sample writes nothing, and at exit every open frame gets an ``E``.
 
-So a chunk gives, per thread, the instants where its stack changed. It also gives the
-instant of every round in which some thread changed: py-spy samples all threads of all
-processes in one round and stamps them together, so the distinct stamps, clustered, are
-those rounds (:func:`rounds`); the clock thread (``omnitrace.profile.clock``) changes in
-nearly every round of its bursts, about once a second otherwise. A thread's stack at a round
+So a chunk gives, per thread, the instants where its stack changed. It also gives every
+sample's instant: py-spy samples all threads of all processes in one round and stamps them
+together, and the runner's clock thread changes its stack in nearly every round, so the
+distinct stamps, clustered, are the rounds (:func:`rounds`). A thread's stack at a round
 without a change is the one it last changed to. :func:`parse` returns *stretches* (a
 thread's stack from the round where it changed until the round where it changed again)
 and the rounds; :func:`expand` gives back one sample per round.

@@ -142,9 +142,7 @@ def unsampled(rounds: np.ndarray, flips: np.ndarray, period_ns: int) -> tuple[np
     from that long (and a stamp's lateness, ``LATE_STAMP_NS``) after the switch until the
     next round: py-spy fell behind (seen: 0.5-40 s at a time beside the real vLLM-Omni
     server under load). A gap without a switch is not counted: the clock thread could not
-    run (a thread held the GIL), or it was between switches (about one a second outside
-    the bursts that calibrate each py-spy), so no stack changed and py-spy may well have
-    sampled."""
+    run (a thread held the GIL), so no stack changed and py-spy may well have sampled."""
     if len(rounds) < 2 or not len(flips):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     k = np.searchsorted(flips, rounds[:-1], "right")

@@ -3,9 +3,8 @@
 
 * once the process is the API server or a stage, with py-spy: start the clock thread
   (``omnitrace.profile.clock``) and announce the process to the profile runner (one
-  datagram with the pid), which starts a py-spy for it and then asks the clock for a
-  burst of switches; the clock's switches go to ``profiles/raw/clock-<pid>.bin`` as they
-  accumulate and at exit;
+  datagram with the pid), which starts a py-spy for it; the clock's switches go to
+  ``profiles/raw/clock-<pid>.bin`` as they accumulate and at exit;
 * pyinstrument where py-spy cannot help, as ``OMNITRACE_FLAME_INPROC`` says:
 
 * ``api`` (``--flame-api pyinstrument``): the API server's asyncio loop. The profiler
@@ -49,9 +48,8 @@ def _sample() -> None:
     """Start the clock, then ask the runner for a py-spy (it samples from now on)."""
     import socket
 
-    from omnitrace.profile.clock import Clock, address
-    runner = os.environ[ENV_FLAME_SOCKET]
-    clock = Clock(_raw_path(f"clock-{os.getpid()}.bin"), addr=address(runner, os.getpid()))
+    from omnitrace.profile.clock import Clock
+    clock = Clock(_raw_path(f"clock-{os.getpid()}.bin"))
     clock.start()
 
     def save() -> None:
@@ -61,7 +59,7 @@ def _sample() -> None:
     atexit.register(save)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.sendto(str(os.getpid()).encode(), "\0" + runner)
+            s.sendto(str(os.getpid()).encode(), "\0" + os.environ[ENV_FLAME_SOCKET])
     except OSError:
         pass  # the runner is gone: nothing samples this process
 

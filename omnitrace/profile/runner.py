@@ -12,8 +12,7 @@ too coarse to put a sample inside a 150 us span; one py-spy per process stamps w
 
 py-spy stamps samples in microseconds since its own start, an instant no other process
 can read, so each process also runs a clock thread (``omnitrace.profile.clock``) whose
-switches, on CLOCK_MONOTONIC, pin that zero (``chrometrace.calibrate``): once a py-spy
-samples, this runner asks that process's clock for a burst of fast switches.
+switches, on CLOCK_MONOTONIC, pin that zero (``chrometrace.calibrate``).
 
 Every ``FlameConfig.rotate_s`` a process gets a fresh py-spy and the old one stops once the
 new one samples: py-spy keeps its chrometrace in memory until it exits, rotation bounds it.
@@ -45,7 +44,6 @@ from typing import Any, Callable
 
 import orjson
 
-from omnitrace.profile import clock
 from omnitrace.profile.config import ENV_FLAME, ENV_FLAME_INPROC, ENV_FLAME_SOCKET, FlameConfig
 from omnitrace.record import clock_offset_ns
 from omnitrace import console
@@ -312,7 +310,6 @@ class Supervisor(threading.Thread):
                 if index == 0 and os.path.exists(f"/proc/{pid}"):
                     self.failed[pid] = spy.error or "py-spy could not attach"
             return None
-        clock.ask_burst(clock.address(self.address[1:], pid))  # it samples: pin its zero now
         return spy
 
     def _rotate(self) -> None:
