@@ -67,16 +67,16 @@ def sweep(pids: set[int], since_unix_s: float, recorded: Callable[[], AbstractSe
     except OSError:
         return out
     for n in names:
+        path = os.path.join(shm_dir, n)
         pid = _wake_pid(n)
         rid = None if pid is not None else request_of(n)
         if pid is not None and pid in pids and pid not in alive:
             kind = "wake_dirs"
         elif (rid is not None and requestids.has_engine_suffix(rid)
-              and _mtime(os.path.join(shm_dir, n)) >= since_unix_s and requestids.recorded_id(rid) in ours()):
+              and _mtime(path) >= since_unix_s and requestids.recorded_id(rid) in ours()):
             kind = "chunk_segments_kept" if alive else "chunk_segments"
         else:
             continue
-        path = os.path.join(shm_dir, n)
         if kind != "chunk_segments_kept":
             try:
                 if os.path.isdir(path):
