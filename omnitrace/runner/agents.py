@@ -68,14 +68,9 @@ def _agent_process(cfg: AgentConfig, lock: int, *extra: str) -> subprocess.Popen
 
 def _ready(agent: subprocess.Popen) -> subprocess.Popen | None:
     """``agent`` once it says READY (a standby's STANDBY line before is skipped)."""
-    assert agent.stdout is not None
-    deadline = time.monotonic() + AGENT_READY_TIMEOUT_S
-    line = b"STANDBY"
-    while line.startswith(b"STANDBY"):
-        ready, _, _ = select.select([agent.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        line = agent.stdout.readline() if ready else b""
-    if not line.startswith(b"READY"):
-        if not ready:  # silent and alive: give up on it
+    line = _first_line_but_standby(agent, time.monotonic() + AGENT_READY_TIMEOUT_S)
+    if line is None or not line.startswith(b"READY"):
+        if line is None:  # silent and alive: give up on it
             agent.kill()
             console.say("run", "the agent did not start in time")
         try:  # otherwise it closed stdout: it printed its one-line error and is exiting
@@ -86,6 +81,28 @@ def _ready(agent: subprocess.Popen) -> subprocess.Popen | None:
         return None
     agent.info = orjson.loads(line[len(b"READY"):])  # type: ignore[attr-defined]
     return agent
+
+
+def _first_line_but_standby(agent: subprocess.Popen, deadline: float) -> bytes | None:
+    """The agent's first stdout line that is not STANDBY (b"" at its end of file; None: none
+    by ``deadline``). Read from the descriptor by hand, not with the pipe's buffered
+    readline: that reads ahead, so a READY that came in one read with STANDBY (a spare
+    told to take over before its imports were done) would sit in the buffer unseen by
+    select() until the deadline."""
+    assert agent.stdout is not None
+    fd, pending = agent.stdout.fileno(), b""
+    while True:
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            if not line.startswith(b"STANDBY"):
+                return line
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return None
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return pending
+        pending += chunk
 
 
 AGENT_POLL_S = 0.1  # a dead agent is noticed (and replaced) this soon
@@ -126,8 +143,8 @@ class _Agents:
         dead, noticed = self.last, time.time_ns()
         how = f"signal {-dead.returncode}" if dead.returncode < 0 else f"exit status {dead.returncode}"
         self.restarts = [t for t in self.restarts if time.monotonic() - t < AGENT_RESTART_WINDOW_S]
-        new = None
-        if len(self.restarts) < self.max_restarts:
+        new, at_limit = None, len(self.restarts) >= self.max_restarts
+        if not at_limit:
             self.restarts.append(time.monotonic())
             cfg = dataclasses.replace(  # its endpoint where the dead one's was
                 self.cfg, prometheus_port=dead.info.get("prometheus_port") or self.cfg.prometheus_port,
@@ -139,8 +156,9 @@ class _Agents:
         self.agent = new
         if new is None:
             console.say("run", f"the agent (pid {dead.pid}) died ({how}) while the command runs"
-                        + ("" if not self.max_restarts else
-                           f", the {self.max_restarts + 1}th time in {AGENT_RESTART_WINDOW_S:.0f} s")
+                        + (", and its successor did not start" if not at_limit else
+                           f", after {self.max_restarts} restart(s) in {AGENT_RESTART_WINDOW_S:.0f} s"
+                           if self.max_restarts else "")
                         + ": recording stopped; the command goes on; the report will count what "
                         "was not recorded (run.json: status agent-killed)")
             return None
