@@ -29,7 +29,7 @@ def _parser() -> OneLineParser:
 
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     from omnitrace.tables import schema
     if args.tables:
         sys.stdout.write(schema.describe())

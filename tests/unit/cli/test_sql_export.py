@@ -43,6 +43,7 @@ def test_sql_answers_in_each_format(capsys):
     assert code == 0 and text.splitlines()[-1] == "(4 rows)"
     _, as_csv, _ = _sql(capsys, HOL, q, "--format", "csv")
     _, as_json, _ = _sql(capsys, HOL, q, "--format", "json")
+    assert _sql(capsys, HOL, "--format", "json", q)[1] == as_json  # a flag between run and query
     rows = [{"request": r["request"], "tasks": int(r["tasks"])} for r in csv.DictReader(io.StringIO(as_csv))]
     # the script: v's four chunks, one task each of x, y and z
     assert rows == json.loads(as_json) == [{"request": "v", "tasks": 4}, {"request": "x", "tasks": 1},
