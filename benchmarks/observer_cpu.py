@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -49,6 +50,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import speed_probe  # noqa: E402
 from observer_effect import _server_cmd, bench_cmd, stop_server  # noqa: E402
 from omnitrace import record  # noqa: E402
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy  # noqa: E402
@@ -148,11 +150,15 @@ def _settle(run_id: str | None, timeout_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def _bench(port: int, args: argparse.Namespace, n: int, out: str, env: dict) -> dict:
+def _bench(port: int, args: argparse.Namespace, n: int, out: str, env: dict) -> tuple[dict, float]:
+    """bench.json of the load, and the client's CPU seconds (its rusage once reaped: the only
+    child reaped meanwhile; the server is reaped at its stop)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(bench_cmd(port, args, "--num-prompts", str(n), "--warmup", "0", "--overwrite", "--out", out),
                    env=env, check=True, stdout=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(out) as f:
-        return json.load(f)
+        return json.load(f), (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def run_one(variant: str, args: argparse.Namespace, work: str) -> dict:
@@ -175,7 +181,11 @@ def run_one(variant: str, args: argparse.Namespace, work: str) -> dict:
         rid = _run_id(run_dir) if instrumented else None
         _settle(rid)
         cpu0, ev0 = cpu_by_role(server.pid, instrumented), _rings(rid) if rid else []
-        doc = _bench(port, args, args.num_prompts, os.path.join(work, "measured.json"), env)
+        probe = speed_probe.start()
+        try:
+            doc, client_s = _bench(port, args, args.num_prompts, os.path.join(work, "measured.json"), env)
+        finally:
+            speed = speed_probe.stop(probe)
         _settle(rid)
         cpu1, ev1 = cpu_by_role(server.pid, instrumented), _rings(rid) if rid else []
     finally:
@@ -196,7 +206,8 @@ def run_one(variant: str, args: argparse.Namespace, work: str) -> dict:
     wall = (int(win["end_unix_ns"]) - int(win["start_unix_ns"])) / 1e9
     return {"variant": variant, "requests": n, "failed": n - len(reqs), "cpu_ms_per_request":
             {k: v * 1e3 for k, v in roles.items()}, "events_per_request": events,
-            "stage_names": stage_names, "throughput": len(reqs) / wall if wall > 0 else 0.0,
+            "stage_names": stage_names, "client_cpu_ms_per_request": client_s * 1e3 / n,
+            "probe_us": speed["median_us"], "throughput": len(reqs) / wall if wall > 0 else 0.0,
             "ttfp_p50_ms": float(np.percentile([r["ttfp_s"] for r in reqs if r.get("ttfp_s")], 50)) * 1e3,
             "flame_quality": quality}
 
@@ -232,6 +243,25 @@ def _ci(values: list[float], rng: np.random.Generator, n: int = 4000) -> tuple[f
     return float(x.mean()), float(lo), float(hi)
 
 
+def _speed_adjusted(rs: list[dict], ref: list[dict], rng: np.random.Generator,
+                    n: int = 4000) -> tuple[tuple, tuple]:
+    """The machine-speed probe's own paired difference (% ; ~0 if the variant leaves the
+    probe alone, which the adjustment assumes), and the pipeline's paired difference with
+    the probe's drift regressed out: mean(y - theta * x), theta = cov(y, x) / var(x) fitted
+    again in every bootstrap resample of the rounds (``speed_probe``'s docstring)."""
+    y = np.array([(pipeline_ms(r) - pipeline_ms(o)) / pipeline_ms(o) * 100 for r, o in zip(rs, ref)])
+    x = np.array([(r["probe_us"] / o["probe_us"] - 1) * 100 for r, o in zip(rs, ref)])
+
+    def adjusted(ys: np.ndarray, xs: np.ndarray) -> float:
+        var = xs.var()
+        theta = ((ys - ys.mean()) * (xs - xs.mean())).mean() / var if var > 0 else 0.0
+        return float((ys - theta * xs).mean())
+    idx = rng.integers(0, len(y), (n, len(y)))
+    boots = np.array([adjusted(y[i], x[i]) for i in idx])
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return _ci(list(x), rng), (adjusted(y, x), float(lo), float(hi))
+
+
 def summarise(results: dict[str, list[dict]], rng: np.random.Generator) -> list[dict]:
     rows = []
     bare = results.get("bare")  # without it, only the figures paired with omnitrace's rounds
@@ -264,6 +294,9 @@ def summarise(results: dict[str, list[dict]], rng: np.random.Generator) -> list[
                 if "@" in v and same:  # this checkout's same variant against that tree's: after / before
                     row["pipeline_this_vs_tree_pct"] = _ci(
                         [(pipeline_ms(a) - pipeline_ms(b)) / pipeline_ms(b) * 100 for a, b in zip(same, rs)], rng)
+                if all("probe_us" in r for r in rs + ref):
+                    row["probe_vs_omnitrace_pct"], row["pipeline_vs_omnitrace_speed_adjusted_pct"] = \
+                        _speed_adjusted(rs, ref, rng)
                 row["agent_vs_omnitrace_pct"] = _ci(
                     [(r["cpu_ms_per_request"].get("agent", 0) / o["cpu_ms_per_request"]["agent"] - 1) * 100
                      for r, o in zip(rs, ref)], rng)
@@ -297,7 +330,8 @@ def _run_rounds(variants: list[str], args: argparse.Namespace) -> dict[str, list
                 print(f"round {rnd + 1} {v:<9} pipeline {pipeline_ms(r):6.1f} ms/req  "
                       f"agent {r['cpu_ms_per_request'].get('agent', 0):5.2f}  "
                       f"py-spy {r['cpu_ms_per_request'].get('py-spy', 0):5.2f}  "
-                      f"events/req {r['events_per_request']:7.0f}  {r['throughput']:5.2f} req/s",
+                      f"events/req {r['events_per_request']:7.0f}  {r['throughput']:5.2f} req/s  "
+                      f"client {r['client_cpu_ms_per_request']:5.2f}  probe {r['probe_us']:6.1f} us",
                       file=sys.stderr, flush=True)
             if args.json:  # every finished round, so a run stopped early can still be summarised
                 with open(args.json, "w") as f:
@@ -327,6 +361,9 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace) -> list[dic
         if "pipeline_added_vs_omnitrace_pct" in r:
             print(f"{r['variant']} against omnitrace, paired by round: pipeline CPU "
                   f"{_fmt(r['pipeline_added_vs_omnitrace_pct'], '%')}, agent CPU {_fmt(r['agent_vs_omnitrace_pct'], '%')}")
+        if "pipeline_vs_omnitrace_speed_adjusted_pct" in r:
+            print(f"  the machine-speed probe's own difference {_fmt(r['probe_vs_omnitrace_pct'], '%')}; pipeline CPU "
+                  f"with the probe's drift regressed out {_fmt(r['pipeline_vs_omnitrace_speed_adjusted_pct'], '%')}")
         if "pipeline_this_vs_tree_pct" in r:
             print(f"{r['variant'].partition('@')[0]} of this checkout against {r['variant']}, paired by round: "
                   f"pipeline CPU {_fmt(r['pipeline_this_vs_tree_pct'], '%')}")
