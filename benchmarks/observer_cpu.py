@@ -28,6 +28,10 @@ agent and hooks in one run. Any variant can name a tree (``--variants
 omnitrace,flame-nb,flame-nb@base --tree base=PATH``): then only the named ones run from it,
 and each is also paired with the same variant of this checkout (before against after).
 
+Each round also records the bench client's CPU per request and the machine-speed probe's
+median burst (``speed_probe``, run during the measured load); a flame variant's difference
+against ``omnitrace`` is shown again with the probe's drift regressed out.
+
 Deltas against ``bare`` per round (the rounds pair up: variants run in rotating,
 alternately reversed order), 95% bootstrap CIs over rounds.
 
