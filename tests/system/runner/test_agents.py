@@ -33,12 +33,13 @@ def test_ready_written_with_standby_in_one_write_is_seen_at_once(monkeypatch) ->
         child.wait()
 
 
-@pytest.mark.parametrize("script, said", [
-    ("import time; time.sleep(60)", "did not start in time"),
-    ("import sys; print('STANDBY', flush=True); sys.exit(2)", ""),
+@pytest.mark.parametrize("script, timeout_s, said", [
+    ("import time; time.sleep(60)", 1.0, "did not start in time"),
+    # its end of file ends the wait, long before the deadline, however slow its start
+    ("import sys; print('STANDBY', flush=True); sys.exit(2)", 60.0, ""),
 ])
-def test_ready_gives_up_on_a_silent_or_exiting_agent(monkeypatch, capsys, script, said) -> None:
-    monkeypatch.setattr(agents, "AGENT_READY_TIMEOUT_S", 1.0)
+def test_ready_gives_up_on_a_silent_or_exiting_agent(monkeypatch, capsys, script, timeout_s, said) -> None:
+    monkeypatch.setattr(agents, "AGENT_READY_TIMEOUT_S", timeout_s)
     child = _child(script)
     assert agents._ready(child) is None
     assert child.poll() is not None
