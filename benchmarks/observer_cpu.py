@@ -189,7 +189,7 @@ def run_one(variant: str, args: argparse.Namespace, work: str) -> dict:
         try:
             doc, client_s = _bench(port, args, args.num_prompts, os.path.join(work, "measured.json"), env)
         finally:
-            speed = speed_probe.stop(probe)
+            probe_us = speed_probe.stop(probe)
         _settle(rid)
         cpu1, ev1 = cpu_by_role(server.pid, instrumented), _rings(rid) if rid else []
     finally:
@@ -211,7 +211,7 @@ def run_one(variant: str, args: argparse.Namespace, work: str) -> dict:
     return {"variant": variant, "requests": n, "failed": n - len(reqs), "cpu_ms_per_request":
             {k: v * 1e3 for k, v in roles.items()}, "events_per_request": events,
             "stage_names": stage_names, "client_cpu_ms_per_request": client_s * 1e3 / n,
-            "probe_us": speed["median_us"], "throughput": len(reqs) / wall if wall > 0 else 0.0,
+            "probe_us": probe_us, "throughput": len(reqs) / wall if wall > 0 else 0.0,
             "ttfp_p50_ms": float(np.percentile([r["ttfp_s"] for r in reqs if r.get("ttfp_s")], 50)) * 1e3,
             "flame_quality": quality}
 
@@ -258,7 +258,7 @@ def _speed_adjusted(rs: list[dict], ref: list[dict], rng: np.random.Generator,
 
     def adjusted(ys: np.ndarray, xs: np.ndarray) -> float:
         var = xs.var()
-        theta = ((ys - ys.mean()) * (xs - xs.mean())).mean() / var if var > 0 else 0.0
+        theta = np.cov(ys, xs, bias=True)[0, 1] / var if var > 0 else 0.0
         return float((ys - theta * xs).mean())
     idx = rng.integers(0, len(y), (n, len(y)))
     boots = np.array([adjusted(y[i], x[i]) for i in idx])

@@ -10,7 +10,7 @@ nothing of a run preempts it mid-burst: a burst's CPU time is the work's cost at
 machine's speed, not the preemptions a variant adds. Its duty is ~2% of one core, the
 same in every variant.
 
-    p = start(); ...; stats = stop(p)   # {"bursts": n, "median_us": ..., "mean_us": ...}
+    p = start(); ...; median_us = stop(p)
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ import os
 import signal
 import subprocess
 import sys
+
+import numpy as np
 
 PERIOD_S = 0.05
 PRIORITY = 2  # SCHED_FIFO, above py-spy's 1
@@ -53,16 +55,16 @@ def start() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", _PROBE], stdout=subprocess.PIPE, text=True)
 
 
-def stop(p: subprocess.Popen) -> dict:
-    """The bursts' count and their CPU time (µs): median, mean; the first burst (cold) left out."""
+def stop(p: subprocess.Popen) -> float:
+    """The bursts' median CPU time (µs; the first, cold, left out; NaN if none). Said on
+    stderr where the probe got no real-time priority: py-spy may then preempt it."""
     p.send_signal(signal.SIGTERM)
     out, _ = p.communicate(timeout=30)
     doc = json.loads(out)
-    costs = sorted(c / 1e3 for c in doc["costs"][1:])
-    if not costs:
-        return {"bursts": 0, "median_us": float("nan"), "mean_us": float("nan"), "realtime": doc["realtime"]}
-    return {"bursts": len(costs), "median_us": costs[len(costs) // 2],
-            "mean_us": sum(costs) / len(costs), "realtime": doc["realtime"]}
+    if not doc["realtime"]:
+        print("speed_probe: no real-time priority (not root?): its bursts can be preempted", file=sys.stderr)
+    costs = doc["costs"][1:]
+    return float(np.median(costs)) / 1e3 if costs else float("nan")
 
 
 if __name__ == "__main__":  # a quick look: the probe for N seconds
