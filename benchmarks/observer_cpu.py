@@ -385,6 +385,9 @@ def main() -> int:
     p.add_argument("--input-len", type=int, default=1500)
     p.add_argument("--output-len", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--request-rate", type=float, default=None,
+                   help="an open loop at this many requests per second (default: closed loop): "
+                        "below saturation the load no longer follows each variant's speed")
     p.add_argument("--serve", default="", help="server arguments (one string)")
     p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                    help="add variant omnitrace@NAME: omnitrace from the checkout at PATH")

@@ -81,7 +81,9 @@ def bench_cmd(port: int, args: argparse.Namespace, *more: str) -> list[str]:
     """`omnitrace bench` against the server on ``port`` with the load of ``args``."""
     return [sys.executable, "-m", "omnitrace", "bench", "--base-url", f"http://127.0.0.1:{port}",
             "--concurrency", str(args.concurrency), "--input-len", str(args.input_len),
-            "--output-len", str(args.output_len), "--seed", str(args.seed), "--no-progress", *more]
+            "--output-len", str(args.output_len), "--seed", str(args.seed), "--no-progress",
+            *(("--request-rate", str(args.request_rate)) if getattr(args, "request_rate", None) else ()),
+            *more]
 
 
 def stop_server(server: subprocess.Popen) -> None:

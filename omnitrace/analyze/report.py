@@ -207,8 +207,11 @@ def _bench_settings(run: Run) -> dict[str, Any] | None:
     if not b or not isinstance(b.get("args"), dict):
         return None
     keep = ("concurrency", "num_prompts", "warmup", "input_len", "output_len", "range_ratio",
-            "model", "backend", "endpoint", "extra_body")
-    return {k: b["args"].get(k) for k in keep if k in b["args"]}
+            "request_rate", "burstiness", "model", "backend", "endpoint", "extra_body")
+    out = {k: b["args"].get(k) for k in keep if k in b["args"]}
+    if out.get("request_rate") is None:  # a closed loop: the gaps' shape means nothing
+        out.pop("burstiness", None)
+    return out
 
 
 def _victims(run: Run, found: list[tuple[str, int, int, list]]) -> list[headofline.Victim]:

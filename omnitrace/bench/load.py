@@ -3,14 +3,25 @@
 Request lengths follow ``vllm bench serve``'s random dataset: uniform integers in
 [len * (1 - range_ratio), len * (1 + range_ratio)], drawn from one seeded generator, so the
 same seed gives the same request sequence.
+
+Arrivals follow ``vllm bench serve --request-rate R --burstiness B``: with a finite rate the
+measured requests are sent at gamma-distributed gaps (shape B, mean 1/R; B = 1 is a Poisson
+process), still at most ``concurrency`` at a time (its ``--max-concurrency``); with the
+default infinite rate every request is sent as soon as a slot is free (a closed loop). The
+gaps come from their own generator of the same seed, so the prompts are the same at any
+rate. An open loop below saturation keeps the offered load fixed: what one request costs
+then does not move with how fast the server happens to be (a closed loop's per-second
+costs spread over however many requests it managed).
 """
 from __future__ import annotations
 
 import asyncio
+import functools
+import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import aiohttp
 
@@ -63,6 +74,8 @@ class LoadSpec:
     range_ratio: float = 0.0
     seed: int = 0
     request_timeout_s: float = REQUEST_TIMEOUT_S
+    request_rate: float = math.inf  # measured requests per second (inf: a closed loop)
+    burstiness: float = 1.0
     extra_body: dict[str, Any] = field(default_factory=dict)
     tag: str = ""  # request id prefix, unique per bench invocation
 
@@ -75,6 +88,31 @@ class LevelResult:
     measured_window: dict[str, int] | None
     aborted: str | None = None
     interrupted: bool = False  # cut short by Ctrl-C: the requests that finished by then
+
+
+RATE_HELP = ("measured requests per second, sent at random gaps (Poisson at --burstiness 1), "
+             "at most --concurrency at a time (default: inf, each as soon as a slot is free)")
+BURSTINESS_HELP = "gamma shape of the gaps with --request-rate: < 1 burstier, > 1 more even"
+
+
+def check_arrivals(request_rate: float | None, burstiness: float) -> None:
+    """ValueError unless the rate (None: infinite) and burstiness can schedule arrivals."""
+    if not ((request_rate is None or request_rate > 0) and 0 < burstiness < math.inf):
+        raise ValueError("--request-rate and --burstiness must be positive")
+
+
+def arrival_offsets(n: int, request_rate: float, burstiness: float, seed: int) -> list[float]:
+    """Seconds from the first measured request to each one's send: vLLM's gamma gaps (shape
+    ``burstiness``, mean ``1/request_rate``), the first at 0; all 0 at an infinite rate."""
+    if math.isinf(request_rate):
+        return [0.0] * n
+    rng = random.Random(f"arrivals-{seed}")  # apart from the prompts' generator
+    scale = 1.0 / (request_rate * burstiness)
+    out, t = [], 0.0
+    for i in range(n):
+        out.append(t)
+        t += rng.gammavariate(burstiness, scale)
+    return out
 
 
 def _len(rng: random.Random, n: int, ratio: float) -> int:
@@ -106,6 +144,15 @@ async def run_level(spec: LoadSpec, concurrency: int, rng: random.Random,
         watcher.cancel()
     watch.check(0)  # a stall that ended since the last look is said too
     return result
+
+
+async def _at(deadline: float, send: Callable[[], Awaitable[RequestResult]]) -> RequestResult:
+    """``send()`` once the event loop's clock reads ``deadline`` (absolute, so the gaps do
+    not drift with how late each task starts)."""
+    delay = deadline - asyncio.get_running_loop().time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    return await send()
 
 
 async def _level(spec: LoadSpec, concurrency: int, rng: random.Random,
@@ -150,8 +197,11 @@ async def _level(spec: LoadSpec, concurrency: int, rng: random.Random,
                                aborted=f"every warm-up request failed ({done_warm[0].error}); "
                                        "measured requests not sent")
         measured = [make(i, False) for i in range(spec.num_prompts)]
+        offsets = arrival_offsets(len(measured), spec.request_rate, spec.burstiness, spec.seed)
+        origin = asyncio.get_running_loop().time()
         start = time.time_ns()
-        done = await asyncio.gather(*(one(session, r, b) for r, b in measured))
+        done = await asyncio.gather(*(_at(origin + t, functools.partial(one, session, r, b))
+                                      for t, (r, b) in zip(offsets, measured)))
         end = time.time_ns()
     return LevelResult(concurrency, [r.id for r in done_warm], list(done_warm) + list(done),
                        {"start_unix_ns": start, "end_unix_ns": end})

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import random
 import signal
@@ -35,8 +36,9 @@ from omnitrace import __version__, childproc
 from omnitrace import conventions as cv
 from omnitrace.analyze.stats import summary
 from omnitrace.bench.client import BACKEND_HELP, ENDPOINT_HELP, RequestResult, resolve_backend
-from omnitrace.bench.load import (BENCH_DEFAULTS, REQUEST_TIMEOUT_S, LevelResult, LoadSpec,
-                                  concurrency_levels, loadtest_differences, run_level)
+from omnitrace.bench.load import (BENCH_DEFAULTS, BURSTINESS_HELP, RATE_HELP, REQUEST_TIMEOUT_S,
+                                  LevelResult, LoadSpec, check_arrivals, concurrency_levels,
+                                  loadtest_differences, run_level)
 from omnitrace.bench.stall import DEFAULT_AFTER_S, StallWatch
 from omnitrace.bench.output import BenchOutput, OutputError
 from omnitrace.cli.helpformat import DefaultsFormatter
@@ -63,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
                    help="seconds per request (> 0)")
+    p.add_argument("--request-rate", type=float, default=None, metavar="R", help=RATE_HELP)
+    p.add_argument("--burstiness", type=float, default=1.0, help=BURSTINESS_HELP)
     p.add_argument("--stall-after", type=float, default=DEFAULT_AFTER_S, metavar="S",
                    help="say so when no request has progressed for S seconds, and which stage "
                         "stopped stepping where the run directory is known (0: never)")
@@ -113,7 +117,7 @@ def _cut_level(c: int, done: list[RequestResult]) -> LevelResult:
     return LevelResult(c, [r.id for r in done if r.warmup], list(done), window, interrupted=True)
 
 
-def _print_summary(levels: list[LevelResult]) -> None:
+def _print_summary(levels: list[LevelResult], offered: float) -> None:
     rows = []
     for lv in levels:
         if lv.measured_window is None:
@@ -129,6 +133,7 @@ def _print_summary(levels: list[LevelResult]) -> None:
     for lv in levels:
         s = _level_summary(lv)
         print(f"c={lv.concurrency}: {s['ok']}/{s['requests']} ok, {s['request_rate']:.2f} req/s"
+              + (f" (offered {offered:g})" if math.isfinite(offered) else "")
               + (f", {s['failed']} failed: {'; '.join(s['errors'])}" if s["failed"] else "")
               + (f" [ABORTED: {lv.aborted}]" if lv.aborted else "")
               + (" [INTERRUPTED: partial level]" if lv.interrupted else ""))
@@ -207,6 +212,10 @@ def _args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], dict[s
     if args.request_timeout <= 0 or args.stall_after < 0 or (args.warmup or 0) < 0:
         p.error("--request-timeout must be positive; --stall-after and --warmup not negative")
     try:
+        check_arrivals(args.request_rate, args.burstiness)
+    except ValueError as exc:
+        p.error(str(exc))
+    try:
         backend, args.endpoint = resolve_backend(args.backend, args.endpoint)
     except ValueError as exc:  # one line, nothing sent
         p.exit(2, f"omnitrace bench: {exc}\n")
@@ -219,6 +228,11 @@ def _args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], dict[s
         except (orjson.JSONDecodeError, AssertionError):
             p.error("--extra-body: a JSON object expected")
     return args, conc, extra
+
+
+def _rate(args: argparse.Namespace) -> float:
+    """--request-rate, infinite when not given (bench.json keeps null: JSON has no inf)."""
+    return math.inf if args.request_rate is None else args.request_rate
 
 
 def _live_run_dir(out: str | None) -> str | None:
@@ -243,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = LoadSpec(base_url=args.base_url, model=args.model, backend=args.backend, endpoint=args.endpoint,
                     num_prompts=args.num_prompts, warmup=args.warmup, input_len=args.input_len,
                     output_len=args.output_len, range_ratio=args.range_ratio, seed=args.seed,
-                    request_timeout_s=args.request_timeout, extra_body=extra,
+                    request_timeout_s=args.request_timeout, request_rate=_rate(args),
+                    burstiness=args.burstiness, extra_body=extra,
                     tag=f"b{os.getpid():x}{time.time_ns() & 0xffff:04x}-")
     rng = random.Random(args.seed)
     watch = StallWatch(args.stall_after, lambda line: tqdm.write(f"omnitrace bench: {line}", file=sys.stderr),
@@ -308,7 +323,7 @@ def _finish(args: argparse.Namespace, output: BenchOutput, levels: list[LevelRes
         status = "complete-with-errors"
     out = output.finish(_doc(args, levels, partial, status))
     if levels:
-        _print_summary(levels)
+        _print_summary(levels, _rate(args))
     if out:
         print(f"bench results: {out} ({status}"
               + (f": {len(errors)}/{len(every)} requests failed" if errors else "") + ")")

@@ -33,7 +33,8 @@ from omnitrace import conventions as cv
 from omnitrace import childproc
 from omnitrace.childproc import python_module
 from omnitrace.cli.helpformat import DefaultsFormatter, OneLineParser
-from omnitrace.bench.load import LOADTEST_DEFAULTS, REQUEST_TIMEOUT_S, concurrency_levels
+from omnitrace.bench.load import (BURSTINESS_HELP, LOADTEST_DEFAULTS, RATE_HELP, REQUEST_TIMEOUT_S,
+                                  check_arrivals, concurrency_levels)
 from omnitrace.bench.client import BACKEND_HELP, ENDPOINT_HELP, resolve_backend
 from omnitrace.bench.serve_and_bench import free_port, wait_healthy
 from omnitrace.bench.stall import DEFAULT_AFTER_S
@@ -105,6 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, help="prompt and length seed")
     g.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
                    help="seconds per request (> 0)")
+    g.add_argument("--request-rate", type=float, default=None, metavar="R", help=RATE_HELP)
+    g.add_argument("--burstiness", type=float, default=1.0, help=BURSTINESS_HELP)
     g.add_argument("--stall-after", type=float, default=DEFAULT_AFTER_S, metavar="S",
                    help="say so when no request has progressed for S seconds, and which stage "
                         "stopped stepping (0: never)")
@@ -157,6 +160,10 @@ def _check_numbers(args: argparse.Namespace) -> None:
                             + " ".join(args.concurrency)) from None
     if args.request_timeout <= 0 or args.stall_after < 0 or (args.warmup or 0) < 0:
         raise LoadtestError("--request-timeout must be positive; --stall-after and --warmup not negative")
+    try:
+        check_arrivals(args.request_rate, args.burstiness)
+    except ValueError as exc:
+        raise LoadtestError(str(exc)) from None
     if not 0 <= args.range_ratio < 1 or (args.startup_timeout is not None and args.startup_timeout <= 0):
         raise LoadtestError("--range-ratio must be in [0, 1) and --startup-timeout positive")
     if args.repeats < 1 or not args.pattern or set(args.pattern.upper()) - {"A", "B"}:
@@ -175,6 +182,8 @@ def _bench_args(args: argparse.Namespace) -> list[str]:
              "--request-timeout", str(args.request_timeout), "--stall-after", str(args.stall_after)]
     if args.warmup is not None:
         bench += ["--warmup", str(args.warmup)]
+    if args.request_rate is not None:
+        bench += ["--request-rate", str(args.request_rate), "--burstiness", str(args.burstiness)]
     if args.overwrite:  # with --base-url the run directory's bench.json is replaced too
         bench.append("--overwrite")
     if args.model:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 from aiohttp import web
 
 
@@ -18,7 +19,7 @@ def _serve(mode: str) -> tuple[int, list[dict], threading.Event]:
 
     async def chat(req: web.Request) -> web.StreamResponse:
         body = await req.json()
-        seen.append({"id": req.headers.get("x-request-id"), "body": body})
+        seen.append({"id": req.headers.get("x-request-id"), "body": body, "at_ns": time.time_ns()})
         if mode == "http500":
             return web.Response(status=500, text="boom")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -57,6 +58,5 @@ def _serve(mode: str) -> tuple[int, list[dict], threading.Event]:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
             break
         except OSError:
-            import time
             time.sleep(0.05)
     return port, seen, stop

@@ -118,3 +118,34 @@ def test_progress_bar_counts_measured_requests_only(tmp_path):
     states = [s.strip() for s in r.stderr.replace("\r", "\n").splitlines() if s.strip().startswith("c=1")]
     assert states and "2/2" in states[-1] and "warm-up" not in states[-1], states
     assert not any("/5" in s for s in states), states
+
+
+def test_request_rate_spaces_the_measured_requests_by_the_seeded_gaps(tmp_path):
+    """--request-rate sends the measured requests at the seeded gamma gaps (timed where the
+    server receives them), not as fast as slots free up; the prompts are the ones the same
+    seed sends in a closed loop."""
+    from omnitrace.bench.load import arrival_offsets
+
+    rate, n = 40.0, 30
+    bodies = {}
+    for label, extra in (("open", ("--request-rate", str(rate))), ("closed", ())):
+        port, seen, stop = _serve("ok")
+        try:
+            r = _bench(port, tmp_path / f"{label}.json", "--concurrency", str(n), "--num-prompts", str(n),
+                       "--warmup", "0", "--seed", "3", *extra)
+            assert r.returncode == 0, r.stderr
+        finally:
+            stop.set()
+        bodies[label] = [s["body"]["messages"] for s in sorted(seen, key=lambda s: int(s["id"].rsplit("m", 1)[1]))]
+        if label == "open":
+            assert f"(offered {rate:g})" in r.stdout
+            at = {int(s["id"].rsplit("m", 1)[1]): s["at_ns"] for s in seen}
+            want = arrival_offsets(n, rate, 1.0, 3)
+            got = [(at[i] - at[0]) / 1e9 for i in range(n)]
+            assert want[-1] > 0.3  # spread over about n / rate seconds, not sent at once
+            # never ahead of its slot; behind it by at most a loaded machine's scheduling delay
+            assert all(g >= w - 0.005 for g, w in zip(got, want)), list(zip(got, want))
+            assert all(g <= w + 2.0 for g, w in zip(got, want)), list(zip(got, want))
+            doc = json.loads((tmp_path / "open.json").read_text())
+            assert doc["args"]["request_rate"] == rate and doc["args"]["burstiness"] == 1.0
+    assert bodies["open"] == bodies["closed"]
