@@ -109,7 +109,7 @@ def arrival_offsets(n: int, request_rate: float, burstiness: float, seed: int) -
     rng = random.Random(f"arrivals-{seed}")  # apart from the prompts' generator
     scale = 1.0 / (request_rate * burstiness)
     out, t = [], 0.0
-    for i in range(n):
+    for _ in range(n):
         out.append(t)
         t += rng.gammavariate(burstiness, scale)
     return out
