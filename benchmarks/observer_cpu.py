@@ -32,6 +32,10 @@ Each round also records the bench client's CPU per request and the machine-speed
 median burst (``speed_probe``, run during the measured load); a flame variant's difference
 against ``omnitrace`` is shown again with the probe's drift regressed out.
 
+``--request-rate R`` sends the loads as an open loop at R requests per second (``omnitrace
+bench --request-rate``): below saturation every variant serves the same load in the same
+time, so what one makes slower no longer spreads the per-second costs over fewer requests.
+
 Deltas against ``bare`` per round (the rounds pair up: variants run in rotating,
 alternately reversed order), 95% bootstrap CIs over rounds.
 
