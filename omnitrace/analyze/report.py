@@ -209,7 +209,9 @@ def _bench_settings(run: Run) -> dict[str, Any] | None:
     keep = ("concurrency", "num_prompts", "warmup", "input_len", "output_len", "range_ratio",
             "request_rate", "burstiness", "model", "backend", "endpoint", "extra_body")
     out = {k: b["args"].get(k) for k in keep if k in b["args"]}
-    if out.get("request_rate") is None:  # a closed loop: the gaps' shape means nothing
+    # the gaps' shape only where there are gaps and they are not Poisson (the default), so
+    # a closed loop against a Poisson one differs in its rate alone
+    if out.get("request_rate") is None or out.get("burstiness") == 1.0:
         out.pop("burstiness", None)
     return out
 

@@ -74,3 +74,19 @@ def test_compare_warns_when_bench_settings_differ(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "warning: bench setting 'concurrency' differs: A [\"8\"] vs B [\"32\"]" in r.stdout
     assert "output_len" not in r.stdout  # the same on both sides: no word
+
+
+def test_compare_warns_once_when_one_side_is_an_open_loop(tmp_path):
+    """A closed loop (bench.json's request_rate null) against a Poisson one: the rate
+    differs, once; the default gap shape is no second warning."""
+    def bench(rate: float | None) -> dict:
+        return {"args": {"concurrency": ["16"], "request_rate": rate, "burstiness": 1.0},
+                "requests": [{"id": f"r{i}", "warmup": False} for i in range(12)]}
+    script = sorted((e for i in range(12) for e in three_stage_events(f"r{i}", off=i * 2000)), key=lambda e: e[7])
+    a = write_event_run(str(tmp_path / "a"), script, bench=bench(None))
+    b = write_event_run(str(tmp_path / "b"), script, bench=bench(8.0))
+    r = subprocess.run([sys.executable, "-m", "omnitrace", "compare", a, b, "--bootstrap", "100"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "warning: bench setting 'request_rate' differs: A null vs B 8.0" in r.stdout
+    assert "burstiness" not in r.stdout
