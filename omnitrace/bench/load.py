@@ -74,7 +74,7 @@ class LoadSpec:
     range_ratio: float = 0.0
     seed: int = 0
     request_timeout_s: float = REQUEST_TIMEOUT_S
-    request_rate: float = math.inf  # measured requests per second (inf: a closed loop)
+    request_rate: float | None = None  # measured requests per second (None: a closed loop)
     burstiness: float = 1.0
     extra_body: dict[str, Any] = field(default_factory=dict)
     tag: str = ""  # request id prefix, unique per bench invocation
@@ -101,10 +101,11 @@ def check_arrivals(request_rate: float | None, burstiness: float) -> None:
         raise ValueError("--request-rate and --burstiness must be positive")
 
 
-def arrival_offsets(n: int, request_rate: float, burstiness: float, seed: int) -> list[float]:
+def arrival_offsets(n: int, request_rate: float | None, burstiness: float, seed: int) -> list[float]:
     """Seconds from the first measured request to each one's send: vLLM's gamma gaps (shape
-    ``burstiness``, mean ``1/request_rate``), the first at 0; all 0 at an infinite rate."""
-    if math.isinf(request_rate):
+    ``burstiness``, mean ``1/request_rate``), the first at 0; all 0 without a rate (None or
+    infinite: a closed loop)."""
+    if request_rate is None or math.isinf(request_rate):
         return [0.0] * n
     rng = random.Random(f"arrivals-{seed}")  # apart from the prompts' generator
     scale = 1.0 / (request_rate * burstiness)

@@ -117,7 +117,7 @@ def _cut_level(c: int, done: list[RequestResult]) -> LevelResult:
     return LevelResult(c, [r.id for r in done if r.warmup], list(done), window, interrupted=True)
 
 
-def _print_summary(levels: list[LevelResult], offered: float) -> None:
+def _print_summary(levels: list[LevelResult], offered: float | None) -> None:
     rows = []
     for lv in levels:
         if lv.measured_window is None:
@@ -133,7 +133,7 @@ def _print_summary(levels: list[LevelResult], offered: float) -> None:
     for lv in levels:
         s = _level_summary(lv)
         print(f"c={lv.concurrency}: {s['ok']}/{s['requests']} ok, {s['request_rate']:.2f} req/s"
-              + (f" (offered {offered:g})" if math.isfinite(offered) else "")
+              + (f" (offered {offered:g})" if offered is not None and math.isfinite(offered) else "")
               + (f", {s['failed']} failed: {'; '.join(s['errors'])}" if s["failed"] else "")
               + (f" [ABORTED: {lv.aborted}]" if lv.aborted else "")
               + (" [INTERRUPTED: partial level]" if lv.interrupted else ""))
@@ -230,11 +230,6 @@ def _args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], dict[s
     return args, conc, extra
 
 
-def _rate(args: argparse.Namespace) -> float:
-    """--request-rate, infinite when not given (bench.json keeps null: JSON has no inf)."""
-    return math.inf if args.request_rate is None else args.request_rate
-
-
 def _live_run_dir(out: str | None) -> str | None:
     """The run directory whose live record names a stalled stage: ``omnitrace run``'s, or
     the one --out writes into."""
@@ -257,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = LoadSpec(base_url=args.base_url, model=args.model, backend=args.backend, endpoint=args.endpoint,
                     num_prompts=args.num_prompts, warmup=args.warmup, input_len=args.input_len,
                     output_len=args.output_len, range_ratio=args.range_ratio, seed=args.seed,
-                    request_timeout_s=args.request_timeout, request_rate=_rate(args),
+                    request_timeout_s=args.request_timeout, request_rate=args.request_rate,
                     burstiness=args.burstiness, extra_body=extra,
                     tag=f"b{os.getpid():x}{time.time_ns() & 0xffff:04x}-")
     rng = random.Random(args.seed)
@@ -323,7 +318,7 @@ def _finish(args: argparse.Namespace, output: BenchOutput, levels: list[LevelRes
         status = "complete-with-errors"
     out = output.finish(_doc(args, levels, partial, status))
     if levels:
-        _print_summary(levels, _rate(args))
+        _print_summary(levels, args.request_rate)
     if out:
         print(f"bench results: {out} ({status}"
               + (f": {len(errors)}/{len(every)} requests failed" if errors else "") + ")")

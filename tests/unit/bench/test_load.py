@@ -11,7 +11,7 @@ from omnitrace.bench.load import arrival_offsets, check_arrivals
 
 
 def test_an_infinite_rate_sends_everything_at_once():
-    assert arrival_offsets(5, math.inf, 1.0, 0) == [0.0] * 5
+    assert arrival_offsets(5, math.inf, 1.0, 0) == arrival_offsets(5, None, 1.0, 0) == [0.0] * 5
 
 
 @pytest.mark.parametrize("burstiness", [0.5, 1.0, 4.0])
