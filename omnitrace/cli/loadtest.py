@@ -303,11 +303,19 @@ def _run_child(cmd: list[str]) -> int:
         raise
 
 
-def bench(url: str, run_dir: str, bench_args: tuple[str, ...]) -> int:
+def bench(url: str, run_dir: str, bench_args: tuple[str, ...], server: subprocess.Popen) -> int:
+    """bench's exit status. A server that stops during the load stops bench too (SIGTERM:
+    bench.json says ``terminated``): an open loop (--request-rate) would otherwise go on
+    sending its schedule's requests to nothing."""
     cmd = [*_py(), "bench", "--base-url", url, "--out", names.path(run_dir, names.BENCH), *bench_args]
     proc = childproc.start(cmd)
     try:
-        return proc.wait()
+        while True:
+            try:
+                return proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if server.poll() is not None:
+                    proc.terminate()
     except KeyboardInterrupt as exc:
         _wait_quietly(proc, 30)
         raise Interrupted(run_dir, childproc.signal_of(exc)) from None
@@ -335,7 +343,7 @@ def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> int:
             raise Interrupted(run_dir)
         if why:
             raise LoadtestError(f"{why} (see the server's output above)")
-        rc = bench(url, run_dir, cfg.bench_args)
+        rc = bench(url, run_dir, cfg.bench_args, server)
         if server.poll() is not None:  # not stopped by us: run.json says how (launcher-killed ...)
             console.say("loadtest", f"the server (omnitrace run) stopped during the load "
                         f"({_ended(server.returncode)}); the report shows what was recorded")

@@ -19,9 +19,9 @@ from tests.support.report_util import _env
 LONG = ["--concurrency", "4", "--num-prompts", "5000", "--input-len", "200", "--output-len", "20"]
 
 
-def _start_loadtest(tmp_path, d: str) -> tuple[subprocess.Popen, object]:
+def _start_loadtest(tmp_path, d: str, *load: str) -> tuple[subprocess.Popen, object]:
     err = open(tmp_path / "err", "w")  # a file: a pipe nobody reads would stall the load
-    proc = subprocess.Popen([sys.executable, "-m", "omnitrace", "loadtest", "--run-dir", d, *LONG,
+    proc = subprocess.Popen([sys.executable, "-m", "omnitrace", "loadtest", "--run-dir", d, *LONG, *load,
                              "--no-html"], stdout=err, stderr=err, env=_env(), start_new_session=True)
     return proc, err
 
@@ -109,12 +109,14 @@ def test_loadtest_sigkilled_takes_its_children_with_it(tmp_path):
     assert _report(d)["recorder"]["accounting"]["closes"]
 
 
-def test_omnitrace_run_sigkilled_mid_load(tmp_path):
+@pytest.mark.parametrize("load", [(), ("--request-rate", "10")], ids=["closed-loop", "open-loop"])
+def test_omnitrace_run_sigkilled_mid_load(tmp_path, load):
     """The launcher SIGKILLed under a running load: the server stops (it is bound to its
     launcher), the agent records it to its end and says launcher-killed, no event is lost
-    unexplained, and loadtest says the server stopped."""
+    unexplained, and loadtest says the server stopped. An open loop's bench is stopped
+    with it (its 500-s schedule would outlast the wait)."""
     d = str(tmp_path / "lt")
-    proc, err = _start_loadtest(tmp_path, d)
+    proc, err = _start_loadtest(tmp_path, d, *load)
     try:
         _until_loaded(proc, d, tmp_path)
         tree = descendants(proc.pid)
@@ -129,6 +131,8 @@ def test_omnitrace_run_sigkilled_mid_load(tmp_path):
     acc = rep["recorder"]["accounting"]
     assert acc["closes"] and acc["lost"] == 0, acc
     assert any("launcher-killed" in w for w in rep["warnings"]), rep["warnings"]
+    if load:  # stopped by loadtest, not run to its schedule's end
+        assert json_or_empty(os.path.join(d, "bench.json"))["status"] == "terminated"
 
 
 @pytest.mark.parametrize("sig, status", [(signal.SIGTERM, "terminated"), (signal.SIGINT, "interrupted"),
