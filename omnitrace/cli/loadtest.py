@@ -303,10 +303,11 @@ def _run_child(cmd: list[str]) -> int:
         raise
 
 
-def bench(url: str, run_dir: str, bench_args: tuple[str, ...], server: subprocess.Popen) -> int:
-    """bench's exit status. A server that stops during the load stops bench too (SIGTERM:
-    bench.json says ``terminated``): an open loop (--request-rate) would otherwise go on
-    sending its schedule's requests to nothing."""
+def bench(url: str, run_dir: str, bench_args: tuple[str, ...],
+          server: subprocess.Popen | None = None) -> int:
+    """bench's exit status. A server we started that stops during the load stops bench too
+    (SIGTERM: bench.json says ``terminated``): an open loop (--request-rate) would otherwise
+    go on sending its schedule's requests to nothing. A --base-url server is not ours to watch."""
     cmd = [*_py(), "bench", "--base-url", url, "--out", names.path(run_dir, names.BENCH), *bench_args]
     proc = childproc.start(cmd)
     try:
@@ -314,7 +315,7 @@ def bench(url: str, run_dir: str, bench_args: tuple[str, ...], server: subproces
             try:
                 return proc.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
-                if server.poll() is not None:
+                if server is not None and server.poll() is not None:
                     proc.terminate()
     except KeyboardInterrupt as exc:
         _wait_quietly(proc, 30)

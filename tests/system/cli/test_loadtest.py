@@ -275,3 +275,27 @@ def test_a_ctrl_c_that_reaches_the_server_first_says_interrupted(tmp_path):
             proc.wait()
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted" in err and "exited with status" not in err and "Traceback" not in err, err
+
+
+def test_loadtest_base_url_loads_a_server_it_did_not_start(tmp_path):
+    """`loadtest --base-url` against an `omnitrace run` the user started: the load and the
+    report, and the server left running (it is not loadtest's). 02e1249 made bench() need the
+    server loadtest starts, and this path failed with a TypeError on every call."""
+    from tests.support.runtime_server import free_port
+    d, port = str(tmp_path / "run"), free_port()
+    url = f"http://127.0.0.1:{port}"
+    srv = subprocess.Popen([sys.executable, "-m", "omnitrace", "run", "--run-dir", d, "serve", "--port", str(port)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        from omnitrace.bench.serve_and_bench import wait_healthy
+        assert wait_healthy(url, srv, 120) is None
+        r = _loadtest(["--base-url", url, "--run-dir", d, *SMALL])
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "Attribution of TTFP" in r.stdout
+        bench = json.load(open(os.path.join(d, "bench.json")))
+        assert bench["status"] == "complete" and bench["base_url"] == url
+        assert sum(1 for x in bench["requests"] if not x.get("warmup")) == 8
+        assert srv.poll() is None, "loadtest stopped a server it did not start"
+    finally:
+        srv.send_signal(signal.SIGINT)
+        srv.communicate(timeout=60)
