@@ -261,11 +261,17 @@ class Interrupted(Exception):
         self.signum = signum
 
 
+# How loadtest ends its server when the load is done: `omnitrace run --planned-stop` with a
+# signal no user sends by hand, so that a user's SIGTERM (passed on to the run) still reads
+# terminated in run.json, and this stop complete. The run passes it on as SIGTERM.
+PLANNED_STOP = signal.SIGUSR1
+
+
 def _stop(proc: subprocess.Popen, timeout_s: float = 120.0) -> int:
-    """The server's own shutdown (SIGTERM to `omnitrace run`: forwarded, then the agent's
-    final drain); killed only if it does not end."""
+    """The server's own shutdown (the planned stop to `omnitrace run`: SIGTERM to the
+    server, then the agent's final drain); killed only if it does not end."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(PLANNED_STOP)
     try:
         return proc.wait(timeout_s)
     except subprocess.TimeoutExpired:
@@ -310,12 +316,15 @@ def bench(url: str, run_dir: str, bench_args: tuple[str, ...],
     go on sending its schedule's requests to nothing. A --base-url server is not ours to watch."""
     cmd = [*_py(), "bench", "--base-url", url, "--out", names.path(run_dir, names.BENCH), *bench_args]
     proc = childproc.start(cmd)
+    watching = server is not None
     try:
         while True:
             try:
-                return proc.wait(timeout=0.5)
+                rc = proc.wait(timeout=0.5)
+                return 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says
             except subprocess.TimeoutExpired:
-                if server is not None and server.poll() is not None:
+                if watching and server.poll() is not None:
+                    watching = False  # once: a second SIGTERM would kill bench before it wrote bench.json
                     proc.terminate()
     except KeyboardInterrupt as exc:
         _wait_quietly(proc, 30)
@@ -333,7 +342,7 @@ def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> int:
     serve = ["serve", *([dep.model] if dep.model else []), *(["--port", str(port)] if not dep.port else []),
              *dep.serve_args]
     # stopping the server after the load is this run's planned end (run.json: complete)
-    cmd = [*_py(), "run", "--run-dir", run_dir, "--planned-stop", "TERM", *cfg.run_args, *serve]
+    cmd = [*_py(), "run", "--run-dir", run_dir, "--planned-stop", PLANNED_STOP.name, *cfg.run_args, *serve]
     shown = ['omnitrace', *cmd[len(_py()):]]
     console.say("loadtest", f"starting {' '.join(shlex.quote(c) for c in shown)}")
     server = childproc.start(cmd)
@@ -348,7 +357,7 @@ def one_run(cfg: LoadtestConfig, dep: Deployment, run_dir: str) -> int:
         if server.poll() is not None:  # not stopped by us: run.json says how (launcher-killed ...)
             console.say("loadtest", f"the server (omnitrace run) stopped during the load "
                         f"({_ended(server.returncode)}); the report shows what was recorded")
-            rc = rc or 1
+            rc = 1  # whether bench saw it fail or was stopped for it
         elif rc != 0:
             console.say("loadtest", f"the load test did not complete (bench exit {rc}); "
                         "the report shows what was measured")

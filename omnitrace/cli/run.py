@@ -76,8 +76,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="an agent that dies is replaced by one that takes over its rings, at most "
                         "N times a minute (0: never; the command goes on unrecorded)")
     p.add_argument("--planned-stop", default=None, metavar="SIGNAL",
-                   help="the signal that ends this run as planned (e.g. TERM: `omnitrace "
-                        "loadtest` stops its server so): run.json says complete, not terminated")
+                   help="the signal that ends this run as planned: run.json says complete, not "
+                        "terminated (one other than INT, TERM, HUP reaches the command as TERM; "
+                        "`omnitrace loadtest` stops its server with USR1)")
     from omnitrace.profile.flags import add_flame_options
     add_flame_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER)

@@ -13,7 +13,8 @@ class StopSignals:
     (a signal before the command runs means it never starts) and forwarded to the command
     once it runs, whose exit then ends the run as usual. A hangup (the terminal, or a
     launcher that died) asks the command for its clean stop, SIGTERM: most servers die
-    on a SIGHUP without one."""
+    on a SIGHUP without one. A ``planned`` stop signal other than these (`omnitrace
+    loadtest`'s SIGUSR1) asks for that clean stop too, and leaves the status the agent's."""
 
     KINDS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -21,7 +22,8 @@ class StopSignals:
         self.got: list[int] = []
         self.planned = planned
         self.child: subprocess.Popen | None = None
-        self.old = {s: signal.signal(s, self._handle) for s in self.KINDS}
+        kinds = (*self.KINDS, *([planned] if planned and planned not in self.KINDS else []))
+        self.old = {s: signal.signal(s, self._handle) for s in kinds}
 
     def _handle(self, signum: int, _frame: object) -> None:
         self.got.append(signum)
@@ -30,7 +32,7 @@ class StopSignals:
     def _send(self, signum: int) -> None:
         try:
             if self.child is not None:
-                self.child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+                self.child.send_signal(signum if signum in (signal.SIGINT, signal.SIGTERM) else signal.SIGTERM)
         except ProcessLookupError:
             pass
 
