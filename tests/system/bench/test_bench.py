@@ -143,8 +143,11 @@ def test_request_rate_spaces_the_measured_requests_by_the_seeded_gaps(tmp_path):
             want = arrival_offsets(n, rate, 1.0, 3)
             got = [(at[i] - at[0]) / 1e9 for i in range(n)]
             assert want[-1] > 0.3  # spread over about n / rate seconds, not sent at once
-            # never ahead of its slot; behind it by at most a loaded machine's scheduling delay
-            assert all(g >= w - 0.005 for g, w in zip(got, want)), list(zip(got, want))
+            # never ahead of its slot, behind it by at most a loaded machine's scheduling delay.
+            # The zero is the first request, which also waits for a new connection (beside a
+            # busy core, 5+ ms more than the rest): 50 ms of slack, two mean gaps, still fails
+            # a load sent early (a closed loop sends all 30 within ms: up to ~0.75 s ahead)
+            assert all(g >= w - 0.05 for g, w in zip(got, want)), list(zip(got, want))
             assert all(g <= w + 2.0 for g, w in zip(got, want)), list(zip(got, want))
             doc = json.loads((tmp_path / "open.json").read_text())
             assert doc["args"]["request_rate"] == rate and doc["args"]["burstiness"] == 1.0
