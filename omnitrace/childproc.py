@@ -145,6 +145,12 @@ def signal_of(exc: BaseException) -> int:
     return exc.signum if isinstance(exc, Stopped) else signal.SIGINT
 
 
+def shell_status(returncode: int) -> int:
+    """A child's exit status as a shell reports it: 128+N when signal N killed it
+    (Popen's returncode is then -N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def stop_status(signum: int) -> str:
     """How a run or a load stopped by ``signum`` is labelled (run.json, bench.json)."""
     return _STATUS.get(signum, f"signal-{signum}")

@@ -320,8 +320,7 @@ def bench(url: str, run_dir: str, bench_args: tuple[str, ...],
     try:
         while True:
             try:
-                rc = proc.wait(timeout=0.5)
-                return 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says
+                return childproc.shell_status(proc.wait(timeout=0.5))
             except subprocess.TimeoutExpired:
                 if watching and server.poll() is not None:
                     watching = False  # once: a second SIGTERM would kill bench before it wrote bench.json

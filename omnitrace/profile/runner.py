@@ -46,7 +46,7 @@ import orjson
 
 from omnitrace.profile.config import ENV_FLAME, ENV_FLAME_INPROC, ENV_FLAME_SOCKET, FlameConfig
 from omnitrace.record import clock_offset_ns
-from omnitrace import console
+from omnitrace import childproc, console
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 120.0
@@ -402,9 +402,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, forward)
-    rc = 127 if child is None else child.wait()
-    if rc < 0:
-        rc = 128 - rc
+    rc = 127 if child is None else childproc.shell_status(child.wait())
     chunks = sup.finish() if sup is not None else []
     status["chunks"] = [c.meta() for c in chunks]
     status["failed"] = {str(k): v for k, v in (sup.failed.items() if sup else ())}

@@ -73,8 +73,7 @@ def run_with_agent(cfg: AgentConfig, lock: int, cmd: Command, sigs: StopSignals)
     sigs.attach(child)
     tell_agent(agent, f"command {child.pid}")  # killed, this launcher leaves it to the agent
     rc, agent = wait_command(child, agent, cfg, lock, cmd.agent_restarts)
-    if rc < 0:
-        rc = 128 - rc  # killed by a signal: report it the way a shell does
+    rc = childproc.shell_status(rc)
     stop_agent(agent, rc, cfg, sigs.status())
     from omnitrace.inject.runend import after_command
     after_command(cfg.run_dir, "run")

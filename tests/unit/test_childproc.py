@@ -11,3 +11,8 @@ def test_module_of_names_the_module():
     assert module_of(["python", "script.py", "-m", "x"]) is None
     assert module_of(["python", "-c", "print(1)", "pkg"]) is None
     assert module_of(["vllm", "serve", "-m", "x"]) is None
+
+
+def test_shell_status_reads_a_signal_death_as_128_plus_n():
+    from omnitrace.childproc import shell_status
+    assert shell_status(-15) == 143 and shell_status(0) == 0 and shell_status(3) == 3
